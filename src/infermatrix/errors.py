@@ -1,0 +1,50 @@
+"""Errors with exit codes: 2 for usage and configuration mistakes, 1 for failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InfermatrixError(Exception):
+    exit_code = 1
+
+
+class UsageError(InfermatrixError):
+    """Bad arguments or input: exit code 2, nothing written."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A mistake in a configuration file, located by file and line."""
+
+    def __init__(self, message: str, path: Path | str | None = None, line: int | None = None,
+                 fix: str | None = None) -> None:
+        self.path, self.line, self.fix, self.message = path, line, fix, message
+        where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
+        text = f"{where}{message}"
+        if fix:
+            text += f"\n  fix: {fix}"
+        super().__init__(text)
+
+
+class StageFailure(InfermatrixError):
+    """A pipeline stage failed for one or more cells: exit code 1."""
+
+    exit_code = 1
+
+
+class CommandFailed(StageFailure):
+    """An external command failed; carries the exact command and the tail of its log."""
+
+    def __init__(self, command: str, returncode: int | None, log_tail: str,
+                 log_path: Path | None = None) -> None:
+        self.command, self.returncode, self.log_tail, self.log_path = (
+            command, returncode, log_tail, log_path)
+        status = "timed out" if returncode is None else f"exited {returncode}"
+        text = f"command {status}: {command}"
+        if log_path:
+            text += f"\n  log: {log_path}"
+        if log_tail:
+            text += "\n  last lines:\n" + "\n".join("    " + ln for ln in log_tail.splitlines())
+        super().__init__(text)

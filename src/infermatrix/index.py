@@ -1,0 +1,199 @@
+"""Package-index metadata: the dependency pins an engine release publishes.
+
+Reads a release's wheel METADATA (PEP 566) from a PEP 691 simple index. Indexes that serve
+PEP 658 `.metadata` files are used directly; otherwise only the zip's central directory and
+the METADATA member are fetched with HTTP range requests (the wheel itself can be 500 MB).
+Results are cached on disk; offline mode answers from the cache alone.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import io
+import json
+import logging
+import os
+import ssl
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+USER_AGENT = "infermatrix (+metadata reader)"
+
+
+class IndexUnavailable(Exception):
+    """The index could not be reached (a network condition, not a verdict on a cell)."""
+
+
+class NotOnIndex(Exception):
+    """The index answered, and the release (or a wheel for the platform) is not there."""
+
+
+@dataclass(frozen=True)
+class ReleaseMetadata:
+    name: str
+    version: str
+    wheel: str  # the file the metadata was read from
+    url: str  # where a user can see it
+    requires_dist: tuple[str, ...]
+
+    def pins_for(self, dependency: str) -> list[Requirement]:
+        """Requirements on `dependency` that apply on Linux x86_64 (markers evaluated)."""
+        wanted = canonicalize_name(dependency)
+        env = {"sys_platform": "linux", "platform_system": "Linux",
+               "platform_machine": "x86_64", "extra": ""}
+        found: list[Requirement] = []
+        for line in self.requires_dist:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if canonicalize_name(req.name) != wanted:
+                continue
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            found.append(req)
+        return found
+
+
+def index_url() -> str:
+    """The index to read: UV_INDEX_URL / PIP_INDEX_URL if set, else PyPI's simple index."""
+    for var in ("INFERMATRIX_INDEX_URL", "UV_INDEX_URL", "PIP_INDEX_URL"):
+        if os.environ.get(var):
+            return os.environ[var].rstrip("/")
+    return DEFAULT_INDEX
+
+
+def _ssl_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    bundle = os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT")
+    if bundle and Path(bundle).is_file():
+        ctx.load_verify_locations(bundle)
+    return ctx
+
+
+def _http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 30) -> bytes:
+    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})
+    log.debug("GET %s %s", url, headers or "")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=_ssl_context()) as resp:
+            return resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise NotOnIndex(f"{url}: 404") from exc
+        raise IndexUnavailable(f"{url}: HTTP {exc.code}") from exc
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise IndexUnavailable(f"{url}: {exc}") from exc
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable view of a remote file through HTTP range requests."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self.url, self.size, self.pos = url, size, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        if self.pos >= self.size or len(buffer) == 0:
+            return 0
+        end = min(self.size, self.pos + len(buffer)) - 1
+        data = _http_get(self.url, {"Range": f"bytes={self.pos}-{end}"})
+        data = data[: end - self.pos + 1]
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _metadata_from_wheel(url: str, size: int) -> bytes:
+    # A buffer of 256 KiB makes the central directory one or two requests.
+    remote = io.BufferedReader(_RangeFile(url, size), buffer_size=256 * 1024)
+    with zipfile.ZipFile(remote) as wheel:
+        member = next(n for n in wheel.namelist()
+                      if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        return wheel.read(member)
+
+
+def _pick_wheel(files: list[dict], version: str) -> dict:
+    """A Linux x86_64 (or pure-Python) wheel of exactly `version`, preferring CPython 3.12."""
+    def score(entry: dict) -> int | None:
+        name = entry["filename"]
+        if not name.endswith(".whl") or entry.get("yanked"):
+            return None
+        _, ver, _, tags = parse_wheel_filename(name)
+        if ver != Version(version):
+            return None
+        platforms = {t.platform for t in tags}
+        if "any" in platforms:
+            return 1
+        if any("x86_64" in p and ("linux" in p) for p in platforms):
+            return 3 if any(t.interpreter in ("cp312", "py3", "cp38", "cp39") or t.abi == "abi3"
+                            for t in tags) else 2
+        return None
+    ranked = [(s, f) for f in files if (s := score(f)) is not None]
+    if not ranked:
+        raise NotOnIndex(f"no Linux x86_64 wheel for version {version}")
+    return max(ranked, key=lambda pair: pair[0])[1]
+
+
+class MetadataCache:
+    """Disk cache of release metadata under `root`, keyed by index, name and version."""
+
+    def __init__(self, root: Path, offline: bool = False, index: str | None = None) -> None:
+        self.root, self.offline, self.index = root, offline, (index or index_url())
+
+    def _path(self, name: str, version: str) -> Path:
+        safe_index = "".join(c if c.isalnum() else "_" for c in self.index)[-60:]
+        return self.root / safe_index / f"{canonicalize_name(name)}-{version}.json"
+
+    def release(self, name: str, version: str) -> ReleaseMetadata:
+        path = self._path(name, version)
+        if path.is_file():
+            return ReleaseMetadata(**{k: tuple(v) if k == "requires_dist" else v
+                                      for k, v in json.loads(path.read_text()).items()})
+        if self.offline:
+            raise IndexUnavailable(
+                f"offline: no cached metadata for {name}=={version} (run once online to fill {self.root})")
+        meta = self._fetch(name, version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta.__dict__ | {"requires_dist": list(meta.requires_dist)},
+                                  indent=1, sort_keys=True))
+        tmp.replace(path)
+        return meta
+
+    def _fetch(self, name: str, version: str) -> ReleaseMetadata:
+        project_url = f"{self.index}/{canonicalize_name(name)}/"
+        listing = json.loads(_http_get(project_url, {"Accept": SIMPLE_JSON}))
+        wheel = _pick_wheel(listing.get("files", []), version)
+        if wheel.get("core-metadata") or wheel.get("data-dist-info-metadata"):
+            raw = _http_get(wheel["url"] + ".metadata")
+        else:
+            raw = _metadata_from_wheel(wheel["url"], int(wheel["size"]))
+        message = email.parser.BytesParser().parsebytes(raw, headersonly=True)
+        return ReleaseMetadata(
+            name=str(message["Name"]), version=str(message["Version"]), wheel=wheel["filename"],
+            url=f"{project_url}#{wheel['filename']}",
+            requires_dist=tuple(message.get_all("Requires-Dist") or ()))

@@ -1,0 +1,124 @@
+"""The cell model: one point of the matrix (CUDA x torch x engine x arch) and its plan.
+
+Everything downstream (render, lock, build, audit, smoke, publish, report) takes a `CellPlan`.
+Identifiers are stable and readable: `cu130-torch2.11.0-sglang0.5.11-sm120`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+CPU = "cpu"
+
+Status = Literal["planned", "pruned"]
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    cuda: str  # "12.8", "13.0", or "cpu"
+    torch: str  # "2.11.0"
+    engine: str  # engine key in matrix.yaml: "sglang", "vllm", "vllm-cpu", ...
+    engine_version: str  # "0.5.11"
+    arch: str  # "sm_120", "sm_121", or "cpu"
+
+    @property
+    def cuda_tag(self) -> str:
+        """`cu128` for CUDA 12.8, `cpu` for the CPU lane (the torch variant naming)."""
+        return CPU if self.cuda == CPU else "cu" + self.cuda.replace(".", "")
+
+    @property
+    def arch_tag(self) -> str:
+        """`sm120` for sm_120."""
+        return self.arch.replace("_", "")
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.arch != CPU
+
+    @property
+    def compute_capability(self) -> str | None:
+        """`12.0` for sm_120; None on the CPU lane."""
+        if not self.is_gpu:
+            return None
+        digits = self.arch.split("_", 1)[1].rstrip("afk")
+        return f"{digits[:-1]}.{digits[-1]}"
+
+    @property
+    def arch_number(self) -> str | None:
+        """`120` for sm_120 (the form FLASH_ATTN_CUDA_ARCHS and -gencode want)."""
+        return None if not self.is_gpu else self.arch.split("_", 1)[1]
+
+    @property
+    def engine_spec(self) -> str:
+        return f"{self.engine}=={self.engine_version}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.cuda_tag}-torch{self.torch}-{self.engine}{self.engine_version}-{self.arch_tag}"
+
+    def axes(self) -> dict[str, str]:
+        return {"cuda": self.cuda, "torch": self.torch, "engine": self.engine_spec,
+                "arch": self.arch}
+
+    def __str__(self) -> str:
+        return self.id
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a rule pruned a cell: the rule's id, a sentence for humans, and where it comes from."""
+
+    rule: str
+    reason: str
+    source: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"rule": self.rule, "reason": self.reason, "source": self.source}
+
+
+@dataclass
+class CellSettings:
+    """What the planner resolved for a planned cell: everything render, lock and build need."""
+
+    python: str
+    base: str  # key of `bases` in matrix.yaml
+    engine_package: str | None  # distribution to install ("sglang"); None for a bare fixture
+    kernels: list[str] = field(default_factory=list)  # keys of build.kernels to compile
+    attention_backend: str | None = None
+    engine_args: list[str] = field(default_factory=list)  # launch flags (model card + per arch)
+    env: dict[str, str] = field(default_factory=dict)  # runtime env for the engine
+    torch_index: str | None = None  # None: the torch wheel of PyPI's default variant
+    engine_index: str | None = None  # variant index for the engine build of this CUDA
+    engine_cuda: str | None = None  # CUDA runtime of the engine's PyPI build (from metadata)
+    source_urls: dict[str, str] = field(default_factory=dict)  # metadata the plan relied on
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class CellPlan:
+    cell: Cell
+    status: Status
+    verdicts: list[Verdict] = field(default_factory=list)
+    settings: CellSettings | None = None
+    origin: str = "axes"  # "axes" or "include[N]"
+
+    @property
+    def id(self) -> str:
+        return self.cell.id
+
+    @property
+    def planned(self) -> bool:
+        return self.status == "planned"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status,
+            "axes": self.cell.axes(),
+            "origin": self.origin,
+            "reasons": [v.as_dict() for v in self.verdicts],
+            "settings": self.settings.as_dict() if self.settings else None,
+        }
