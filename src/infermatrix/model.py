@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 CPU = "cpu"
 
-Status = Literal["planned", "pruned"]
+# "unresolved": a fact could not be read (index unreachable, offline without cache). That is
+# a network condition, not a verdict on the cell.
+Status = Literal["planned", "pruned", "unresolved"]
 
 
 @dataclass(frozen=True, order=True)

@@ -1,0 +1,218 @@
+"""Compatibility rules, evaluated by pure code over data (data/rules.yaml + matrix.yaml).
+
+Each rule looks at one cell and returns the verdicts that prune it (empty: the rule passes).
+Facts read from package metadata arrive as `EngineFacts`; gathering them is plan.py's job, so
+everything here runs without a network.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from .config import DATA_DIR, Matrix
+from .model import CPU, Cell, Verdict
+
+RULES_PATH = DATA_DIR / "rules.yaml"
+
+
+@cache
+def load_rules(path: Path = RULES_PATH) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the package index says about one engine release."""
+
+    metadata_url: str
+    torch_pins: tuple[str, ...]  # e.g. ("torch==2.11.0",)
+    pinned_torch: str | None  # the exact version the pin names, when it names one
+    torch_cuda: str | None  # CUDA runtime of that torch's PyPI wheel: "12.8", "13.0", "cpu"
+
+
+_CUDA_RUNTIME = re.compile(
+    r"^(?:nvidia-cuda-runtime(?:-cu(?P<major>\d+))?|cuda-toolkit)\b.*?==\s*(?P<ver>\d+\.\d+)")
+
+
+def cuda_of_requirements(requires_dist: tuple[str, ...]) -> str:
+    """The CUDA runtime a torch wheel pulls ("12.8"), or "cpu" when it pulls none.
+
+    torch <= 2.10 names `nvidia-cuda-runtime-cu12==12.8.90`; 2.11+ names
+    `cuda-toolkit[cudart,...]==13.0.2`.
+    """
+    for line in requires_dist:
+        req = Requirement(line)
+        name = req.name.lower()
+        if name.startswith("nvidia-cuda-runtime") or (
+                name == "cuda-toolkit" and "cudart" in req.extras):
+            for spec in req.specifier:
+                if spec.operator == "==":
+                    release = Version(spec.version.rstrip(".*")).release
+                    return f"{release[0]}.{release[1]}"
+    return CPU
+
+
+def exact_pin(pins: tuple[str, ...]) -> str | None:
+    for pin in pins:
+        for spec in Requirement(pin).specifier:
+            if spec.operator == "==" and "*" not in spec.version:
+                return spec.version
+    return None
+
+
+def _cuda_tuple(cuda: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in cuda.split("."))
+
+
+def _minor(version: str) -> str:
+    release = Version(version).release
+    return f"{release[0]}.{release[1]}"
+
+
+def torch_satisfies(cell: Cell, pins: tuple[str, ...]) -> bool:
+    """Does the cell's torch meet the engine's pins? A local label in a pin (`+cpu`) names a
+    variant: it is met by the cell's own variant (the CPU lane meets `==2.13.0+cpu`)."""
+    for pin in pins:
+        spec = Requirement(pin).specifier
+        candidate = cell.torch
+        if any("+" in s.version for s in spec):
+            candidate = f"{cell.torch}+{cell.cuda_tag}"
+        if not spec.contains(candidate, prereleases=True):
+            return False
+    return True
+
+
+# --- the rules ------------------------------------------------------------------------------
+
+def arch_min_cuda(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    rule = load_rules()["arch-min-cuda"]
+    if not cell.is_gpu or cell.cuda == CPU:
+        return []
+    minimum = rule["minimum"].get(cell.arch.rstrip("af"))
+    if minimum and _cuda_tuple(cell.cuda) < _cuda_tuple(minimum):
+        return [Verdict("arch-min-cuda", rule["reason"].format(
+            arch=cell.arch, minimum=minimum, cuda=cell.cuda), rule["source"])]
+    return []
+
+
+def model_floor(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    rule = load_rules()["model-floor"]
+    floor = m.floors.get(cell.engine)
+    if floor is None or floor.contains(cell.engine_version, prereleases=True):
+        return []
+    return [Verdict("model-floor", rule["reason"].format(
+        engine=cell.engine, version=cell.engine_version, floor=str(floor),
+        model=m.model["name"]), rule["source"].format(card=m.model["card"]))]
+
+
+def platform_match(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    rule = load_rules()["platform-match"]
+    platform = m.engines[cell.engine]["platform"]
+    cpu_lane = not cell.is_gpu
+    if (platform == "cpu") == cpu_lane and (cell.cuda == CPU) == cpu_lane:
+        return []
+    return [Verdict("platform-match", rule["reason"].format(
+        engine=cell.engine, platform=platform, arch=cell.arch), rule["source"])]
+
+
+def torch_variant(cell: Cell) -> dict[str, Any] | None:
+    return load_rules()["torch-cuda-variant"]["variants"].get(_minor(cell.torch))
+
+
+def torch_cuda_variant(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    rule = load_rules()["torch-cuda-variant"]
+    if cell.cuda == CPU:
+        return []
+    variant = torch_variant(cell)
+    if variant is None:
+        return [Verdict("torch-cuda-variant",
+                        f"torch {cell.torch} is not in the variant table (add its minor to rules.yaml)",
+                        rule["source"])]
+    if cell.cuda_tag in variant["all"]:
+        return []
+    return [Verdict("torch-cuda-variant", rule["reason"].format(
+        torch=cell.torch, cuda_tag=cell.cuda_tag, variants=", ".join(variant["all"])),
+        rule["source"])]
+
+
+def engine_torch_pin(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    rule = load_rules()["engine-torch-pin"]
+    if facts is None or not facts.torch_pins or torch_satisfies(cell, facts.torch_pins):
+        return []
+    return [Verdict("engine-torch-pin", rule["reason"].format(
+        engine=cell.engine, version=cell.engine_version, pin=", ".join(facts.torch_pins),
+        torch=cell.torch), rule["source"].format(metadata_url=facts.metadata_url))]
+
+
+def engine_cuda_build(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    rule = load_rules()["engine-cuda-build"]
+    engine = m.engines[cell.engine]
+    if cell.cuda == CPU or facts is None or facts.torch_cuda is None:
+        return []
+    if facts.torch_cuda == cell.cuda or cell.cuda in engine.get("variants", {}):
+        return []
+    return [Verdict("engine-cuda-build", rule["reason"].format(
+        engine=cell.engine, version=cell.engine_version, pinned_torch=facts.pinned_torch,
+        engine_cuda=facts.torch_cuda, cuda=cell.cuda),
+        rule["source"].format(metadata_url=facts.metadata_url))]
+
+
+def backend_runs_on(backend: str, arch: str) -> bool:
+    spec = load_rules()["attention-backend-arch"]["backends"].get(backend)
+    if spec is None:
+        return False
+    return spec["archs"] == "any" or arch in spec["archs"] or arch.rstrip("af") in spec["archs"]
+
+
+def choose_attention_backend(cell: Cell, m: Matrix) -> tuple[str | None, list[Verdict]]:
+    """The first preferred backend the arch can run; an explicit per-arch choice that cannot
+    run there prunes the cell instead of being silently replaced."""
+    rule = load_rules()["attention-backend-arch"]
+    engine = m.engines[cell.engine]
+    preferences = engine.get("attention_backends", [])
+    explicit = engine.get("arch", {}).get(cell.arch, {}).get("attention_backend")
+    backends = rule["backends"]
+    if explicit:
+        if backend_runs_on(explicit, cell.arch):
+            return explicit, []
+        note = backends.get(explicit, {}).get("note", "unknown backend")
+        return None, [Verdict("attention-backend-arch",
+                              f"attention backend {explicit} cannot run on {cell.arch}: {note}",
+                              backends.get(explicit, {}).get("source", rule["source"]))]
+    if not preferences or not cell.is_gpu:
+        return None, []
+    for backend in preferences:
+        if backend_runs_on(backend, cell.arch):
+            return backend, []
+    return None, [Verdict("attention-backend-arch",
+                          f"none of {cell.engine}'s attention backends ({', '.join(preferences)}) "
+                          f"runs on {cell.arch}", rule["source"])]
+
+
+def attention_backend_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    return choose_attention_backend(cell, m)[1]
+
+
+Rule = Callable[[Cell, Matrix, "EngineFacts | None"], list[Verdict]]
+
+# Rules that need no package metadata come first; all of them run for every cell so that a
+# pruned cell shows every reason at once.
+STATIC_RULES: tuple[Rule, ...] = (platform_match, arch_min_cuda, model_floor, torch_cuda_variant,
+                                  attention_backend_arch)
+METADATA_RULES: tuple[Rule, ...] = (engine_torch_pin, engine_cuda_build)
+
+
+def evaluate(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    verdicts: list[Verdict] = []
+    for rule in (*STATIC_RULES, *METADATA_RULES):
+        verdicts.extend(rule(cell, m, facts))
+    return verdicts
