@@ -140,10 +140,11 @@ def plan_cell(cell: Cell, origin: str, m: Matrix, gatherer: FactGatherer) -> Cel
     return CellPlan(cell, "planned", [], settings_for(cell, m, facts, backend), origin)
 
 
-def _excluded(m: Matrix, cell: Cell) -> str | None:
-    for pattern in m.data.get("exclude", []):
+def _excluded(m: Matrix, cell: Cell) -> int | None:
+    """Index of the first `exclude` selector matching the cell."""
+    for i, pattern in enumerate(m.data.get("exclude", [])):
         if matches(pattern, cell.id):
-            return pattern
+            return i
     return None
 
 
@@ -163,11 +164,12 @@ def plan_matrix(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = 
     for cell, origin in cells:
         if not selection(cell.id):
             continue
-        pattern = _excluded(m, cell)
-        if pattern is not None:
+        excluded = _excluded(m, cell)
+        if excluded is not None:
+            pattern = m.data["exclude"][excluded]
             plans.append(CellPlan(cell, "pruned", [Verdict(
-                "exclude", f"excluded by matrix.yaml selector {pattern!r}",
-                f"{m.path}:{m.line_of('exclude')}")], None, origin))
+                "exclude", f"excluded by the selector {pattern!r} in {m.path.name}",
+                f"{m.path}:{m.line_of('exclude', excluded)}")], None, origin))
             continue
         plans.append(plan_cell(cell, origin, m, gatherer))
     return sorted(plans, key=lambda p: p.id)
