@@ -150,3 +150,13 @@ def test_duplicate_cell_ids_are_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="duplicate cell id") as info:
         plans_by_id(tmp_path, text)
     assert info.value.line == 16
+
+
+def test_bases_select_picks_a_base_per_cell(tmp_path):
+    text = MINI.replace(
+        "  definitions:\n",
+        "  select:\n    - {cells: 'cu13*-*', base: wheels13}\n  definitions:\n"
+        "    wheels13: {strategy: wheels, from: bookworm}\n")
+    plans = plans_by_id(tmp_path, text)
+    assert plans["cu130-torch2.11.0-sglang0.5.11-sm120"].settings.base == "wheels13"
+    assert plans["cpu-torch2.13.0-vllm-cpu0.32.0-cpu"].settings.base == "bookworm"

@@ -222,6 +222,10 @@ def _check_references(m: Matrix) -> None:
     if m.bases["default"] not in definitions:
         raise m.error(f"default base {m.bases['default']!r} is not defined", "bases", "default",
                       fix=f"one of: {', '.join(sorted(definitions))}")
+    for i, entry in enumerate(m.bases.get("select", [])):
+        if entry["base"] not in definitions:
+            raise m.error(f"bases.select names undefined base {entry['base']!r}",
+                          "bases", "select", i, "base", fix=f"one of: {', '.join(sorted(definitions))}")
     for name, base in definitions.items():
         if base["strategy"] == "wheels" and base.get("from") not in definitions:
             raise m.error(f"base {name!r} (strategy wheels) needs `from:` naming another base",

@@ -85,6 +85,14 @@ class FactGatherer:
                            torch_cuda=torch_cuda)
 
 
+def base_for(cell: Cell, m: Matrix) -> str:
+    """The base of a cell: the first `bases.select` entry matching its id, else the default."""
+    for entry in m.bases.get("select", []):
+        if matches(entry["cells"], cell.id):
+            return entry["base"]
+    return m.bases["default"]
+
+
 def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
                  backend: str | None) -> CellSettings:
     """Everything render, lock and build need for a planned cell."""
@@ -110,7 +118,7 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
         engine_index = (variant.get("wheel") or variant.get("index") or "").format(
             version=cell.engine_version)
     return CellSettings(
-        python=m.python, base=m.bases["default"], engine_package=engine.get("package"),
+        python=m.python, base=base_for(cell, m), engine_package=engine.get("package"),
         kernels=list(engine.get("kernels", [])), attention_backend=backend, engine_args=args,
         env=dict(sorted(env.items())), torch_index=torch_index, engine_index=engine_index,
         engine_cuda=facts.torch_cuda if facts else None, source_urls=sources)
