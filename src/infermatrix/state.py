@@ -69,9 +69,22 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+_HELD: dict[Path, int] = {}  # state roots this process holds, with nesting depth
+
+
 @contextmanager
 def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> Iterator[None]:
-    """Hold the state directory for one run; a second run waits (`wait`) or refuses."""
+    """Hold the state directory for one run; a second run waits (`wait`) or refuses.
+
+    Re-entrant within a process: the pipeline holds it and the stages it calls take it again.
+    """
+    if _HELD.get(state.root):
+        _HELD[state.root] += 1
+        try:
+            yield
+        finally:
+            _HELD[state.root] -= 1
+        return
     state.root.mkdir(parents=True, exist_ok=True)
     path = state.root / "run.lock"
     with open(path, "a+") as handle:
@@ -92,9 +105,11 @@ def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> 
         handle.truncate()
         handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         handle.flush()
+        _HELD[state.root] = 1
         try:
             yield
         finally:
+            _HELD.pop(state.root, None)
             handle.seek(0)
             handle.truncate()
             fcntl.flock(handle, fcntl.LOCK_UN)

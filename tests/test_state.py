@@ -1,0 +1,48 @@
+"""State directory: atomic journal writes and the one-run-at-a-time lock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from infermatrix import journal
+from infermatrix.errors import UsageError
+from infermatrix.state import StatePaths, run_lock
+
+
+def test_record_stage_is_atomic_and_leaves_no_temp_files(tmp_path):
+    state = StatePaths.at(tmp_path)
+    journal.record_stage(state, "cell-a", "build", "pass", duration_s=1.23456, image_id="sha256:x")
+    journal.record_stage(state, "cell-a", "audit", "fail", reason="uncovered: libx.so")
+    record = json.loads((tmp_path / "journal" / "cell-a.json").read_text())
+    assert record["image_id"] == "sha256:x"
+    assert record["stages"]["build"]["duration_s"] == 1.235
+    assert record["stages"]["audit"]["reason"] == "uncovered: libx.so"
+    assert [p.name for p in (tmp_path / "journal").iterdir()] == ["cell-a.json"]
+    with pytest.raises(ValueError):
+        journal.record_stage(state, "cell-a", "no-such-stage", "pass")
+
+
+def test_a_second_run_refuses_while_the_first_holds_the_lock(tmp_path):
+    state = StatePaths.at(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys,time; sys.path.insert(0, 'src');"
+         "from infermatrix.state import StatePaths, run_lock\n"
+         f"with run_lock(StatePaths.at({str(tmp_path)!r})):\n"
+         "    print('held', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match="in use by pid"):
+            with run_lock(state):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with run_lock(state):  # released when the holder died
+        with run_lock(state):  # re-entrant in one process
+            pass
