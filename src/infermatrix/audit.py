@@ -1,0 +1,798 @@
+"""Audit a built image without a GPU: kernel coverage per target arch, one CUDA major, the pins.
+
+How it works:
+1. A probe (PROBE below, standard-library Python) runs once in a throw-away container of the
+   image. It lists every ELF shared object under site-packages with its size, sha256, owning
+   distribution, ELF NEEDED entries and whether it carries a CUDA fat binary (pyelftools from
+   the host is bind-mounted read-only for that: nothing is installed in the image). It also
+   reports the installed distributions, `torch.version.cuda`, and `pip check` (the image's pip,
+   else its uv, else the host's uv binary mounted read-only).
+2. The objects with GPU code whose content hash is not in the cache (<state>/cache/cuobjdump/)
+   are copied out of the image (engine.copy_from_image: a created, never started container)
+   and listed on the host with `cuobjdump --list-elf` / `--list-ptx` (the `nvidia-cuda-cuobjdump`
+   wheel; no CUDA toolkit is needed in the image nor on the host).
+3. coverage.py decides each object per target arch; the other checks compare the probe's facts
+   with the cell: one CUDA major, torch's CUDA, installed versions against the lock and the
+   cell's pins, `pip check`, the engine against the model card's floor.
+
+Any failing check fails the audit (exit 1); the cell is then not eligible for a tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from . import journal, proc
+from .coverage import Arch, Coverage, Decision, DeviceCode, decide, device_code_from_listings
+from .errors import CommandFailed, StageFailure, UsageError
+from .model import CellPlan
+from .state import StatePaths, write_json_atomic
+
+if TYPE_CHECKING:
+    from .context import Context
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+CUOBJDUMP_ENV = "INFERMATRIX_CUOBJDUMP"
+CUOBJDUMP_DIST = "nvidia-cuda-cuobjdump"
+AUDIT_MOUNT = "/opt/infermatrix-audit"  # where host tools are bind-mounted in the probe container
+PROBE_TIMEOUT_S = 900
+CACHE_VERSION = 1
+
+# CUDA libraries whose soname major is the CUDA major (cuFFT, cuSPARSE, cuRAND... version apart).
+_CUDA_SONAME = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nvJitLink)\.so\.(\d+)$")
+# NVIDIA runtime wheels: `nvidia-cuda-runtime-cu12` (CUDA 12 naming) or `nvidia-cuda-runtime`
+# 13.x (CUDA 13 naming: the version's major is the CUDA major).
+_CUDA_WHEEL = re.compile(r"^nvidia-(cuda-runtime|cublas|cuda-nvrtc|nvjitlink)(?:-cu(\d+))?$")
+
+
+# --------------------------------------------------------------------------------------------
+# cuobjdump on the host
+# --------------------------------------------------------------------------------------------
+
+def find_cuobjdump() -> str:
+    """$INFERMATRIX_CUOBJDUMP, the `nvidia-cuda-cuobjdump` wheel, PATH, then $CUDA_HOME/bin."""
+    explicit = os.environ.get(CUOBJDUMP_ENV)
+    if explicit:
+        if not Path(explicit).is_file():
+            raise UsageError(f"{CUOBJDUMP_ENV}={explicit} does not exist")
+        return explicit
+    from_wheel = _cuobjdump_from_wheel()
+    if from_wheel:
+        return from_wheel
+    on_path = shutil.which("cuobjdump")
+    if on_path:
+        return on_path
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "cuobjdump").is_file():
+            return str(Path(home) / "bin" / "cuobjdump")
+    raise UsageError("cuobjdump not found\n  fix: `pip install nvidia-cuda-cuobjdump` (a "
+                     "dependency of infermatrix on Linux x86_64/aarch64), or set "
+                     f"{CUOBJDUMP_ENV}=/path/to/cuobjdump")
+
+
+def _cuobjdump_from_wheel() -> str | None:
+    import importlib.metadata as md
+
+    try:
+        files = md.files(CUOBJDUMP_DIST) or []
+    except md.PackageNotFoundError:
+        return None
+    for item in files:
+        if item.name == "cuobjdump":
+            path = Path(str(item.locate()))
+            if path.is_file():
+                if not os.access(path, os.X_OK):  # some installers drop the mode bits
+                    path.chmod(path.stat().st_mode | 0o111)
+                return str(path)
+    return None
+
+
+def list_device_code(path: Path, cuobjdump: str | None = None,
+                     log_path: Path | None = None) -> DeviceCode:
+    """The cubins and PTX one file embeds (`cuobjdump --list-elf`, `--list-ptx`)."""
+    tool = cuobjdump or find_cuobjdump()
+    listings = []
+    for flag in ("--list-elf", "--list-ptx"):
+        done = proc.run([tool, flag, str(path)], check=False, log_path=log_path, timeout=600)
+        if done.returncode != 0 and "does not contain device code" not in done.output:
+            raise CommandFailed(done.command, done.returncode, proc.tail(done.output), log_path)
+        listings.append(done.output)
+    return device_code_from_listings(*listings)
+
+
+def cuobjdump_version(tool: str) -> str:
+    out = proc.run([tool, "--version"], check=False, timeout=60).output
+    match = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return match.group(2) if match else out.strip().splitlines()[-1:][0] if out.strip() else "?"
+
+
+class DeviceCodeCache:
+    """cuobjdump results by file content hash: libtorch_cuda.so is ~1 GB, listed once."""
+
+    def __init__(self, state: StatePaths) -> None:
+        self.root = state.root / "cache" / "cuobjdump"
+
+    def _path(self, sha256: str) -> Path:
+        return self.root / f"{sha256}.json"
+
+    def get(self, sha256: str) -> DeviceCode | None:
+        path = self._path(sha256)
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != CACHE_VERSION:
+            return None
+        return DeviceCode.from_dict(data["device_code"])
+
+    def put(self, sha256: str, code: DeviceCode, tool_version: str) -> None:
+        write_json_atomic(self._path(sha256), {"version": CACHE_VERSION, "sha256": sha256,
+                                               "cuobjdump": tool_version,
+                                               "device_code": code.as_dict()})
+
+
+# --------------------------------------------------------------------------------------------
+# The probe: what the image holds (runs inside it with the image's own python3)
+# --------------------------------------------------------------------------------------------
+
+MARKER = "@@infermatrix-audit@@"
+
+PROBE = r'''
+import hashlib, importlib.metadata as md, importlib.util, json, os, re, shutil, site
+import subprocess, sys, sysconfig
+MOUNT = sys.argv[1]
+sys.path.insert(0, MOUNT + "/py")
+from elftools.elf.elffile import ELFFile
+from elftools.elf.dynamic import DynamicSection
+
+SO = re.compile(r"\.so(\.\d+)*$")
+FATBIN_SECTIONS = {".nv_fatbin", "__nv_relfatbin"}
+
+def site_dirs():
+    found = set(site.getsitepackages()) | {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    return sorted(d for d in found if os.path.isdir(d))
+
+def owners():
+    table = {}
+    for dist in md.distributions():
+        for item in dist.files or ():
+            if SO.search(item.name):
+                table[os.path.realpath(str(item.locate()))] = dist.metadata["Name"]
+    return table
+
+def elf_facts(path):
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"\x7fELF":
+            return None
+        handle.seek(0)
+        elf = ELFFile(handle)
+        names = {s.name for s in elf.iter_sections()}
+        needed = []
+        for section in elf.iter_sections():
+            if isinstance(section, DynamicSection):
+                needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+        return {"gpu_code": bool(names & FATBIN_SECTIONS), "needed": needed}
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+def shared_objects(dirs, owner_of):
+    seen, objects = set(), []
+    for base in dirs:
+        for root, subdirs, files in os.walk(base):
+            subdirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                if not SO.search(name) or os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                real = os.path.realpath(path)
+                if real in seen:
+                    continue
+                seen.add(real)
+                try:
+                    facts = elf_facts(path)
+                except Exception as exc:  # a damaged file is a finding, not a crash
+                    facts = {"gpu_code": False, "needed": [], "error": repr(exc)}
+                if facts is None:
+                    continue
+                facts.update(path=path, rel=os.path.relpath(path, base),
+                             size=os.path.getsize(path), dist=owner_of.get(real))
+                if facts["gpu_code"]:
+                    facts["sha256"] = sha256(path)
+                objects.append(facts)
+    return objects
+
+def torch_facts():
+    code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
+            "'cuda': torch.version.cuda, 'arch_list': torch.cuda.get_arch_list()}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout)[-2000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+def pip_check():
+    if importlib.util.find_spec("pip") is not None:
+        argv, tool = [sys.executable, "-m", "pip", "check"], "pip"
+    elif shutil.which("uv"):
+        argv, tool = ["uv", "pip", "check", "--python", sys.executable], "uv (image)"
+    else:
+        argv, tool = [MOUNT + "/uv", "pip", "check", "--python", sys.executable], "uv (host)"
+    env = dict(os.environ, UV_NO_CACHE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    return {"tool": tool, "command": " ".join(argv), "returncode": done.returncode,
+            "output": (done.stdout + done.stderr)[-4000:]}
+
+dirs = site_dirs()
+has_torch = importlib.util.find_spec("torch") is not None
+result = {
+    "python": sys.version.split()[0], "executable": sys.executable, "site_dirs": dirs,
+    "distributions": {d.metadata["Name"]: d.version for d in md.distributions()},
+    "objects": shared_objects(dirs, owners()),
+    "torch": torch_facts() if has_torch else None,
+    "pip_check": pip_check(),
+}
+print(sys.argv[2] + json.dumps(result))
+'''
+
+
+@dataclass
+class ImageFacts:
+    python: str
+    site_dirs: list[str]
+    distributions: dict[str, str]  # canonical name -> version
+    objects: list[dict[str, Any]]
+    torch: dict[str, Any] | None
+    pip_check: dict[str, Any]
+
+    @classmethod
+    def from_probe(cls, data: dict[str, Any]) -> "ImageFacts":
+        from packaging.utils import canonicalize_name
+
+        return cls(python=data["python"], site_dirs=data["site_dirs"],
+                   distributions={canonicalize_name(k): v
+                                  for k, v in data["distributions"].items()},
+                   objects=data["objects"], torch=data["torch"], pip_check=data["pip_check"])
+
+
+def parse_probe_output(output: str) -> dict[str, Any]:
+    for line in reversed(output.splitlines()):
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER):])
+    raise StageFailure("the audit probe printed no result; its output ends with:\n"
+                       + proc.tail(output, 30))
+
+
+def host_tool_mounts() -> list[Any]:
+    """pyelftools (pure Python) and the uv binary from the host, read-only, for the probe."""
+    import elftools
+
+    from . import engine
+    from .lock import uv_bin
+
+    return [engine.Mount(str(Path(elftools.__file__).resolve().parent),
+                         f"{AUDIT_MOUNT}/py/elftools"),
+            engine.Mount(str(Path(uv_bin()).resolve()), f"{AUDIT_MOUNT}/uv")]
+
+
+def probe_image(image: str, log_path: Path | None = None,
+                timeout: float = PROBE_TIMEOUT_S) -> ImageFacts:
+    """Run the probe in a throw-away container of `image` (no GPU, no network needed)."""
+    import docker
+
+    from . import engine
+
+    try:
+        container = engine.run_container(
+            image, ["-c", PROBE, AUDIT_MOUNT, MARKER], entrypoint=["python3"],
+            mounts=host_tool_mounts(), network="none", labels={"io.infermatrix.stage": "audit"})
+    except docker.errors.DockerException as exc:  # no such image, no python3 in it, ...
+        raise StageFailure(f"cannot start the audit probe in {image}: {exc}") from None
+    try:
+        code = engine.wait_container(container, timeout=timeout)
+        output = engine.container_logs(container)
+    finally:
+        engine.remove_container(container)
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as sink:
+            sink.write(f"# probe of {image}: exit {code}\n")
+            sink.write("\n".join(ln for ln in output.splitlines() if not ln.startswith(MARKER)))
+            sink.write("\n")
+    if code != 0:
+        raise StageFailure(f"the audit probe failed in {image} (exit {code}):\n"
+                           + proc.tail(output, 30))
+    return ImageFacts.from_probe(parse_probe_output(output))
+
+
+def copy_rounds(paths: Iterable[str]) -> list[list[str]]:
+    """Split paths into rounds whose basenames are unique (copy_from_image lands each path
+    under its basename): `a/_C.so` and `b/_C.so` go in two rounds."""
+    rounds: list[list[str]] = []
+    seen: Counter[str] = Counter()
+    for path in paths:
+        name = Path(path).name
+        index = seen[name]
+        seen[name] += 1
+        while len(rounds) <= index:
+            rounds.append([])
+        rounds[index].append(path)
+    return rounds
+
+
+def device_code_of(image: str, objects: list[dict[str, Any]], state: StatePaths,
+                   log_path: Path | None = None) -> dict[str, DeviceCode]:
+    """sha256 -> DeviceCode for the GPU objects: from the cache, else copied out and listed."""
+    from . import engine
+
+    cache = DeviceCodeCache(state)
+    found: dict[str, DeviceCode] = {}
+    missing: dict[str, str] = {}  # path in image -> sha256
+    for obj in objects:
+        cached = cache.get(obj["sha256"])
+        if cached is not None:
+            found[obj["sha256"]] = cached
+        elif obj["sha256"] not in missing.values():
+            missing[obj["path"]] = obj["sha256"]
+    if not missing:
+        return found
+    tool = find_cuobjdump()
+    version = cuobjdump_version(tool)
+    for batch in copy_rounds(sorted(missing)):
+        with tempfile.TemporaryDirectory(prefix="infermatrix-audit-") as tmp:
+            copied = engine.copy_from_image(image, batch, Path(tmp))
+            for path in batch:
+                if path not in copied:
+                    raise StageFailure(f"{path} vanished from {image} while auditing it")
+                code = list_device_code(copied[path], tool, log_path)
+                cache.put(missing[path], code, version)
+                found[missing[path]] = code
+                copied[path].unlink()  # keep at most one batch of big files on disk
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# The result
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Check:
+    name: str  # kernels, cuda-major, torch-cuda, pins, pip-check, engine-floor
+    status: str  # pass, fail, skip
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "detail": self.detail, **self.data}
+
+
+@dataclass
+class AuditedObject:
+    path: str  # relative to site-packages: torch/lib/libtorch_cuda.so
+    package: str | None
+    size: int
+    code: DeviceCode
+    decisions: list[Decision]
+    waivers: dict[str, str] = field(default_factory=dict)  # target -> why it never loads there
+
+    def fails(self, decision: Decision) -> bool:
+        return not decision.covered and str(decision.target) not in self.waivers
+
+    @property
+    def covered(self) -> bool:
+        return not any(self.fails(d) for d in self.decisions)
+
+    def verdict_text(self, decision: Decision) -> str:
+        by = decision.as_dict()["by"]
+        text = decision.coverage.value + (f" ({by})" if by else "")
+        waiver = self.waivers.get(str(decision.target))
+        return text + (f" (not loaded: {waiver})" if waiver and not decision.covered else "")
+
+    def row(self) -> dict[str, Any]:
+        """One flat row for the journal and the report."""
+        row: dict[str, Any] = {"object": self.path, "package": self.package, "size": self.size,
+                               "cubins": " ".join(a.sm for a in self.code.cubins),
+                               "ptx": " ".join(a.compute for a in self.code.ptx)}
+        for decision in self.decisions:
+            row[str(decision.target)] = self.verdict_text(decision)
+        row["covered"] = self.covered
+        return row
+
+
+@dataclass
+class AuditResult:
+    cell_id: str
+    image: str
+    targets: list[Arch]
+    objects: list[AuditedObject] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return FAIL if any(c.status == FAIL for c in self.checks) else PASS
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASS
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    @property
+    def uncovered(self) -> list[str]:
+        """`object (target)` for every object a target cannot run."""
+        return [f"{o.path} ({', '.join(str(d.target) for d in o.decisions if o.fails(d))})"
+                for o in self.objects if not o.covered]
+
+    @property
+    def reason(self) -> str | None:
+        failed = [f"{c.name}: {c.detail}" for c in self.checks if c.status == FAIL]
+        return "; ".join(failed) if failed else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cell": self.cell_id, "image": self.image, "status": self.status,
+                "targets": [str(t) for t in self.targets],
+                "checks": [c.as_dict() for c in self.checks],
+                "coverage": [o.row() for o in self.objects],
+                "uncovered": self.uncovered, "versions": self.versions,
+                "duration_s": round(self.duration_s, 3)}
+
+
+# --------------------------------------------------------------------------------------------
+# The checks (pure: facts in, Check out)
+# --------------------------------------------------------------------------------------------
+
+def check_kernels(objects: list[AuditedObject], targets: list[Arch]) -> Check:
+    if not objects:
+        return Check("kernels", FAIL, "no shared object with GPU code found under site-packages")
+    bad = [o for o in objects if not o.covered]
+    waived = [f"{o.path} on {t}: {why}" for o in objects for t, why in o.waivers.items()
+              if any(str(d.target) == t and not d.covered for d in o.decisions)]
+    jit = [o for o in objects if o.covered and any(d.coverage is Coverage.PTX_JIT
+                                                     for d in o.decisions)]
+    names = ", ".join(str(t) for t in targets)
+    data = {"objects": len(objects), "uncovered": [o.path for o in bad],
+            "ptx_jit": [o.path for o in jit], "not_loaded": waived}
+    if bad:
+        listed = "; ".join(f"{o.path} [{o.package or '?'}]: {d.note}"
+                           for o in bad for d in o.decisions if o.fails(d))
+        return Check("kernels", FAIL, f"{len(bad)} of {len(objects)} objects do not run on "
+                     f"{names}: {listed}", data)
+    detail = f"{len(objects)} objects cover {names}"
+    if jit:
+        detail += (f"; {len(jit)} only through PTX JIT (slower first start): "
+                   + ", ".join(o.path for o in jit))
+    if waived:
+        detail += f"; {len(waived)} uncovered but never loaded there (audit.not_loaded): " + \
+            "; ".join(waived)
+    return Check("kernels", PASS, detail, data)
+
+
+def cuda_majors(facts: ImageFacts) -> dict[int, list[str]]:
+    """CUDA major -> the evidence (linked sonames, bundled libraries, NVIDIA wheels)."""
+    found: dict[int, list[str]] = defaultdict(list)
+    for obj in facts.objects:
+        for needed in obj.get("needed", []):
+            match = _CUDA_SONAME.match(needed)
+            if match:
+                found[int(match.group(2))].append(f"{obj['rel']} links {needed}")
+        match = _CUDA_SONAME.match(Path(obj["rel"]).name)
+        if match:
+            found[int(match.group(2))].append(f"bundles {obj['rel']}")
+    for name, version in facts.distributions.items():
+        match = _CUDA_WHEEL.match(name)
+        if match:
+            major = int(match.group(2)) if match.group(2) else int(version.split(".")[0])
+            found[major].append(f"wheel {name}=={version}")
+    return dict(found)
+
+
+def check_cuda_major(facts: ImageFacts, cuda: str) -> Check:
+    expected = int(cuda.split(".")[0])
+    majors = cuda_majors(facts)
+    if not majors:
+        return Check("cuda-major", FAIL, "no CUDA runtime library linked or bundled in the image")
+    others = {m: ev for m, ev in majors.items() if m != expected}
+    data = {"majors": {str(m): sorted(set(ev))[:20] for m, ev in majors.items()}}
+    if others:
+        evidence = "; ".join(f"CUDA {m}: " + ", ".join(sorted(set(ev))[:5])
+                             for m, ev in sorted(others.items()))
+        return Check("cuda-major", FAIL, f"the cell is CUDA {cuda} but the image mixes in "
+                     f"{evidence}", data)
+    return Check("cuda-major", PASS, f"every CUDA runtime library is CUDA {expected}", data)
+
+
+def check_torch_cuda(facts: ImageFacts, cuda: str) -> Check:
+    if facts.torch is None:
+        return Check("torch-cuda", FAIL, "torch is not installed")
+    if "error" in facts.torch:
+        return Check("torch-cuda", FAIL, "import torch failed: " + proc.tail(facts.torch["error"], 5))
+    got = facts.torch.get("cuda")
+    data = {"torch": facts.torch.get("version"), "torch_cuda": got,
+            "arch_list": facts.torch.get("arch_list")}
+    if got is None or ".".join(str(got).split(".")[:2]) != cuda:
+        return Check("torch-cuda", FAIL, f"torch.version.cuda is {got}, the cell is CUDA {cuda}",
+                     data)
+    return Check("torch-cuda", PASS, f"torch {facts.torch.get('version')} built for CUDA {got}",
+                 data)
+
+
+def expected_pins(ctx: "Context", plan: CellPlan) -> dict[str, tuple[str, str]]:
+    """canonical name -> (version, where the pin comes from): the lock, then the cell."""
+    from packaging.utils import canonicalize_name
+
+    from .lock import lock_path, pinned_packages
+
+    pins: dict[str, tuple[str, str]] = {}
+    path = lock_path(ctx, plan.id)
+    if path.is_file():
+        for name, version in pinned_packages(path.read_text(encoding="utf-8")).items():
+            pins[name] = (version, f"lock {path.name}")
+    cell = plan.cell
+    pins["torch"] = (cell.torch, "cell axis torch")
+    settings = plan.settings
+    if settings is not None and settings.engine_package:
+        pins[canonicalize_name(settings.engine_package)] = (cell.engine_version,
+                                                            "cell axis engine")
+    kernels = ctx.matrix.build.get("kernels", {})
+    for name in (settings.kernels if settings else []):
+        spec = kernels.get(name, {})
+        if spec.get("version") and spec["version"] != "match-engine":
+            pins[canonicalize_name(spec["package"])] = (spec["version"], f"build.kernels.{name}")
+    return pins
+
+
+def version_matches(pinned: str, installed: str) -> bool:
+    """`==pinned` in PEP 440 terms: 2.11.0 accepts 2.11.0+cu130; 2.11.0+cu130 wants exactly it."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(f"=={pinned}").contains(installed, prereleases=True)
+    except InvalidSpecifier:
+        return pinned == installed
+
+
+def check_pins(facts: ImageFacts, pins: dict[str, tuple[str, str]]) -> tuple[Check, dict[str, str]]:
+    wrong, missing, versions = [], [], {}
+    for name, (pinned, source) in sorted(pins.items()):
+        installed = facts.distributions.get(name)
+        if installed is None:
+            missing.append(f"{name}=={pinned} ({source})")
+            continue
+        versions[name] = installed
+        if not version_matches(pinned, installed):
+            wrong.append(f"{name}: pinned {pinned} ({source}), installed {installed}")
+    data = {"checked": len(pins), "mismatched": wrong, "missing": missing}
+    if wrong or missing:
+        parts = list(wrong)
+        if missing:
+            shown = "; ".join(missing[:8]) + (f"; and {len(missing) - 8} more" if len(missing) > 8
+                                              else "")
+            parts.append(f"{len(missing)} pinned packages not installed: {shown}")
+        return Check("pins", FAIL, "; ".join(parts), data), versions
+    return Check("pins", PASS, f"{len(pins)} pinned packages installed at their pins", data), \
+        versions
+
+
+def no_deps_packages(ctx: "Context", plan: CellPlan) -> list[str]:
+    engine = ctx.matrix.engines.get(plan.cell.engine, {})
+    return list(engine.get("install", {}).get("no_deps", []))
+
+
+def check_pip(facts: ImageFacts, waived: Iterable[str] = ()) -> Check:
+    """`pip check` must be clean, except for packages the matrix installs with --no-deps on
+    purpose (their unmet requirements are waived and listed)."""
+    from packaging.utils import canonicalize_name
+
+    result = facts.pip_check
+    waived_names = {canonicalize_name(w) for w in waived}
+    lines = [ln.strip() for ln in result.get("output", "").splitlines() if ln.strip()]
+    problems = [ln for ln in lines if _pip_problem(ln)]
+    kept = [ln for ln in problems if canonicalize_name(_pip_subject(ln)) not in waived_names]
+    waived_lines = [ln for ln in problems if ln not in kept]
+    data = {"tool": result.get("tool"), "command": result.get("command"),
+            "returncode": result.get("returncode"), "waived": waived_lines}
+    if kept or (result.get("returncode") != 0 and not problems):
+        return Check("pip-check", FAIL, "; ".join(kept) or proc.tail(result.get("output", ""), 5),
+                     data)
+    detail = f"{result.get('tool')} check clean"
+    if waived_lines:
+        detail += " (waived, installed with --no-deps: " + "; ".join(waived_lines) + ")"
+    return Check("pip-check", PASS, detail, data)
+
+
+def _pip_subject(line: str) -> str:
+    """The package a problem line is about: `The package `x` requires ...` (uv) or `x 1.0 has
+    requirement ...` / `x 1.0 requires ...` (pip)."""
+    match = re.match(r"^The package `([^`]+)`", line)
+    return match.group(1) if match else line.split()[0]
+
+
+def _pip_problem(line: str) -> bool:
+    """A problem line of `pip check` / `uv pip check` output (not a summary or a header)."""
+    lowered = line.lower()
+    if lowered.startswith(("no broken requirements", "checked ", "found ", "all installed",
+                           "using python", "warning")):
+        return False
+    return any(k in lowered for k in (" requires ", " has requirement ", "is not installed",
+                                      " which is not", "but you have", "is incompatible",
+                                      "the package", "requirement"))
+
+
+def check_floor(ctx: "Context", plan: CellPlan, facts: ImageFacts) -> Check:
+    from packaging.utils import canonicalize_name
+
+    package = plan.settings.engine_package if plan.settings else None
+    floor = ctx.matrix.floors.get(plan.cell.engine)
+    if not package:
+        return Check("engine-floor", SKIP, f"engine {plan.cell.engine} installs no package")
+    if floor is None:
+        return Check("engine-floor", SKIP, f"model.floors names no floor for {plan.cell.engine}")
+    installed = facts.distributions.get(canonicalize_name(package))
+    if installed is None:
+        return Check("engine-floor", FAIL, f"{package} is not installed")
+    if not floor.contains(installed, prereleases=True):
+        return Check("engine-floor", FAIL, f"{package} {installed} is below the model card's "
+                     f"floor {floor}")
+    return Check("engine-floor", PASS, f"{package} {installed} meets {floor}")
+
+
+@dataclass(frozen=True)
+class NotLoaded:
+    """matrix.yaml `audit.not_loaded`: objects an engine never loads on some archs (e.g. a
+    kernel package that ships one directory per arch and imports only the matching one)."""
+
+    path: str  # fnmatch pattern on the path under site-packages
+    reason: str
+    archs: tuple[Arch, ...] = ()  # empty: every target
+
+    def applies(self, path: str, target: Arch) -> bool:
+        from fnmatch import fnmatchcase
+
+        return fnmatchcase(path, self.path) and (not self.archs or target in self.archs)
+
+
+def not_loaded_rules(data: dict[str, Any]) -> list[NotLoaded]:
+    rules = []
+    for entry in data.get("audit", {}).get("not_loaded", []):
+        reason = entry["reason"] + (f" ({entry['source']})" if entry.get("source") else "")
+        rules.append(NotLoaded(entry["path"], reason,
+                               tuple(Arch.parse(a).device for a in entry.get("arch", []))))
+    return rules
+
+
+def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: list[Arch],
+                    rules: Iterable[NotLoaded] = ()) -> list[AuditedObject]:
+    rules = list(rules)
+    objects = []
+    for obj in facts.objects:
+        if not obj.get("gpu_code"):
+            continue
+        code = codes[obj["sha256"]]
+        if code.empty:  # a fat binary section with nothing cuobjdump can list
+            continue
+        waivers = {str(t): rule.reason for t in targets for rule in rules
+                   if rule.applies(obj["rel"], t)}
+        objects.append(AuditedObject(obj["rel"], obj.get("dist"), obj["size"], code,
+                                     [decide(code, t) for t in targets], waivers))
+    return objects
+
+
+# --------------------------------------------------------------------------------------------
+# The stage
+# --------------------------------------------------------------------------------------------
+
+def parse_targets(values: Iterable[str] | None) -> list[Arch] | None:
+    if not values:
+        return None
+    try:
+        return [Arch.parse(v).device for v in values]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def default_targets(plan: CellPlan) -> list[Arch]:
+    return [Arch.parse(plan.cell.arch).device] if plan.cell.is_gpu else []
+
+
+def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
+               targets: Iterable[Arch | str] | None = None, *, record: bool = True) -> AuditResult:
+    """Audit one built image against its cell; record it in the journal (stage `audit`)."""
+    started = time.monotonic()
+    cell = plan.cell
+    arch_targets = [Arch.parse(t).device if isinstance(t, str) else t.device
+                    for t in targets] if targets else default_targets(plan)
+    log_path = ctx.state.cell_log(cell.id, "audit")
+    result = AuditResult(cell.id, image_ref, arch_targets)
+    try:
+        facts = probe_image(image_ref, log_path)
+        if cell.is_gpu:
+            gpu = [o for o in facts.objects if o.get("gpu_code")]
+            codes = device_code_of(image_ref, gpu, ctx.state, log_path)
+            result.objects = audited_objects(facts, codes, arch_targets,
+                                             not_loaded_rules(ctx.matrix.data))
+            result.checks.append(check_kernels(result.objects, arch_targets))
+            result.checks.append(check_cuda_major(facts, cell.cuda))
+            result.checks.append(check_torch_cuda(facts, cell.cuda))
+        else:
+            reason = "arch cpu: no GPU code to audit"
+            result.checks += [Check("kernels", SKIP, reason),
+                              Check("cuda-major", SKIP, "CPU lane: torch's CUDA libraries are "
+                                    "not used"),
+                              Check("torch-cuda", SKIP, "CPU lane")]
+        pins_check, result.versions = check_pins(facts, expected_pins(ctx, plan))
+        result.checks.append(pins_check)
+        result.checks.append(check_pip(facts, no_deps_packages(ctx, plan)))
+        result.checks.append(check_floor(ctx, plan, facts))
+    except StageFailure as exc:  # the probe or cuobjdump failed: the audit fails, with why
+        result.checks.append(Check("probe", FAIL, str(exc)))
+    result.duration_s = time.monotonic() - started
+    if record:
+        journal.record_stage(ctx.state, cell.id, "audit", result.status,
+                             duration_s=result.duration_s, log=log_path, reason=result.reason,
+                             details=result.as_dict())
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Human output
+# --------------------------------------------------------------------------------------------
+
+_STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", "exact": "green",
+          "compatible": "green", "family": "green", "ptx-jit": "yellow", "uncovered": "bold red"}
+
+
+def render(result: AuditResult, console: Any = None, all_objects: bool = False) -> None:
+    """Two rich tables: the checks, then the objects (uncovered and PTX-JIT ones first)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rich.markup import escape
+
+    console = console or Console()
+    checks = Table(title=f"audit {result.cell_id} ({result.image}): {result.status.upper()}",
+                   show_lines=False)
+    for column in ("check", "status", "detail"):
+        checks.add_column(column, overflow="fold")
+    for check in result.checks:
+        checks.add_row(check.name, f"[{_STYLE[check.status]}]{check.status}[/]",
+                       escape(check.detail))
+    console.print(checks)
+    if not result.objects:
+        return
+    shown = sorted(result.objects, key=lambda o: (o.covered, _best_rank(o), o.path))
+    if not all_objects:
+        shown = [o for o in shown if not o.covered or _best_rank(o) >= Coverage.PTX_JIT.rank] \
+            or shown[:10]
+    table = Table(title=f"GPU code: {len(result.objects)} objects"
+                  + ("" if all_objects else " (uncovered and PTX-only first; --all lists all)"))
+    for column in ("object", "package", "cubins", "ptx", *[str(t) for t in result.targets]):
+        table.add_column(column, overflow="fold")
+    for obj in shown:
+        cells = []
+        for decision in obj.decisions:
+            style = _STYLE[decision.coverage.value] if obj.fails(decision) or decision.covered \
+                else "dim"
+            cells.append(f"[{style}]{escape(obj.verdict_text(decision))}[/]")
+        table.add_row(escape(obj.path), escape(obj.package or ""),
+                      " ".join(a.sm for a in obj.code.cubins),
+                      " ".join(a.compute for a in obj.code.ptx), *cells)
+    console.print(table)
+
+
+def _best_rank(obj: AuditedObject) -> int:
+    return max((d.coverage.rank for d in obj.decisions), default=0)

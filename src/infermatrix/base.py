@@ -1,0 +1,288 @@
+"""Base images made here, so no registry is needed: `infermatrix base build`.
+
+A `debootstrap` base (matrix.yaml `bases.definitions.<name>`) is a Debian rootfs made with
+debootstrap from a Debian mirror and imported into the engine with `docker import`, under a tag
+derived from its recipe: `infermatrix/base-<name>:<hash of suite, variant, mirror, packages,
+architecture>`. The same recipe gives the same tag, so a second `base build` finds the image
+and does nothing; render puts the exact tag in `FROM` through `image_ref`.
+
+The mirror, when matrix.yaml says `null`, is the Debian mirror this host's apt uses (deb822
+files under /etc/apt/sources.list.d/, else /etc/apt/sources.list); FALLBACK_MIRROR only when
+the host has none. The suite, mirror, snapshot date (when the sources name one) and build date
+are recorded as image labels.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import re
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from . import engine, proc
+from .config import Matrix
+from .errors import ConfigError, UsageError
+from .state import StatePaths
+
+log = logging.getLogger(__name__)
+
+# Used only when matrix.yaml says `mirror: null` and this host has no Debian apt source.
+FALLBACK_MIRROR = "http://deb.debian.org/debian"
+# What every debootstrap base carries, whatever matrix.yaml lists (the templates rely on it).
+REQUIRED_PACKAGES = ("ca-certificates", "python3", "python3-venv")
+BASE_REPOSITORY = "infermatrix/base-{name}"
+# Bump when the way a base is made changes, so old tags are not reused.
+RECIPE_FORMAT = 1
+APT_SOURCES_DIR = Path("/etc/apt/sources.list.d")
+APT_SOURCES_LIST = Path("/etc/apt/sources.list")
+
+
+# --------------------------------------------------------------------------------------------
+# The host's Debian mirror (pure parsing + a reader)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AptSource:
+    uri: str
+    suites: tuple[str, ...]
+    snapshot: str | None  # e.g. 20250520T000000Z when a snapshot.debian.org comment names it
+
+
+def parse_deb822_sources(text: str) -> list[AptSource]:
+    """Parse a deb822 `.sources` file (stanzas separated by blank lines)."""
+    sources = []
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        snapshot = _snapshot_in(stanza)
+        for line in stanza.splitlines():
+            if line.startswith("#") or ":" not in line:
+                continue
+            key, _, value = line.partition(":")
+            fields[key.strip().lower()] = value.strip()
+        if "deb" not in fields.get("types", "").split():
+            continue
+        if fields.get("enabled", "yes").lower() == "no":
+            continue
+        suites = tuple(fields.get("suites", "").split())
+        for uri in fields.get("uris", "").split():
+            sources.append(AptSource(uri.rstrip("/"), suites, snapshot))
+    return sources
+
+
+def parse_sources_list(text: str) -> list[AptSource]:
+    """Parse one-line-style `deb [opts] URI suite components` entries."""
+    sources = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("deb "):
+            continue
+        line = re.sub(r"\[[^\]]*\]", "", line)
+        parts = line.split()
+        if len(parts) >= 3:
+            sources.append(AptSource(parts[1].rstrip("/"), (parts[2],), _snapshot_in(line)))
+    return sources
+
+
+def _snapshot_in(text: str) -> str | None:
+    match = re.search(r"snapshot\.debian\.org/archive/debian/(\d{8}T\d{6}Z)", text)
+    return match.group(1) if match else None
+
+
+def pick_debian_mirror(sources: list[AptSource], suite: str) -> AptSource | None:
+    """The main archive (not -security/-updates) serving `suite`, else any non-security one."""
+    plain = [s for s in sources if not any("security" in x for x in s.suites)
+             and "security" not in s.uri]
+    for source in plain:
+        if suite in source.suites:
+            return source
+    return plain[0] if plain else None
+
+
+def host_apt_sources(sources_dir: Path = APT_SOURCES_DIR,
+                     sources_list: Path = APT_SOURCES_LIST) -> list[AptSource]:
+    sources: list[AptSource] = []
+    if sources_dir.is_dir():
+        for path in sorted(sources_dir.glob("*.sources")):
+            sources += parse_deb822_sources(path.read_text(encoding="utf-8", errors="replace"))
+        for path in sorted(sources_dir.glob("*.list")):
+            sources += parse_sources_list(path.read_text(encoding="utf-8", errors="replace"))
+    if sources_list.is_file():
+        sources += parse_sources_list(sources_list.read_text(encoding="utf-8", errors="replace"))
+    return sources
+
+
+# --------------------------------------------------------------------------------------------
+# Recipes and their content-derived tags
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BaseRecipe:
+    name: str
+    suite: str
+    variant: str
+    mirror: str
+    packages: tuple[str, ...]
+    architecture: str
+    snapshot: str | None = None
+
+    def key(self) -> dict[str, object]:
+        """What decides the content: the tag is a hash of this."""
+        return {"format": RECIPE_FORMAT, "suite": self.suite, "variant": self.variant,
+                "mirror": self.mirror, "packages": list(self.packages),
+                "architecture": self.architecture, "snapshot": self.snapshot}
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps(self.key(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @property
+    def ref(self) -> str:
+        return f"{BASE_REPOSITORY.format(name=self.name)}:{self.suite}-{self.digest}"
+
+    def labels(self, built: str) -> dict[str, str]:
+        return {
+            "io.infermatrix.base": self.name,
+            "io.infermatrix.base.strategy": "debootstrap",
+            "io.infermatrix.base.suite": self.suite,
+            "io.infermatrix.base.variant": self.variant,
+            "io.infermatrix.base.mirror": self.mirror,
+            "io.infermatrix.base.snapshot": self.snapshot or "none",
+            "io.infermatrix.base.packages": ",".join(self.packages),
+            "io.infermatrix.base.recipe": self.digest,
+            "org.opencontainers.image.created": built,
+            "org.opencontainers.image.title": f"infermatrix base {self.name} ({self.suite})",
+        }
+
+
+def host_architecture() -> str:
+    """The Debian architecture name of this host (amd64, arm64)."""
+    import platform
+
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def definition(matrix: Matrix, base_name: str) -> dict:
+    definitions = matrix.bases["definitions"]
+    if base_name not in definitions:
+        raise UsageError(f"unknown base {base_name!r} (defined: {', '.join(sorted(definitions))})")
+    return definitions[base_name]
+
+
+def recipe_for(matrix: Matrix, base_name: str, sources: list[AptSource] | None = None,
+               architecture: str | None = None) -> BaseRecipe:
+    """The debootstrap recipe of a base; `sources` default to this host's apt sources."""
+    spec = definition(matrix, base_name)
+    if spec["strategy"] != "debootstrap":
+        raise matrix.error(f"base {base_name!r} has strategy {spec['strategy']!r}, not debootstrap",
+                           "bases", "definitions", base_name, "strategy")
+    suite = spec.get("suite")
+    if not suite:
+        raise matrix.error(f"debootstrap base {base_name!r} needs `suite:`",
+                           "bases", "definitions", base_name)
+    mirror, snapshot = spec.get("mirror"), None
+    if not mirror:
+        found = pick_debian_mirror(host_apt_sources() if sources is None else sources, suite)
+        mirror, snapshot = (found.uri, found.snapshot) if found else (FALLBACK_MIRROR, None)
+    packages = tuple(sorted(set(REQUIRED_PACKAGES) | set(spec.get("packages", []))))
+    return BaseRecipe(name=base_name, suite=suite, variant=spec.get("variant", "minbase"),
+                      mirror=mirror.rstrip("/"), packages=packages,
+                      architecture=architecture or host_architecture(), snapshot=snapshot)
+
+
+def image_ref(matrix: Matrix, base_name: str) -> str:
+    """The exact local tag of a base, for `FROM`. A `wheels` base is its `from:` base's image."""
+    spec = definition(matrix, base_name)
+    if spec["strategy"] == "wheels":
+        return image_ref(matrix, spec["from"])
+    if spec["strategy"] != "debootstrap":
+        raise ConfigError(f"base {base_name!r} is a registry image ({spec.get('image')}); "
+                          "it is not built here", matrix.path,
+                          matrix.line_of("bases", "definitions", base_name))
+    return recipe_for(matrix, base_name).ref
+
+
+def debootstrap_bases(matrix: Matrix) -> list[str]:
+    return [name for name, spec in matrix.bases["definitions"].items()
+            if spec["strategy"] == "debootstrap"]
+
+
+# --------------------------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class BaseResult:
+    name: str
+    ref: str
+    image_id: str
+    built: bool  # False: the tag was there already
+    duration_s: float
+
+
+@contextmanager
+def _base_lock(recipe: BaseRecipe) -> Iterator[None]:
+    """One builder per recipe on this host at a time (images are engine-wide, not per state
+    directory); others wait, then find the image."""
+    path = Path(tempfile.gettempdir()) / f"infermatrix-base-{recipe.digest}.lock"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = False,
+               timeout: float = 1800) -> BaseResult:
+    """Make the base image unless its content-derived tag exists already."""
+    recipe = recipe_for(matrix, base_name)
+    started = time.monotonic()
+    with _base_lock(recipe):
+        existing = engine.image_id_of(recipe.ref)
+        if existing and not force:
+            return BaseResult(base_name, recipe.ref, existing, False, time.monotonic() - started)
+        if shutil.which("debootstrap") is None:
+            raise UsageError("debootstrap is not installed\n  fix: apt-get install -y debootstrap")
+        log_path = state.logs / "_bases" / f"{base_name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("")
+        image_id = _debootstrap_and_import(recipe, log_path, timeout)
+    return BaseResult(base_name, recipe.ref, image_id, True, time.monotonic() - started)
+
+
+def debootstrap_argv(recipe: BaseRecipe, rootfs: Path) -> list[str]:
+    return ["debootstrap", f"--variant={recipe.variant}", f"--arch={recipe.architecture}",
+            f"--include={','.join(recipe.packages)}", recipe.suite, str(rootfs), recipe.mirror]
+
+
+def _debootstrap_and_import(recipe: BaseRecipe, log_path: Path, timeout: float) -> str:
+    # /var/tmp: a disk-backed directory (a rootfs with g++ is a few hundred MB).
+    with tempfile.TemporaryDirectory(prefix=f"infermatrix-base-{recipe.name}-",
+                                     dir="/var/tmp") as tmp:
+        rootfs, tarball = Path(tmp) / "rootfs", Path(tmp) / "rootfs.tar"
+        proc.run(debootstrap_argv(recipe, rootfs), log_path=log_path, timeout=timeout)
+        _trim_rootfs(rootfs)
+        proc.run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."],
+                 log_path=log_path, timeout=timeout)
+        built = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        changes = [f"LABEL {key}={json.dumps(value)}" for key, value in
+                   sorted(recipe.labels(built).items())]
+        changes += ['ENV LANG=C.UTF-8', 'CMD ["/bin/bash"]']
+        return engine.import_rootfs(tarball, recipe.ref, changes=changes, log_path=log_path)
+
+
+def _trim_rootfs(rootfs: Path) -> None:
+    """Drop downloaded .debs and apt lists: they are not part of the recipe's content."""
+    for pattern in ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*_*"):
+        for path in rootfs.glob(pattern):
+            path.unlink(missing_ok=True)

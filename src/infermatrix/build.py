@@ -1,0 +1,369 @@
+"""`infermatrix build`: build the rendered cells (images/<cell-id>/) on the Docker engine.
+
+Per cell:
+  1. the input hash: every file of images/<cell-id>/ (Dockerfile and context) plus the build
+     args that change the result (MAX_JOBS / NVCC_THREADS change speed, not content, and are
+     left out so a rerun on a busier host is still a no-op) and the kernel cache keys;
+  2. a rerun skips the cell when the journal has the same input hash, a passed build, and the
+     image is still in the engine (its local tag is put back if it went missing);
+  3. each `kernel-<name>` stage of the Dockerfile whose wheel is not in the kernel cache is
+     compiled (`--target kernel-<name> --output type=local`) and stored;
+  4. the image is built from a temporary copy of the context whose `kernel-wheels/` holds the
+     cell's cached wheels, and tagged `infermatrix-local/<cell-id>:build` (a local,
+     non-published reference; the publishable tag is the tag stage's job).
+The journal is written atomically after each step; an interrupted run leaves finished cells
+finished and the interrupted one `running` (not `pass`), so a rerun resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import compileplan, engine, journal, kernelcache, proc
+from .context import Context
+from .errors import CommandFailed, InfermatrixError, StageFailure
+from .model import CellPlan
+from .state import run_lock
+
+log = logging.getLogger(__name__)
+
+LOCAL_REPOSITORY = "infermatrix-local"
+LOCAL_TAG = "build"
+# Build args that size the compile but do not change what is built (left out of the hash).
+SPEED_ONLY_ARGS = ("MAX_JOBS", "NVCC_THREADS")
+DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+KERNEL_WHEELS_DIR = "kernel-wheels"
+_KERNEL_STAGE = re.compile(r"^\s*FROM\s+\S+\s+AS\s+kernel-([A-Za-z0-9_.-]+)\s*$",
+                           re.IGNORECASE | re.MULTILINE)
+
+
+def local_ref(cell_id: str) -> str:
+    return f"{LOCAL_REPOSITORY}/{cell_id}:{LOCAL_TAG}"
+
+
+@dataclass
+class BuildOptions:
+    fail_fast: bool = False
+    timeout_min: float | None = None  # per cell; default build.timeout_minutes
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+    wait: bool = False  # wait for another run holding the state directory
+    ca_bundle: Path | None = None  # default: SSL_CERT_FILE or the system bundle
+    secrets: dict[str, Path] = field(default_factory=dict)  # extra secrets (pip_index, ...)
+    force: bool = False  # rebuild even when the input hash is unchanged
+    echo: Callable[[str], None] = print
+
+
+@dataclass
+class CellResult:
+    cell_id: str
+    status: str  # pass | fail | skip
+    image_id: str | None = None
+    reused: bool = False  # nothing to do: same inputs, image present
+    duration_s: float = 0.0
+    log: Path | None = None
+    reason: str | None = None
+    command: str | None = None
+    log_tail: str | None = None
+    kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if self.status == "pass":
+            how = "unchanged, reused" if self.reused else f"built in {self.duration_s:.0f} s"
+            return f"{self.cell_id}: pass ({how}) {self.image_id and self.image_id[:19]}"
+        text = f"{self.cell_id}: {self.status}: {self.reason}"
+        if self.command:
+            text += f"\n  command: {self.command}"
+        if self.log:
+            text += f"\n  log: {self.log}"
+        if self.log_tail:
+            text += "\n  last lines:\n" + "\n".join("    " + ln for ln in
+                                                   self.log_tail.splitlines())
+        return text
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+def cell_dir(ctx: Context, cell_id: str) -> Path:
+    return ctx.images_dir / cell_id
+
+
+def kernel_stages(dockerfile_text: str) -> list[str]:
+    """Names of the `kernel-<name>` stages of a rendered Dockerfile, in order."""
+    return _KERNEL_STAGE.findall(dockerfile_text)
+
+
+def stage_text(dockerfile_text: str, stage: str) -> str:
+    """The lines of one stage (from its FROM to the next FROM)."""
+    blocks = re.split(r"(?im)^(?=\s*FROM\s)", dockerfile_text)
+    for block in blocks:
+        if re.match(rf"(?i)\s*FROM\s+\S+\s+AS\s+{re.escape(stage)}\s*$", block.splitlines()[0]
+                    if block.strip() else ""):
+            return block
+    return ""
+
+
+def context_hash(directory: Path) -> str:
+    """Hash of every file of a build context: relative path, mode, content."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        relative = path.relative_to(directory).as_posix()
+        digest.update(f"{relative}\0{path.stat().st_mode & 0o111:o}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def input_hash(directory: Path, build_args: dict[str, str],
+               kernel_keys: dict[str, kernelcache.KernelKey]) -> str:
+    digest = hashlib.sha256(context_hash(directory).encode())
+    for key, value in sorted(build_args.items()):
+        if key not in SPEED_ONLY_ARGS:
+            digest.update(f"arg {key}={value}\n".encode())
+    for name, key in sorted(kernel_keys.items()):
+        digest.update(f"kernel {name}={key.slug}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
+                    ) -> dict[str, kernelcache.KernelKey]:
+    """The cache key of every kernel stage in the cell's Dockerfile."""
+    assert plan.settings is not None
+    specs = ctx.matrix.build.get("kernels", {})
+    keys = {}
+    for name in kernel_stages(dockerfile_text):
+        if name not in specs:
+            raise StageFailure(f"{plan.id}: Dockerfile stage kernel-{name} names no "
+                               "build.kernels entry in matrix.yaml")
+        spec = specs[name]
+        keys[name] = kernelcache.make_key(
+            spec, torch=plan.cell.torch, cuda=plan.cell.cuda, python=plan.settings.python,
+            archs=[plan.cell.arch], source_root=ctx.root,
+            resolved_version=_locked_version(ctx, plan.id, spec["package"]),
+            stage_text=stage_text(dockerfile_text, f"kernel-{name}"))
+    return keys
+
+
+def _locked_version(ctx: Context, cell_id: str, package: str) -> str | None:
+    """The version the cell's lock pins for `package` (for `version: match-engine`)."""
+    lock = ctx.root / "locks" / f"{cell_id}.txt"
+    if not lock.is_file():
+        return None
+    wanted = re.sub(r"[-_.]+", "-", package).lower()
+    for line in lock.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)", line.strip())
+        if match and re.sub(r"[-_.]+", "-", match.group(1)).lower() == wanted:
+            return match.group(2)
+    return None
+
+
+def secrets_for(options: BuildOptions) -> dict[str, Path]:
+    import os
+
+    bundle = options.ca_bundle or Path(os.environ.get("SSL_CERT_FILE") or DEFAULT_CA_BUNDLE)
+    secrets = dict(options.secrets)
+    if bundle.is_file():
+        secrets.setdefault("ca_bundle", bundle)
+    return secrets
+
+
+# --------------------------------------------------------------------------------------------
+# The compile plan for this run
+# --------------------------------------------------------------------------------------------
+
+def compile_plan_for(ctx: Context, kernels_needed: list[list[str]], options: BuildOptions,
+                     reading: compileplan.HostReading | None = None) -> compileplan.CompilePlan:
+    """Size MAX_JOBS/NVCC_THREADS for the kernels the selected cells compile."""
+    settings = ctx.matrix.build
+    specs = settings.get("kernels", {})
+    names = sorted({n for cell in kernels_needed for n in cell})
+    return compileplan.plan_from_reading(
+        reading or compileplan.read_host(),
+        compileplan.gb_per_thread_for(specs, names),
+        safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
+        default_nvcc_threads=int(settings.get("nvcc_threads", 4)),
+        max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
+        cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
+        max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
+
+
+# --------------------------------------------------------------------------------------------
+# One cell
+# --------------------------------------------------------------------------------------------
+
+class _Deadline:
+    def __init__(self, seconds: float | None) -> None:
+        self.end = None if seconds is None else time.monotonic() + seconds
+        self.seconds = seconds
+
+    def remaining(self) -> float | None:
+        if self.end is None:
+            return None
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise StageFailure(f"per-cell timeout of {self.seconds:.0f} s reached")
+        return left
+
+
+def _unchanged(ctx: Context, cell_id: str, digest: str) -> str | None:
+    """The image id when the journal says this exact input was built and the image is there."""
+    record = journal.load(ctx.state, cell_id)
+    if record.get("input_hash") != digest or journal.stage_status(record, "build") != "pass":
+        return None
+    image_id = record.get("image_id")
+    if not image_id or not engine.image_exists(image_id):
+        return None
+    if engine.image_id_of(local_ref(cell_id)) != image_id:
+        engine.tag_image(image_id, local_ref(cell_id))
+    return image_id
+
+
+def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
+                    keys: dict[str, kernelcache.KernelKey], build_args: dict[str, str],
+                    secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
+                    echo: Callable[[str], None]) -> tuple[list[kernelcache.Entry],
+                                                          dict[str, dict[str, Any]]]:
+    """Compile the kernels missing from the cache; return the cell's entries and a report."""
+    entries, report = [], {}
+    for name, key in keys.items():
+        entry = kernelcache.lookup(ctx.state, key)
+        started = time.monotonic()
+        if entry is None:
+            echo(f"{cell_id}: compiling kernel {name} ({key.slug})")
+            with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
+                                             dir=_tmp_root(ctx)) as out:
+                engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
+                                   secrets=secrets, output_dir=Path(out), log_path=log_path,
+                                   timeout=deadline.remaining())
+                wheels = kernelcache.find_wheels(Path(out))
+                if not wheels:
+                    raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+                entry = kernelcache.store(ctx.state, key, wheels,
+                                          details={"compiled_by": cell_id, **build_args})
+            cache = "miss"
+        else:
+            echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
+            cache = "hit"
+        entries.append(entry)
+        report[name] = {"key": key.slug, "cache": cache, "wheels": [w.name for w in entry.wheels],
+                        "duration_s": round(time.monotonic() - started, 3)}
+    return entries, report
+
+
+def _tmp_root(ctx: Context) -> Path:
+    path = ctx.state.root / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
+               options: BuildOptions) -> CellResult:
+    cell_id = plan.id
+    directory = cell_dir(ctx, cell_id)
+    dockerfile = directory / "Dockerfile"
+    log_path = ctx.state.cell_log(cell_id, "build")
+    if not dockerfile.is_file():
+        return _record_failure(ctx, cell_id, 0.0, None, f"not rendered: {dockerfile} is missing "
+                               "(run `infermatrix render` first)", None, None)
+    text = dockerfile.read_text(encoding="utf-8")
+    build_args = compile.build_args()
+    keys = kernel_keys_for(ctx, plan, text)
+    digest = input_hash(directory, build_args, keys)
+    if not options.force:
+        image_id = _unchanged(ctx, cell_id, digest)
+        if image_id:
+            return CellResult(cell_id, "pass", image_id=image_id, reused=True)
+
+    started = time.monotonic()
+    timeout_min = options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))
+    deadline = _Deadline(timeout_min * 60)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(f"# infermatrix build {cell_id}\n# {compile.describe()}\n")
+    journal.record_stage(ctx.state, cell_id, "build", "running", log=log_path,
+                         details={"input_hash": digest})
+    secrets = secrets_for(options)
+    kernels: dict[str, dict[str, Any]] = {}
+    try:
+        entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
+                                           log_path, deadline, options.echo)
+        with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
+            context = Path(tmp) / "context"
+            shutil.copytree(directory, context, symlinks=True)
+            kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
+            labels = {"io.infermatrix.input-hash": digest}
+            image_id = engine.build_image(context, tag=local_ref(cell_id), build_args=build_args,
+                                          secrets=secrets, log_path=log_path, labels=labels,
+                                          timeout=deadline.remaining())
+    except CommandFailed as exc:
+        reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
+        return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
+                               exc.command, exc.log_tail, kernels, digest)
+    except InfermatrixError as exc:
+        return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, str(exc),
+                               None, proc.tail(_read_log(log_path)), kernels, digest)
+    duration = time.monotonic() - started
+    details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
+               "compile_plan": compile.as_dict(), "build_args": build_args,
+               "secret_ids": sorted(secrets)}
+    journal.record_stage(ctx.state, cell_id, "build", "pass", duration_s=duration, log=log_path,
+                         details=details, input_hash=digest, image_id=image_id)
+    return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration, log=log_path,
+                      kernels=kernels)
+
+
+def _read_log(path: Path | None) -> str:
+    if path is None or not path.is_file():
+        return ""
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path | None,
+                    reason: str, command: str | None, log_tail: str | None,
+                    kernels: dict[str, dict[str, Any]] | None = None,
+                    digest: str | None = None) -> CellResult:
+    journal.record_stage(ctx.state, cell_id, "build", "fail", duration_s=duration, log=log_path,
+                         reason=reason, details={"command": command, "log_tail": log_tail,
+                                                 "kernels": kernels or {},
+                                                 "input_hash": digest})
+    return CellResult(cell_id, "fail", duration_s=duration, log=log_path, reason=reason,
+                      command=command, log_tail=log_tail, kernels=kernels or {})
+
+
+# --------------------------------------------------------------------------------------------
+# All selected cells
+# --------------------------------------------------------------------------------------------
+
+def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | None = None
+                ) -> dict[str, CellResult]:
+    """Build every planned cell of `plans` (pruned ones are skipped); hold the state lock."""
+    options = options or BuildOptions()
+    planned = [p for p in plans if p.planned]
+    results: dict[str, CellResult] = {}
+    kernels_needed = []
+    for plan in planned:
+        dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
+        text = dockerfile.read_text(encoding="utf-8") if dockerfile.is_file() else ""
+        kernels_needed.append(kernel_stages(text))
+    compile = compile_plan_for(ctx, kernels_needed, options)
+    options.echo(compile.describe())
+    with run_lock(ctx.state, wait=options.wait):
+        for plan in planned:
+            result = build_cell(ctx, plan, compile, options)
+            results[plan.id] = result
+            options.echo(result.summary())
+            if result.status == "fail" and options.fail_fast:
+                options.echo("stopping: --fail-fast")
+                break
+    for plan in plans:
+        if plan.id not in results and not plan.planned:
+            results[plan.id] = CellResult(plan.id, "skip", reason="pruned by the planner")
+    return results

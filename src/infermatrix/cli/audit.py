@@ -1,0 +1,103 @@
+"""`infermatrix audit`: prove without a GPU that an image's kernels cover its arch and that the
+stack inside is exactly what was pinned."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import common_options, selection_options
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "audit", help="check a built image: kernel coverage per arch, CUDA major, pins",
+        description="Inspect built images without a GPU: list the cubins and PTX of every "
+        "shared object with GPU code (cuobjdump on the host), decide per target arch whether "
+        "it runs (NVIDIA's compatibility rules), check that one CUDA major is linked, that "
+        "torch.version.cuda and the installed versions match the cell, that pip check is "
+        "clean and that the engine meets the model card's floor. Exit 1 when any check fails.")
+    parser.add_argument("refs", nargs="*", metavar="CELL|IMAGE",
+                        help="cell ids (their image from the journal) or image references "
+                        "(labelled io.infermatrix.cell); default: every built cell selected")
+    common_options(parser)
+    selection_options(parser)
+    parser.add_argument("--target", action="append", default=[], metavar="ARCH",
+                        help="GPU arch to check (sm_120, sm_121, 9.0...); repeatable; "
+                        "default: the cell's arch")
+    parser.add_argument("--json", action="store_true",
+                        help="print the results as a JSON list instead of tables")
+    parser.add_argument("--all", action="store_true", dest="all_objects",
+                        help="list every object with GPU code, not only the problems")
+    parser.add_argument("--no-record", action="store_true",
+                        help="do not write the result to the journal")
+    parser.set_defaults(func=run)
+
+
+def resolve(ctx, plans, refs: list[str], select: list[str]) -> list[tuple[object, str]]:
+    """(plan, image) pairs to audit, from cell ids, image references or the journal."""
+    from .. import engine, journal
+    from ..errors import StageFailure, UsageError
+
+    by_id = {p.id: p for p in plans}
+    pairs = []
+    if not refs:
+        for plan in plans:
+            if not plan.planned:
+                continue
+            image = journal.load(ctx.state, plan.id).get("image_id")
+            if image:
+                pairs.append((plan, image))
+        if not pairs:
+            raise UsageError("no built cell to audit" + (f" among {', '.join(select)}" if select
+                             else "") + "\n  fix: run `infermatrix build` first, or name an "
+                             "image")
+        return pairs
+    for ref in refs:
+        if ref in by_id:
+            plan = by_id[ref]
+            image = journal.load(ctx.state, ref).get("image_id")
+            if not image:
+                raise StageFailure(f"{ref} has no built image in the journal\n  fix: "
+                                   f"infermatrix build --select {ref}")
+        else:
+            if not engine.image_exists(ref):
+                raise UsageError(f"{ref!r} is neither a cell of {ctx.matrix.path} nor a local "
+                                 "image")
+            cell_id = engine.image_labels(ref).get("io.infermatrix.cell")
+            if not cell_id or cell_id not in by_id:
+                raise UsageError(f"image {ref} has no io.infermatrix.cell label naming a cell of "
+                                 f"{ctx.matrix.path} (label: {cell_id!r})")
+            plan, image = by_id[cell_id], ref
+        if not plan.planned:
+            raise UsageError(f"{plan.id} is pruned: "
+                             + "; ".join(v.reason for v in plan.verdicts))
+        pairs.append((plan, image))
+    return pairs
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..audit import audit_cell, parse_targets, render
+    from ..context import Context, setup_command_log
+    from ..plan import plan_matrix
+
+    targets = parse_targets(args.target)  # bad arch names: exit 2 before any work
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    setup_command_log(ctx.state, args.verbose)
+    plans = plan_matrix(ctx, select=args.select, skip=args.skip)
+    results = [audit_cell(ctx, plan, image, targets, record=not args.no_record)
+               for plan, image in resolve(ctx, plans, args.refs, args.select)]
+    if args.json:
+        json.dump([r.as_dict() for r in results], sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        console = Console()
+        for result in results:
+            render(result, console, all_objects=args.all_objects)
+        failed = [r.cell_id for r in results if not r.passed]
+        console.print(f"audit: {len(results) - len(failed)} passed, {len(failed)} failed"
+                      + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if any(not r.passed for r in results) else 0

@@ -1,0 +1,143 @@
+"""`infermatrix lock` (per-cell uv locks with hashes) and `infermatrix verify-repro`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..context import Context, setup_command_log
+from ..errors import UsageError
+from ..plan import plan_matrix
+from ..state import run_lock
+from . import common_options, selection_options
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "lock", help="resolve each planned cell with uv into locks/<cell-id>.txt",
+        description="Resolve each planned cell's Python environment with uv (hashes, the cell's "
+        "Python and platform, the torch index of its CUDA variant) into locks/<cell-id>.txt. "
+        "The only step that needs the package index: render and build use the committed locks.")
+    common_options(parser)
+    selection_options(parser)
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming the cells whose committed lock "
+                        "differs from a fresh resolution")
+    parser.add_argument("--index-url", default=None, metavar="URL",
+                        help="package index (default: INFERMATRIX_INDEX_URL, UV_INDEX_URL, "
+                        "PIP_INDEX_URL or PyPI); the torch variant index follows "
+                        "INFERMATRIX_TORCH_INDEX")
+    parser.add_argument("--jobs", type=int, default=4, metavar="N",
+                        help="cells resolved at once (default 4)")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for another run holding the state directory")
+    parser.add_argument("--allow-unreachable", action="store_true",
+                        help="an index that cannot be reached (a network condition) is reported "
+                        "but does not fail the run")
+    parser.set_defaults(func=run_lock_command)
+
+    repro = sub.add_parser(
+        "verify-repro", help="build a cell twice without cache and compare the images",
+        description="Build one rendered cell twice without cache and compare the two images "
+        "file by file (path, type, mode, owner, size, content hash, link target); list every "
+        "difference. Exit 1 when they differ.")
+    common_options(repro)
+    repro.add_argument("cell", help="the cell id (see `infermatrix plan`)")
+    repro.add_argument("--keep", action="store_true", help="keep the two images (tagged)")
+    repro.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    repro.add_argument("--max-list", type=int, default=200, metavar="N",
+                       help="differences printed (all are in the JSON report)")
+    repro.add_argument("--wait", action="store_true",
+                       help="wait for another run holding the state directory")
+    repro.set_defaults(func=run_verify_repro)
+
+
+def run_lock_command(args: argparse.Namespace) -> int:
+    from .. import lock
+
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    setup_command_log(ctx.state, args.verbose)
+    plans = plan_matrix(ctx, args.select, args.skip)
+    all_planned = None
+    if not args.select and not args.skip:
+        all_planned = [p.id for p in plans if p.planned]
+    if not any(p.planned for p in plans):
+        raise UsageError("no planned cell in the selection (see `infermatrix plan`)")
+    if args.check:  # writes nothing: no need to hold the state directory
+        run = lock.lock_cells(ctx, plans, check=True, index=args.index_url, jobs=args.jobs,
+                              all_planned=all_planned)
+    else:
+        with run_lock(ctx.state, wait=args.wait):
+            run = lock.lock_cells(ctx, plans, index=args.index_url, jobs=args.jobs,
+                                  all_planned=all_planned)
+    if args.json:
+        json.dump(_as_json(run), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        _print_run(ctx, run, args.check)
+    unreachable = [r for r in run.results if r.status == "unreachable"
+                   and not args.allow_unreachable]
+    if args.check:
+        return 1 if (run.drifted or run.missing or unreachable) else 0
+    return 1 if unreachable else 0
+
+
+def _print_run(ctx: Context, run, check: bool) -> None:  # type: ignore[no-untyped-def]
+    from .. import lock
+
+    for result in run.results:
+        if result.status == "locked":
+            state = "up to date" if check and result.cell_id not in run.drifted \
+                and result.cell_id not in run.missing else (
+                    "DRIFT" if result.cell_id in run.drifted else
+                    "NO COMMITTED LOCK" if check else "locked")
+            where = "" if check else f" -> {lock.lock_path(ctx, result.cell_id).relative_to(ctx.root)}"
+            packages = len(lock.pinned_packages(result.text or ""))
+            print(f"{result.cell_id}: {state}{where} ({packages} packages, "
+                  f"{result.duration_s:.1f} s)")
+            for line in run.drifted.get(result.cell_id, []):
+                print(f"    {line}")
+        elif result.status == "unsatisfiable":
+            print(f"{result.cell_id}: UNSATISFIABLE (pruned by plan, rule "
+                  f"{lock.UNSATISFIABLE_RULE}):")
+            print("\n".join("    " + ln for ln in (result.explanation or "").splitlines()))
+        else:
+            print(f"{result.cell_id}: INDEX UNREACHABLE (network; says nothing about the cell):")
+            print("\n".join("    " + ln for ln in (result.explanation or "").splitlines()[-6:]))
+    for cell_id in run.stale:
+        print(f"{cell_id}: stale lock (the cell is no longer planned); remove "
+              f"{lock.LOCKS_DIR}/{cell_id}.txt")
+    if check and (run.drifted or run.missing):
+        names = sorted(set(run.drifted) | set(run.missing))
+        print(f"lock drift in {len(names)} cell(s): {', '.join(names)}", file=sys.stderr)
+
+
+def _as_json(run) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "results": [{"cell": r.cell_id, "status": r.status, "explanation": r.explanation,
+                     "duration_s": round(r.duration_s, 3),
+                     "inputs": r.inputs.as_dict() if r.inputs else None}
+                    for r in run.results],
+        "drifted": run.drifted, "missing": run.missing, "stale": run.stale,
+    }
+
+
+def run_verify_repro(args: argparse.Namespace) -> int:
+    from .. import repro
+
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    setup_command_log(ctx.state, args.verbose)
+    plans = plan_matrix(ctx, [args.cell])
+    plan = next((p for p in plans if p.id == args.cell), None)
+    if plan is None or not plan.planned:
+        raise UsageError(f"{args.cell} is not a planned cell (see `infermatrix plan`)")
+    with run_lock(ctx.state, wait=args.wait):
+        report = repro.verify_repro(ctx, plan, keep=args.keep)
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(report.summary(max_list=args.max_list))
+    return 0 if report.identical else 1

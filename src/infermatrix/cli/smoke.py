@@ -1,0 +1,118 @@
+"""`infermatrix smoke` (tiered tests of built images) and `infermatrix tag` (the tag policy)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import common_options, selection_options
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    smoke = subparsers.add_parser("smoke", help="test built images: static, gpu, model levels")
+    common_options(smoke)
+    selection_options(smoke)
+    smoke.add_argument("cells", nargs="*", metavar="CELL_ID",
+                       help="cells to test (default: every planned cell with a passed build)")
+    smoke.add_argument("--levels", default=None, metavar="LIST",
+                       help="comma-separated subset of static,gpu,model (default: smoke.levels)")
+    smoke.add_argument("--model-path", default=None, metavar="HOST_DIR",
+                       help="real weights on this host, mounted read-only (default: "
+                            "smoke.model_source; `fixture` generates a tiny model in the image)")
+    smoke.add_argument("--fixture", choices=["normal", "broken"], default="normal",
+                       help="fixture variant: `broken` has shapes the CPU kernels reject "
+                            "(a model level that must fail)")
+    smoke.add_argument("--wait", action="store_true",
+                       help="wait for another run on the same state directory instead of refusing")
+    smoke.set_defaults(func=run_smoke)
+
+    tag = subparsers.add_parser("tag", help="tag the cells whose required smoke levels passed")
+    common_options(tag)
+    selection_options(tag)
+    tag.add_argument("cells", nargs="*", metavar="CELL_ID",
+                     help="cells to tag (default: every planned cell with a smoke result)")
+    tag.add_argument("--repository", default=None, metavar="NAME",
+                     help="local repository of the tag (default: publish.repository)")
+    tag.add_argument("--wait", action="store_true",
+                     help="wait for another run on the same state directory instead of refusing")
+    tag.set_defaults(func=run_tag)
+
+
+def _plans(ctx, args: argparse.Namespace, stage: str):
+    """Planned cells named by ids/selectors; by default those with a journal `stage` record."""
+    from .. import journal
+    from ..errors import UsageError
+    from ..plan import plan_matrix
+
+    explicit = bool(args.cells or args.select)
+    plans = plan_matrix(ctx, select=[*args.cells, *args.select], skip=args.skip)
+    not_planned = [p for p in plans if not p.planned]
+    if args.cells and not_planned:
+        named = [p for p in not_planned if p.id in args.cells]
+        if named:
+            reasons = "; ".join(v.reason for v in named[0].verdicts) or named[0].status
+            raise UsageError(f"{named[0].id} is not a planned cell ({reasons})")
+    plans = [p for p in plans if p.planned]
+    if not explicit:
+        records = journal.load_all(ctx.state)
+        plans = [p for p in plans if journal.stage_status(records.get(p.id, {}), stage) == "pass"]
+    if not plans:
+        raise UsageError(f"no cell to {'test' if stage == 'build' else 'tag'} "
+                         f"(nothing with a passed {stage} in {ctx.state.journal})")
+    return plans
+
+
+def _print_smoke(result) -> None:
+    print(f"{result.cell_id}: {result.status}  (image {result.image_id[:19]})")
+    for name, level in result.levels.items():
+        line = f"  {name:<7}{level.status:<5} {level.duration_s:7.1f} s"
+        rate = level.details.get("tokens_per_s") if name == "model" else None
+        if rate:
+            line += f"  tokens/s single {rate.get('single')} concurrent {rate.get('concurrent')}"
+        if level.reason:
+            line += f"  {level.reason}"
+        print(line)
+        tail = level.details.get("engine_log_tail")
+        if level.status == "fail" and tail:
+            print("    engine log tail:\n" + "\n".join("    | " + t for t in tail.splitlines()))
+
+
+def run_smoke(args: argparse.Namespace) -> int:
+    from ..context import Context, setup_command_log
+    from ..smoke import SmokeOptions, smoke_cells
+    from ..state import run_lock
+
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    setup_command_log(ctx.state, args.verbose)
+    levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()] if args.levels else None
+    options = SmokeOptions(levels=levels, fixture=args.fixture,
+                           model_path=Path(args.model_path) if args.model_path else None)
+    plans = _plans(ctx, args, "build")
+    with run_lock(ctx.state, wait=args.wait):
+        results = smoke_cells(ctx, plans, options, on_result=_print_smoke)
+    failed = [r.cell_id for r in results if r.status == "fail"]
+    print(f"smoke: {len(results) - len(failed)} without failure, {len(failed)} failed"
+          + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def run_tag(args: argparse.Namespace) -> int:
+    from ..context import Context, setup_command_log
+    from ..state import run_lock
+    from ..tagging import tag_cell, tag_ref
+
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    setup_command_log(ctx.state, args.verbose)
+    plans = _plans(ctx, args, "smoke")
+    refused = []
+    with run_lock(ctx.state, wait=args.wait):
+        for plan in plans:
+            decision = tag_cell(ctx, plan.cell, args.repository)
+            if decision.allowed:
+                print(f"{plan.id}: tagged {tag_ref(ctx, plan.cell, args.repository)} "
+                      f"({decision.kind}) on {decision.image_id[:19]}")
+            else:
+                refused.append(plan.id)
+                print(f"{plan.id}: not tagged: {decision.reason}")
+    print(f"tag: {len(plans) - len(refused)} tagged, {len(refused)} not tagged")
+    return 1 if refused else 0

@@ -1,0 +1,750 @@
+"""The one module that talks to Docker.
+
+BuildKit builds go through a Docker CLI (`build_image`), because only the CLI carries a build
+session (secrets, cache mounts, `--output`); everything else goes through the `docker` SDK
+(inspect, tag, run, logs, copy-out). Both honour DOCKER_HOST and Docker contexts
+(DOCKER_CONTEXT or the current context of ~/.docker/config.json).
+
+Every CLI command runs through `proc.run` and is logged exactly, build args and secret *ids*
+included (a secret is `--secret id=NAME,src=FILE`: the file's content never reaches argv or a
+log). SDK calls are logged as the equivalent CLI line, prefixed with `# sdk:`.
+
+Which CLI can build: buildx when `docker buildx version` works; otherwise a client from before
+Docker 23 runs the daemon's built-in BuildKit with DOCKER_BUILDKIT=1 (Debian's docker.io 20.10).
+A 23+ client without buildx cannot, and is passed over. INFERMATRIX_DOCKER names a client
+explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import os
+import re
+import shlex
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal
+
+from . import proc
+from .errors import CommandFailed, StageFailure, UsageError
+
+log = logging.getLogger("infermatrix.commands")
+
+# Label put on every container this tool creates, so tests and cleanup find only their own.
+OWNER_LABEL = "io.infermatrix.owner"
+
+BuildMode = Literal["buildx", "buildkit"]
+
+
+# --------------------------------------------------------------------------------------------
+# Finding a client that can run BuildKit builds
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildClient:
+    """A docker CLI able to run BuildKit builds, and how to call it."""
+
+    binary: str
+    mode: BuildMode
+    version: str
+
+    def build_argv(self) -> list[str]:
+        return [self.binary, "buildx", "build"] if self.mode == "buildx" else [self.binary, "build"]
+
+    def env(self) -> dict[str, str]:
+        return {} if self.mode == "buildx" else {"DOCKER_BUILDKIT": "1"}
+
+    def describe(self) -> str:
+        how = "buildx" if self.mode == "buildx" else "built-in BuildKit, DOCKER_BUILDKIT=1"
+        return f"{self.binary} (client {self.version}, {how})"
+
+
+def candidate_clients() -> list[str]:
+    """INFERMATRIX_DOCKER, then every `docker` on PATH in order, then /usr/bin/docker."""
+    found: list[str] = []
+    explicit = os.environ.get("INFERMATRIX_DOCKER")
+    if explicit:
+        found.append(explicit)
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        path = Path(directory or ".") / "docker"
+        if path.is_file() and os.access(path, os.X_OK):
+            found.append(str(path))
+    found.append("/usr/bin/docker")
+    unique: dict[str, str] = {}
+    for path in found:
+        if Path(path).exists():
+            unique.setdefault(os.path.realpath(path), path)
+    return list(unique.values())
+
+
+def parse_client_version(text: str) -> str | None:
+    """`Docker version 20.10.24+dfsg1, build 297e128` -> `20.10.24+dfsg1`."""
+    match = re.search(r"version\s+v?([0-9][^\s,]*)", text)
+    return match.group(1) if match else None
+
+
+def classic_builder_has_buildkit(version: str) -> bool:
+    """Clients before 23.0 carry BuildKit in `docker build`; later ones delegate to buildx."""
+    major = re.match(r"(\d+)", version)
+    return bool(major) and int(major.group(1)) < 23
+
+
+def probe_client(binary: str) -> BuildClient | None:
+    """How `binary` can run BuildKit builds, or None when it cannot."""
+    version_out = proc.run([binary, "--version"], check=False, timeout=30)
+    version = parse_client_version(version_out.output) if version_out.returncode == 0 else None
+    if version is None:
+        return None
+    buildx = proc.run([binary, "buildx", "version"], check=False, timeout=30)
+    if buildx.returncode == 0 and "buildx" in buildx.output.lower():
+        return BuildClient(binary, "buildx", version)
+    if classic_builder_has_buildkit(version):
+        return BuildClient(binary, "buildkit", version)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def build_client() -> BuildClient:
+    """The first client that can run BuildKit builds (cached for the process)."""
+    tried = []
+    for binary in candidate_clients():
+        client = probe_client(binary)
+        if client is not None:
+            log.info("# build client: %s", client.describe())
+            return client
+        tried.append(binary)
+    raise UsageError(
+        "no Docker client here can run BuildKit builds (tried: "
+        f"{', '.join(tried) or 'none on PATH'})\n  fix: install the buildx plugin, or Debian's "
+        "docker.io client (20.10, /usr/bin/docker), or set INFERMATRIX_DOCKER=/path/to/docker")
+
+
+def docker_cli() -> str:
+    """A docker CLI for non-build commands (import, ...): the build client's binary."""
+    return build_client().binary
+
+
+# --------------------------------------------------------------------------------------------
+# Builds
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class BuildRequest:
+    """Everything one `docker build` needs; `argv()` is the exact command line."""
+
+    context_dir: Path
+    dockerfile: Path | None = None  # default: <context>/Dockerfile
+    tag: str | None = None
+    target: str | None = None
+    build_args: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, Path] = field(default_factory=dict)  # id -> file (never its content)
+    labels: dict[str, str] = field(default_factory=dict)
+    output_dir: Path | None = None  # `--output type=local,dest=...` instead of an image
+    iidfile: Path | None = None
+    no_cache: bool = False  # `--no-cache` (verify-repro builds twice from nothing)
+
+    def argv(self, client: BuildClient) -> list[str]:
+        argv = client.build_argv() + ["--progress=plain"]
+        if self.no_cache:
+            argv.append("--no-cache")
+        if self.dockerfile is not None:
+            argv += ["--file", str(self.dockerfile)]
+        if self.target:
+            argv += ["--target", self.target]
+        for key, value in sorted(self.build_args.items()):
+            argv += ["--build-arg", f"{key}={value}"]
+        for secret_id, path in sorted(self.secrets.items()):
+            argv += ["--secret", f"id={secret_id},src={path}"]
+        for key, value in sorted(self.labels.items()):
+            argv += ["--label", f"{key}={value}"]
+        if self.output_dir is not None:
+            argv += ["--output", f"type=local,dest={self.output_dir}"]
+        else:
+            if client.mode == "buildx":
+                argv.append("--load")
+            if self.tag:
+                argv += ["--tag", self.tag]
+            if self.iidfile is not None:
+                argv += ["--iidfile", str(self.iidfile)]
+        argv.append(str(self.context_dir))
+        return argv
+
+
+def check_secrets(secrets: dict[str, Path]) -> None:
+    for secret_id, path in secrets.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", secret_id):
+            raise UsageError(f"bad secret id {secret_id!r}: use letters, digits, _ . -")
+        if not Path(path).is_file():
+            raise UsageError(f"secret {secret_id!r}: file {path} does not exist",)
+
+
+def build_image(context_dir: Path, dockerfile: Path | None = None, tag: str | None = None,
+                target: str | None = None, build_args: dict[str, str] | None = None,
+                secrets: dict[str, Path] | None = None, output_dir: Path | None = None,
+                log_path: Path | None = None, timeout: float | None = None,
+                labels: dict[str, str] | None = None, no_cache: bool = False) -> str:
+    """Run one BuildKit build; return the image id ("" when exporting to `output_dir`).
+
+    Raises CommandFailed (exact command + log tail) when the build fails or times out.
+    """
+    client = build_client()
+    secrets = {k: Path(v) for k, v in (secrets or {}).items()}
+    check_secrets(secrets)
+    with tempfile.TemporaryDirectory(prefix="infermatrix-iid-") as tmp:
+        request = BuildRequest(
+            context_dir=Path(context_dir), dockerfile=Path(dockerfile) if dockerfile else None,
+            tag=tag, target=target, build_args=dict(build_args or {}), secrets=secrets,
+            labels=dict(labels or {}), output_dir=Path(output_dir) if output_dir else None,
+            iidfile=None if output_dir else Path(tmp) / "iid", no_cache=no_cache)
+        if request.output_dir is not None:
+            request.output_dir.mkdir(parents=True, exist_ok=True)
+        proc.run(request.argv(client), env=client.env(), log_path=log_path, timeout=timeout)
+        if request.output_dir is not None:
+            return ""
+        assert request.iidfile is not None
+        image_id = request.iidfile.read_text().strip() if request.iidfile.is_file() else ""
+    if not image_id and tag:
+        image_id = image_id_of(tag) or ""
+    if not image_id:
+        raise StageFailure(f"build of {context_dir} finished without an image id")
+    return image_id
+
+
+# --------------------------------------------------------------------------------------------
+# The SDK side: images
+# --------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def client():  # -> docker.DockerClient
+    """The SDK client: DOCKER_HOST, else DOCKER_CONTEXT / the CLI's current context."""
+    import docker
+
+    try:
+        sdk = docker.from_env(timeout=600)
+        sdk.ping()
+    except docker.errors.DockerException as exc:
+        raise UsageError(f"cannot reach the Docker engine: {exc}\n  fix: start dockerd, or set "
+                         "DOCKER_HOST / DOCKER_CONTEXT") from None
+    return sdk
+
+
+def engine_available() -> bool:
+    try:
+        client()
+        return True
+    except UsageError:
+        client.cache_clear()
+        return False
+
+
+def _sdk_log(line: str) -> None:
+    log.info("# sdk: %s", line)
+
+
+def inspect_image(ref: str) -> dict[str, Any] | None:
+    """`docker image inspect` as a dict, or None when there is no such image."""
+    import docker
+
+    try:
+        return client().api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.NotFound:
+        return None
+
+
+def image_id_of(ref: str) -> str | None:
+    info = inspect_image(ref)
+    return info["Id"] if info else None
+
+
+def image_exists(ref: str) -> bool:
+    return inspect_image(ref) is not None
+
+
+def image_labels(ref: str) -> dict[str, str]:
+    info = inspect_image(ref)
+    if info is None:
+        raise StageFailure(f"no image {ref}")
+    return dict((info.get("Config") or {}).get("Labels") or {})
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """`repo/name:tag` -> (`repo/name`, `tag`); a registry port is not a tag."""
+    name, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return name, tag
+
+
+def tag_image(image: str, ref: str) -> None:
+    repository, tag = split_ref(ref)
+    _sdk_log(f"docker tag {shlex.quote(image)} {shlex.quote(ref)}")
+    if not client().api.tag(image, repository, tag, force=True):
+        raise StageFailure(f"could not tag {image} as {ref}")
+
+
+def remove_image(ref: str, force: bool = False) -> bool:
+    """Remove an image reference; False when there was none."""
+    import docker
+
+    _sdk_log(f"docker rmi {'--force ' if force else ''}{shlex.quote(ref)}")
+    try:
+        client().api.remove_image(ref, force=force, noprune=False)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def images_with_label(label: str) -> list[dict[str, Any]]:
+    return client().api.images(filters={"label": label})
+
+
+# --------------------------------------------------------------------------------------------
+# Containers
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Mount:
+    source: str  # host path (bind) or volume name
+    target: str
+    read_only: bool = True
+    kind: Literal["bind", "volume", "tmpfs"] = "bind"
+
+    def cli(self) -> str:
+        text = f"type={self.kind},target={self.target}"
+        if self.kind != "tmpfs":
+            text = f"type={self.kind},source={self.source},target={self.target}"
+        return text + (",readonly" if self.read_only else "")
+
+    def sdk(self):
+        import docker
+
+        return docker.types.Mount(target=self.target, source=self.source or None,
+                                  type=self.kind, read_only=self.read_only)
+
+
+def gpu_request(count: int = -1):
+    """A device request for NVIDIA GPUs (`--gpus all` when count is -1)."""
+    import docker
+
+    return docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])
+
+
+def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
+                     mounts: list[Mount], shm_size: str | None, ports: dict[str, Any],
+                     gpus: bool, name: str | None, entrypoint: list[str] | None) -> str:
+    """The `docker run -d` line equivalent to an SDK run (for the log; secrets redacted)."""
+    argv = ["docker", "run", "-d"]
+    if name:
+        argv += ["--name", name]
+    for key, value in sorted(proc.redact_env(env).items()):
+        argv += ["-e", f"{key}={value}"]
+    for mount in mounts:
+        argv += ["--mount", mount.cli()]
+    if shm_size:
+        argv += ["--shm-size", shm_size]
+    for container_port, host in sorted(ports.items()):
+        host_part = ":".join(str(p) for p in host) if isinstance(host, tuple) else str(host)
+        argv += ["-p", f"{host_part}:{container_port}" if host is not None else container_port]
+    if gpus:
+        argv += ["--gpus", "all"]
+    if entrypoint:
+        argv += ["--entrypoint", entrypoint[0]]
+    argv.append(image)
+    if entrypoint:
+        argv += entrypoint[1:]
+    argv += command or []
+    return shlex.join(argv)
+
+
+def run_container(image: str, command: list[str] | None = None, *,
+                  env: dict[str, str] | None = None, mounts: Iterable[Mount] = (),
+                  shm_size: str | None = None, ports: dict[str, Any] | None = None,
+                  device_requests: list[Any] | None = None, name: str | None = None,
+                  entrypoint: list[str] | None = None, labels: dict[str, str] | None = None,
+                  network: str | None = None, user: str | None = None) -> str:
+    """Start a detached container; return its id. `ports`: {"8000/tcp": ("127.0.0.1", None)}."""
+    mounts = list(mounts)
+    env = dict(env or {})
+    ports = dict(ports or {})
+    _sdk_log(run_command_line(image, command, env, mounts, shm_size, ports,
+                              bool(device_requests), name, entrypoint))
+    container = client().containers.run(
+        image, command=command, detach=True, environment=env,
+        mounts=[m.sdk() for m in mounts], shm_size=shm_size, ports=ports or None,
+        device_requests=device_requests or None, name=name, entrypoint=entrypoint,
+        labels={OWNER_LABEL: "infermatrix", **(labels or {})}, network=network, user=user)
+    return container.id
+
+
+def container_status(container_id: str) -> dict[str, Any]:
+    """State of a container: {"Status": "running"|"exited"|..., "ExitCode": int, ...}."""
+    return client().api.inspect_container(container_id)["State"]
+
+
+def container_port(container_id: str, port: str) -> tuple[str, int] | None:
+    """The host address a published container port landed on."""
+    ports = client().api.inspect_container(container_id)["NetworkSettings"]["Ports"] or {}
+    bindings = ports.get(port) or []
+    if not bindings:
+        return None
+    return bindings[0]["HostIp"] or "127.0.0.1", int(bindings[0]["HostPort"])
+
+
+def wait_container(container_id: str, timeout: float | None = None) -> int:
+    """Wait for a container to exit; return its exit code (StageFailure past the timeout)."""
+    import requests
+
+    try:
+        result = client().api.wait(container_id, timeout=timeout)
+    except requests.exceptions.ConnectionError as exc:  # read timeout surfaces here
+        raise StageFailure(f"container {container_id[:12]} still running after {timeout} s") \
+            from exc
+    return int(result.get("StatusCode", -1))
+
+
+def container_logs(container_id: str, tail: int | str = "all") -> str:
+    raw = client().api.logs(container_id, stdout=True, stderr=True, tail=tail)
+    return raw.decode("utf-8", "replace")
+
+
+def stop_container(container_id: str, timeout: int = 10) -> None:
+    import docker
+
+    _sdk_log(f"docker stop --time {timeout} {container_id[:12]}")
+    try:
+        client().api.stop(container_id, timeout=timeout)
+    except docker.errors.NotFound:
+        pass
+
+
+def remove_container(container_id: str, force: bool = True) -> None:
+    import docker
+
+    _sdk_log(f"docker rm {'--force ' if force else ''}{container_id[:12]}")
+    try:
+        client().api.remove_container(container_id, force=force, v=True)
+    except docker.errors.NotFound:
+        pass
+
+
+def exec_in_container(container_id: str, command: list[str],
+                      env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run a command in a running container; (exit code, output)."""
+    _sdk_log(f"docker exec {container_id[:12]} {shlex.join(command)}")
+    result = client().containers.get(container_id).exec_run(command, environment=env or None)
+    return int(result.exit_code), result.output.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------------------------
+# Files out of an image, a rootfs into one
+# --------------------------------------------------------------------------------------------
+
+def copy_from_image(image: str, paths: Iterable[str], dest_dir: Path) -> dict[str, Path]:
+    """Copy paths out of an image without running it (create a container, read archives).
+
+    Returns {path in image: where it landed under dest_dir}; missing paths are left out.
+    """
+    import docker
+
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    _sdk_log(f"docker create {shlex.quote(image)}  # then docker cp for each path")
+    container = client().api.create_container(image, command=["/bin/true"],
+                                              labels={OWNER_LABEL: "infermatrix"})
+    copied: dict[str, Path] = {}
+    try:
+        for path in paths:
+            _sdk_log(f"docker cp {container['Id'][:12]}:{shlex.quote(path)} {dest_dir}")
+            try:
+                stream, _stat = client().api.get_archive(container["Id"], path)
+            except docker.errors.NotFound:
+                continue
+            copied[path] = _extract_archive(stream, dest_dir, path)
+    finally:
+        client().api.remove_container(container["Id"], force=True, v=True)
+    return copied
+
+
+def _extract_archive(stream: Iterable[bytes], dest_dir: Path, path: str) -> Path:
+    """Extract a get_archive stream (a tar whose top entry is the path's basename)."""
+    with tempfile.TemporaryFile() as spool:
+        for chunk in stream:
+            spool.write(chunk)
+        spool.seek(0)
+        with tarfile.open(fileobj=spool) as archive:
+            archive.extractall(dest_dir, filter="tar")
+    return dest_dir / Path(path.rstrip("/")).name
+
+
+@contextlib.contextmanager
+def exported_filesystem(image: str) -> Iterator[Iterator[bytes]]:
+    """The filesystem of an image as a tar stream (`docker create` + `docker export`), read
+    without running the image; the container is removed afterwards. (lock/repro stage)"""
+    _sdk_log(f"docker create {shlex.quote(image)} && docker export <container>")
+    container = client().api.create_container(image, command=["/bin/true"],
+                                              labels={OWNER_LABEL: "infermatrix"})
+    try:
+        yield client().api.export(container["Id"])
+    finally:
+        client().api.remove_container(container["Id"], force=True, v=True)
+
+
+def import_rootfs(tar_path: Path, ref: str, changes: list[str] | None = None,
+                  log_path: Path | None = None, timeout: float | None = 1800) -> str:
+    """`docker import` a rootfs tarball under `ref`; returns the image id."""
+    argv = [docker_cli(), "import"]
+    for change in changes or []:
+        argv += ["--change", change]
+    argv += [str(tar_path), ref]
+    proc.run(argv, log_path=log_path, timeout=timeout)
+    image_id = image_id_of(ref)
+    if not image_id:
+        raise StageFailure(f"docker import finished but {ref} is not there")
+    return image_id
+
+
+# --------------------------------------------------------------------------------------------
+# Registries: push, pull, remote digests (publish stage) — added by the publish engineer below.
+# --------------------------------------------------------------------------------------------
+# --- registry (publish) ---
+# Owned by the publish stage (publish.py, doctor.py). Pushes and pulls go through the daemon (SDK),
+# so they honour its TLS / insecure-registry settings; the remote digest of a tag is read with
+# the registry HTTP API v2 (Basic or Bearer-token auth), which also gives the manifest's config
+# digest, i.e. the image id the tag points to. Credentials are never put in argv or logs.
+
+class RegistryError(StageFailure):
+    """A registry refused or failed a request (exit 1)."""
+
+
+class RegistryAuthError(RegistryError):
+    """The registry refused the credentials (or there were none and it wants some)."""
+
+
+REGISTRY_USER_ENV = "INFERMATRIX_REGISTRY_USER"
+REGISTRY_PASSWORD_ENV = "INFERMATRIX_REGISTRY_PASSWORD"
+
+_MANIFEST_TYPES = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+])
+
+
+@dataclass(frozen=True)
+class RegistryCredentials:
+    """Who we are to a registry, and where that came from (never the secret in messages)."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    source: str = "none (anonymous)"
+
+    @property
+    def anonymous(self) -> bool:
+        return not self.username
+
+    def sdk_auth(self) -> dict[str, str] | None:
+        if self.anonymous:
+            return None
+        return {"username": self.username or "", "password": self.password or ""}
+
+    def describe(self) -> str:
+        return "anonymous" if self.anonymous else f"user {self.username!r} from {self.source}"
+
+
+def registry_host(repository: str) -> str:
+    """`ghcr.io/acme/infermatrix` -> `ghcr.io`; `127.0.0.1:5000/x` -> `127.0.0.1:5000`."""
+    first, sep, _rest = repository.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    raise UsageError(f"{repository!r} names no registry host (expected e.g. ghcr.io/acme/name)")
+
+
+def registry_credentials(registry: str, env: dict[str, str] | None = None,
+                         docker_config: Path | None = None) -> RegistryCredentials:
+    """INFERMATRIX_REGISTRY_USER/_PASSWORD, else Docker's config (credential helpers included)."""
+    import docker
+
+    env = os.environ if env is None else env
+    user, password = env.get(REGISTRY_USER_ENV), env.get(REGISTRY_PASSWORD_ENV)
+    if user:
+        if password is None:
+            raise UsageError(f"{REGISTRY_USER_ENV} is set but {REGISTRY_PASSWORD_ENV} is not")
+        return RegistryCredentials(user, password, f"{REGISTRY_USER_ENV}/{REGISTRY_PASSWORD_ENV}")
+    try:
+        config = docker.auth.load_config(str(docker_config) if docker_config else None)
+        entry = config.resolve_authconfig(registry) or {}
+    except docker.errors.DockerException as exc:
+        raise RegistryAuthError(f"cannot read credentials for {registry} from Docker's config: "
+                                f"{exc}") from None
+    entry = {k.lower(): v for k, v in entry.items()}
+    if entry.get("username"):
+        where = str(docker_config) if docker_config else "Docker's config (~/.docker/config.json)"
+        return RegistryCredentials(entry["username"], entry.get("password"), where)
+    return RegistryCredentials()
+
+
+@dataclass(frozen=True)
+class RemoteManifest:
+    digest: str  # what `repo@digest` pulls
+    media_type: str
+    config_digest: str | None  # the image id for a single-platform manifest; None for an index
+
+
+def registry_is_secure(host: str) -> bool:
+    """Whether the daemon talks TLS to this registry (it treats 127.0.0.0/8 as insecure)."""
+    configs = (client().info().get("RegistryConfig") or {}).get("IndexConfigs") or {}
+    if host in configs:
+        return bool(configs[host].get("Secure", True))
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host
+    return not (name == "localhost" or name.startswith("127.") or name in ("::1", "[::1]"))
+
+
+def _registry_request(method: str, url: str, creds: RegistryCredentials, what: str,
+                      headers: dict[str, str] | None = None):
+    """One HTTP request to a registry, answering a Basic or Bearer challenge once."""
+    import requests
+    from requests.utils import parse_dict_header
+
+    headers = dict(headers or {})
+    log.info("# registry: %s %s (%s)", method, url, creds.describe())
+    try:
+        response = requests.request(method, url, headers=headers, timeout=60)
+        if response.status_code == 401:
+            challenge = response.headers.get("WWW-Authenticate", "")
+            scheme, _, params = challenge.partition(" ")
+            auth = None if creds.anonymous else (creds.username or "", creds.password or "")
+            if scheme.lower() == "basic" and auth:
+                response = requests.request(method, url, headers=headers, auth=auth, timeout=60)
+            elif scheme.lower() == "bearer":
+                fields = parse_dict_header(params)
+                token_params = {k: v for k, v in fields.items() if k in ("service", "scope")}
+                token = requests.get(fields.get("realm", ""), params=token_params, auth=auth,
+                                     timeout=60)
+                if token.status_code == 200:
+                    body = token.json()
+                    headers["Authorization"] = "Bearer " + (body.get("token")
+                                                            or body.get("access_token") or "")
+                    response = requests.request(method, url, headers=headers, timeout=60)
+    except requests.RequestException as exc:
+        raise RegistryError(f"{what}: cannot reach the registry: {exc}") from None
+    if response.status_code in (401, 403):
+        raise RegistryAuthError(
+            f"{what}: the registry refused the credentials ({creds.describe()}): HTTP "
+            f"{response.status_code} {response.text.strip()[:200]}\n  fix: check "
+            f"{REGISTRY_USER_ENV}/{REGISTRY_PASSWORD_ENV}, or `docker login {url.split('/')[2]}`")
+    return response
+
+
+# Docker Hub's names and the host its registry API answers on.
+_API_HOSTS = {"docker.io": "registry-1.docker.io", "index.docker.io": "registry-1.docker.io"}
+
+
+def remote_manifest(repository: str, tag_or_digest: str,
+                    creds: RegistryCredentials) -> RemoteManifest | None:
+    """The manifest `repository:tag` points to in its registry, or None when there is none."""
+    host = registry_host(repository)
+    scheme = "https" if registry_is_secure(host) else "http"
+    name = repository[len(host) + 1:]
+    url = f"{scheme}://{_API_HOSTS.get(host, host)}/v2/{name}/manifests/{tag_or_digest}"
+    what = f"reading {repository}:{tag_or_digest}"
+    response = _registry_request("GET", url, creds, what, {"Accept": _MANIFEST_TYPES})
+    if response.status_code == 404:
+        return None
+    if response.status_code != 200:
+        raise RegistryError(f"{what}: HTTP {response.status_code} {response.text.strip()[:200]}")
+    body = response.json()
+    media_type = response.headers.get("Content-Type", body.get("mediaType", ""))
+    digest = response.headers.get("Docker-Content-Digest")
+    if not digest:  # a registry may leave the header out: the digest of the bytes is the same
+        import hashlib
+        digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
+    config = (body.get("config") or {}).get("digest")
+    return RemoteManifest(digest=digest, media_type=media_type, config_digest=config)
+
+
+def _stream_errors(events: Iterable[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """(error message, pushed digest) from a push/pull progress stream."""
+    error = digest = None
+    for event in events:
+        if "error" in event:
+            error = (event.get("errorDetail") or {}).get("message") or event["error"]
+        aux = event.get("aux") or {}
+        digest = aux.get("Digest", digest)
+    return error, digest
+
+
+def push_image(image_id: str, repository: str, tag: str, creds: RegistryCredentials) -> str:
+    """Tag `image_id` as repository:tag and push it; return the registry's manifest digest."""
+    tag_image(image_id, f"{repository}:{tag}")
+    _sdk_log(f"docker push {shlex.quote(f'{repository}:{tag}')}  # as {creds.describe()}")
+    events = client().api.push(repository, tag, auth_config=creds.sdk_auth(), stream=True,
+                               decode=True)
+    error, digest = _stream_errors(events)
+    if error:
+        kind = RegistryAuthError if ("unauthorized" in error.lower()
+                                     or "denied" in error.lower()) else RegistryError
+        raise kind(f"push of {repository}:{tag} failed ({creds.describe()}): {error}")
+    if not digest:
+        raise RegistryError(f"push of {repository}:{tag} reported no digest")
+    return digest
+
+
+def pull_by_digest(repository: str, digest: str, creds: RegistryCredentials) -> dict[str, Any]:
+    """Pull repository@digest; return its `docker image inspect` record."""
+    ref = f"{repository}@{digest}"
+    _sdk_log(f"docker pull {shlex.quote(ref)}  # as {creds.describe()}")
+    events = client().api.pull(repository, tag=digest, auth_config=creds.sdk_auth(),
+                               stream=True, decode=True)
+    error, _ = _stream_errors(events)
+    if error:
+        kind = RegistryAuthError if ("unauthorized" in error.lower()
+                                     or "denied" in error.lower()) else RegistryError
+        raise kind(f"pull of {ref} failed ({creds.describe()}): {error}")
+    info = inspect_image(ref)
+    if info is None:
+        raise RegistryError(f"pull of {ref} finished but the image is not there")
+    return info
+
+
+def docker_host_info() -> dict[str, Any]:
+    """What `docker info` says about storage and runtimes (for `infermatrix doctor`)."""
+    info = client().info()
+    return {"storage_driver": info.get("Driver"),
+            "runtimes": sorted((info.get("Runtimes") or {}).keys()),
+            "default_runtime": info.get("DefaultRuntime"),
+            "cgroup_version": info.get("CgroupVersion"),
+            "server_version": info.get("ServerVersion")}
+
+
+# --------------------------------------------------------------------------------------------
+# Derived images (tag stage: static-only marks) — added by the smoke/tag engineer.
+# --------------------------------------------------------------------------------------------
+
+def commit_with_labels(image: str, ref: str, labels: dict[str, str]) -> str:
+    """A new image = `image` plus `labels`, nothing else changed (its parent is `image`),
+    tagged `ref`; returns its id. Done as `docker create` + `docker commit --change LABEL`."""
+    import json as _json
+
+    changes = [f"LABEL {_json.dumps(k)}={_json.dumps(v)}" for k, v in sorted(labels.items())]
+    _sdk_log(f"docker create {shlex.quote(image)} && docker commit "
+             + " ".join(f"--change {shlex.quote(c)}" for c in changes) + f" <container> {ref}")
+    created = client().api.create_container(image, command=["/bin/true"],
+                                            labels={OWNER_LABEL: "infermatrix"})
+    try:
+        repository, tag = split_ref(ref)
+        result = client().api.commit(created["Id"], repository=repository, tag=tag,
+                                     changes=changes)
+    finally:
+        client().api.remove_container(created["Id"], force=True, v=True)
+    image_id = result["Id"]
+    return image_id

@@ -1,0 +1,474 @@
+"""Publish tagged cells to a registry under immutable tags, record them in images.lock, and
+pull them back by digest.
+
+Only cells whose `tag` stage passed are published, and only the exact image id that stage
+tested. Before a push the tag's remote manifest is read: the same image (its config digest is
+the image id) is a no-op, another image is refused unless `allow_retag`. A registry only
+creates a tag when the manifest is put, after every layer, so an interrupted push leaves no
+tag. Moving aliases (`publish.aliases`) are pushed after every immutable tag, each to the
+newest cell that shares it, and recorded in images.lock.
+
+images.lock (YAML, sorted keys) holds per published cell the reference to pull by digest, the
+versions inside (from the image's io.infermatrix.* labels), arch, CUDA, minimum driver, the
+smoke results and the command that serves the model; `infermatrix pull` and `doctor` read it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from . import engine, journal
+from .config import DATA_DIR, Matrix
+from .context import Context
+from .errors import ConfigError, StageFailure, UsageError
+from .model import CPU, Cell
+from .selectors import Selection, matches
+from .state import StatePaths
+
+LOCK_NAME = "images.lock"
+LOCK_VERSION = 1
+LOCK_HEADER = ("# images.lock: written by `infermatrix publish`, read by `infermatrix pull` and\n"
+               "# `infermatrix doctor`. Every image is pinned by its registry digest.\n")
+LABEL_PREFIX = "io.infermatrix."
+TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's tag grammar
+DEFAULT_PORT = 8000
+CONTAINER_MODEL_DIR = "/model"
+SHM_SIZE = {"gpu": "16g", "cpu": "1g"}  # vLLM/SGLang need far more than Docker's 64 MB
+
+
+# --- data: minimum drivers ------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def driver_table() -> dict[str, Any]:
+    return yaml.safe_load((DATA_DIR / "drivers.yaml").read_text(encoding="utf-8"))
+
+
+def min_driver_for(cuda: str) -> str | None:
+    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
+    if cuda == CPU:
+        return None
+    return driver_table()["min_driver"].get(cuda)
+
+
+# --- cells from images ----------------------------------------------------------------------
+
+def infermatrix_labels(labels: dict[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in sorted((labels or {}).items()) if k.startswith(LABEL_PREFIX)}
+
+
+def cell_from_labels(labels: dict[str, str]) -> Cell:
+    """The cell an image says it is, from its io.infermatrix.* labels."""
+    try:
+        return Cell(cuda=labels["io.infermatrix.cuda"], torch=labels["io.infermatrix.torch"],
+                    engine=labels["io.infermatrix.engine"],
+                    engine_version=labels["io.infermatrix.engine.version"],
+                    arch=labels["io.infermatrix.arch"])
+    except KeyError as exc:
+        raise StageFailure(f"image lacks the label {exc.args[0]}") from None
+
+
+def parse_kernels_label(text: str | None) -> dict[str, str]:
+    """`flash-attn=2.8.3,flashinfer=0.6.8` -> {"flash-attn": "2.8.3", ...}."""
+    pairs = [p.split("=", 1) for p in (text or "").split(",") if "=" in p]
+    return {name.strip(): version.strip() for name, version in pairs}
+
+
+def versions_from_labels(labels: dict[str, str]) -> dict[str, Any]:
+    return {"torch": labels.get("io.infermatrix.torch"),
+            "engine": labels.get("io.infermatrix.engine"),
+            "engine_version": labels.get("io.infermatrix.engine.version"),
+            "python": labels.get("io.infermatrix.python"),
+            "kernels": parse_kernels_label(labels.get("io.infermatrix.kernels"))}
+
+
+# --- tags -----------------------------------------------------------------------------------
+
+def tag_fields(cell: Cell) -> dict[str, str]:
+    """What a tag template may name."""
+    return {"cell_id": cell.id, "cuda": cell.cuda, "cuda_tag": cell.cuda_tag,
+            "torch": cell.torch, "engine": cell.engine, "engine_version": cell.engine_version,
+            "arch": cell.arch, "arch_tag": cell.arch_tag}
+
+
+def render_tag(template: str, cell: Cell, matrix: Matrix | None = None,
+               key_path: tuple[Any, ...] = ("publish", "tag")) -> str:
+    """Fill a tag template; unknown placeholders and invalid tags are config errors."""
+    fields = tag_fields(cell)
+    names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    unknown = [n for n in names if n not in fields]
+    problem = None
+    if unknown:
+        problem = f"unknown placeholder {{{unknown[0]}}} in tag template {template!r}"
+    else:
+        tag = template.format(**fields)
+        if not TAG_PATTERN.fullmatch(tag):
+            problem = f"tag template {template!r} gives {tag!r}, which is not a valid tag"
+    if problem:
+        fix = f"placeholders: {', '.join('{' + f + '}' for f in fields)}"
+        if matrix is not None:
+            raise matrix.error(problem, *key_path, fix=fix)
+        raise ConfigError(problem, fix=fix)
+    return tag
+
+
+def target_repository(matrix: Matrix, registry: str | None = None) -> str:
+    """`<registry>/<repository>` from matrix.yaml `publish` (or a --registry override)."""
+    publish = matrix.publish
+    registry = registry or publish.get("registry")
+    if not registry:
+        raise matrix.error("publish.registry is not set", "publish",
+                           fix="set publish.registry (e.g. ghcr.io/acme) or pass --registry")
+    repository = publish.get("repository", "infermatrix")
+    full = f"{registry.rstrip('/')}/{repository}"
+    engine.registry_host(full)  # a registry without a host is a usage error
+    return full
+
+
+def registry_configured(matrix: Matrix) -> bool:
+    """Whether the pipeline's publish step has somewhere to push (publish.registry set)."""
+    return bool(matrix.publish.get("registry"))
+
+
+def alias_rank(entry: dict[str, Any]) -> tuple:
+    """Newest first: engine version, then torch, then CUDA (the alias winner is the max)."""
+    def version(text: str | None) -> Version:
+        try:
+            return Version(text or "0")
+        except InvalidVersion:
+            return Version("0")
+    v = entry.get("versions", {})
+    return (version(v.get("engine_version")), version(v.get("torch")),
+            version(entry.get("cuda")), entry.get("cell", ""))
+
+
+# --- images.lock ----------------------------------------------------------------------------
+
+def empty_lock() -> dict[str, Any]:
+    return {"version": LOCK_VERSION, "images": {}, "aliases": {}}
+
+
+def read_lock(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return empty_lock()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError(f"malformed images.lock: {exc}", path,
+                          mark.line + 1 if mark else None) from None
+    if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:
+        raise ConfigError(f"not an images.lock of version {LOCK_VERSION}", path, 1)
+    data.setdefault("images", {})
+    data.setdefault("aliases", {})
+    return data
+
+
+def dump_lock(lock: dict[str, Any]) -> str:
+    return LOCK_HEADER + yaml.safe_dump(lock, sort_keys=True, default_flow_style=False,
+                                        allow_unicode=True, width=100)
+
+
+def write_lock(path: Path, lock: dict[str, Any]) -> None:
+    """Atomic write: a reader (or an interrupted publish) sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dump_lock(lock), encoding="utf-8")
+    tmp.replace(path)
+
+
+def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
+    """How to serve the model from this image: the engine command, its env, GPU and shm needs.
+
+    `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
+    """
+    from .plan import settings_for
+    from .rules import choose_attention_backend
+
+    if cell.engine not in matrix.engines:
+        raise StageFailure(f"engine {cell.engine!r} of {cell.id} is not in {matrix.path}")
+    backend, _ = choose_attention_backend(cell, matrix)
+    settings = settings_for(cell, matrix, None, backend)
+    serve = list(matrix.engines[cell.engine].get("serve", []))
+    return {"command": serve + list(settings.engine_args), "env": dict(settings.env),
+            "gpu": cell.is_gpu, "shm_size": SHM_SIZE["gpu" if cell.is_gpu else "cpu"],
+            "port": DEFAULT_PORT}
+
+
+def smoke_summary(smoke: dict[str, Any]) -> dict[str, Any]:
+    """The smoke results worth keeping in images.lock: per level status, reason, duration."""
+    details = smoke.get("details") or {}
+    levels = {name: {k: level.get(k) for k in ("status", "reason", "duration_s")}
+              for name, level in sorted((details.get("levels") or {}).items())
+              if isinstance(level, dict)}
+    return {"status": smoke.get("status"), "finished": smoke.get("finished"), "levels": levels,
+            "host_gpu": details.get("host_gpu"), "tokens_per_s": details.get("tokens_per_s")}
+
+
+def lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,
+               labels: dict[str, str], record: dict[str, Any], run: dict[str, Any],
+               published: str) -> dict[str, Any]:
+    stages = record.get("stages", {})
+    tag_details = stages.get("tag", {}).get("details") or {}
+    return {
+        "cell": cell.id, "repository": repository, "tag": tag, "digest": digest,
+        "reference": f"{repository}@{digest}", "image_id": image_id, "published": published,
+        "arch": cell.arch, "cuda": cell.cuda, "min_driver": min_driver_for(cell.cuda),
+        "min_driver_source": None if cell.cuda == CPU else driver_table()["source"],
+        "versions": versions_from_labels(labels), "labels": infermatrix_labels(labels),
+        "verified": tag_details.get("kind", "tested"),  # or static-only (tagging.py)
+        "tested_image_id": tag_details.get("image_id", image_id),
+        "smoke": smoke_summary(stages.get("smoke", {})),
+        "run": run,
+    }
+
+
+# --- what to publish ------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    cell_id: str
+    image_id: str | None
+    record: dict[str, Any]
+    problem: str | None = None  # why it cannot be published although its tag stage passed
+
+
+def tested_image_id(record: dict[str, Any]) -> str | None:
+    """The image the tag stage put its tag on (None when it did not pass).
+
+    That is the tested image itself, or for a static-only tag the derived image tagging.py
+    commits from it (details `tagged_image_id`). Refuses a cell rebuilt since it was tagged
+    (the journal's image id moved on from the tested one)."""
+    tag = record.get("stages", {}).get("tag", {})
+    if tag.get("status") != "pass":
+        return None
+    details = tag.get("details") or {}
+    tested, current = details.get("image_id"), record.get("image_id")
+    if tested and current and tested != current:
+        raise StageFailure(f"{record['cell']}: rebuilt since it was tagged (tagged {tested}, "
+                           f"built {current}); run smoke and tag again")
+    return details.get("tagged_image_id") or tested or current
+
+
+def tagged_cells(state: StatePaths, selection: Selection) -> list[Candidate]:
+    found = []
+    for cell_id, record in journal.load_all(state).items():
+        if not selection(cell_id):
+            continue
+        try:
+            image_id = tested_image_id(record)
+        except StageFailure as exc:
+            found.append(Candidate(cell_id, None, record, str(exc)))
+            continue
+        if image_id:
+            found.append(Candidate(cell_id, image_id, record))
+    return found
+
+
+# --- publish --------------------------------------------------------------------------------
+
+@dataclass
+class PublishResult:
+    pushed: list[str] = field(default_factory=list)  # cell ids
+    unchanged: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # cell id -> why
+    failed: dict[str, str] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)  # alias -> "pushed"|"unchanged"
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and not self.failed
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Publisher:
+    """Publishes candidates one at a time; the lock is rewritten after each cell."""
+
+    def __init__(self, ctx: Context, repository: str, creds: engine.RegistryCredentials,
+                 lock_path: Path, allow_retag: bool = False,
+                 say: Callable[[str], None] = print) -> None:
+        self.ctx, self.repository, self.creds = ctx, repository, creds
+        self.lock_path, self.allow_retag, self.say = lock_path, allow_retag, say
+        self.lock = read_lock(lock_path)
+        self.result = PublishResult()
+
+    def publish_cell(self, cand: Candidate) -> None:
+        if cand.problem or not cand.image_id:
+            raise StageFailure(cand.problem or f"{cand.cell_id}: no tested image id")
+        info = engine.inspect_image(cand.image_id)
+        if info is None:
+            raise StageFailure(f"the tested image {cand.image_id} is no longer in Docker")
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        cell = cell_from_labels(labels)
+        if cell.id != cand.cell_id or labels.get("io.infermatrix.cell", cell.id) != cell.id:
+            raise StageFailure(f"image {cand.image_id} is labelled as cell {cell.id}, "
+                               f"the journal says {cand.cell_id}")
+        tag = render_tag(self.ctx.matrix.publish.get("tag", "{cell_id}"), cell, self.ctx.matrix)
+        run = run_spec(self.ctx.matrix, cell)  # before the push: a mistake here pushes nothing
+        started = time.monotonic()
+        remote = engine.remote_manifest(self.repository, tag, self.creds)
+        if remote is not None and remote.config_digest == cand.image_id:
+            digest, action = remote.digest, "unchanged"
+        else:
+            if remote is not None and not self.allow_retag:
+                self.result.refused[cand.cell_id] = (
+                    f"{self.repository}:{tag} already holds digest {remote.digest} (image "
+                    f"{remote.config_digest or 'unknown'}), not the tested image "
+                    f"{cand.image_id}; tags are immutable (pass --allow-retag to move it)")
+                journal.record_stage(self.ctx.state, cand.cell_id, "publish", "fail",
+                                     reason=self.result.refused[cand.cell_id])
+                return
+            digest, action = self._push_verified(cand.image_id, tag), "pushed"
+        old = self.lock["images"].get(cand.cell_id, {})
+        published = old["published"] if old.get("digest") == digest and old.get("published") \
+            else _now()
+        entry = lock_entry(cell, self.repository, tag, digest, cand.image_id, labels,
+                           cand.record, run, published)
+        self.lock["images"][cand.cell_id] = entry
+        write_lock(self.lock_path, self.lock)
+        journal.record_stage(self.ctx.state, cand.cell_id, "publish", "pass",
+                             duration_s=time.monotonic() - started,
+                             details={"tag": f"{self.repository}:{tag}", "digest": digest,
+                                      "reference": entry["reference"], "action": action})
+        getattr(self.result, action).append(cand.cell_id)
+        self.say(f"{action:9} {self.repository}:{tag}  {digest}  ({cand.cell_id})")
+
+    def _push_verified(self, image_id: str, tag: str) -> str:
+        """Push, then read the tag back: it must hold the image that was tested."""
+        digest = engine.push_image(image_id, self.repository, tag, self.creds)
+        remote = engine.remote_manifest(self.repository, tag, self.creds)
+        if remote is None or remote.digest != digest or remote.config_digest != image_id:
+            raise StageFailure(f"after the push {self.repository}:{tag} holds "
+                               f"{remote.digest if remote else 'nothing'}, expected {digest} "
+                               f"(image {image_id})")
+        return digest
+
+    def publish_aliases(self) -> None:
+        """Point each alias at the newest published cell that shares it (images here only)."""
+        templates = self.ctx.matrix.publish.get("aliases", [])
+        winners: dict[str, dict[str, Any]] = {}
+        for entry in self.lock["images"].values():
+            if entry.get("repository") != self.repository or \
+                    not engine.image_exists(entry["image_id"]):
+                continue
+            cell = cell_from_labels(entry["labels"])
+            for i, template in enumerate(templates):
+                alias = render_tag(template, cell, self.ctx.matrix, ("publish", "aliases", i))
+                if alias not in winners or alias_rank(entry) > alias_rank(winners[alias]):
+                    winners[alias] = entry
+        for alias, entry in sorted(winners.items()):
+            remote = engine.remote_manifest(self.repository, alias, self.creds)
+            if remote is not None and remote.digest == entry["digest"]:
+                action = "unchanged"
+            else:
+                self._push_verified(entry["image_id"], alias)
+                action = "pushed"
+            self.lock["aliases"][alias] = {"cell": entry["cell"], "digest": entry["digest"],
+                                           "tag": f"{self.repository}:{alias}"}
+            write_lock(self.lock_path, self.lock)
+            self.result.aliases[alias] = action
+            self.say(f"{action:9} {self.repository}:{alias} -> {entry['cell']} (alias)")
+
+
+def publish(ctx: Context, selection: Selection | None = None, registry: str | None = None,
+            allow_retag: bool = False, lock_path: Path | None = None,
+            creds: engine.RegistryCredentials | None = None,
+            say: Callable[[str], None] = print) -> PublishResult:
+    """Push every tagged cell; refused or failed cells are reported, the others go on.
+
+    A refused credential stops the run at once (every later cell would fail the same way)."""
+    selection = selection or Selection()
+    repository = target_repository(ctx.matrix, registry)
+    lock_path = lock_path or ctx.root / LOCK_NAME
+    candidates = tagged_cells(ctx.state, selection)
+    if not candidates:
+        say("no tagged cells to publish (a cell publishes after its tag stage passes)")
+        return PublishResult()
+    creds = creds or engine.registry_credentials(engine.registry_host(repository))
+    say(f"publishing {len(candidates)} cell(s) to {repository} as {creds.describe()}")
+    publisher = Publisher(ctx, repository, creds, lock_path, allow_retag, say)
+    for cand in candidates:
+        try:
+            publisher.publish_cell(cand)
+        except engine.RegistryAuthError:
+            raise
+        except StageFailure as exc:
+            publisher.result.failed[cand.cell_id] = str(exc)
+            journal.record_stage(ctx.state, cand.cell_id, "publish", "fail", reason=str(exc))
+    if publisher.result.ok:  # aliases only move when every immutable tag is in place
+        publisher.publish_aliases()
+    return publisher.result
+
+
+# --- pull -----------------------------------------------------------------------------------
+
+def select_entries(lock: dict[str, Any], selector: str) -> list[dict[str, Any]]:
+    ids = sorted(lock["images"])
+    chosen = [lock["images"][i] for i in ids if i == selector or matches(selector, i)]
+    if not chosen:
+        raise UsageError(f"no cell of images.lock matches {selector!r}"
+                         f" (published: {', '.join(ids) or 'none'})")
+    return chosen
+
+
+def verify_pulled(entry: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """Differences between a pulled image and its lock entry (empty: it is the one)."""
+    problems = []
+    if info.get("Id") != entry["image_id"]:
+        problems.append(f"image id {info.get('Id')} is not the locked {entry['image_id']}")
+    if entry["reference"] not in (info.get("RepoDigests") or []):
+        problems.append(f"digest {entry['digest']} is not among {info.get('RepoDigests')}")
+    labels = infermatrix_labels((info.get("Config") or {}).get("Labels"))
+    if labels != entry["labels"]:
+        changed = sorted(k for k in set(labels) | set(entry["labels"])
+                         if labels.get(k) != entry["labels"].get(k))
+        problems.append(f"labels differ from images.lock: {', '.join(changed)}")
+    return problems
+
+
+def pull_entry(entry: dict[str, Any], creds: engine.RegistryCredentials | None = None
+               ) -> dict[str, Any]:
+    creds = creds or engine.registry_credentials(engine.registry_host(entry["repository"]))
+    info = engine.pull_by_digest(entry["repository"], entry["digest"], creds)
+    problems = verify_pulled(entry, info)
+    if problems:
+        raise StageFailure(f"{entry['reference']} does not match images.lock:\n  "
+                           + "\n  ".join(problems))
+    return info
+
+
+def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = None,
+                    devices: list[str] | None = None, name: str | None = None) -> list[str]:
+    """`docker run` for a locked image: by digest, GPUs, shm, the model mounted read-only."""
+    run = entry["run"]
+    port = port or run.get("port", DEFAULT_PORT)
+    argv = ["docker", "run", "--rm", "--name", name or f"infermatrix-{entry['cell']}"]
+    if run.get("gpu"):
+        argv += ["--gpus", "all"]
+    for device in devices or []:
+        argv += ["--device", device]
+    argv += ["--shm-size", run.get("shm_size", SHM_SIZE["gpu"]), "-p", f"{port}:{port}",
+             "-v", f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"]
+    for key, value in sorted(run.get("env", {}).items()):
+        argv += ["-e", f"{key}={value}"]
+    argv.append(entry["reference"])
+    argv += [part.replace("{port}", str(port)).replace("{model}", CONTAINER_MODEL_DIR)
+             for part in run.get("command", [])]
+    return argv
+
+
+def docker_run_line(entry: dict[str, Any], model_dir: str, port: int | None = None,
+                    devices: list[str] | None = None) -> str:
+    return shlex.join(docker_run_argv(entry, model_dir, port, devices))

@@ -1,0 +1,797 @@
+"""The report: the whole matrix at a glance, from the journal and the plan.
+
+`build_report(journal, plans)` is pure: it turns journal records (`journal.load_all`) and plan
+dicts (`CellPlan.as_dict()`, or `infermatrix plan --json` output) into a `Report`: one
+`CellReport` per cell with its outcome, stage results and the facts people look for (image
+size, versions, kernel coverage, smoke throughput, the failing log tail). Journals are partial
+by nature (interrupted runs, stages that never ran, details of any shape written by other
+stages), so every reader here tolerates missing keys and unexpected types; a report never
+crashes on a journal.
+
+Outputs (`write_report`): `report.html` (one self-contained file, Jinja template in
+templates/report/, autoescaped, no external assets), `report.md` (a pull-request comment or a
+release note) and `report.json` (for machines). `summary_table` is the rich table printed at
+the end of a build that points to the HTML file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+from urllib.parse import quote, urlsplit
+
+import jinja2
+from packaging.version import InvalidVersion, Version
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .journal import STAGES
+from .state import StatePaths
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "report"
+
+# Outcomes, best first: (key, label, colour). The HTML grid, the legend, the Markdown and the
+# tests all read this table.
+OUTCOMES: tuple[tuple[str, str, str], ...] = (
+    ("tagged", "tagged", "#2e7d32"),
+    ("verified", "verified, not tagged", "#1565c0"),
+    ("built", "built, not verified", "#f9a825"),
+    ("failed", "failed", "#c62828"),
+    ("not-built", "not built", "#b0bec5"),
+    ("pruned", "pruned", "#eceff1"),
+)
+OUTCOME_LABELS = {key: label for key, label, _ in OUTCOMES}
+OUTCOME_COLOURS = {key: colour for key, _, colour in OUTCOMES}
+OUTCOME_ICONS = {"tagged": "✅", "verified": "🔵", "built": "🟡", "failed": "❌",
+                 "not-built": "⚪", "pruned": "➖"}
+
+LOG_TAIL_LINES = 40
+LOG_TAIL_CHARS = 8000
+_ID_PATTERN = re.compile(
+    r"^(?P<cuda>cpu|cu\d+)-torch(?P<torch>[^-]+)-(?P<engine>[A-Za-z][A-Za-z0-9_-]*?)"
+    r"(?P<version>\d[^-]*)-(?P<arch>cpu|sm\d+[a-z]?)$")
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
+_SIZE_KEYS = ("image_size_bytes", "image_size")
+_TOKENS_KEY = re.compile(r"(tok(en)?s?_?(per_?s(ec(ond)?)?|/s|_s)$)|(throughput)", re.I)
+_NAME_KEYS = ("object", "path", "file", "name", "library", "so")
+_COVERAGE_KEYS = ("coverage", "objects", "shared_objects", "kernels", "files")
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str
+    duration_s: float | None = None
+    finished: str | None = None
+    reason: str | None = None
+    log: str | None = None
+    details: Any = None
+
+
+@dataclass
+class CellReport:
+    id: str
+    axes: dict[str, str]
+    plan_status: str  # planned, pruned, unresolved, or "unknown" (journal only)
+    outcome: str  # a key of OUTCOMES
+    failed_stage: str | None = None
+    interrupted_stage: str | None = None  # a stage left "running" (run killed)
+    reasons: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    stages: list[StageResult] = field(default_factory=list)
+    image_id: str | None = None
+    image_size: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    coverage_columns: list[str] = field(default_factory=list)
+    coverage_rows: list[dict[str, Any]] = field(default_factory=list)
+    uncovered: list[str] = field(default_factory=list)
+    smoke_levels: list[dict[str, Any]] = field(default_factory=list)
+    tokens_per_s: float | None = None  # the best figure (concurrent, usually)
+    tokens_text: str = ""  # every figure: "single 41.7, concurrent 118.4"
+    audit_checks: list[dict[str, str]] = field(default_factory=list)
+    log_tail: str | None = None
+    in_plan: bool = True
+    problems: list[str] = field(default_factory=list)  # e.g. an unreadable journal record
+
+    @property
+    def label(self) -> str:
+        if self.outcome == "failed" and self.failed_stage:
+            return f"failed at {self.failed_stage}"
+        if self.outcome == "not-built" and self.plan_status == "unresolved":
+            return "not built (plan unresolved)"
+        return OUTCOME_LABELS.get(self.outcome, self.outcome)
+
+    @property
+    def total_duration_s(self) -> float:
+        return sum(s.duration_s or 0.0 for s in self.stages)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["label"] = self.label
+        return data
+
+
+@dataclass
+class Report:
+    generated: str
+    cells: list[CellReport]
+    rows: list[tuple[str, str]]  # (cuda, torch)
+    columns: list[tuple[str, str]]  # (engine spec, arch)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        found = Counter(c.outcome for c in self.cells)
+        return {key: found.get(key, 0) for key, _, _ in OUTCOMES}
+
+    def cell_at(self, row: tuple[str, str], column: tuple[str, str]) -> CellReport | None:
+        return self._grid.get((row, column))
+
+    @cached_property
+    def _grid(self) -> dict[tuple[tuple[str, str], tuple[str, str]], CellReport]:
+        return {(_row_key(c), _column_key(c)): c for c in self.cells}
+
+    @property
+    def column_groups(self) -> list[tuple[str, int]]:
+        """(engine spec, number of arch columns under it), in column order."""
+        groups: list[tuple[str, int]] = []
+        for engine, _ in self.columns:
+            if groups and groups[-1][0] == engine:
+                groups[-1] = (engine, groups[-1][1] + 1)
+            else:
+                groups.append((engine, 1))
+        return groups
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"generated": self.generated, "counts": self.counts,
+                "outcomes": {k: {"label": label, "colour": colour}
+                             for k, label, colour in OUTCOMES},
+                "cells": [c.as_dict() for c in self.cells]}
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    html: Path
+    markdown: Path
+    json: Path
+
+
+# ---------------------------------------------------------------------------------------------
+# Small defensive readers: journal and plan data may have any shape.
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _version_key(text: str) -> tuple[int, Any, str]:
+    """Sort versions numerically, non-versions ("cpu", "?") after them."""
+    try:
+        return (0, Version(text), text)
+    except (InvalidVersion, TypeError):
+        return (1, Version("0"), str(text))
+
+
+def _arch_key(arch: str) -> tuple[int, str]:
+    return (1, arch) if arch == "cpu" or not arch.startswith("sm_") else (0, arch)
+
+
+def _row_key(cell: CellReport) -> tuple[str, str]:
+    return (cell.axes.get("cuda", "?"), cell.axes.get("torch", "?"))
+
+
+def _column_key(cell: CellReport) -> tuple[str, str]:
+    return (cell.axes.get("engine", "?"), cell.axes.get("arch", "?"))
+
+
+def axes_from_id(cell_id: str) -> dict[str, str]:
+    """Axes of a cell id (`cu130-torch2.11.0-sglang0.5.11-sm120`) for journal-only cells."""
+    match = _ID_PATTERN.match(cell_id)
+    if not match:
+        return {"cuda": "?", "torch": "?", "engine": "?", "arch": "?"}
+    cuda = match["cuda"]
+    if cuda != "cpu":
+        digits = cuda[2:]
+        cuda = f"{digits[:-1]}.{digits[-1]}"
+    arch = match["arch"] if match["arch"] == "cpu" else "sm_" + match["arch"][2:]
+    return {"cuda": cuda, "torch": match["torch"],
+            "engine": f"{match['engine']}=={match['version']}", "arch": arch}
+
+
+def redact(text: str) -> str:
+    """Hide credentials embedded in URLs (https://user:token@host) before they reach a report."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}***@", text)
+
+
+def safe_url(value: Any) -> str | None:
+    """The value if it is an http(s) URL (fit for an href), else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        scheme = urlsplit(value.strip()).scheme
+    except ValueError:
+        return None
+    return value.strip() if scheme in ("http", "https") else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Journal record → stage results, outcome, facts.
+
+def stage_results(record: Mapping[str, Any]) -> list[StageResult]:
+    """Stage results in pipeline order, then any stage this code does not know, in record order."""
+    stages = _mapping(record.get("stages"))
+    names = [s for s in STAGES if s in stages] + [s for s in stages if s not in STAGES]
+    results = []
+    for name in names:
+        entry = stages[name]
+        if not isinstance(entry, dict):
+            entry = {"status": _text(entry) or "unknown"}
+        results.append(StageResult(
+            name=str(name), status=str(entry.get("status") or "unknown"),
+            duration_s=_number(entry.get("duration_s")),
+            finished=_text(entry.get("finished") or entry.get("started")),
+            reason=_text(entry.get("reason")), log=_text(entry.get("log")),
+            details=entry.get("details")))
+    return results
+
+
+def classify(plan_status: str, stages: list[StageResult]) -> tuple[str, str | None]:
+    """(outcome, failed stage): the first failure wins; then how far the cell got."""
+    by_name = {s.name: s.status for s in stages}
+    for stage in stages:
+        if stage.status == "fail":
+            return "failed", stage.name
+    if plan_status == "pruned" or (plan_status == "unknown" and by_name.get("plan") == "skip"
+                                   and len(by_name) == 1):
+        return "pruned", None
+    if by_name.get("tag") == "pass" or by_name.get("publish") == "pass":
+        return "tagged", None
+    if by_name.get("smoke") == "pass" and by_name.get("tag") != "skip":
+        return "verified", None
+    if by_name.get("build") == "pass":
+        return "built", None
+    return "not-built", None
+
+
+def tokens_figures(value: Any, depth: int = 0) -> dict[str, float]:
+    """Throughput figures anywhere in smoke details: a number under a key like `tokens_per_s`,
+    or the numbers of a mapping under it (the harness records {"single": .., "concurrent": ..})."""
+    found: dict[str, float] = {}
+    if depth > 5:
+        return found
+    children: Iterable[Any] = value.values() if isinstance(value, dict) else \
+        value if isinstance(value, list) else ()
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if not _TOKENS_KEY.search(str(key)):
+                continue
+            number = _number(child)
+            if number is not None:
+                found.setdefault(str(key), number)
+            elif isinstance(child, dict):
+                for sub, figure in child.items():
+                    if (number := _number(figure)) is not None:
+                        found.setdefault(str(sub), number)
+    for child in children:
+        if isinstance(child, (dict, list)):
+            for key, number in tokens_figures(child, depth + 1).items():
+                found.setdefault(key, number)
+    return found
+
+
+def _best_figure(figures: dict[str, float]) -> float | None:
+    return max(figures.values()) if figures else None
+
+
+def _figures_text(figures: dict[str, float]) -> str:
+    if len(figures) == 1:
+        return f"{next(iter(figures.values())):.1f}"
+    order = {"single": 0, "concurrent": 1}
+    ranked = sorted(figures.items(), key=lambda item: (order.get(item[0], 2), item[0]))
+    return ", ".join(f"{key} {number:.1f}" for key, number in ranked)
+
+
+def image_size(record: Mapping[str, Any], stages: list[StageResult]) -> int | None:
+    """The image size in bytes: a top-level field of the record, or of a stage's details
+    (never searched deeper: audited objects and kernel wheels have sizes of their own)."""
+    build_first = sorted(stages, key=lambda s: s.name != "build")
+    for source in [record] + [_mapping(s.details) for s in build_first]:
+        for key in _SIZE_KEYS:
+            number = _number(source.get(key))
+            if number is not None and number > 0:
+                return int(number)
+    return None
+
+
+def versions(record: Mapping[str, Any], stages: list[StageResult]) -> dict[str, str]:
+    """Installed versions any stage recorded under `versions` (later stages win)."""
+    found: dict[str, str] = {}
+    for source in [record] + [s.details for s in stages]:
+        value = _mapping(source).get("versions")
+        if isinstance(value, dict):
+            found.update({str(k): _text(v) or "" for k, v in value.items()})
+    return found
+
+
+def _coverage_source(details: Any) -> list[dict[str, Any]]:
+    details = _mapping(details)
+    for key in _COVERAGE_KEYS + tuple(details):
+        value = details.get(key)
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            return value
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            return [{"object": name, **row} for name, row in value.items()]
+    return []
+
+
+def _row_uncovered(row: Mapping[str, Any]) -> bool:
+    for key in ("covered", "ok", "pass"):
+        if row.get(key) is False:
+            return True
+    status = str(row.get("status") or row.get("verdict") or "").lower()
+    return status in ("fail", "failed", "uncovered", "missing", "not covered")
+
+
+def _row_name(row: Mapping[str, Any]) -> str:
+    for key in _NAME_KEYS:
+        if row.get(key):
+            return str(row[key])
+    return json.dumps(row, default=str, sort_keys=True)
+
+
+def kernel_coverage(stages: list[StageResult]) -> tuple[list[str], list[dict[str, Any]], list[str]]:
+    """(columns, rows with `_uncovered` marks, uncovered object names) from the audit details."""
+    audit = next((s for s in stages if s.name == "audit"), None)
+    if audit is None:
+        return [], [], []
+    rows = _coverage_source(audit.details)
+    columns: list[str] = []
+    for row in rows:
+        columns += [str(k) for k in row if str(k) not in columns]
+    # What the row is about first (journals may store keys sorted), then the verdict.
+    first = [k for k in _NAME_KEYS + ("package",) if k in columns]
+    last = [k for k in ("covered", "status", "how") if k in columns]
+    columns = first + [k for k in columns if k not in first + last] + last
+    marked = [{"cells": [_coverage_text(c, row.get(c)) for c in columns],
+               "uncovered": _row_uncovered(row)} for row in rows]
+    uncovered = _uncovered_names(_mapping(audit.details).get("uncovered"))
+    if not uncovered:
+        uncovered = [_row_name(r) for r in rows if _row_uncovered(r)]
+    return columns, marked, uncovered
+
+
+def _coverage_text(column: str, value: Any) -> str:
+    if column == "size" and _number(value) is not None:
+        return human_size(_number(value))
+    return _cell_text(value)
+
+
+def _uncovered_names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [str(k) for k in value]
+    if isinstance(value, list):
+        return [item if isinstance(item, str) else _row_name(_mapping(item)) or str(item)
+                for item in value]
+    return []
+
+
+def _cell_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_cell_text(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, default=str, sort_keys=True)
+    return str(value)
+
+
+def audit_checks(stages: list[StageResult]) -> list[dict[str, str]]:
+    """The audit's checks (kernels, cuda-major, torch-cuda, pins, pip-check, engine-floor)."""
+    audit = next((s for s in stages if s.name == "audit"), None)
+    checks = _mapping(audit.details if audit else None).get("checks")
+    if not isinstance(checks, list):
+        return []
+    return [{"name": _text(c.get("name")) or "", "status": _text(c.get("status")) or "",
+             "detail": redact(_text(c.get("detail")) or "")}
+            for c in checks if isinstance(c, dict)]
+
+
+def smoke_levels(stages: list[StageResult]) -> list[dict[str, Any]]:
+    """One row per smoke level (static, gpu, model): status, duration, tokens/s, note."""
+    smoke = next((s for s in stages if s.name == "smoke"), None)
+    if smoke is None:
+        return []
+    details = _mapping(smoke.details)
+    levels = details.get("levels", details.get("results"))
+    if isinstance(levels, dict):
+        items = [(str(k), v) for k, v in levels.items()]
+    elif isinstance(levels, list):
+        items = [(str(_mapping(v).get("level") or _mapping(v).get("name") or i), v)
+                 for i, v in enumerate(levels)]
+    else:
+        return []
+    order = {"static": 0, "gpu": 1, "model": 2}  # the tiers in the order they run
+    items.sort(key=lambda item: order.get(item[0], len(order)))
+    rows = []
+    for name, value in items:
+        entry = value if isinstance(value, dict) else {"status": _text(value)}
+        rows.append({"level": name, "status": _text(entry.get("status")) or "",
+                     "duration_s": _number(entry.get("duration_s")),
+                     "tokens_per_s": _best_figure(tokens_figures(entry)),
+                     "tokens_text": _figures_text(tokens_figures(entry)),
+                     "note": _text(entry.get("reason") or entry.get("note")
+                                   or entry.get("error")) or ""})
+    return rows
+
+
+def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            data = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def log_tail(stage: StageResult, cell_id: str, state: StatePaths | None) -> str | None:
+    """The tail of a stage's log: from its details, its log file (or the conventional path
+    under the state directory when the journal came from another machine), else its reason."""
+    details = _mapping(stage.details)
+    tail: Any = details.get("log_tail") or details.get("tail")
+    if isinstance(tail, list):
+        tail = "\n".join(str(line) for line in tail)
+    if not isinstance(tail, str) or not tail:
+        paths = [Path(stage.log)] if stage.log else []
+        if state is not None:
+            paths.append(state.cell_log(cell_id, stage.name))
+        tail = next((t for t in (read_tail(p) for p in paths) if t), None)
+    if not tail:
+        tail = stage.reason
+    if not tail:
+        return None
+    return redact(tail[-LOG_TAIL_CHARS:])
+
+
+def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: Mapping[str, Any] | None,
+                state: StatePaths | None = None) -> CellReport:
+    plan = _mapping(plan)
+    record = _mapping(record)
+    stages = stage_results(record)
+    plan_status = str(plan.get("status") or "unknown")
+    outcome, failed = classify(plan_status, stages)
+    axes = {k: str(v) for k, v in _mapping(plan.get("axes")).items()} or axes_from_id(cell_id)
+    reasons = [_mapping(r) if isinstance(r, dict) else {"reason": _text(r)}
+               for r in (plan.get("reasons") or []) if r is not None] \
+        if isinstance(plan.get("reasons"), list) else []
+    if outcome == "pruned" and not reasons:
+        plan_stage = next((s for s in stages if s.name == "plan"), None)
+        if plan_stage and plan_stage.reason:
+            reasons = [{"rule": "plan", "reason": plan_stage.reason, "source": ""}]
+    failed_stage = next((s for s in stages if s.name == failed), None)
+    running = next((s for s in stages if s.status == "running"), None)
+    columns, rows, uncovered = kernel_coverage(stages)
+    levels = smoke_levels(stages)
+    smoke = next((s for s in stages if s.name == "smoke"), None)
+    figures = tokens_figures(smoke.details) if smoke else {}
+    return CellReport(
+        id=cell_id, axes=axes, plan_status=plan_status, outcome=outcome, failed_stage=failed,
+        interrupted_stage=running.name if running else None, reasons=reasons,
+        settings=_mapping(plan.get("settings")), stages=stages,
+        image_id=_text(record.get("image_id")), image_size=image_size(record, stages),
+        versions=versions(record, stages), coverage_columns=columns, coverage_rows=rows,
+        uncovered=uncovered, smoke_levels=levels,
+        tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
+        audit_checks=audit_checks(stages),
+        log_tail=log_tail(failed_stage, cell_id, state) if failed_stage else None,
+        in_plan=bool(plan), problems=[str(p) for p in record.get("problems") or []
+                                      if isinstance(record.get("problems"), list)])
+
+
+def _plan_dicts(plans: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Plan entries by id; accepts CellPlan objects, their dicts, or {"cells": [...]}."""
+    if plans is None:
+        return {}
+    if isinstance(plans, Mapping):
+        plans = plans.get("cells") or plans.get("plans") or []
+    found: dict[str, dict[str, Any]] = {}
+    for entry in plans:
+        data = entry.as_dict() if hasattr(entry, "as_dict") else entry
+        if isinstance(data, dict) and data.get("id"):
+            found[str(data["id"])] = data
+    return found
+
+
+def _recorded_plan(record: Any) -> dict[str, Any] | None:
+    """The plan the pipeline recorded in the journal (plan stage details = CellPlan.as_dict())."""
+    plan_stage = _mapping(_mapping(_mapping(record).get("stages")).get("plan"))
+    details = _mapping(plan_stage.get("details"))
+    return details if details.get("status") else None
+
+
+def build_report(journal: Mapping[str, Any], plans: Iterable[Any] | Mapping[str, Any] | None,
+                 state: StatePaths | None = None) -> Report:
+    """The report of every cell of the plan and of the journal (a journal-only cell is one the
+    current plan no longer has; it is kept, marked as such)."""
+    by_id = _plan_dicts(plans)
+    journal = journal if isinstance(journal, Mapping) else {}
+    ids = list(by_id) + [i for i in journal if i not in by_id]
+    cells = [cell_report(str(i), by_id.get(i) or _recorded_plan(journal.get(i)), journal.get(i),
+                         state) for i in ids]
+    for c in cells:
+        c.in_plan = c.id in by_id or not by_id  # without a current plan, nothing is stale
+    cells.sort(key=lambda c: (_version_key(c.axes.get("cuda", "?")),
+                              _version_key(c.axes.get("torch", "?")), c.id))
+    rows = sorted({_row_key(c) for c in cells},
+                  key=lambda r: (_version_key(r[0]), _version_key(r[1])))
+    columns = sorted({_column_key(c) for c in cells}, key=_engine_column_key)
+    return Report(generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                  cells=cells, rows=rows, columns=columns)
+
+
+def _engine_column_key(column: tuple[str, str]) -> tuple[Any, ...]:
+    name, _, version = column[0].partition("==")
+    return (name == "?", name, _version_key(version), _arch_key(column[1]))
+
+
+def load_journal(state: StatePaths) -> dict[str, dict[str, Any]]:
+    """Every journal record, like `journal.load_all`, but an unreadable file becomes a record
+    with a `problems` note instead of an exception: the report shows it, never crashes on it."""
+    records: dict[str, dict[str, Any]] = {}
+    if not state.journal.is_dir():
+        return records
+    for path in sorted(state.journal.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = {"cell": path.stem, "stages": {},
+                    "problems": [f"unreadable journal record {path}: {exc}"]}
+        records[path.stem] = data if isinstance(data, dict) else {
+            "cell": path.stem, "problems": [f"journal record {path} is not an object"]}
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans: from plan.plan_matrix when the matrix loads, else a saved plan JSON file.
+
+def load_plan_file(path: Path) -> list[dict[str, Any]]:
+    """Plan dicts from a JSON file (`infermatrix plan --json` output, a list or {"cells": ...})."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return list(_plan_dicts(data).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering.
+
+def human_size(size: int | float | None) -> str:
+    if size is None:
+        return ""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def short_label(cell: CellReport) -> str:
+    """What a grid cell says: a mark and a word or the failing stage."""
+    if cell.outcome == "failed":
+        return f"✖ {cell.failed_stage or 'failed'}"
+    if cell.interrupted_stage and cell.outcome == "not-built":
+        return f"stopped in {cell.interrupted_stage}"
+    if cell.outcome == "not-built" and cell.plan_status == "unresolved":
+        return "unresolved"
+    return {"tagged": "✔ tagged", "verified": "✔ verified", "built": "built",
+            "not-built": "not built", "pruned": "pruned"}.get(cell.outcome, cell.outcome)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters.update(size=human_size, duration=human_duration, safe_url=safe_url,
+                       cell_text=_cell_text, redact=redact, short_label=short_label)
+    env.tests["mapping"] = lambda v: isinstance(v, dict)
+    env.tests["sequence_value"] = lambda v: isinstance(v, (list, tuple))
+    return env
+
+
+def render_html(report: Report) -> str:
+    template = _environment().get_template("report.html.j2")
+    return template.render(report=report, outcomes=OUTCOMES, icons=OUTCOME_ICONS,
+                           css=(TEMPLATE_DIR / "report.css").read_text(encoding="utf-8"),
+                           js=(TEMPLATE_DIR / "report.js").read_text(encoding="utf-8"))
+
+
+def _md_cell(value: Any) -> str:
+    """Text safe inside a Markdown table cell (no pipes, no newlines, no raw HTML)."""
+    text = _cell_text(value).replace("\r", " ").replace("\n", " ")
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("|", "\\|"))
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any backtick run in the text, so the text cannot close it."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def render_markdown(report: Report, html_name: str | None = "report.html",
+                     tail_lines: int = 15) -> str:
+    counts = report.counts
+    total = len(report.cells)
+    parts = [f"{OUTCOME_ICONS[k]} {counts[k]} {OUTCOME_LABELS[k]}" for k, _, _ in OUTCOMES
+             if counts[k]]
+    out = ["## infermatrix report", "",
+           f"**{total} cells** — " + " · ".join(parts), ""]
+    active = [c for c in report.cells if c.outcome != "pruned"]
+    if active:
+        out += ["| cell | outcome | total time | image size | tokens/s | note |",
+                "|---|---|---:|---:|---:|---|"]
+        for c in active:
+            note = _note(c)
+            tokens = f"{c.tokens_per_s:.1f}" if c.tokens_per_s is not None else ""
+            out.append(f"| `{_md_cell(c.id)}` | {OUTCOME_ICONS[c.outcome]} {_md_cell(c.label)} "
+                       f"| {human_duration(c.total_duration_s) if c.stages else ''} "
+                       f"| {human_size(c.image_size)} | {tokens} | {_md_cell(note)} |")
+        out.append("")
+    pruned = [c for c in report.cells if c.outcome == "pruned"]
+    if pruned:
+        out += [f"<details><summary>{len(pruned)} pruned cells</summary>", "",
+                "| cell | reasons |", "|---|---|"]
+        out += [f"| `{_md_cell(c.id)}` | {_md_reasons(c.reasons)} |" for c in pruned]
+        out += ["", "</details>", ""]
+    failures = [c for c in report.cells if c.outcome == "failed" and c.log_tail]
+    for c in failures:
+        tail = "\n".join(c.log_tail.splitlines()[-tail_lines:])
+        fence = _fence(tail)
+        out += [f"### ❌ `{c.id}` failed at {c.failed_stage}", "", f"{fence}text", tail, fence, ""]
+    if html_name:
+        out.append(f"Full report with every cell's detail: `{html_name}`.")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _md_reasons(reasons: list[dict[str, Any]]) -> str:
+    """`rule: reason ([source](url)); ...` with the text escaped and the URL percent-quoted."""
+    parts = []
+    for r in reasons:
+        text = f"{_md_cell(r.get('rule') or '')}: {_md_cell(r.get('reason') or '')}"
+        url = safe_url(r.get("source"))
+        if url:
+            text += f" ([source]({quote(url, safe=':/?#[]@!$&*+,;=%~.-_')}))"
+        elif r.get("source"):
+            text += f" (source: {_md_cell(r.get('source'))})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _note(cell: CellReport) -> str:
+    """One line that says what to look at first for a cell."""
+    if cell.uncovered:
+        return "uncovered: " + ", ".join(cell.uncovered)
+    if cell.interrupted_stage:
+        return f"interrupted at {cell.interrupted_stage}"
+    return _failure_reason(cell) or ""
+
+
+def _failure_reason(cell: CellReport) -> str | None:
+    stage = next((s for s in cell.stages if s.name == cell.failed_stage), None)
+    if stage is None or not stage.reason:
+        return None
+    first = stage.reason.strip().splitlines()[0] if stage.reason.strip() else ""
+    return redact(first[:200])
+
+
+def _redact_all(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_all(v) for v in value]
+    return value
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The report for machines; URL credentials in any recorded string are hidden."""
+    return _redact_all(report.as_dict())
+
+
+def write_report(report: Report, out_dir: Path) -> ReportFiles:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(html=out_dir / "report.html", markdown=out_dir / "report.md",
+                        json=out_dir / "report.json")
+    files.html.write_text(render_html(report), encoding="utf-8")
+    files.markdown.write_text(render_markdown(report, files.html.name), encoding="utf-8")
+    files.json.write_text(json.dumps(report_json(report), indent=2, default=str) + "\n",
+                          encoding="utf-8")
+    return files
+
+
+_RICH_STYLES = {"tagged": "bold green", "verified": "bold blue", "built": "yellow",
+                "failed": "bold red", "not-built": "dim", "pruned": "dim"}
+
+
+def summary_table(report: Report, html_path: Path | str | None = None) -> Table:
+    """A rich table of the cells that were not pruned, with a caption pointing to the HTML."""
+    counts = report.counts
+    title = "  ".join(f"{counts[k]} {OUTCOME_LABELS[k]}" for k, _, _ in OUTCOMES if counts[k])
+    caption = f"{counts['pruned']} pruned cells not shown." if counts["pruned"] else ""
+    if html_path:
+        caption += f" Full report: {html_path}"
+    table = Table(title=f"infermatrix: {len(report.cells)} cells — {title}",
+                  caption=Text(caption.strip()) if caption.strip() else None,
+                  caption_justify="left")
+    widest = max((len(c.id) for c in report.cells), default=4)
+    table.add_column("cell", no_wrap=True, min_width=widest)
+    table.add_column("outcome", no_wrap=True, min_width=len("built, not verified"))
+    for name, width in (("time", 6), ("size", 9), ("tok/s", 6)):
+        table.add_column(name, justify="right", no_wrap=True, min_width=width)
+    table.add_column("note", overflow="fold", min_width=16)  # the column that wraps
+    for c in report.cells:
+        if c.outcome == "pruned":
+            continue
+        table.add_row(Text(c.id), Text(c.label, style=_RICH_STYLES[c.outcome]),
+                      human_duration(c.total_duration_s) if c.stages else "",
+                      human_size(c.image_size),
+                      f"{c.tokens_per_s:.1f}" if c.tokens_per_s is not None else "",
+                      Text(_shorten(_note(c), 90)))
+    return table
+
+
+def print_summary(report: Report, html_path: Path | str | None = None,
+                  console: Console | None = None) -> None:
+    """Print `summary_table`; a log (not a terminal) gets 160 columns rather than rich's 80, so
+    CI logs keep one line per cell."""
+    console = console or Console()
+    if not console.is_terminal and console.width < 160:
+        console = Console(file=console.file, width=160, color_system=None)
+    console.print(summary_table(report, html_path))
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -1,0 +1,301 @@
+"""verify-repro: build a rendered cell twice without cache and compare the images file by file.
+
+What is compared: every path of each image's filesystem (`docker create` + `docker export`,
+read as a tar stream, never run), with its type, mode, owner, size, SHA-256 of the content
+and link target. Hard links count as the file they point to (which name tar lists first
+depends on directory order, not on content). Modification times are not compared: Debian's
+docker 20.10 BuildKit stamps each written file with the build time and has no way to rewrite
+it (docs/repro.md), so they would differ in every file of every build.
+
+The image configuration (Env, Cmd, Entrypoint, Labels, WorkingDir, User, ExposedPorts) is
+compared as well; `created` and the history timestamps are not, for the same reason, and
+therefore the two image ids always differ on this builder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from . import build, engine, journal, kernelcache
+from .context import Context
+from .errors import StageFailure
+from .model import CellPlan
+
+REPRO_REPOSITORY = "infermatrix-repro"
+CONFIG_KEYS = ("Env", "Cmd", "Entrypoint", "Labels", "WorkingDir", "User", "ExposedPorts",
+               "Volumes", "StopSignal")
+_KINDS = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "dir",
+          tarfile.SYMTYPE: "symlink", tarfile.CHRTYPE: "char", tarfile.BLKTYPE: "block",
+          tarfile.FIFOTYPE: "fifo", tarfile.CONTTYPE: "file"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str
+    kind: str
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    sha256: str | None = None
+    link: str | None = None  # symlink target
+
+    def describe(self) -> str:
+        text = f"{self.kind} {self.mode:04o} {self.uid}:{self.gid} {self.size} B"
+        if self.sha256:
+            text += f" sha256:{self.sha256[:16]}"
+        if self.link:
+            text += f" -> {self.link}"
+        return text
+
+
+@dataclass(frozen=True)
+class Difference:
+    path: str
+    what: str  # only-in-first | only-in-second | kind | mode | owner | size | content | link | config
+    first: str
+    second: str
+
+    def line(self) -> str:
+        return f"{self.what:14} {self.path}: {self.first} | {self.second}"
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file object over an iterator of byte chunks (the export stream)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target) -> int:  # type: ignore[no-untyped-def]
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(target), len(self._buffer))
+        target[:size] = self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        return size
+
+
+def manifest_of_tar(stream: Iterable[bytes] | io.IOBase) -> dict[str, Entry]:
+    """path -> Entry for every member of a tar stream (read once, front to back)."""
+    raw = stream if isinstance(stream, io.IOBase) else io.BufferedReader(
+        _ChunkReader(stream), buffer_size=1 << 20)
+    entries: dict[str, Entry] = {}
+    with tarfile.open(fileobj=raw, mode="r|") as archive:
+        for member in archive:
+            path = _absolute(member.name)
+            if member.islnk():  # a hard link is the file it names
+                target = entries.get(_absolute(member.linkname))
+                if target is not None:
+                    entries[path] = Entry(path, target.kind, member.mode, member.uid, member.gid,
+                                          target.size, target.sha256)
+                    continue
+            sha = None
+            if member.isreg():
+                digest = hashlib.sha256()
+                handle = archive.extractfile(member)
+                assert handle is not None
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+                sha = digest.hexdigest()
+            entries[path] = Entry(path, _KINDS.get(member.type, "other"), member.mode,
+                                  member.uid, member.gid, member.size if member.isreg() else 0,
+                                  sha, member.linkname if member.issym() else None)
+    return entries
+
+
+def _absolute(name: str) -> str:
+    """`./usr/bin/` or `usr/bin` -> `/usr/bin` (tar member names are relative)."""
+    while name.startswith("./"):
+        name = name[2:]
+    name = name.strip("/")
+    return "/" + name if name not in ("", ".") else "/"
+
+
+def image_manifest(image: str) -> dict[str, Entry]:
+    with engine.exported_filesystem(image) as chunks:
+        return manifest_of_tar(chunks)
+
+
+def compare(first: dict[str, Entry], second: dict[str, Entry]) -> list[Difference]:
+    """Every difference between two manifests, sorted by path."""
+    differences: list[Difference] = []
+    for path in sorted(first.keys() | second.keys()):
+        a, b = first.get(path), second.get(path)
+        if a is None or b is None:
+            what = "only-in-second" if a is None else "only-in-first"
+            differences.append(Difference(path, what, a.describe() if a else "-",
+                                          b.describe() if b else "-"))
+            continue
+        for what, left, right in (("kind", a.kind, b.kind), ("mode", f"{a.mode:04o}", f"{b.mode:04o}"),
+                                  ("owner", f"{a.uid}:{a.gid}", f"{b.uid}:{b.gid}"),
+                                  ("size", str(a.size), str(b.size)),
+                                  ("content", a.sha256 or "", b.sha256 or ""),
+                                  ("link", a.link or "", b.link or "")):
+            if left != right:
+                differences.append(Difference(path, what, left, right))
+                break  # one line per path: the first property that differs
+    return differences
+
+
+def compare_config(first: dict[str, Any], second: dict[str, Any]) -> list[Difference]:
+    a, b = first.get("Config") or {}, second.get("Config") or {}
+    return [Difference(f"config.{key}", "config", json.dumps(a.get(key), sort_keys=True),
+                       json.dumps(b.get(key), sort_keys=True))
+            for key in CONFIG_KEYS if a.get(key) != b.get(key)]
+
+
+def category(path: str) -> str:
+    """A coarse reason class for a differing path, to read a long list at a glance."""
+    if path.endswith(".pyc"):
+        return "python bytecode (.pyc)"
+    for prefix, name in (("/var/log/", "logs (/var/log)"), ("/var/cache/", "caches (/var/cache)"),
+                         ("/var/lib/apt/", "apt lists"), ("/var/lib/dpkg/", "dpkg database"),
+                         ("/root/.cache/", "user caches"), ("/tmp/", "temporary files"),
+                         ("/etc/", "configuration (/etc)"), ("config.", "image config")):
+        if path.startswith(prefix):
+            return name
+    if "/site-packages/" in path or "/dist-packages/" in path:
+        return "python packages"
+    return "other"
+
+
+@dataclass
+class ReproReport:
+    cell_id: str
+    images: list[str]
+    files: list[int]  # entries in each image
+    differences: list[Difference] = field(default_factory=list)
+    durations_s: list[float] = field(default_factory=list)
+    build_args: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    def by_category(self) -> dict[str, int]:
+        return dict(Counter(category(d.path) for d in self.differences).most_common())
+
+    def summary(self, max_list: int = 200) -> str:
+        head = (f"{self.cell_id}: builds {self.images[0][:19]} and {self.images[1][:19]} "
+                f"({self.files[0]} and {self.files[1]} paths; built in "
+                f"{', '.join(f'{d:.0f} s' for d in self.durations_s)})")
+        if self.identical:
+            return head + "\nreproducible: no difference in any path, type, mode, owner, size, " \
+                "content or link, nor in the image config (timestamps not compared)"
+        lines = [head, f"NOT reproducible: {len(self.differences)} difference(s)"]
+        lines += [f"  {n:6d}  {name}" for name, n in self.by_category().items()]
+        lines += ["  " + d.line() for d in self.differences[:max_list]]
+        if len(self.differences) > max_list:
+            lines.append(f"  ... {len(self.differences) - max_list} more (--json lists all)")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(identical=self.identical, by_category=self.by_category())
+        return data
+
+
+def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: dict[str, str],
+                          secrets: dict[str, Path], log_path: Path, run: int) -> Path:
+    """A copy of the cell's context whose kernel-wheels/ this run compiled without cache."""
+    directory = build.cell_dir(ctx, plan.id)
+    context = tmp / f"context-{run}"
+    shutil.copytree(directory, context, symlinks=True)
+    wheels_dir = context / build.KERNEL_WHEELS_DIR
+    wheels_dir.mkdir(exist_ok=True)
+    for name in build.kernel_stages((directory / "Dockerfile").read_text(encoding="utf-8")):
+        out = tmp / f"kernel-{name}-{run}"
+        engine.build_image(context, target=f"kernel-{name}", build_args=build_args,
+                           secrets=secrets, output_dir=out, log_path=log_path, no_cache=True)
+        wheels = kernelcache.find_wheels(out)
+        if not wheels:
+            raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+        for wheel in wheels:
+            shutil.copy2(wheel, wheels_dir / wheel.name)
+    return context
+
+
+def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
+                build_args: dict[str, str] | None = None,
+                secrets: dict[str, Path] | None = None) -> tuple[list[str], list[float], dict]:
+    """Two complete no-cache builds of a rendered cell (kernels included); their image ids."""
+    dockerfile = build.cell_dir(ctx, plan.id) / "Dockerfile"
+    if not dockerfile.is_file():
+        raise StageFailure(f"{plan.id}: not rendered ({dockerfile} is missing); run "
+                           f"`infermatrix render --select {plan.id}` first")
+    stages = build.kernel_stages(dockerfile.read_text(encoding="utf-8"))
+    if build_args is None:
+        build_args = build.compile_plan_for(ctx, [stages], build.BuildOptions()).build_args()
+    if secrets is None:
+        secrets = build.secrets_for(build.BuildOptions())
+    images, durations = [], []
+    root = ctx.state.root / "tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"repro-{plan.id}-", dir=root) as tmp:
+        for run in (1, 2):
+            started = time.monotonic()
+            context = _context_with_kernels(ctx, plan, Path(tmp), build_args, secrets,
+                                            log_path, run)
+            images.append(engine.build_image(
+                context, tag=f"{REPRO_REPOSITORY}/{plan.id}:{run}", build_args=build_args,
+                secrets=secrets, log_path=log_path, no_cache=True))
+            durations.append(time.monotonic() - started)
+    return images, durations, build_args
+
+
+def compare_images(first: str, second: str) -> tuple[list[Difference], list[int]]:
+    a, b = image_manifest(first), image_manifest(second)
+    differences = compare(a, b)
+    differences += compare_config(engine.inspect_image(first) or {},
+                                  engine.inspect_image(second) or {})
+    return differences, [len(a), len(b)]
+
+
+def verify_repro(ctx: Context, plan: CellPlan, keep: bool = False) -> ReproReport:
+    """Build twice without cache, compare, record the result (journal field `repro` and
+    <state>/reports/repro-<cell>.json); remove the two images unless `keep`."""
+    log_path = ctx.state.cell_log(plan.id, "repro")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(f"# infermatrix verify-repro {plan.id}\n", encoding="utf-8")
+    try:
+        images, durations, build_args = build_twice(ctx, plan, log_path)
+        differences, files = compare_images(images[0], images[1])
+    finally:
+        if not keep:  # only the two tags this command made
+            for run in (1, 2):
+                engine.remove_image(f"{REPRO_REPOSITORY}/{plan.id}:{run}")
+    report = ReproReport(plan.id, images, files, differences, durations, build_args)
+    _record(ctx, report, log_path)
+    return report
+
+
+def _record(ctx: Context, report: ReproReport, log_path: Path) -> None:
+    path = ctx.state.reports / f"repro-{report.cell_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n",
+                    encoding="utf-8")
+    journal.update(ctx.state, report.cell_id, repro={
+        "identical": report.identical, "differences": len(report.differences),
+        "by_category": report.by_category(), "report": str(path), "log": str(log_path)})
+
+
+def iter_lines(differences: Iterable[Difference]) -> Iterator[str]:
+    for difference in differences:
+        yield difference.line()

@@ -1,0 +1,534 @@
+"""`infermatrix smoke`: tiered tests of a built image, in containers of that exact image.
+
+Levels, each with a timeout (matrix `smoke.timeouts`) and a result pass / fail / skip + reason:
+  static  the audit (audit.audit_cell) and `harness.static_check`: every engine and kernel
+          package imports, versions equal the cell's pins;
+  gpu     `harness.gpu_check` with the GPUs requested through the SDK's device requests:
+          the device's capability is the cell's arch, torch/Triton/kernel-package kernels agree
+          with a torch reference. Skipped on a host without a GPU ("no GPU on this host") and
+          on CPU cells (not applicable);
+  model   the engine server started with the cell's launch command (engines.<e>.serve + the
+          model card's flags + per-arch flags/env), the model mounted read-only from a host
+          path or a fixture generated in the image by `harness.make_fixture_model`; then
+          `harness.probe` over the OpenAI-compatible API. The server's container is always
+          stopped and removed (finally, SIGINT and SIGTERM included); on failure the engine's
+          log tail is kept in the result.
+The probe runs here, on the host, against the published port (127.0.0.1, a free port Docker
+picks): that is how clients reach the server, the timeouts and the interrupt handling stay in
+this process, and no exec session is left behind when the container is stopped.
+Results go to the journal (stage `smoke`) with the image id that was tested; `tag` reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import engine, journal
+from .context import Context
+from .errors import InfermatrixError, StageFailure, UsageError
+from .harness import _result as harness_result
+from .harness import probe as harness_probe
+from .model import CellPlan
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("static", "gpu", "model")
+DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0}
+DEFAULT_SHM = {"gpu": "16g", "cpu": "1g"}  # the engines need more than Docker's 64 MB /dev/shm
+HARNESS_IN_IMAGE = "/opt/infermatrix/harness"
+HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent
+CONTAINER_PORT = 8000
+CONTAINER_MODEL = "/model"
+NO_GPU = "no GPU on this host"
+SMOKE_LABEL = "io.infermatrix.smoke"
+LOG_TAIL_LINES = 60
+FIXTURE_VARIANTS = ("normal", "broken")
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class LevelResult:
+    level: str
+    status: str  # pass | fail | skip
+    reason: str | None = None
+    duration_s: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "reason": self.reason,
+                "duration_s": round(self.duration_s, 3), **self.details}
+
+
+@dataclass
+class SmokeResult:
+    cell_id: str
+    image_id: str
+    levels: dict[str, LevelResult] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return overall_status([lv.status for lv in self.levels.values()])
+
+    @property
+    def reason(self) -> str | None:
+        failed = [f"{n}: {lv.reason}" for n, lv in self.levels.items() if lv.status == "fail"]
+        if failed:
+            return "; ".join(failed)
+        skipped = [f"{n}: {lv.reason}" for n, lv in self.levels.items() if lv.status == "skip"]
+        return "; ".join(skipped) if skipped and self.status == "skip" else None
+
+
+def overall_status(statuses: list[str]) -> str:
+    """fail if any level failed; pass if any passed (skips allowed); skip otherwise."""
+    if "fail" in statuses:
+        return "fail"
+    return "pass" if "pass" in statuses else "skip"
+
+
+@dataclass
+class SmokeOptions:
+    levels: list[str] | None = None  # default: matrix smoke.levels
+    model_path: Path | None = None  # host directory of real weights (mounted read-only)
+    fixture: str = "normal"  # normal | broken (shapes the CPU kernels reject)
+    host_gpu: bool | None = None  # None: detect
+
+
+# --------------------------------------------------------------------------------------------
+# Settings from the matrix (pure)
+# --------------------------------------------------------------------------------------------
+
+def smoke_settings(ctx: Context) -> dict[str, Any]:
+    return ctx.matrix.smoke or {}
+
+
+def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
+    levels = requested or smoke_settings(ctx).get("levels") or list(LEVELS)
+    unknown = [lv for lv in levels if lv not in LEVELS]
+    if unknown:
+        raise UsageError(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(LEVELS)})")
+    return [lv for lv in LEVELS if lv in levels]  # always in order: static, gpu, model
+
+
+def level_timeout(ctx: Context, level: str) -> float:
+    return float(smoke_settings(ctx).get("timeouts", {}).get(level, DEFAULT_TIMEOUTS[level]))
+
+
+def kernel_distributions(ctx: Context, plan: CellPlan) -> list[str]:
+    """`package==version` of the cell's compiled kernel packages (no pin for match-engine)."""
+    kernels = ctx.matrix.build.get("kernels", {})
+    specs = []
+    for key in (plan.settings.kernels if plan.settings else
+                ctx.matrix.engines[plan.cell.engine].get("kernels", [])):
+        entry = kernels[key]
+        version = entry.get("version", "")
+        pinned = version and version[0].isdigit()
+        specs.append(f"{entry['package']}=={version}" if pinned else entry["package"])
+    return specs
+
+
+def engine_distribution(ctx: Context, plan: CellPlan) -> str | None:
+    package = ctx.matrix.engines[plan.cell.engine].get("package")
+    return f"{package}=={plan.cell.engine_version}" if package else None
+
+
+@dataclass
+class LaunchSpec:
+    """How the engine server is started for the model level."""
+
+    command: list[str]
+    env: dict[str, str]
+    shm_size: str
+    health: str
+    gpu: bool
+
+
+def launch_spec(ctx: Context, plan: CellPlan, port: int = CONTAINER_PORT,
+                model: str = CONTAINER_MODEL) -> LaunchSpec | None:
+    """The cell's launch command from data; None when its engine serves nothing (no health)."""
+    m = ctx.matrix
+    engine_data = m.engines[plan.cell.engine]
+    if not engine_data.get("health"):
+        return None
+    per_arch = engine_data.get("arch", {}).get(plan.cell.arch, {})
+    if plan.settings is not None:  # the planner resolved card flags, per-arch flags, backend
+        args, env = list(plan.settings.engine_args), dict(plan.settings.env)
+    else:
+        args = list(m.model["launch"].get(plan.cell.engine, [])) + list(per_arch.get("args", []))
+        env = {**engine_data.get("env", {}), **per_arch.get("env", {})}
+    serve = [part.format(port=port, model=model) for part in engine_data["serve"]]
+    shm = smoke_settings(ctx).get("shm_size") or DEFAULT_SHM["gpu" if plan.cell.is_gpu else "cpu"]
+    return LaunchSpec(command=serve + args, env=env, shm_size=shm, health=engine_data["health"],
+                      gpu=plan.cell.is_gpu)
+
+
+def model_source(ctx: Context, options: SmokeOptions) -> Path | None:
+    """A host directory of real weights, or None for the fixture."""
+    if options.model_path is not None:
+        path = Path(options.model_path)
+    else:
+        source = smoke_settings(ctx).get("model_source", "fixture")
+        if source == "fixture":
+            return None
+        path = Path(source) if Path(source).is_absolute() else ctx.root / source
+    if not path.is_dir():
+        raise UsageError(f"model path {path} is not a directory",)
+    return path.resolve()
+
+
+def host_has_gpu() -> bool:
+    """An NVIDIA device node is present (what `--gpus` hands to a container)."""
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+# --------------------------------------------------------------------------------------------
+# Containers
+# --------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop our containers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def container(image_id: str, **kwargs: Any) -> Iterator[str]:
+    """A detached container that is always stopped and removed afterwards."""
+    container_id = engine.run_container(image_id, **kwargs)
+    try:
+        yield container_id
+    finally:
+        with contextlib.suppress(Exception):
+            engine.stop_container(container_id, timeout=10)
+        engine.remove_container(container_id, force=True)
+
+
+def append_log(path: Path, title: str, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(f"\n===== {title} =====\n{text}")
+        if not text.endswith("\n"):
+            handle.write("\n")
+
+
+def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Harness:
+    """Runs harness programs in containers of the image under test."""
+
+    image_id: str
+    log_path: Path
+    mounts: list[engine.Mount] = field(default_factory=list)
+    where: str = "image"  # "image" or "mounted from the host"
+
+    @classmethod
+    def for_image(cls, image_id: str, log_path: Path) -> "Harness":
+        """Use the harness shipped in the image; mount this checkout's when it is missing."""
+        with tempfile.TemporaryDirectory(prefix="infermatrix-harness-") as tmp:
+            found = engine.copy_from_image(image_id, [f"{HARNESS_IN_IMAGE}/__init__.py"],
+                                           Path(tmp))
+        if found:
+            return cls(image_id, log_path)
+        mount = engine.Mount(str(HARNESS_ON_HOST), HARNESS_IN_IMAGE, read_only=True)
+        return cls(image_id, log_path, [mount], "mounted from the host (not in the image)")
+
+    def run(self, program: str, args: list[str], timeout_s: float, *,
+            mounts: list[engine.Mount] = (), gpu: bool = False,
+            labels: dict[str, str] | None = None) -> tuple[int | None, dict[str, Any] | None, str]:
+        """(exit code or None on timeout, parsed result line, output)."""
+        env = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
+        with container(self.image_id, entrypoint=["python3", "-m", f"harness.{program}"],
+                       command=args, env=env, mounts=[*self.mounts, *mounts],
+                       device_requests=[engine.gpu_request()] if gpu else None,
+                       labels=labels) as cid:
+            try:
+                code: int | None = engine.wait_container(cid, timeout=timeout_s)
+            except StageFailure:
+                code = None
+            output = engine.container_logs(cid)
+        append_log(self.log_path, f"harness.{program} {' '.join(args)} (exit {code})", output)
+        return code, harness_result.parse(output), output
+
+
+def harness_level(level: str, code: int | None, parsed: dict[str, Any] | None, output: str,
+                  timeout_s: float) -> tuple[str, str | None, dict[str, Any]]:
+    """Status, reason and details from a harness program's run."""
+    if code is None:
+        return "fail", f"timed out after {timeout_s:.0f} s", {"output_tail": log_tail(output)}
+    if parsed is None:
+        return "fail", f"the harness printed no result (exit {code})", \
+            {"output_tail": log_tail(output)}
+    status = parsed.get("status", "fail")
+    details = {k: v for k, v in parsed.items() if k not in ("status", "reason", "check")}
+    if status == "fail":
+        details["output_tail"] = log_tail(output, 20)
+    return status, parsed.get("reason"), details
+
+
+# --------------------------------------------------------------------------------------------
+# Levels
+# --------------------------------------------------------------------------------------------
+
+def run_static(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float) -> LevelResult:
+    details: dict[str, Any] = {}
+    reasons: list[str] = []
+    audit_status = run_audit(ctx, plan, harness.image_id, details)
+    if audit_status == "fail":
+        reasons.append(f"audit: {details['audit'].get('reason')}")
+    specs = [s for s in [engine_distribution(ctx, plan), *kernel_distributions(ctx, plan)] if s]
+    code, parsed, output = harness.run("static_check", [*specs, "--torch", plan.cell.torch],
+                                       timeout_s)
+    status, reason, imports = harness_level("static", code, parsed, output, timeout_s)
+    details["imports"] = imports
+    if status == "fail":
+        reasons.append(f"imports: {reason}")
+    final = "fail" if reasons else "pass"
+    return LevelResult("static", final, "; ".join(reasons) or None, details=details)
+
+
+def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, Any]) -> str:
+    """The audit engineer's audit_cell, when that module is present; records its own stage."""
+    try:
+        from . import audit
+    except ImportError:
+        details["audit"] = {"status": "skip", "reason": "audit module not available"}
+        return "skip"
+    try:
+        result = audit.audit_cell(ctx, plan, image_id)
+    except InfermatrixError as exc:
+        details["audit"] = {"status": "fail", "reason": str(exc)}
+        return "fail"
+    details["audit"] = {"status": result.status, "reason": result.reason,
+                        "checks": [c.as_dict() for c in result.checks]}
+    return result.status
+
+
+def run_gpu(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
+            gpu_here: bool) -> LevelResult:
+    if not plan.cell.is_gpu:
+        return LevelResult("gpu", "skip", "arch cpu: the gpu level does not apply",
+                           details={"applicable": False})
+    if not gpu_here:
+        return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
+    kernels = [s.split("==")[0] for s in kernel_distributions(ctx, plan)]
+    code, parsed, output = harness.run("gpu_check", ["--arch", plan.cell.arch, "--kernels",
+                                                     *kernels], timeout_s, gpu=True)
+    status, reason, details = harness_level("gpu", code, parsed, output, timeout_s)
+    return LevelResult("gpu", status, reason, details=details)
+
+
+def probe_settings(ctx: Context, real_model: bool, health_timeout_s: float,
+                   health_path: str) -> harness_probe.ProbeSettings:
+    probe = smoke_settings(ctx).get("probe", {})
+    return harness_probe.ProbeSettings(
+        prompt=probe.get("prompt", harness_probe.DEFAULT_PROMPT), expect=probe.get("expect"),
+        concurrency=int(probe.get("concurrency", 4)), max_tokens=int(probe.get("max_tokens", 32)),
+        real_model=real_model, health_path=health_path, health_timeout_s=health_timeout_s)
+
+
+def fixture_dir(ctx: Context, cell_id: str, variant: str) -> Path:
+    return ctx.state.root / "fixtures" / f"{cell_id}-{variant}"
+
+
+def make_fixture(ctx: Context, plan: CellPlan, harness: Harness, variant: str,
+                 timeout_s: float) -> tuple[Path | None, LevelResult | None]:
+    """Generate the fixture model with the image's own transformers, into the state dir."""
+    import shutil
+
+    out = fixture_dir(ctx, plan.id, variant)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    args = ["--out", "/fixture/model"] + (["--broken"] if variant == "broken" else [])
+    code, parsed, output = harness.run("make_fixture_model", args, timeout_s,
+                                       mounts=[engine.Mount(str(out), "/fixture", read_only=False)])
+    status, reason, details = harness_level("fixture", code, parsed, output, timeout_s)
+    if status != "pass":
+        return None, LevelResult("model", "fail", f"fixture model: {reason}",
+                                 details={"fixture": details})
+    return out / "model", None
+
+
+def container_gone(container_id: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        state = engine.container_status(container_id)
+        if state.get("Status") in ("running", "created", "restarting"):
+            return None
+        return f"container {state.get('Status')} with exit code {state.get('ExitCode')}"
+    return check
+
+
+def published_port(container_id: str, deadline_s: float = 10.0) -> tuple[str, int]:
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        found = engine.container_port(container_id, f"{CONTAINER_PORT}/tcp")
+        if found:
+            host, port = found
+            return ("127.0.0.1" if host in ("0.0.0.0", "") else host), port
+        time.sleep(0.2)
+    raise StageFailure(f"container {container_id[:12]} published no port {CONTAINER_PORT}")
+
+
+def run_model(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
+              gpu_here: bool, options: SmokeOptions) -> LevelResult:
+    spec = launch_spec(ctx, plan)
+    if spec is None:
+        return LevelResult("model", "skip", f"engine {plan.cell.engine} defines no server "
+                           f"(no `health` in engines.{plan.cell.engine})",
+                           details={"applicable": False})
+    if spec.gpu and not gpu_here:
+        return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
+    started = time.monotonic()
+    host_model = model_source(ctx, options)
+    real_model = host_model is not None  # a fixture's probe checks structure, not meaning
+    details: dict[str, Any] = {"model_source": str(host_model) if real_model
+                               else f"fixture ({options.fixture})"}
+    if host_model is None:
+        host_model, failed = make_fixture(ctx, plan, harness, options.fixture, timeout_s)
+        if failed:
+            return failed
+        details["fixture_s"] = round(time.monotonic() - started, 2)
+    remaining = max(30.0, timeout_s - (time.monotonic() - started))
+    settings = probe_settings(ctx, real_model, health_timeout_s=remaining,
+                              health_path=spec.health)
+    details["command"] = spec.command
+    details["env"] = spec.env
+    return serve_and_probe(plan, harness, spec, host_model, settings, details)
+
+
+def serve_and_probe(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_model: Path,
+                    settings: harness_probe.ProbeSettings, details: dict[str, Any]) -> LevelResult:
+    """Start the server, probe it, keep the log; the container never outlives this call."""
+    name = f"infermatrix-smoke-{plan.id}-{os.getpid()}"
+    with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
+                   mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
+                   ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
+                   device_requests=[engine.gpu_request()] if spec.gpu else None,
+                   labels={SMOKE_LABEL: plan.id}, name=name) as cid:
+        host, port = published_port(cid)
+        client = harness_probe.Client(f"http://{host}:{port}",
+                                      timeout_s=min(300.0, settings.health_timeout_s))
+        probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
+        engine_log = engine.container_logs(cid)
+    append_log(harness.log_path, f"engine server: {' '.join(spec.command)}", engine_log)
+    details.update({k: v for k, v in probe.items() if k not in ("status", "reason", "check")})
+    if probe["status"] == "fail":
+        details["engine_log_tail"] = log_tail(engine_log)
+    return LevelResult("model", probe["status"], probe.get("reason"), details=details)
+
+
+# --------------------------------------------------------------------------------------------
+# A cell
+# --------------------------------------------------------------------------------------------
+
+def image_under_test(ctx: Context, cell_id: str) -> str:
+    """The image id the build stage recorded; it must still be in Docker."""
+    record = journal.load(ctx.state, cell_id)
+    image_id = record.get("image_id")
+    if not image_id or journal.stage_status(record, "build") != "pass":
+        raise UsageError(f"{cell_id}: no passed build in the journal ({ctx.state.journal}); "
+                         f"run `infermatrix build --select {cell_id}` first")
+    if engine.image_id_of(image_id) is None:
+        raise StageFailure(f"{cell_id}: the built image {image_id} is no longer in Docker; "
+                           "rebuild it")
+    return image_id
+
+
+def timed_level(level: str, fn: Callable[[], LevelResult]) -> LevelResult:
+    started = time.monotonic()
+    try:
+        result = fn()
+    except (StageFailure, harness_probe.ProbeError) as exc:
+        result = LevelResult(level, "fail", str(exc))
+    except Exception as exc:  # noqa: BLE001 - a Docker API error fails the level, with why
+        result = LevelResult(level, "fail", f"{type(exc).__name__}: {exc}")
+    result.duration_s = time.monotonic() - started
+    return result
+
+
+def previous_levels(record: dict[str, Any], image_id: str) -> dict[str, Any]:
+    """Levels of an earlier smoke run of the same image (kept when a run redoes only some)."""
+    smoke = record.get("stages", {}).get("smoke", {})
+    details = smoke.get("details") or {}
+    if smoke.get("status") == "running" or details.get("image_id") != image_id:
+        return {}
+    return dict(details.get("levels") or {})
+
+
+def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None) -> SmokeResult:
+    """Run the requested levels on the cell's built image; record them in the journal."""
+    options = options or SmokeOptions()
+    if options.fixture not in FIXTURE_VARIANTS:
+        raise UsageError(f"unknown fixture variant {options.fixture!r} "
+                         f"(one of {', '.join(FIXTURE_VARIANTS)})")
+    levels = levels_to_run(ctx, options.levels)
+    image_id = image_under_test(ctx, plan.id)
+    gpu_here = host_has_gpu() if options.host_gpu is None else options.host_gpu
+    log_path = ctx.state.cell_log(plan.id, "smoke")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(f"smoke {plan.id} image {image_id} levels {','.join(levels)}\n")
+    kept = previous_levels(journal.load(ctx.state, plan.id), image_id)
+    journal.record_stage(ctx.state, plan.id, "smoke", "running", log=log_path,
+                         details={"image_id": image_id, "levels": kept})
+    started = time.monotonic()
+    result = SmokeResult(plan.id, image_id)
+    with sigterm_as_interrupt():
+        harness = Harness.for_image(image_id, log_path)
+        runners: dict[str, Callable[[], LevelResult]] = {
+            "static": lambda: run_static(ctx, plan, harness, level_timeout(ctx, "static")),
+            "gpu": lambda: run_gpu(ctx, plan, harness, level_timeout(ctx, "gpu"), gpu_here),
+            "model": lambda: run_model(ctx, plan, harness, level_timeout(ctx, "model"),
+                                       gpu_here, options),
+        }
+        for level in levels:
+            result.levels[level] = timed_level(level, runners[level])
+    all_levels = {**kept, **{n: lv.as_dict() for n, lv in result.levels.items()}}
+    status = overall_status([lv["status"] for lv in all_levels.values()])
+    details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
+               "harness": harness.where, "tokens_per_s": tokens_per_s(all_levels)}
+    journal.record_stage(ctx.state, plan.id, "smoke", status,
+                         duration_s=time.monotonic() - started, log=log_path,
+                         reason=result.reason, details=details)
+    return result
+
+
+def tokens_per_s(levels: dict[str, Any]) -> dict[str, Any] | None:
+    return (levels.get("model") or {}).get("tokens_per_s")
+
+
+def smoke_cells(ctx: Context, plans: list[CellPlan], options: SmokeOptions | None = None,
+                on_result: Callable[[SmokeResult], None] | None = None) -> list[SmokeResult]:
+    """Smoke each cell in turn (one engine server at a time: vLLM on CPU takes a core)."""
+    results = []
+    for plan in plans:
+        result = smoke_cell(ctx, plan, options)
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results

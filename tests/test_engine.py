@@ -1,0 +1,174 @@
+"""engine.py against the real Docker engine (plus its pure helpers)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from infermatrix import engine
+from infermatrix.errors import CommandFailed
+
+
+# ---- pure helpers -----------------------------------------------------------------------------
+
+def test_parse_client_version():
+    assert engine.parse_client_version("Docker version 20.10.24+dfsg1, build 297e128") == \
+        "20.10.24+dfsg1"
+    assert engine.parse_client_version("Docker version 28.2.2, build e6534b4") == "28.2.2"
+    assert engine.parse_client_version("garbage") is None
+
+
+def test_only_pre_23_clients_have_builtin_buildkit():
+    assert engine.classic_builder_has_buildkit("20.10.24+dfsg1")
+    assert not engine.classic_builder_has_buildkit("28.2.2")
+    assert not engine.classic_builder_has_buildkit("23.0.0")
+
+
+def test_build_argv_names_secret_ids_and_files_never_contents(tmp_path):
+    secret = tmp_path / "bundle.pem"
+    secret.write_text("-----BEGIN CERTIFICATE----- top secret")
+    request = engine.BuildRequest(context_dir=tmp_path, tag="x:1", target="kernel-a",
+                                  build_args={"MAX_JOBS": "2"}, secrets={"ca_bundle": secret})
+    classic = engine.BuildClient("/usr/bin/docker", "buildkit", "20.10.24")
+    argv = request.argv(classic)
+    assert argv[:2] == ["/usr/bin/docker", "build"]
+    assert f"id=ca_bundle,src={secret}" in argv
+    assert "--build-arg" in argv and "MAX_JOBS=2" in argv
+    assert not any("top secret" in a for a in argv)
+    buildx = engine.BuildClient("/usr/bin/docker", "buildx", "27.0.0")
+    assert request.argv(buildx)[:3] == ["/usr/bin/docker", "buildx", "build"]
+    assert "--load" in request.argv(buildx)
+
+
+def test_split_ref():
+    assert engine.split_ref("infermatrix-local/cell:build") == ("infermatrix-local/cell", "build")
+    assert engine.split_ref("127.0.0.1:5000/repo") == ("127.0.0.1:5000/repo", "latest")
+    assert engine.split_ref("127.0.0.1:5000/repo:t") == ("127.0.0.1:5000/repo", "t")
+
+
+# ---- the real engine ----------------------------------------------------------------------------
+
+
+
+@pytest.fixture()
+def scratch_tag():
+    tag = f"infermatrix-test/engine-{uuid.uuid4().hex[:8]}:t"
+    yield tag
+    engine.remove_image(tag, force=True)
+
+
+@pytest.mark.docker
+def test_client_detection_picks_a_buildkit_client(docker_available):
+    client = engine.build_client()
+    assert client.mode in ("buildx", "buildkit")
+    if client.mode == "buildkit":
+        assert engine.classic_builder_has_buildkit(client.version)
+
+
+@pytest.mark.docker
+def test_build_with_secret_args_labels_then_inspect_tag_copy_run(
+        docker_available, built_base, scratch_tag, tmp_path, caplog):
+    secret = tmp_path / "token.txt"
+    secret.write_text("s3cr3t-value-never-logged\n")
+    token_sha = hashlib.sha256(secret.read_bytes()).hexdigest()
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {built_base}\n"
+        "ARG GREETING\n"
+        "ARG TOKEN_SHA\n"
+        "RUN --mount=type=secret,id=token echo \"$TOKEN_SHA  /run/secrets/token\" | sha256sum -c -"
+        " && echo \"$GREETING\" > /greeting && mkdir -p /out && echo data > /out/file.txt\n"
+        'CMD ["sh", "-c", "cat /greeting; echo to-stderr >&2; sleep 60"]\n')
+    log_path = tmp_path / "build.log"
+    with caplog.at_level(logging.INFO, logger="infermatrix.commands"):
+        image_id = engine.build_image(context, tag=scratch_tag, build_args={"GREETING": "hello", "TOKEN_SHA": token_sha},
+                                      secrets={"token": secret}, labels={"io.infermatrix.test": "1"},
+                                      log_path=log_path, timeout=600)
+    assert image_id.startswith("sha256:")
+    assert engine.image_id_of(scratch_tag) == image_id
+    assert engine.image_labels(scratch_tag)["io.infermatrix.test"] == "1"
+    logged = log_path.read_text() + caplog.text
+    assert f"id=token,src={secret}" in logged and "GREETING=hello" in logged
+    assert "s3cr3t-value-never-logged" not in logged
+    # The secret is not in any layer: the image's files do not hold it.
+    copied = engine.copy_from_image(image_id, ["/out", "/greeting", "/run/secrets/token",
+                                               "/no/such/path"], tmp_path / "copied")
+    assert (tmp_path / "copied" / "out" / "file.txt").read_text() == "data\n"
+    assert (tmp_path / "copied" / "greeting").read_text() == "hello\n"
+    assert "/no/such/path" not in copied
+    secret_copy = tmp_path / "copied" / "token"
+    assert not secret_copy.exists() or secret_copy.read_text() == ""
+
+    other = scratch_tag.replace(":t", ":t2")
+    engine.tag_image(image_id, other)
+    try:
+        assert engine.image_id_of(other) == image_id
+    finally:
+        assert engine.remove_image(other)
+    assert not engine.remove_image(other)
+
+    container = engine.run_container(image_id, env={"A": "1"}, shm_size="128m",
+                                     labels={"io.infermatrix.test": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while "hello" not in engine.container_logs(container) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        logs = engine.container_logs(container)
+        assert "hello" in logs and "to-stderr" in logs
+        assert engine.container_status(container)["Status"] == "running"
+        code, out = engine.exec_in_container(container, ["sh", "-c", "echo $A; df -m /dev/shm"])
+        assert code == 0 and out.startswith("1\n") and " 128 " in out
+        engine.stop_container(container, timeout=1)
+        assert engine.container_status(container)["Status"] == "exited"
+    finally:
+        engine.remove_container(container)
+
+
+@pytest.mark.docker
+def test_target_stage_exported_to_a_local_directory(docker_available, built_base, tmp_path):
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        "ARG BASE=scratch\n"
+        f"FROM {built_base} AS kernel-demo\n"
+        "RUN mkdir -p /wheels && echo wheel > /wheels/demo-0.1-py3-none-any.whl\n"
+        "FROM ${BASE} AS runtime\n"
+        "COPY --from=kernel-demo /wheels /w\n")
+    out = tmp_path / "out"
+    assert engine.build_image(context, target="kernel-demo", output_dir=out,
+                              build_args={"BASE": built_base}, timeout=600) == ""
+    assert (out / "wheels" / "demo-0.1-py3-none-any.whl").read_text() == "wheel\n"
+
+
+@pytest.mark.docker
+def test_failed_build_carries_the_command_and_log_tail(docker_available, built_base, tmp_path):
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {built_base}\nRUN echo this-build-breaks-on-purpose && exit 7\n")
+    with pytest.raises(CommandFailed) as failure:
+        engine.build_image(context, log_path=tmp_path / "b.log", timeout=600)
+    assert "this-build-breaks-on-purpose" in failure.value.log_tail
+    assert "build" in failure.value.command and str(context) in failure.value.command
+
+
+@pytest.mark.docker
+def test_import_rootfs(docker_available, tmp_path, scratch_tag):
+    import tarfile
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "marker").write_text("imported\n")
+    tarball = tmp_path / "rootfs.tar"
+    with tarfile.open(tarball, "w") as archive:
+        archive.add(rootfs, arcname=".")
+    image_id = engine.import_rootfs(tarball, scratch_tag, changes=['LABEL io.infermatrix.test="x"'])
+    assert engine.image_labels(image_id)["io.infermatrix.test"] == "x"
+    engine.copy_from_image(image_id, ["/etc/marker"], tmp_path / "got")
+    assert (tmp_path / "got" / "marker").read_text() == "imported\n"

