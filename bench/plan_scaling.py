@@ -22,7 +22,7 @@ from infermatrix.index import ReleaseMetadata  # noqa: E402
 from infermatrix.plan import plan_matrix  # noqa: E402
 
 
-def synthetic_source(name: str, version: str) -> ReleaseMetadata:
+def synthetic_source(name: str, version: str, machine: str = "x86_64") -> ReleaseMetadata:
     if name == "torch":
         req = 'cuda-toolkit[cudart]==13.0.2; platform_system == "Linux"'
     else:  # each engine release pins one of the torch releases

@@ -26,7 +26,7 @@ RECORDED: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
-def recorded_metadata(name: str, version: str) -> ReleaseMetadata:
+def recorded_metadata(name: str, version: str, machine: str = "x86_64") -> ReleaseMetadata:
     try:
         requires = RECORDED[(name, version)]
     except KeyError:

@@ -110,7 +110,7 @@ def test_engine_missing_from_index_is_pruned(tmp_path):
 
 
 def test_unreachable_index_is_unresolved_not_pruned(tmp_path):
-    def down(name: str, version: str):
+    def down(name: str, version: str, machine: str = "x86_64"):
         raise IndexUnavailable("connection refused")
     ctx = mini_context(tmp_path)
     plans = {p.id: p for p in plan_matrix(ctx, source=down)}
@@ -160,3 +160,21 @@ def test_bases_select_picks_a_base_per_cell(tmp_path):
     plans = plans_by_id(tmp_path, text)
     assert plans["cu130-torch2.11.0-sglang0.5.11-sm120"].settings.base == "wheels13"
     assert plans["cpu-torch2.13.0-vllm-cpu0.32.0-cpu"].settings.base == "bookworm"
+
+
+def test_sm121_cells_are_arm64_images(tmp_path):
+    """GB10 machines (DGX Spark) have an Arm CPU: their cells are linux/arm64 images, and the
+    engine's metadata is read from its aarch64 wheel."""
+    asked: list[str] = []
+
+    def source(name: str, version: str, machine: str = "x86_64"):
+        asked.append(machine)
+        return recorded_metadata(name, version, machine)
+    ctx = mini_context(tmp_path)
+    plans = {p.id: p for p in plan_matrix(ctx, source=source, select=["cu130-*-sm12?"])}
+    assert plans["cu130-torch2.11.0-sglang0.5.11-sm121"].settings.platform == "linux/arm64"
+    assert plans["cu130-torch2.11.0-sglang0.5.11-sm120"].settings.platform == "linux/amd64"
+    assert {"x86_64", "aarch64"} <= set(asked)
+    text = MINI.replace("python: \"3.11\"", "python: \"3.11\"\nplatforms: {sm_121: linux/amd64}")
+    plan = plans_by_id(tmp_path, text)["cu130-torch2.11.0-sglang0.5.11-sm121"]
+    assert plan.settings.platform == "linux/amd64"

@@ -47,11 +47,11 @@ class ReleaseMetadata:
     url: str  # where a user can see it
     requires_dist: tuple[str, ...]
 
-    def pins_for(self, dependency: str) -> list[Requirement]:
-        """Requirements on `dependency` that apply on Linux x86_64 (markers evaluated)."""
+    def pins_for(self, dependency: str, machine: str = "x86_64") -> list[Requirement]:
+        """Requirements on `dependency` that apply on Linux `machine` (markers evaluated)."""
         wanted = canonicalize_name(dependency)
         env = {"sys_platform": "linux", "platform_system": "Linux",
-               "platform_machine": "x86_64", "extra": ""}
+               "platform_machine": machine, "extra": ""}
         found: list[Requirement] = []
         for line in self.requires_dist:
             try:
@@ -136,8 +136,8 @@ def _metadata_from_wheel(url: str, size: int) -> bytes:
         return wheel.read(member)
 
 
-def _pick_wheel(files: list[dict], version: str) -> dict:
-    """A Linux x86_64 (or pure-Python) wheel of exactly `version`, preferring CPython 3.12."""
+def _pick_wheel(files: list[dict], version: str, machine: str = "x86_64") -> dict:
+    """A Linux `machine` (or pure-Python) wheel of exactly `version`, preferring CPython 3.12."""
     def score(entry: dict) -> int | None:
         name = entry["filename"]
         if not name.endswith(".whl") or entry.get("yanked"):
@@ -148,13 +148,13 @@ def _pick_wheel(files: list[dict], version: str) -> dict:
         platforms = {t.platform for t in tags}
         if "any" in platforms:
             return 1
-        if any("x86_64" in p and ("linux" in p) for p in platforms):
+        if any(p.endswith(machine) and "linux" in p for p in platforms):
             return 3 if any(t.interpreter in ("cp312", "py3", "cp38", "cp39") or t.abi == "abi3"
                             for t in tags) else 2
         return None
     ranked = [(s, f) for f in files if (s := score(f)) is not None]
     if not ranked:
-        raise NotOnIndex(f"no Linux x86_64 wheel for version {version}")
+        raise NotOnIndex(f"no Linux {machine} wheel for version {version}")
     return max(ranked, key=lambda pair: pair[0])[1]
 
 
@@ -164,19 +164,21 @@ class MetadataCache:
     def __init__(self, root: Path, offline: bool = False, index: str | None = None) -> None:
         self.root, self.offline, self.index = root, offline, (index or index_url())
 
-    def _path(self, name: str, version: str) -> Path:
+    def _path(self, name: str, version: str, machine: str) -> Path:
         safe_index = "".join(c if c.isalnum() else "_" for c in self.index)[-60:]
-        return self.root / safe_index / f"{canonicalize_name(name)}-{version}.json"
+        suffix = "" if machine == "x86_64" else f"-{machine}"
+        return self.root / safe_index / f"{canonicalize_name(name)}-{version}{suffix}.json"
 
-    def release(self, name: str, version: str) -> ReleaseMetadata:
-        path = self._path(name, version)
+    def release(self, name: str, version: str, machine: str = "x86_64") -> ReleaseMetadata:
+        """Metadata of `name==version` as its Linux `machine` wheel declares it."""
+        path = self._path(name, version, machine)
         if path.is_file():
             return ReleaseMetadata(**{k: tuple(v) if k == "requires_dist" else v
                                       for k, v in json.loads(path.read_text()).items()})
         if self.offline:
             raise IndexUnavailable(
                 f"offline: no cached metadata for {name}=={version} (run once online to fill {self.root})")
-        meta = self._fetch(name, version)
+        meta = self._fetch(name, version, machine)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta.__dict__ | {"requires_dist": list(meta.requires_dist)},
@@ -184,10 +186,10 @@ class MetadataCache:
         tmp.replace(path)
         return meta
 
-    def _fetch(self, name: str, version: str) -> ReleaseMetadata:
+    def _fetch(self, name: str, version: str, machine: str) -> ReleaseMetadata:
         project_url = f"{self.index}/{canonicalize_name(name)}/"
         listing = json.loads(_http_get(project_url, {"Accept": SIMPLE_JSON}))
-        wheel = _pick_wheel(listing.get("files", []), version)
+        wheel = _pick_wheel(listing.get("files", []), version, machine)
         if wheel.get("core-metadata") or wheel.get("data-dist-info-metadata"):
             raw = _http_get(wheel["url"] + ".metadata")
         else:

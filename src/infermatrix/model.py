@@ -86,6 +86,7 @@ class CellSettings:
     python: str
     base: str  # key of `bases` in matrix.yaml
     engine_package: str | None  # distribution to install ("sglang"); None for a bare fixture
+    platform: str = "linux/amd64"  # image platform: the CPU of the machines the GPU comes in
     kernels: list[str] = field(default_factory=list)  # keys of build.kernels to compile
     attention_backend: str | None = None
     engine_args: list[str] = field(default_factory=list)  # launch flags (model card + per arch)

@@ -71,7 +71,8 @@ def run_pipeline(ctx: Context, options: PipelineOptions) -> tuple[int, list[Step
     from . import stages  # the adapters to each stage module
 
     outcomes: list[StepOutcome] = []
-    plans = plan_matrix(ctx, options.select, options.skip)
+    from .lock import prune_unsatisfiable
+    plans = prune_unsatisfiable(ctx, plan_matrix(ctx, options.select, options.skip))
     record_plan(ctx, plans)
     planned = [p for p in plans if p.planned]
     unresolved = [p.id for p in plans if p.status == "unresolved"]

@@ -20,7 +20,10 @@ from .rules import (EngineFacts, choose_attention_backend, cuda_of_requirements,
                     exact_pin, load_rules, torch_variant)
 from .selectors import Selection, matches
 
-MetadataSource = Callable[[str, str], ReleaseMetadata]
+# (name, version, machine) -> metadata of that release's Linux wheel for the machine
+MetadataSource = Callable[..., ReleaseMetadata]
+
+MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
 
 def _parse_engine(spec: str) -> tuple[str, str]:
@@ -59,13 +62,13 @@ class FactGatherer:
     """Engine facts from package metadata, read once per release (memoised)."""
 
     source: MetadataSource
-    _engine: dict[tuple[str, str], EngineFacts | Exception] = field(default_factory=dict)
+    _engine: dict[tuple[str, str, str], EngineFacts | Exception] = field(default_factory=dict)
 
-    def facts(self, package: str, version: str) -> EngineFacts:
-        key = (package, version)
+    def facts(self, package: str, version: str, machine: str = "x86_64") -> EngineFacts:
+        key = (package, version, machine)
         if key not in self._engine:
             try:
-                self._engine[key] = self._read(package, version)
+                self._engine[key] = self._read(package, version, machine)
             except (IndexUnavailable, NotOnIndex) as exc:
                 self._engine[key] = exc
         value = self._engine[key]
@@ -73,16 +76,20 @@ class FactGatherer:
             raise value
         return value
 
-    def _read(self, package: str, version: str) -> EngineFacts:
-        meta = self.source(package, version)
-        pins = tuple(str(r) for r in meta.pins_for("torch"))
+    def _read(self, package: str, version: str, machine: str) -> EngineFacts:
+        meta = self._release(package, version, machine)
+        pins = tuple(str(r) for r in meta.pins_for("torch", machine))
         pinned = exact_pin(pins) if pins else None
         torch_cuda = None
         if pinned:
             public = pinned.split("+", 1)[0]
-            torch_cuda = cuda_of_requirements(self.source("torch", public).requires_dist)
+            torch_meta = self._release("torch", public, machine)
+            torch_cuda = cuda_of_requirements(torch_meta.requires_dist)
         return EngineFacts(metadata_url=meta.url, torch_pins=pins, pinned_torch=pinned,
                            torch_cuda=torch_cuda)
+
+    def _release(self, name: str, version: str, machine: str) -> ReleaseMetadata:
+        return self.source(name, version, machine)
 
 
 def base_for(cell: Cell, m: Matrix) -> str:
@@ -91,6 +98,14 @@ def base_for(cell: Cell, m: Matrix) -> str:
         if matches(entry["cells"], cell.id):
             return entry["base"]
     return m.bases["default"]
+
+
+def platform_for(cell: Cell, m: Matrix) -> str:
+    """The image platform: matrix.yaml `platforms:` first, then the arch's machines (rules)."""
+    override = m.data.get("platforms", {}).get(cell.arch)
+    if override:
+        return override
+    return load_rules()["arch-platform"]["platforms"].get(cell.arch.rstrip("af"), "linux/amd64")
 
 
 def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
@@ -118,7 +133,7 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
         engine_index = (variant.get("wheel") or variant.get("index") or "").format(
             version=cell.engine_version)
     return CellSettings(
-        python=m.python, base=base_for(cell, m), engine_package=engine.get("package"),
+        python=m.python, base=base_for(cell, m), platform=platform_for(cell, m), engine_package=engine.get("package"),
         kernels=list(engine.get("kernels", [])), attention_backend=backend, engine_args=args,
         env=dict(sorted(env.items())), torch_index=torch_index, engine_index=engine_index,
         engine_cuda=facts.torch_cuda if facts else None, source_urls=sources)
@@ -129,13 +144,15 @@ def plan_cell(cell: Cell, origin: str, m: Matrix, gatherer: FactGatherer) -> Cel
     facts: EngineFacts | None = None
     unresolved: str | None = None
     verdicts: list[Verdict] = []
+    machine = MACHINES[platform_for(cell, m)]
     if engine.get("package"):
         try:
-            facts = gatherer.facts(engine["package"], cell.engine_version)
+            facts = gatherer.facts(engine["package"], cell.engine_version, machine)
         except NotOnIndex as exc:
             verdicts.append(Verdict("engine-on-index",
                                     f"{engine['package']} {cell.engine_version} is not on the "
-                                    f"package index for Linux x86_64 ({exc})", str(exc).split(":")[0]))
+                                    f"package index for Linux {machine} ({exc})",
+                                    str(exc).split(":")[0]))
         except IndexUnavailable as exc:
             unresolved = f"index unreachable: {exc}"
     verdicts += evaluate(cell, m, facts)

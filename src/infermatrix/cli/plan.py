@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..context import Context, setup_command_log
 from ..model import CellPlan
+from ..lock import prune_unsatisfiable
 from ..plan import plan_matrix
 from . import common_options, selection_options
 
@@ -54,7 +55,8 @@ def plan_table(plans: list[CellPlan]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, plans = load_plans(args)
+    ctx, plans = load_plans(args)
+    prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
     if args.planned:
         plans = [p for p in plans if p.planned]
     if args.json:
