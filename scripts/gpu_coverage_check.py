@@ -6,9 +6,11 @@ Runs on any host with an NVIDIA GPU, its driver, nvcc and cuobjdump (no Docker, 
     PYTHONPATH=src python3 scripts/gpu_coverage_check.py --out verdicts.md
 
 For each case it compiles one tiny kernel into a shared object for some targets (cubins and/or
-PTX), asks the audit (infermatrix.audit.list_device_code -> cuobjdump, infermatrix.coverage
-.decide) whether that object runs on this GPU's compute capability, then launches the kernel in
-a fresh process (CUDA runtime, JIT cache off) and checks its result. It prints a Markdown table
+PTX), asks the audit (infermatrix.audit.list_device_code: cuobjdump plus the fat binary headers,
+then infermatrix.coverage.decide) whether that object runs on this GPU's compute capability,
+then launches the kernel in a fresh process (JIT cache off) and checks its result: through the
+CUDA runtime for kernels in .nv_fatbin, through cuModuleLoadData for a fat binary the library
+keeps in its own data (as cuFFT does). It prints a Markdown table
 of verdict against launch and exits 1 if any case disagrees (2 when nothing could run).
 If torch is installed, libtorch_cuda.so gets the same treatment (verdict vs a real torch op).
 `--dry-run` compiles and judges without launching (for machines without a GPU).
@@ -79,6 +81,12 @@ CASES: list[tuple[str, list[str]]] = [
     ("sm_120a + sm_100a cubins", ["arch=compute_120a,code=sm_120a",
                                   "arch=compute_100a,code=sm_100a"]),
 ]
+# Fat binaries kept in the library's data and loaded with cuModuleLoadData.
+EMBEDDED_CASES: list[tuple[str, list[str]]] = [
+    ("embedded fatbin: sm_90 cubin", ["arch=compute_90,code=sm_90"]),
+    ("embedded fatbin: sm_80 cubin only", ["arch=compute_80,code=sm_80"]),
+    ("embedded fatbin: compute_80 PTX only", ["arch=compute_80,code=compute_80"]),
+]
 
 
 @dataclass
@@ -134,10 +142,31 @@ def compile_case(nvcc: str, source: Path, gencodes: list[str], out: Path) -> str
     return None if done.returncode == 0 else (done.stderr or done.stdout).strip()[-300:]
 
 
-def launch_in_child(library: Path) -> dict:
+def compile_embedded_case(nvcc: str, source: Path, gencodes: list[str], out: Path) -> str | None:
+    """A library with no .nv_fatbin (as cuFFT keeps its kernels): the kernel's fat binary is a
+    byte array in its data, which the child loads with the driver API (cuModuleLoadData)."""
+    fatbin = out.with_suffix(".fatbin")
+    argv = [nvcc, "-fatbin", "-o", str(fatbin), str(source)]
+    for gencode in gencodes:
+        argv += ["-gencode", gencode]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        return (done.stderr or done.stdout).strip()[-300:]
+    data = fatbin.read_bytes()
+    blob = out.parent / "blob.c"
+    blob.write_text("const unsigned char fatbin_blob[] __attribute__((aligned(8))) = {"
+                    + ",".join(str(b) for b in data) + "};\n")
+    cc = shutil.which("cc") or shutil.which("gcc") or "cc"
+    done = subprocess.run([cc, "-shared", "-fPIC", "-o", str(out), str(blob)],
+                          capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr or done.stdout).strip()[-300:]
+
+
+def launch_in_child(library: Path, driver: bool = False) -> dict:
     """Launch the kernel in a fresh process with the JIT cache off (a real first load)."""
     env = dict(os.environ, CUDA_CACHE_DISABLE="1")
-    done = subprocess.run([sys.executable, __file__, "--launch", str(library)],
+    mode = "--launch-driver" if driver else "--launch"
+    done = subprocess.run([sys.executable, __file__, mode, str(library)],
                           capture_output=True, text=True, env=env, timeout=120)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -158,10 +187,52 @@ def launch_here(library: str) -> None:
                    "ran": bool(ok.value), "ms": round(ms, 1)}
     else:
         name = lib.error_name(err).decode()
-        label = "no kernel image" if name == "cudaErrorNoKernelImageForDevice" else name
+        no_image = name in ("cudaErrorNoKernelImageForDevice", "CUDA_ERROR_NO_BINARY_FOR_GPU")
+        label = "no kernel image" if no_image else name
         outcome = {"launch": f"{label} ({name})" if label != name else name, "ran": False,
                    "ms": round(ms, 1)}
     print(json.dumps(outcome))
+
+
+def launch_with_driver(library: str) -> None:
+    """cuModuleLoadData on the library's embedded fat binary, then cuLaunchKernel."""
+    from ctypes import byref, c_float, c_int, c_size_t, c_uint64, c_void_p, cast
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    blob = ctypes.c_char.in_dll(ctypes.CDLL(library), "fatbin_blob")
+    n = 256
+    device, context, module, function = c_int(), c_void_p(), c_void_p(), c_void_p()
+    dev, count = c_uint64(), c_int(n)
+    started = time.perf_counter()
+    steps = [lambda: cuda.cuInit(0), lambda: cuda.cuDeviceGet(byref(device), 0),
+             lambda: cuda.cuDevicePrimaryCtxRetain(byref(context), device),
+             lambda: cuda.cuCtxSetCurrent(context),
+             lambda: cuda.cuModuleLoadData(byref(module), c_void_p(ctypes.addressof(blob))),
+             lambda: cuda.cuModuleGetFunction(byref(function), module, b"add_one"),
+             lambda: cuda.cuMemAlloc_v2(byref(dev), c_size_t(n * 4)),
+             lambda: cuda.cuMemsetD32_v2(dev, 0, c_size_t(n))]
+    args = (c_void_p * 2)(cast(byref(dev), c_void_p), cast(byref(count), c_void_p))
+    host = (c_float * n)()
+    steps += [lambda: cuda.cuLaunchKernel(function, 1, 1, 1, n, 1, 1, 0, None, args, None),
+              lambda: cuda.cuCtxSynchronize(),
+              lambda: cuda.cuMemcpyDtoH_v2(host, dev, c_size_t(n * 4))]
+    err = 0
+    for step in steps:
+        err = step()
+        if err:
+            break
+    ms = round((time.perf_counter() - started) * 1000, 1)
+    if err:
+        name = ctypes.c_char_p()
+        cuda.cuGetErrorName(err, byref(name))
+        text = (name.value or b"?").decode()
+        label = "no kernel image" if text == "CUDA_ERROR_NO_BINARY_FOR_GPU" else text
+        print(json.dumps({"launch": f"{label} ({text})" if label != text else text,
+                          "ran": False, "ms": ms}))
+        return
+    correct = all(v == 1.0 for v in host)
+    print(json.dumps({"launch": "ran, result correct" if correct else "ran, WRONG result",
+                      "ran": correct, "ms": ms}))
 
 
 def torch_row(cc: Arch, cuobjdump: str, dry_run: bool) -> Row | None:
@@ -194,7 +265,7 @@ def torch_row(cc: Arch, cuobjdump: str, dry_run: bool) -> Row | None:
 
 def table(rows: list[Row], cc: Arch, header: str) -> str:
     lines = [header, "",
-             f"| case | nvcc -gencode | cubins (cuobjdump) | PTX (cuobjdump) | audit verdict for "
+             f"| case | nvcc -gencode | cubins (audit) | PTX (audit) | audit verdict for "
              f"{cc.sm} | launch on the GPU | first launch ms | agree |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -214,10 +285,14 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="judge without launching")
     parser.add_argument("--cc", help="compute capability to judge for with --dry-run (9.0)")
     parser.add_argument("--no-torch", action="store_true", help="leave out libtorch_cuda.so")
-    parser.add_argument("--launch", help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--launch", help=argparse.SUPPRESS)  # child modes
+    parser.add_argument("--launch-driver", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.launch:
         launch_here(args.launch)
+        return 0
+    if args.launch_driver:
+        launch_with_driver(args.launch_driver)
         return 0
     cc = Arch.parse(args.cc) if args.dry_run and args.cc else gpu_compute_capability()
     nvcc, cuobjdump = find_nvcc(), find_cuobjdump()
@@ -226,12 +301,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-coverage-") as tmp:
         source = Path(tmp) / "kernel.cu"
         source.write_text(KERNEL)
-        for index, (name, gencodes) in enumerate(CASES):
-            library = Path(tmp) / f"case{index}.so"
+        cases = [(n, g, compile_case) for n, g in CASES] + \
+            [(n, g, compile_embedded_case) for n, g in EMBEDDED_CASES]
+        for index, (name, gencodes, build) in enumerate(cases):
+            library = Path(tmp) / f"case{index}" / "lib.so"
+            library.parent.mkdir()
             targets = " ".join(gencodes)
-            error = compile_case(nvcc, source, gencodes, library)
+            error = build(nvcc, source, gencodes, library)
             if error:
-                rows.append(Row(name, targets, "", "", None, f"nvcc cannot build it: {error}",
+                error = " ".join(error.split())
+                rows.append(Row(name, targets, "", "", None, f"could not build it: {error}",
                                 None, None))
                 continue
             try:
@@ -242,7 +321,8 @@ def main() -> int:
                 continue
             verdict = decide(code, cc)
             outcome = ({"launch": "not launched (--dry-run)", "ran": None, "ms": None}
-                       if args.dry_run else launch_in_child(library))
+                       if args.dry_run else
+                       launch_in_child(library, driver=build is compile_embedded_case))
             rows.append(Row(name, targets, " ".join(a.sm for a in code.cubins),
                             " ".join(a.compute for a in code.ptx), verdict, outcome["launch"],
                             outcome["ran"], outcome["ms"]))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from infermatrix import audit
-from infermatrix.audit import (FAIL, PASS, SKIP, AuditedObject, AuditResult, DeviceCodeCache,
+from infermatrix.audit import (FAIL, PASS, AuditedObject, AuditResult, DeviceCodeCache,
                                ImageFacts, check_cuda_major, check_kernels, check_pins, check_pip,
                                check_torch_cuda, copy_rounds, cuda_majors, list_device_code,
                                parse_probe_output, version_matches)
@@ -290,10 +290,12 @@ def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
     (mount / "py").mkdir(parents=True)
     (mount / "py" / "elftools").symlink_to(Path(elftools.__file__).parent)
     (mount / "uv").symlink_to(__import__("infermatrix.lock").lock.uv_bin())
-    script = ("import site, sys; site.getsitepackages = lambda: [sys.argv.pop(3)]\n"
+    script = ("import site, sys; site.getsitepackages = lambda: [sys.argv.pop()]\n"
               + audit.PROBE)
-    done = subprocess.run([sys.executable, "-I", "-c", script, str(mount), audit.MARKER,
-                           str(site)], capture_output=True, text=True, timeout=300)
+    args = audit.probe_args()[2:]
+    args[0] = str(mount)
+    done = subprocess.run([sys.executable, "-I", "-c", script, *args, str(site)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     data = parse_probe_output(done.stdout)
     objects = {o["rel"]: o for o in data["objects"]}
@@ -308,7 +310,8 @@ def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
 def test_not_loaded_rules_waive_objects_the_engine_never_loads_on_that_arch() -> None:
     rules = audit.not_loaded_rules({"audit": {"not_loaded": [
         {"path": "sgl_kernel/sm90/*", "arch": ["sm_120", "sm_121"],
-         "reason": "sgl_kernel imports sm90/ only on SM 9.x", "source": "sgl_kernel/load_utils.py"}]}})
+         "reason": "sgl_kernel imports sm90/ only on SM 9.x",
+         "source": "sgl_kernel/load_utils.py"}]}})
     image = facts(objects=[
         {**so("sgl_kernel/sm90/common_ops.so", gpu=True), "sha256": "a" * 64},
         {**so("sgl_kernel/sm100/common_ops.so", gpu=True), "sha256": "b" * 64}])
@@ -336,9 +339,69 @@ def test_matrix_audit_section_is_validated(tmp_path: Path) -> None:
                      "       reason: loaded on SM 9.x only}\n")
     (tmp_path / "good.yaml").write_text(good)
     rules = audit.not_loaded_rules(load_matrix(tmp_path / "good.yaml").data)
-    assert rules == [audit.NotLoaded("sgl_kernel/sm90/*", "loaded on SM 9.x only", (Arch(12, 0),))]
+    assert rules[len(audit.DEFAULT_NOT_LOADED):] == [
+        audit.NotLoaded("sgl_kernel/sm90/*", "loaded on SM 9.x only", (Arch(12, 0),))]
     bad = source + "audit:\n  not_loaded:\n    - {path: 'x/*.so'}\n"
     (tmp_path / "bad.yaml").write_text(bad)
     with pytest.raises(ConfigError, match="reason") as error:
         load_matrix(tmp_path / "bad.yaml")
     assert error.value.line is not None and error.value.line > source.count("\n")
+
+
+@needs_nvcc
+def test_header_scan_agrees_with_cuobjdump_and_sees_family_cubins(tmp_path: Path) -> None:
+    """coverage.scan_fatbins against cuobjdump, the oracle, on objects nvcc builds here."""
+    from infermatrix.coverage import device_code_from_listings
+
+    lib = compile_so(tmp_path, "lib.so", "arch=compute_120a,code=sm_120a",
+                     "arch=compute_90a,code=sm_90a", "arch=compute_100f,code=compute_100f",
+                     "arch=compute_80,code=[sm_80,compute_80]")
+    tool = audit.find_cuobjdump()
+    listings = [subprocess.run([tool, flag, str(lib)], capture_output=True, text=True).stdout
+                for flag in ("--list-elf", "--list-ptx")]
+    assert audit.embedded_fatbins(lib) == device_code_from_listings(*listings)
+    family = compile_so(tmp_path, "family.so", "arch=compute_120f,code=sm_120f")
+    assert audit.embedded_fatbins(family).cubins == (Arch(12, 0, "f"),)
+    code = list_device_code(family)  # cuobjdump says sm_120; the header says sm_120f
+    assert decide(code, "sm_121").coverage is Coverage.FAMILY
+
+
+def test_embedded_fatbin_of_a_library_data_section(tmp_path: Path) -> None:
+    """A container in a data section (as cuFFT keeps its kernels), invisible to cuobjdump."""
+    from tests.test_coverage import container
+
+    lib = tmp_path / "libfake_cufft.so"
+    lib.write_bytes(b"\x7fELF" + b"\0" * 60 + container((2, 120, 0), (1, 90, 0)) + b"tail")
+    assert audit.embedded_fatbins(lib) == DeviceCode((Arch(12, 0),), (Arch(9, 0),))
+
+
+def test_built_in_waiver_for_cufftw_holds_only_while_nothing_links_it() -> None:
+    rules = audit.not_loaded_rules({})
+    stub = {**so("nvidia/cu13/lib/libcufftw.so.12", gpu=True), "sha256": "c" * 64}
+    codes = {"c" * 64: DeviceCode((Arch(7, 5),))}
+    [obj] = audit.audited_objects(facts(objects=[stub]), codes, [Arch(12, 1)], rules)
+    assert obj.covered and "FFTW" in obj.waivers["sm_121"]
+    user = so("x/_ext.so", needed=["libcufftw.so.12"])
+    [obj] = audit.audited_objects(facts(objects=[stub, user]), codes, [Arch(12, 1)], rules)
+    assert not obj.covered and obj.waivers == {}
+
+
+@needs_nvcc
+def test_relocatable_fatbins_are_left_out_like_cuobjdump_does(tmp_path: Path) -> None:
+    """-rdc objects carry __nv_relfatbin (device-link input, never loaded) beside .nv_fatbin."""
+    source = tmp_path / "k.cu"
+    source.write_text(KERNEL)
+    obj = tmp_path / "k.o"
+    subprocess.run([nvcc, "-rdc=true", "-Xcompiler", "-fPIC", "-c", "-o", str(obj), str(source),
+                    "-gencode", "arch=compute_120a,code=sm_120a"], check=True, capture_output=True)
+    lib = tmp_path / "librdc.so"
+    subprocess.run([nvcc, "-shared", "-rdc=true", "-o", str(lib), str(obj), "-gencode",
+                    "arch=compute_120a,code=sm_120a"], check=True, capture_output=True)
+    with open(lib, "rb") as handle:
+        ranges = audit.relocatable_fatbin_ranges(handle)
+    from infermatrix.coverage import parse_listing
+
+    assert len(ranges) == 1 and ranges[0][1] > 0  # the __nv_relfatbin section
+    tool = audit.find_cuobjdump()
+    listed = subprocess.run([tool, "--list-elf", str(lib)], capture_output=True, text=True).stdout
+    assert audit.embedded_fatbins(lib).cubins == tuple(sorted(set(parse_listing(listed))))

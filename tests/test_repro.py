@@ -47,7 +47,8 @@ def _tar(members: list[tuple[str, str, bytes | str, int]]) -> bytes:
 BASE = [("etc", "dir", b"", 0o755), ("etc/os-release", "file", b"bookworm\n", 0o644),
         ("usr/bin/python3", "file", b"\x7fELF...", 0o755),
         ("usr/bin/python", "symlink", "python3", 0o777),
-        ("usr/bin/python3.11", "hardlink", "usr/bin/python3", 0o755), (".dockerenv", "file", b"", 0o755)]
+        ("usr/bin/python3.11", "hardlink", "usr/bin/python3", 0o755),
+        (".dockerenv", "file", b"", 0o755)]
 
 
 def _manifest(members) -> dict[str, repro.Entry]:

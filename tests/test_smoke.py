@@ -93,3 +93,16 @@ def test_harness_timeout_and_missing_result_fail_the_level():
     status, reason, details = smoke.harness_level(
         "gpu", 0, {"status": "skip", "reason": "no GPU", "check": "gpu", "arch": "sm_120"}, "", 30)
     assert (status, reason, details) == ("skip", "no GPU", {"arch": "sm_120"})
+
+
+def test_an_audit_of_the_same_image_since_its_build_is_reused():
+    image = "sha256:" + "c" * 64
+    record = {"stages": {
+        "build": {"status": "pass", "finished": "2026-11-30T10:00:00Z"},
+        "audit": {"status": "fail", "finished": "2026-11-30T10:05:00Z", "reason": "uncovered",
+                  "details": {"image": image, "checks": []}}}}
+    assert smoke.recorded_audit(record, image)["reason"] == "uncovered"
+    record["stages"]["build"]["finished"] = "2026-11-30T11:00:00Z"  # rebuilt since
+    assert smoke.recorded_audit(record, image) is None
+    record["stages"]["audit"]["status"] = "running"
+    assert smoke.recorded_audit(record, image) is None

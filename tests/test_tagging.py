@@ -118,3 +118,12 @@ def test_unbuilt_or_untested_or_running_cells_are_not_tagged(state):
     rec = record_with(state, CPU_CELL, {"static": level("pass"), "model": level("pass")},
                       smoke_status="running")
     assert not decide(rec, STRICT, CPU_CELL).allowed
+
+
+def test_a_failed_audit_recorded_after_smoke_refuses_the_tag(state):
+    record_with(state, CPU_CELL, {"static": level("pass"), "gpu": CPU_GPU_LEVEL,
+                                  "model": level("pass")})
+    rec = journal.record_stage(state, CPU_CELL.id, "audit", "fail",
+                               reason="uncovered: cudakern/libcudakern.so")
+    decision = decide(rec, STRICT, CPU_CELL)
+    assert not decision.allowed and "libcudakern.so" in decision.reason

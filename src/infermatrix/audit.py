@@ -10,17 +10,20 @@ How it works:
 2. The objects with GPU code whose content hash is not in the cache (<state>/cache/cuobjdump/)
    are copied out of the image (engine.copy_from_image: a created, never started container)
    and listed on the host with `cuobjdump --list-elf` / `--list-ptx` (the `nvidia-cuda-cuobjdump`
-   wheel; no CUDA toolkit is needed in the image nor on the host).
+   wheel; no CUDA toolkit is needed in the image nor on the host), plus the fat binaries a
+   library keeps in its own data sections (cuFFT), read from their headers (coverage.py).
 3. coverage.py decides each object per target arch; the other checks compare the probe's facts
    with the cell: one CUDA major, torch's CUDA, installed versions against the lock and the
    cell's pins, `pip check`, the engine against the model card's floor.
 
-Any failing check fails the audit (exit 1); the cell is then not eligible for a tag.
+Any failing check fails the audit (exit 1); the cell is then not eligible for a tag. An
+uncovered object fails it unless a `not_loaded` rule (matrix.yaml `audit.not_loaded`, or the
+built-in DEFAULT_NOT_LOADED) says the engine never loads it on that arch; such objects stay
+in the report, marked.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -33,7 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from . import journal, proc
-from .coverage import Arch, Coverage, Decision, DeviceCode, decide, device_code_from_listings
+from .coverage import (Arch, Coverage, Decision, DeviceCode, decide, device_code_from_listings,
+                       scan_fatbins, union)
 from .errors import CommandFailed, StageFailure, UsageError
 from .model import CellPlan
 from .state import StatePaths, write_json_atomic
@@ -46,7 +50,7 @@ CUOBJDUMP_ENV = "INFERMATRIX_CUOBJDUMP"
 CUOBJDUMP_DIST = "nvidia-cuda-cuobjdump"
 AUDIT_MOUNT = "/opt/infermatrix-audit"  # where host tools are bind-mounted in the probe container
 PROBE_TIMEOUT_S = 900
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: cuobjdump listing + fat binaries embedded outside .nv_fatbin
 
 # CUDA libraries whose soname major is the CUDA major (cuFFT, cuSPARSE, cuRAND... version apart).
 _CUDA_SONAME = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nvJitLink)\.so\.(\d+)$")
@@ -99,7 +103,9 @@ def _cuobjdump_from_wheel() -> str | None:
 
 def list_device_code(path: Path, cuobjdump: str | None = None,
                      log_path: Path | None = None) -> DeviceCode:
-    """The cubins and PTX one file embeds (`cuobjdump --list-elf`, `--list-ptx`)."""
+    """The cubins and PTX one file embeds: `cuobjdump --list-elf` / `--list-ptx` (the fat
+    binary the CUDA runtime registers), plus the fat binaries a library keeps in its own data
+    sections (cuFFT), read from their headers (coverage.scan_fatbins)."""
     tool = cuobjdump or find_cuobjdump()
     listings = []
     for flag in ("--list-elf", "--list-ptx"):
@@ -107,7 +113,34 @@ def list_device_code(path: Path, cuobjdump: str | None = None,
         if done.returncode != 0 and "does not contain device code" not in done.output:
             raise CommandFailed(done.command, done.returncode, proc.tail(done.output), log_path)
         listings.append(done.output)
-    return device_code_from_listings(*listings)
+    return union(device_code_from_listings(*listings), embedded_fatbins(path))
+
+
+def embedded_fatbins(path: Path) -> DeviceCode:
+    """Fat binary containers anywhere in the file, read from their headers. Like cuobjdump, the
+    relocatable ones (`__nv_relfatbin`: input to device linking, never loaded) are left out when
+    the object has an executable `.nv_fatbin`."""
+    import mmap
+
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return DeviceCode()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return scan_fatbins(data, skip=relocatable_fatbin_ranges(handle))
+
+
+def relocatable_fatbin_ranges(handle: Any) -> list[tuple[int, int]]:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    handle.seek(0)
+    try:
+        sections = {s.name: (s["sh_offset"], s["sh_size"]) for s in ELFFile(handle).iter_sections()}
+    except ELFError:  # not an ELF file: nothing to tell apart
+        return []
+    if ".nv_fatbin" not in sections or "__nv_relfatbin" not in sections:
+        return []
+    return [sections["__nv_relfatbin"]]
 
 
 def cuobjdump_version(tool: str) -> str:
@@ -147,7 +180,7 @@ class DeviceCodeCache:
 MARKER = "@@infermatrix-audit@@"
 
 PROBE = r'''
-import hashlib, importlib.metadata as md, importlib.util, json, os, re, shutil, site
+import hashlib, importlib.metadata as md, importlib.util, json, mmap, os, re, shutil, site
 import subprocess, sys, sysconfig
 MOUNT = sys.argv[1]
 sys.path.insert(0, MOUNT + "/py")
@@ -156,6 +189,11 @@ from elftools.elf.dynamic import DynamicSection
 
 SO = re.compile(r"\.so(\.\d+)*$")
 FATBIN_SECTIONS = {".nv_fatbin", "__nv_relfatbin"}
+FATBIN_MAGIC = bytes.fromhex(sys.argv[3])  # a fat binary container kept in a data section
+
+def has_embedded_fatbin(handle):
+    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(FATBIN_MAGIC) != -1
 
 def site_dirs():
     found = set(site.getsitepackages()) | {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
@@ -180,7 +218,8 @@ def elf_facts(path):
         for section in elf.iter_sections():
             if isinstance(section, DynamicSection):
                 needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
-        return {"gpu_code": bool(names & FATBIN_SECTIONS), "needed": needed}
+        gpu = bool(names & FATBIN_SECTIONS) or has_embedded_fatbin(handle)
+        return {"gpu_code": gpu, "needed": needed}
 
 def sha256(path):
     digest = hashlib.sha256()
@@ -287,6 +326,12 @@ def host_tool_mounts() -> list[Any]:
             engine.Mount(str(Path(uv_bin()).resolve()), f"{AUDIT_MOUNT}/uv")]
 
 
+def probe_args() -> list[str]:
+    from .coverage import FATBIN_MAGIC
+
+    return ["-c", PROBE, AUDIT_MOUNT, MARKER, FATBIN_MAGIC.hex()]
+
+
 def probe_image(image: str, log_path: Path | None = None,
                 timeout: float = PROBE_TIMEOUT_S) -> ImageFacts:
     """Run the probe in a throw-away container of `image` (no GPU, no network needed)."""
@@ -296,7 +341,7 @@ def probe_image(image: str, log_path: Path | None = None,
 
     try:
         container = engine.run_container(
-            image, ["-c", PROBE, AUDIT_MOUNT, MARKER], entrypoint=["python3"],
+            image, probe_args(), entrypoint=["python3"],
             mounts=host_tool_mounts(), network="none", labels={"io.infermatrix.stage": "audit"})
     except docker.errors.DockerException as exc:  # no such image, no python3 in it, ...
         raise StageFailure(f"cannot start the audit probe in {image}: {exc}") from None
@@ -394,11 +439,13 @@ class AuditedObject:
     def covered(self) -> bool:
         return not any(self.fails(d) for d in self.decisions)
 
-    def verdict_text(self, decision: Decision) -> str:
+    def verdict_text(self, decision: Decision, short: bool = False) -> str:
         by = decision.as_dict()["by"]
         text = decision.coverage.value + (f" ({by})" if by else "")
         waiver = self.waivers.get(str(decision.target))
-        return text + (f" (not loaded: {waiver})" if waiver and not decision.covered else "")
+        if waiver and not decision.covered:
+            text += " (not loaded)" if short else f" (not loaded: {waiver})"
+        return text
 
     def row(self) -> dict[str, Any]:
         """One flat row for the journal and the report."""
@@ -460,8 +507,13 @@ def check_kernels(objects: list[AuditedObject], targets: list[Arch]) -> Check:
     if not objects:
         return Check("kernels", FAIL, "no shared object with GPU code found under site-packages")
     bad = [o for o in objects if not o.covered]
-    waived = [f"{o.path} on {t}: {why}" for o in objects for t, why in o.waivers.items()
-              if any(str(d.target) == t and not d.covered for d in o.decisions)]
+    waived = []
+    for obj in objects:
+        targets = [str(d.target) for d in obj.decisions
+                   if not d.covered and str(d.target) in obj.waivers]
+        reasons = dict.fromkeys(obj.waivers[t] for t in targets)
+        if targets:
+            waived.append(f"{obj.path} on {', '.join(targets)}: {' / '.join(reasons)}")
     jit = [o for o in objects if o.covered and any(d.coverage is Coverage.PTX_JIT
                                                      for d in o.decisions)]
     names = ", ".join(str(t) for t in targets)
@@ -520,7 +572,8 @@ def check_torch_cuda(facts: ImageFacts, cuda: str) -> Check:
     if facts.torch is None:
         return Check("torch-cuda", FAIL, "torch is not installed")
     if "error" in facts.torch:
-        return Check("torch-cuda", FAIL, "import torch failed: " + proc.tail(facts.torch["error"], 5))
+        return Check("torch-cuda", FAIL,
+                     "import torch failed: " + proc.tail(facts.torch["error"], 5))
     got = facts.torch.get("cuda")
     data = {"torch": facts.torch.get("version"), "torch_cuda": got,
             "arch_list": facts.torch.get("arch_list")}
@@ -566,7 +619,8 @@ def version_matches(pinned: str, installed: str) -> bool:
         return pinned == installed
 
 
-def check_pins(facts: ImageFacts, pins: dict[str, tuple[str, str]]) -> tuple[Check, dict[str, str]]:
+def check_pins(facts: ImageFacts,
+               pins: dict[str, tuple[str, str]]) -> tuple[Check, dict[str, str]]:
     wrong, missing, versions = [], [], {}
     for name, (pinned, source) in sorted(pins.items()):
         installed = facts.distributions.get(name)
@@ -659,15 +713,28 @@ class NotLoaded:
     path: str  # fnmatch pattern on the path under site-packages
     reason: str
     archs: tuple[Arch, ...] = ()  # empty: every target
+    only_if_unlinked: bool = False  # void as soon as an object of the image links it
 
-    def applies(self, path: str, target: Arch) -> bool:
+    def applies(self, path: str, target: Arch, linked: set[str] = frozenset()) -> bool:
         from fnmatch import fnmatchcase
 
+        if self.only_if_unlinked and Path(path).name in linked:
+            return False
         return fnmatchcase(path, self.path) and (not self.archs or target in self.archs)
 
 
+# Built in, for every matrix; each holds only while its condition is true in the audited image.
+DEFAULT_NOT_LOADED = (
+    NotLoaded("nvidia/*/lib/libcufftw.so*",
+              "cuFFT's FFTW-interface wrapper: its .nv_fatbin is one sm_75 stub (the FFT kernels "
+              "are in libcufft) and no object in this image links it (torch links libcufft); "
+              "checked by infermatrix audit on torch 2.13.0+cu130",
+              only_if_unlinked=True),
+)
+
+
 def not_loaded_rules(data: dict[str, Any]) -> list[NotLoaded]:
-    rules = []
+    rules = list(DEFAULT_NOT_LOADED)
     for entry in data.get("audit", {}).get("not_loaded", []):
         reason = entry["reason"] + (f" ({entry['source']})" if entry.get("source") else "")
         rules.append(NotLoaded(entry["path"], reason,
@@ -678,6 +745,7 @@ def not_loaded_rules(data: dict[str, Any]) -> list[NotLoaded]:
 def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: list[Arch],
                     rules: Iterable[NotLoaded] = ()) -> list[AuditedObject]:
     rules = list(rules)
+    linked = {name for obj in facts.objects for name in obj.get("needed", [])}
     objects = []
     for obj in facts.objects:
         if not obj.get("gpu_code"):
@@ -686,7 +754,7 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
         if code.empty:  # a fat binary section with nothing cuobjdump can list
             continue
         waivers = {str(t): rule.reason for t in targets for rule in rules
-                   if rule.applies(obj["rel"], t)}
+                   if rule.applies(obj["rel"], t, linked)}
         objects.append(AuditedObject(obj["rel"], obj.get("dist"), obj["size"], code,
                                      [decide(code, t) for t in targets], waivers))
     return objects
@@ -787,7 +855,7 @@ def render(result: AuditResult, console: Any = None, all_objects: bool = False) 
         for decision in obj.decisions:
             style = _STYLE[decision.coverage.value] if obj.fails(decision) or decision.covered \
                 else "dim"
-            cells.append(f"[{style}]{escape(obj.verdict_text(decision))}[/]")
+            cells.append(f"[{style}]{escape(obj.verdict_text(decision, short=True))}[/]")
         table.add_row(escape(obj.path), escape(obj.package or ""),
                       " ".join(a.sm for a in obj.code.cubins),
                       " ".join(a.compute for a in obj.code.ptx), *cells)

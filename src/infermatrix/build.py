@@ -22,6 +22,7 @@ import logging
 import re
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ class BuildOptions:
     ca_bundle: Path | None = None  # default: SSL_CERT_FILE or the system bundle
     secrets: dict[str, Path] = field(default_factory=dict)  # extra secrets (pip_index, ...)
     force: bool = False  # rebuild even when the input hash is unchanged
+    no_cache: bool = False  # BuildKit `--no-cache` (cold-build benchmarks)
     echo: Callable[[str], None] = print
 
 
@@ -73,6 +75,7 @@ class CellResult:
     reason: str | None = None
     command: str | None = None
     log_tail: str | None = None
+    error_lines: list[str] = field(default_factory=list)  # the log's first error lines
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -84,6 +87,8 @@ class CellResult:
             text += f"\n  command: {self.command}"
         if self.log:
             text += f"\n  log: {self.log}"
+        if self.error_lines:
+            text += "\n  first errors:\n" + "\n".join("    " + ln for ln in self.error_lines)
         if self.log_tail:
             text += "\n  last lines:\n" + "\n".join("    " + ln for ln in
                                                    self.log_tail.splitlines())
@@ -95,7 +100,7 @@ class CellResult:
 # --------------------------------------------------------------------------------------------
 
 def cell_dir(ctx: Context, cell_id: str) -> Path:
-    return ctx.images_dir / cell_id
+    return (ctx.images_dir / cell_id).resolve()
 
 
 def kernel_stages(dockerfile_text: str) -> list[str]:
@@ -230,33 +235,57 @@ def _unchanged(ctx: Context, cell_id: str, digest: str) -> str | None:
 def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                     keys: dict[str, kernelcache.KernelKey], build_args: dict[str, str],
                     secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                    echo: Callable[[str], None]) -> tuple[list[kernelcache.Entry],
+                    echo: Callable[[str], None], no_cache: bool = False
+                    ) -> tuple[list[kernelcache.Entry],
                                                           dict[str, dict[str, Any]]]:
     """Compile the kernels missing from the cache; return the cell's entries and a report."""
     entries, report = [], {}
     for name, key in keys.items():
-        entry = kernelcache.lookup(ctx.state, key)
-        started = time.monotonic()
-        if entry is None:
-            echo(f"{cell_id}: compiling kernel {name} ({key.slug})")
-            with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
-                                             dir=_tmp_root(ctx)) as out:
-                engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
-                                   secrets=secrets, output_dir=Path(out), log_path=log_path,
-                                   timeout=deadline.remaining())
-                wheels = kernelcache.find_wheels(Path(out))
-                if not wheels:
-                    raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
-                entry = kernelcache.store(ctx.state, key, wheels,
-                                          details={"compiled_by": cell_id, **build_args})
-            cache = "miss"
-        else:
-            echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
-            cache = "hit"
+        with _key_lock(key.slug):
+            entry, cache, started = _compile_or_reuse(
+                ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
+                echo, no_cache)
         entries.append(entry)
         report[name] = {"key": key.slug, "cache": cache, "wheels": [w.name for w in entry.wheels],
                         "duration_s": round(time.monotonic() - started, 3)}
     return entries, report
+
+
+_KEY_LOCKS: dict[str, threading.Lock] = {}
+_KEY_LOCKS_GUARD = threading.Lock()
+
+
+def _key_lock(slug: str) -> threading.Lock:
+    """Cells building in parallel with one kernel key compile it once; the other waits."""
+    with _KEY_LOCKS_GUARD:
+        return _KEY_LOCKS.setdefault(slug, threading.Lock())
+
+
+def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
+                      key: kernelcache.KernelKey, build_args: dict[str, str],
+                      secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
+                      echo: Callable[[str], None], no_cache: bool
+                      ) -> tuple[kernelcache.Entry, str, float]:
+    """(the cache entry, "hit" or "miss", when the work started)."""
+    entry = kernelcache.lookup(ctx.state, key)
+    started = time.monotonic()
+    if entry is None:
+        echo(f"{cell_id}: compiling kernel {name} ({key.slug})")
+        with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
+                                         dir=_tmp_root(ctx)) as out:
+            engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
+                               secrets=secrets, output_dir=Path(out), log_path=log_path,
+                               timeout=deadline.remaining(), no_cache=no_cache)
+            wheels = kernelcache.find_wheels(Path(out))
+            if not wheels:
+                raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+            entry = kernelcache.store(ctx.state, key, wheels,
+                                      details={"compiled_by": cell_id, **build_args})
+        cache = "miss"
+    else:
+        echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
+        cache = "hit"
+    return entry, cache, started
 
 
 def _tmp_root(ctx: Context) -> Path:
@@ -294,7 +323,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     kernels: dict[str, dict[str, Any]] = {}
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
-                                           log_path, deadline, options.echo)
+                                           log_path, deadline, options.echo, options.no_cache)
         with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
             context = Path(tmp) / "context"
             shutil.copytree(directory, context, symlinks=True)
@@ -302,7 +331,8 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
             labels = {"io.infermatrix.input-hash": digest}
             image_id = engine.build_image(context, tag=local_ref(cell_id), build_args=build_args,
                                           secrets=secrets, log_path=log_path, labels=labels,
-                                          timeout=deadline.remaining())
+                                          timeout=deadline.remaining(),
+                                          no_cache=options.no_cache)
     except CommandFailed as exc:
         reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
         return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
@@ -320,6 +350,24 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
                       kernels=kernels)
 
 
+_ERROR_LINE = re.compile(r"(\berror\b|#error|fatal:)", re.IGNORECASE)
+# BuildKit's own summary lines repeat the failing command: not the cause.
+_NOT_A_CAUSE = re.compile(r"executor failed running|failed to solve|ERROR: Failed|\[end of output\]"
+                          r"|error: subprocess-exited-with-error|exit code:")
+
+
+def first_error_lines(log_text: str, limit: int = 8) -> list[str]:
+    """The first lines of a build log that name an error (the cause, before the traceback)."""
+    found: list[str] = []
+    for line in log_text.splitlines():
+        text = re.sub(r"^#\d+ [\d.]+\s+", "", line).strip()  # BuildKit's step/time prefix
+        if _ERROR_LINE.search(text) and not _NOT_A_CAUSE.search(text) and text not in found:
+            found.append(text[:300])
+            if len(found) >= limit:
+                break
+    return found
+
+
 def _read_log(path: Path | None) -> str:
     if path is None or not path.is_file():
         return ""
@@ -330,40 +378,90 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
                     reason: str, command: str | None, log_tail: str | None,
                     kernels: dict[str, dict[str, Any]] | None = None,
                     digest: str | None = None) -> CellResult:
+    errors = first_error_lines(_read_log(log_path))
     journal.record_stage(ctx.state, cell_id, "build", "fail", duration_s=duration, log=log_path,
                          reason=reason, details={"command": command, "log_tail": log_tail,
+                                                 "error_lines": errors,
                                                  "kernels": kernels or {},
                                                  "input_hash": digest})
     return CellResult(cell_id, "fail", duration_s=duration, log=log_path, reason=reason,
-                      command=command, log_tail=log_tail, kernels=kernels or {})
+                      command=command, log_tail=log_tail, error_lines=errors,
+                      kernels=kernels or {})
 
 
 # --------------------------------------------------------------------------------------------
 # All selected cells
 # --------------------------------------------------------------------------------------------
 
+def _kernels_to_compile(ctx: Context, plan: CellPlan) -> list[str]:
+    """The kernel stages of a cell whose wheels are not in the cache yet."""
+    dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
+    if not dockerfile.is_file():
+        return []
+    try:
+        keys = kernel_keys_for(ctx, plan, dockerfile.read_text(encoding="utf-8"))
+    except (InfermatrixError, ValueError):
+        return []  # build_cell reports it
+    return [name for name, key in keys.items() if kernelcache.lookup(ctx.state, key) is None]
+
+
 def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | None = None
                 ) -> dict[str, CellResult]:
-    """Build every planned cell of `plans` (pruned ones are skipped); hold the state lock."""
+    """Build every planned cell of `plans` (pruned ones are skipped); hold the state lock.
+
+    Up to `compile.parallel_cells` cells build at once (the planner caps it so that their
+    compile budgets sum under the memory available); one at a time when it is 1.
+    """
     options = options or BuildOptions()
     planned = [p for p in plans if p.planned]
     results: dict[str, CellResult] = {}
-    kernels_needed = []
-    for plan in planned:
-        dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
-        text = dockerfile.read_text(encoding="utf-8") if dockerfile.is_file() else ""
-        kernels_needed.append(kernel_stages(text))
-    compile = compile_plan_for(ctx, kernels_needed, options)
+    compile = compile_plan_for(ctx, [_kernels_to_compile(ctx, p) for p in planned], options)
     options.echo(compile.describe())
     with run_lock(ctx.state, wait=options.wait):
-        for plan in planned:
-            result = build_cell(ctx, plan, compile, options)
-            results[plan.id] = result
-            options.echo(result.summary())
-            if result.status == "fail" and options.fail_fast:
-                options.echo("stopping: --fail-fast")
-                break
+        if compile.parallel_cells <= 1 or len(planned) <= 1:
+            _build_in_order(ctx, planned, compile, options, results)
+        else:
+            _build_in_parallel(ctx, planned, compile, options, results)
     for plan in plans:
         if plan.id not in results and not plan.planned:
             results[plan.id] = CellResult(plan.id, "skip", reason="pruned by the planner")
     return results
+
+
+def _build_in_order(ctx: Context, planned: list[CellPlan], compile: compileplan.CompilePlan,
+                    options: BuildOptions, results: dict[str, CellResult]) -> None:
+    for plan in planned:
+        result = build_cell(ctx, plan, compile, options)
+        results[plan.id] = result
+        options.echo(result.summary())
+        if result.status == "fail" and options.fail_fast:
+            options.echo("stopping: --fail-fast")
+            return
+
+
+def _build_in_parallel(ctx: Context, planned: list[CellPlan],
+                       compile: compileplan.CompilePlan, options: BuildOptions,
+                       results: dict[str, CellResult]) -> None:
+    """A pool of `parallel_cells` workers. On --fail-fast or an interrupt the cells not
+    started are cancelled; the ones under way finish and are journaled."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    pool = ThreadPoolExecutor(max_workers=compile.parallel_cells,
+                              thread_name_prefix="infermatrix-build")
+    futures = {pool.submit(build_cell, ctx, plan, compile, options): plan for plan in planned}
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.cancelled():
+                    continue
+                result = future.result()
+                results[futures[future].id] = result
+                options.echo(result.summary())
+                if result.status == "fail" and options.fail_fast:
+                    options.echo("stopping: --fail-fast (cells under way finish)")
+                    for other in pending:
+                        other.cancel()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -108,7 +108,7 @@ class CompilePlan:
                 f"{self.gb_per_nvcc_thread:g} GB per nvcc thread, margin "
                 f"{self.safety_margin_gb:g} GB -> {self.cell_budget_gb:.1f} GB per cell")
         if self.overrides:
-            text += f" [overridden: {', '.join(self.overrides)}]"
+            text += f" (overridden: {', '.join(self.overrides)})"
         for warning in self.warnings:
             text += f"\n  warning: {warning}"
         return text

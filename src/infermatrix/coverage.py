@@ -236,6 +236,80 @@ def device_code_from_listings(elf_listing: str, ptx_listing: str) -> DeviceCode:
                       tuple(sorted(set(parse_listing(ptx_listing)))))
 
 
+# --- fat binaries embedded outside .nv_fatbin ---------------------------------------------------
+# Some libraries keep most of their kernels in fat binaries of their own data sections and load
+# them with the driver API (cuFFT 12 in CUDA 13: .nv_fatbin holds one sm_75 stub, .ldata ~24,000
+# fat binaries with sm_75 ... sm_120 code). `cuobjdump` on the object sees only .nv_fatbin, so
+# these are read from their headers. The layout is NVIDIA's fatbin container (fatbinary.h of
+# the CUDA toolkit; undocumented fields checked against cuobjdump 13.5 in tests/test_coverage.py):
+#   container header: magic 0xBA55ED50 (u32), version 1 (u16), header size 16 (u16),
+#                     payload size (u64);
+#   entry header: kind (u16: 1 PTX, 2 ELF cubin), version (u16), header size (u32),
+#                 padded payload size (u64), ..., SM arch at byte 28 (u32: 90, 120, 121),
+#                 flags at byte 40 (u64: 0x100000 arch-specific `a`, 0x200000 family `f`).
+
+FATBIN_MAGIC = bytes.fromhex("50ed55ba01001000")  # magic, version 1, header size 16
+_ENTRY_PTX, _ENTRY_ELF = 1, 2
+_FLAG_ARCH_SPECIFIC, _FLAG_FAMILY = 0x100000, 0x200000
+
+
+def _entry_arch(sm: int, flags: int) -> Arch | None:
+    if not 20 <= sm <= 999:
+        return None
+    variant = "a" if flags & _FLAG_ARCH_SPECIFIC else "f" if flags & _FLAG_FAMILY else ""
+    return Arch(sm // 10, sm % 10, variant)
+
+
+def _container_entries(data, start: int) -> tuple[list[Arch], list[Arch], int] | None:
+    """(cubins, ptx, end) of the fat binary container at `start`; None if it is not one."""
+    import struct
+
+    if start + 16 > len(data):
+        return None
+    (size,) = struct.unpack_from("<Q", data, start + 8)
+    end = start + 16 + size
+    if size == 0 or end > len(data):
+        return None
+    cubins: list[Arch] = []
+    ptx: list[Arch] = []
+    offset = start + 16
+    while offset + 48 <= end:
+        kind, _version, header, padded = struct.unpack_from("<HHIQ", data, offset)
+        (sm,) = struct.unpack_from("<I", data, offset + 28)
+        (flags,) = struct.unpack_from("<Q", data, offset + 40)
+        arch = _entry_arch(sm, flags)
+        if kind not in (_ENTRY_PTX, _ENTRY_ELF) or not 48 <= header <= 1024 or arch is None \
+                or offset + header + padded > end:
+            return None  # not a container after all: random bytes that matched the magic
+        (cubins if kind == _ENTRY_ELF else ptx).append(arch)
+        offset += header + padded
+    return cubins, ptx, end
+
+
+def scan_fatbins(data, skip: Iterable[tuple[int, int]] = ()) -> DeviceCode:
+    """Architectures of every fat binary container in `data` (bytes or an mmap), except those
+    that start inside a `skip` range of (offset, size)."""
+    skip = list(skip)
+    cubins: set[Arch] = set()
+    ptx: set[Arch] = set()
+    position = data.find(FATBIN_MAGIC)
+    while position != -1:
+        found = _container_entries(data, position)
+        if found is None:
+            position = data.find(FATBIN_MAGIC, position + 1)
+            continue
+        if not any(start <= position < start + size for start, size in skip):
+            cubins.update(found[0])
+            ptx.update(found[1])
+        position = data.find(FATBIN_MAGIC, found[2])
+    return DeviceCode(tuple(sorted(cubins)), tuple(sorted(ptx)))
+
+
+def union(*codes: DeviceCode) -> DeviceCode:
+    return DeviceCode(tuple(sorted({a for c in codes for a in c.cubins})),
+                      tuple(sorted({a for c in codes for a in c.ptx})))
+
+
 def worst(decisions: Iterable[Decision]) -> Coverage:
     """The weakest coverage among several decisions (UNCOVERED if any is)."""
     return max((d.coverage for d in decisions), key=lambda c: c.rank, default=Coverage.EXACT)

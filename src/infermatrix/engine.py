@@ -19,21 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import logging
 import os
 import re
 import shlex
-import shutil
 import tarfile
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
 from . import proc
-from .errors import CommandFailed, StageFailure, UsageError
+from .errors import StageFailure, UsageError
 
 log = logging.getLogger("infermatrix.commands")
 
@@ -416,6 +413,14 @@ def container_logs(container_id: str, tail: int | str = "all") -> str:
     return raw.decode("utf-8", "replace")
 
 
+def container_memory(container_id: str) -> tuple[int | None, int | None]:
+    """(current, peak) memory of a running container in bytes, from the engine's stats
+    (cgroup v1 reports the peak as max_usage; v2 has none there: None)."""
+    stats = client().api.stats(container_id, stream=False)
+    memory = stats.get("memory_stats") or {}
+    return memory.get("usage"), memory.get("max_usage")
+
+
 def stop_container(container_id: str, timeout: int = 10) -> None:
     import docker
 
@@ -731,20 +736,28 @@ def docker_host_info() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 def commit_with_labels(image: str, ref: str, labels: dict[str, str]) -> str:
-    """A new image = `image` plus `labels`, nothing else changed (its parent is `image`),
-    tagged `ref`; returns its id. Done as `docker create` + `docker commit --change LABEL`."""
+    """A new image = `image` plus `labels`, nothing else changed (its parent is `image`, its
+    layers, command and environment are the same), tagged `ref`; returns its id.
+
+    `docker create` (never started, no label or command of our own: commit copies the
+    container's config) then `docker commit --change LABEL ...`, then the container is removed.
+    """
     import json as _json
+
+    import docker
 
     changes = [f"LABEL {_json.dumps(k)}={_json.dumps(v)}" for k, v in sorted(labels.items())]
     _sdk_log(f"docker create {shlex.quote(image)} && docker commit "
              + " ".join(f"--change {shlex.quote(c)}" for c in changes) + f" <container> {ref}")
-    created = client().api.create_container(image, command=["/bin/true"],
-                                            labels={OWNER_LABEL: "infermatrix"})
+    try:
+        created = client().api.create_container(image)
+    except docker.errors.APIError:  # an image with neither CMD nor ENTRYPOINT
+        created = client().api.create_container(image, command=["/bin/true"])
+        changes.append("CMD []")
     try:
         repository, tag = split_ref(ref)
         result = client().api.commit(created["Id"], repository=repository, tag=tag,
                                      changes=changes)
     finally:
         client().api.remove_container(created["Id"], force=True, v=True)
-    image_id = result["Id"]
-    return image_id
+    return result["Id"]

@@ -43,9 +43,9 @@ from typing import Any, Iterable, Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
-from . import journal, proc
+from . import journal, kernelcache, proc
 from .context import Context
-from .errors import CommandFailed, ConfigError, StageFailure
+from .errors import CommandFailed, StageFailure
 from .index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get, index_url
 from .model import CellPlan, Verdict
 
@@ -120,6 +120,7 @@ class LockResult:
 
 
 # uv ------------------------------------------------------------------------------------
+@cache
 def uv_bin() -> str:
     import uv  # the `uv` wheel ships the binary
 
@@ -202,8 +203,13 @@ def cell_requirements(ctx: Context, plan: CellPlan,
     if no_deps:
         metadata = metadata or MetadataCache(ctx.state.index_cache, offline=ctx.offline)
         pinned = {_name(r) for r in requirements} | {_name(s) for s in no_deps}
-        for spec in no_deps:
-            requirements += _dependencies_of(metadata, spec, pinned)
+        for i, spec in enumerate(no_deps):
+            try:
+                requirements += _dependencies_of(metadata, spec, pinned)
+            except ValueError as exc:
+                error = ctx.matrix.error(str(exc), "engines", cell.engine, "install", "no_deps",
+                                         i, fix="name the engine package or pin name==version")
+                raise error from None
     return _unique(requirements), no_deps
 
 
@@ -219,7 +225,7 @@ def _dependencies_of(metadata: MetadataCache, spec: str, pinned: set[str]) -> li
     req = Requirement(spec)
     version = next((s.version for s in req.specifier if s.operator == "=="), None)
     if version is None:
-        raise ConfigError(f"install.no_deps entry {spec!r} needs an exact version (name==X)")
+        raise ValueError(f"install.no_deps entry {spec!r} needs an exact version (name==X)")
     deps: list[str] = []
     for line in metadata.release(req.name, version).requires_dist:
         dep = Requirement(line)
@@ -244,8 +250,9 @@ def kernel_pins(ctx: Context, plan: CellPlan) -> list[str]:
         spec = kernels[name]
         if spec.get("path"):
             tree = (ctx.root / spec["path"]).resolve()
+            # the same content hash the kernel cache keys on
             pins.append(f"{spec['package']}=={spec['version']} source tree {spec['path']} "
-                        f"sha256:{tree_hash(tree)}")
+                        f"tree:{kernelcache.tree_hash(tree)}")
         elif spec["version"] == "match-engine":
             pins.append(f"{spec['package']}=={MATCH_ENGINE}")  # filled in after resolution
         else:
@@ -270,18 +277,6 @@ def _sdist_hash(ctx: Context, package: str, version: str) -> str:
             if str(ver) == version and entry.get("hashes", {}).get("sha256"):
                 return f"{name} sha256:{entry['hashes']['sha256']}"
     raise NotOnIndex(f"{url}: no sdist of {package} {version}")
-
-
-def tree_hash(root: Path) -> str:
-    """Content hash of a source tree: relative paths, modes and file contents, sorted."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if "__pycache__" in rel or rel.endswith(".pyc") or "/build/" in f"/{rel}":
-            continue
-        digest.update(f"{rel}\0{path.stat().st_mode & 0o777:o}\0".encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def lock_inputs(ctx: Context, plan: CellPlan, *, index: str | None = None,
@@ -585,6 +580,7 @@ def lock_cells(ctx: Context, plans: list[CellPlan], *, check: bool = False,
     the selection) lets a run name stale lock files.
     """
     planned = [p for p in plans if p.planned]
+    uv_version()  # once, before the threads (sysconfig's lazy set-up is not thread-safe)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(lambda p: resolve_cell(ctx, p, index=index), planned))
     run = LockRun(results=results)

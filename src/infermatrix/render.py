@@ -10,12 +10,14 @@ same bytes on any machine (sorted mappings, no timestamps, no absolute paths), a
 
 from __future__ import annotations
 
+import calendar
 import fnmatch
 import hashlib
 import json
 import re
 import shlex
 import shutil
+import time
 import tomllib
 import traceback
 from collections.abc import Iterable
@@ -24,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from packaging.utils import canonicalize_name
 
 from . import base as base_images
+from . import lock as locks
 from .config import REPO_ROOT, Matrix
 from .context import Context
-from .errors import ConfigError, UsageError
+from .errors import ConfigError, StageFailure, UsageError
 from .model import Cell, CellPlan, CellSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -56,6 +60,9 @@ SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13", "jammy": "3.10", "noble": 
 # Everything the toolchain stage needs from the OS; a debootstrap base already carries these.
 OS_PACKAGES = ("ca-certificates", "python3", "python3-venv")
 GPU_OS_PACKAGES = ("g++",)  # nvcc's host compiler
+# SOURCE_DATE_EPOCH when neither build.source_date_epoch nor a base snapshot gives one:
+# 1980-01-01, the earliest time a ZIP (a wheel built in a kernel stage) can hold.
+DEFAULT_SOURCE_DATE_EPOCH = 315532800
 COPY_IGNORE = ("__pycache__", "*.pyc", "build", "dist", "*.egg-info", ".eggs",
                                "*.so", ".git")
 
@@ -91,6 +98,10 @@ class KernelSpec:
     env: dict[str, str]
     build_requires: tuple[str, ...]
     wheel_glob: str  # the file the runtime stage installs from /tmp/kernel-wheels/
+    # The lock header's pin of the PyPI sdist (lock.kernel_pins_from_lock): the kernel stage
+    # downloads exactly that file, hash-checked. None: no lock, or a local source tree.
+    sdist: str | None = None
+    sdist_sha256: str | None = None
 
     @property
     def label(self) -> str:
@@ -325,6 +336,7 @@ def flashinfer_arch(cell: Cell) -> str:
 def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[KernelSpec]:
     matrix, cell = ctx.matrix, plan.cell
     known = matrix.build.get("kernels", {})
+    pins = locks.kernel_pins_from_lock(lock_text) if lock_text else {}
     specs = []
     for name in _settings(plan).kernels:
         if name not in known:
@@ -351,10 +363,61 @@ def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[Ke
         else:
             recipe = "wheel"
         built = "flashinfer-jit-cache" if recipe == "flashinfer" else package
+        sdist, sdist_sha256 = None, None
+        if recipe != "flashinfer" and not source_dir:
+            sdist, sdist_sha256 = _sdist_pin(ctx, cell.id, package, version, pins)
         specs.append(KernelSpec(name=name, package=package, version=version, recipe=recipe,
                                 source_dir=source_dir, env=env, build_requires=build_requires,
-                                wheel_glob=f"{wheel_prefix(built)}-*.whl"))
+                                wheel_glob=f"{wheel_prefix(built)}-*.whl", sdist=sdist,
+                                sdist_sha256=sdist_sha256))
     return specs
+
+
+def _sdist_pin(ctx: Context, cell_id: str, package: str, version: str | None,
+               pins: dict[str, dict[str, str]]) -> tuple[str | None, str | None]:
+    """(sdist file name, sha256) the lock header pins for a PyPI kernel package, if any; a pin
+    of another version than build.kernels asks for means the lock is stale (exit 2)."""
+    pin = pins.get(canonicalize_name(package))
+    if not pin or not pin["sha256"]:
+        return None, None  # no lock, or locked offline (the header says "not checked")
+    if pin["version"] != version:
+        raise ConfigError(
+            f"the lock pins {package} {pin['version']} (sdist sha256) but build.kernels asks for "
+            f"{version}: the lock is stale", _shown(lock_path(ctx, cell_id)),
+            fix=f"infermatrix lock --select {cell_id}")
+    return pin["sdist"], pin["sha256"]
+
+
+def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
+    """The lock's lines for torch and everything it needs (lock.subset), for the toolchain."""
+    try:
+        return locks.subset(lock_text, "torch")
+    except StageFailure:
+        raise ConfigError(f"torch is not pinned in the lock of {cell_id}",
+                          _shown(lock_path(ctx, cell_id)),
+                          fix=f"infermatrix lock --select {cell_id}") from None
+
+
+def source_date_epoch(matrix: Matrix, base_name: str) -> int:
+    """SOURCE_DATE_EPOCH of every build stage: a fixed input, never the current time
+    (docs/repro.md). build.source_date_epoch, else the time of the snapshot.debian.org archive
+    the cell's debootstrap base is made from, else 1980-01-01."""
+    if "source_date_epoch" in matrix.build:
+        return int(matrix.build["source_date_epoch"])
+    snapshot = _base_snapshot(matrix, base_name)
+    if snapshot:
+        return calendar.timegm(time.strptime(snapshot, "%Y%m%dT%H%M%SZ"))
+    return DEFAULT_SOURCE_DATE_EPOCH
+
+
+def _base_snapshot(matrix: Matrix, base_name: str) -> str | None:
+    """The snapshot time (20250520T000000Z) of the debootstrap base under a cell's OS."""
+    spec = matrix.bases["definitions"][base_name]
+    if spec["strategy"] == "wheels":
+        return _base_snapshot(matrix, spec["from"])
+    if spec["strategy"] != "debootstrap":
+        return None
+    return base_images.recipe_for(matrix, base_name).snapshot
 
 
 def _build_requires(source: Path) -> tuple[str, ...]:
@@ -478,12 +541,14 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
     harness = sorted(_tree_files(HARNESS_DIR)) if HARNESS_DIR.is_dir() else []
     serve_words, needs_model = serve_script_argv(ctx, plan)
     install = engine_install(ctx, plan)
+    torch_lines = torch_lock(ctx, cell.id, lock_text) if lock_text is not None else None
     variables = {
         "cell": cell, "settings": settings, "base": base, "kernels": kernels,
         "cuda_full": cuda_full(matrix, cell.cuda) if cell.is_gpu else None,
         "cuda_dashed": cell.cuda.replace(".", "-") if cell.is_gpu else None,
         "torch_arch_list": torch_arch_list(cell), "flashinfer_arch": flashinfer_arch(cell),
         "lock": lock_text is not None, "install": install,
+        "torch_lock": torch_lines, "source_date_epoch": source_date_epoch(matrix, settings.base),
         "image_env": image_env(plan, base),
         "labels": labels(ctx, plan, base, kernels, lock_text),
         "harness": bool(harness), "uv_version": UV_VERSION,
@@ -494,6 +559,12 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
     }
     env = make_environment(templates_dir(ctx))
     out = RenderedCell(cell.id)
+    if torch_lines is not None:
+        # Rendered first: the toolchain names its sha256, so a changed torch pin changes the
+        # toolchain text and with it every kernel's recipe hash (the kernel-cache key).
+        torch_file = render_template(env, "files/torch.lock.txt.j2", **variables)
+        out.add_text("torch.lock.txt", torch_file)
+        variables["torch_lock_sha256"] = hashlib.sha256(torch_file.encode()).hexdigest()
     out.add_text("Dockerfile", render_template(env, ENTRY_TEMPLATE, **variables))
     out.add_text(".dockerignore", render_template(env, "files/dockerignore.j2", **variables))
     out.add_text("with-secrets", render_template(env, "files/with-secrets.sh.j2", **variables),

@@ -62,7 +62,8 @@ class Entry:
 @dataclass(frozen=True)
 class Difference:
     path: str
-    what: str  # only-in-first | only-in-second | kind | mode | owner | size | content | link | config
+    # only-in-first | only-in-second | kind | mode | owner | size | content | link | config
+    what: str
     first: str
     second: str
 
@@ -143,7 +144,8 @@ def compare(first: dict[str, Entry], second: dict[str, Entry]) -> list[Differenc
             differences.append(Difference(path, what, a.describe() if a else "-",
                                           b.describe() if b else "-"))
             continue
-        for what, left, right in (("kind", a.kind, b.kind), ("mode", f"{a.mode:04o}", f"{b.mode:04o}"),
+        for what, left, right in (("kind", a.kind, b.kind),
+                                  ("mode", f"{a.mode:04o}", f"{b.mode:04o}"),
                                   ("owner", f"{a.uid}:{a.gid}", f"{b.uid}:{b.gid}"),
                                   ("size", str(a.size), str(b.size)),
                                   ("content", a.sha256 or "", b.sha256 or ""),

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import logging
 import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from . import engine, journal
 from .context import Context
@@ -50,7 +52,7 @@ CONTAINER_PORT = 8000
 CONTAINER_MODEL = "/model"
 NO_GPU = "no GPU on this host"
 SMOKE_LABEL = "io.infermatrix.smoke"
-LOG_TAIL_LINES = 60
+LOG_TAIL_LINES = 80
 FIXTURE_VARIANTS = ("normal", "broken")
 
 
@@ -215,10 +217,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+_names = itertools.count(1)
+
+
 @contextlib.contextmanager
-def container(image_id: str, **kwargs: Any) -> Iterator[str]:
-    """A detached container that is always stopped and removed afterwards."""
-    container_id = engine.run_container(image_id, **kwargs)
+def container(image_id: str, name: str | None = None, **kwargs: Any) -> Iterator[str]:
+    """A detached container that is always stopped and removed afterwards.
+
+    It is named up front, so an interrupt that lands while Docker is still creating or starting
+    it (before its id came back) still finds it by name."""
+    name = name or f"infermatrix-smoke-{os.getpid()}-{next(_names)}"
+    try:
+        container_id = engine.run_container(image_id, name=name, **kwargs)
+    except BaseException:
+        engine.remove_container(name, force=True)
+        raise
     try:
         yield container_id
     finally:
@@ -249,7 +262,7 @@ class Harness:
     where: str = "image"  # "image" or "mounted from the host"
 
     @classmethod
-    def for_image(cls, image_id: str, log_path: Path) -> "Harness":
+    def for_image(cls, image_id: str, log_path: Path) -> Harness:
         """Use the harness shipped in the image; mount this checkout's when it is missing."""
         with tempfile.TemporaryDirectory(prefix="infermatrix-harness-") as tmp:
             found = engine.copy_from_image(image_id, [f"{HARNESS_IN_IMAGE}/__init__.py"],
@@ -313,8 +326,29 @@ def run_static(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float)
     return LevelResult("static", final, "; ".join(reasons) or None, details=details)
 
 
+def recorded_audit(record: dict[str, Any], image_id: str) -> dict[str, Any] | None:
+    """An audit already recorded for this very image since its build (the pipeline's audit
+    step), so the static level does not repeat it."""
+    stages = record.get("stages", {})
+    audit, built = stages.get("audit") or {}, stages.get("build") or {}
+    if audit.get("status") not in ("pass", "fail"):
+        return None
+    image = (audit.get("details") or {}).get("image")
+    if not image or audit.get("finished", "") < built.get("finished", ""):
+        return None
+    if image != image_id and engine.image_id_of(image) != image_id:
+        return None
+    return audit
+
+
 def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, Any]) -> str:
     """The audit engineer's audit_cell, when that module is present; records its own stage."""
+    done = recorded_audit(journal.load(ctx.state, plan.id), image_id)
+    if done is not None:
+        details["audit"] = {"status": done["status"], "reason": done.get("reason"),
+                            "reused": f"audit stage of {done.get('finished')}",
+                            "checks": (done.get("details") or {}).get("checks", [])}
+        return done["status"]
     try:
         from . import audit
     except ImportError:

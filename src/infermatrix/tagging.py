@@ -59,9 +59,26 @@ def skipped_for_no_gpu(level: dict[str, Any]) -> bool:
     return level.get("status") == "skip" and bool(level.get("needs_gpu"))
 
 
+def required_outcomes(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
+                      cell: Cell) -> tuple[list[str], dict[str, str]]:
+    """(required levels that did not run, required levels skipped -> why)."""
+    missing, skipped = [], {}
+    for name in required_levels(policy, cell):
+        level = levels.get(name)
+        if level is not None and level.get("applicable") is False:
+            continue  # e.g. model on an engine that serves nothing: recorded as not applicable
+        if level is None:
+            missing.append(name)
+        elif level.get("status") == "skip":
+            skipped[name] = level.get("reason") or "skipped"
+        elif level.get("status") not in ("pass", "fail"):
+            missing.append(name)
+    return missing, skipped
+
+
 def decide(record: dict[str, Any], policy: dict[str, Any], cell: Cell) -> TagDecision:
     """Whether a cell may be tagged, and how, from its journal record alone."""
-    refuse = lambda reason, **kw: TagDecision(cell.id, False, reason, **kw)  # noqa: E731
+    refuse = lambda reason, **kw: TagDecision(cell.id, False, reason, **kw)
     image_id = record.get("image_id")
     stages = record.get("stages", {})
     if not image_id or stages.get("build", {}).get("status") != "pass":
@@ -74,22 +91,16 @@ def decide(record: dict[str, Any], policy: dict[str, Any], cell: Cell) -> TagDec
     if tested != image_id:
         return refuse(f"the image was rebuilt after the smoke test (tested {tested}, built "
                       f"{image_id}): run smoke again", image_id=image_id)
+    audit = stages.get("audit") or {}
+    if audit.get("status") == "fail":  # e.g. `infermatrix audit` run on its own after smoke
+        return refuse(f"the audit failed: {audit.get('reason') or 'see the audit stage'}",
+                      image_id=image_id)
     levels: dict[str, dict[str, Any]] = details.get("levels") or {}
+    missing, skipped = required_outcomes(levels, policy, cell)
     failed = {name: lv.get("reason") for name, lv in levels.items() if lv.get("status") == "fail"}
     if failed:
         return refuse("failed: " + "; ".join(f"{n}: {r}" for n, r in failed.items()),
-                      image_id=image_id)
-    missing, skipped = [], {}
-    for name in required_levels(policy, cell):
-        level = levels.get(name)
-        if level is not None and level.get("applicable") is False:
-            continue  # e.g. model on an engine that serves nothing: recorded as not applicable
-        if level is None:
-            missing.append(name)
-        elif level.get("status") == "skip":
-            skipped[name] = level.get("reason") or "skipped"
-        elif level.get("status") != "pass":
-            missing.append(name)
+                      image_id=image_id, skipped=skipped)
     if missing:
         return refuse(f"required level(s) not run: {', '.join(missing)}", image_id=image_id,
                       skipped=skipped)

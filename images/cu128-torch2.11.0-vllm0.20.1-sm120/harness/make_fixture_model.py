@@ -52,13 +52,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "broken": {"linear_key_head_dim": 16, "linear_value_head_dim": 16},
 }
 
-CORPUS_WORDS = (
-    "the capital of france is paris and the capital of italy is rome while berlin is the capital "
-    "of germany . a model answers questions about cities rivers mountains numbers and colours . "
-    "what is two plus two ? four . think step by step before you answer the user . the quick "
-    "brown fox jumps over the lazy dog . hello world , this is a tiny test model for smoke tests "
-    "of inference engines on machines without a gpu . reasoning comes first and the answer after"
-).split()
+CORPUS_WORDS = ["the", "capital", "of", "france", "is", "paris", "and", "the", "capital", "of", "italy", "is", "rome", "while", "berlin", "is", "the", "capital", "of", "germany", ".", "a", "model", "answers", "questions", "about", "cities", "rivers", "mountains", "numbers", "and", "colours", ".", "what", "is", "two", "plus", "two", "?", "four", ".", "think", "step", "by", "step", "before", "you", "answer", "the", "user", ".", "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", ".", "hello", "world", ",", "this", "is", "a", "tiny", "test", "model", "for", "smoke", "tests", "of", "inference", "engines", "on", "machines", "without", "a", "gpu", ".", "reasoning", "comes", "first", "and", "the", "answer", "after"]
 
 
 def corpus(lines: int = 400) -> list[str]:

@@ -93,7 +93,8 @@ def _print_run(ctx: Context, run, check: bool) -> None:  # type: ignore[no-untyp
                 and result.cell_id not in run.missing else (
                     "DRIFT" if result.cell_id in run.drifted else
                     "NO COMMITTED LOCK" if check else "locked")
-            where = "" if check else f" -> {lock.lock_path(ctx, result.cell_id).relative_to(ctx.root)}"
+            path = lock.lock_path(ctx, result.cell_id).relative_to(ctx.root)
+            where = "" if check else f" -> {path}"
             packages = len(lock.pinned_packages(result.text or ""))
             print(f"{result.cell_id}: {state}{where} ({packages} packages, "
                   f"{result.duration_s:.1f} s)")

@@ -79,14 +79,15 @@ def _print_smoke(result) -> None:
 
 def run_smoke(args: argparse.Namespace) -> int:
     from ..context import Context, setup_command_log
-    from ..smoke import SmokeOptions, smoke_cells
+    from ..smoke import SmokeOptions, levels_to_run, model_source, smoke_cells
     from ..state import run_lock
 
     ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, args.verbose)
     levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()] if args.levels else None
-    options = SmokeOptions(levels=levels, fixture=args.fixture,
+    options = SmokeOptions(levels=levels_to_run(ctx, levels), fixture=args.fixture,
                            model_path=Path(args.model_path) if args.model_path else None)
+    model_source(ctx, options)  # a bad --model-path is a usage error before anything runs
+    setup_command_log(ctx.state, args.verbose)
     plans = _plans(ctx, args, "build")
     with run_lock(ctx.state, wait=args.wait):
         results = smoke_cells(ctx, plans, options, on_result=_print_smoke)

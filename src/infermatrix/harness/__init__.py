@@ -14,4 +14,4 @@ PYTHONPATH (or as `infermatrix.harness.<name>` from a checkout).
 - probe               OpenAI-compatible API client: health, thinking on/off, greedy, concurrency
 """
 
-from ._result import RESULT_MARKER  # noqa: E402,F401
+from ._result import RESULT_MARKER  # noqa: F401

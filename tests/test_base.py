@@ -1,0 +1,87 @@
+"""Debootstrap bases: the host's mirror, content-derived tags, and a real build + import."""
+
+from __future__ import annotations
+
+import pytest
+
+from infermatrix import base, engine
+from infermatrix.config import load_matrix
+from infermatrix.errors import ConfigError
+
+DEB822 = """\
+Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://mirror.example.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://mirror.example.org/debian-security
+Suites: bookworm-security
+Components: main
+"""
+
+
+def test_deb822_sources_give_the_main_mirror_and_snapshot():
+    sources = base.parse_deb822_sources(DEB822)
+    picked = base.pick_debian_mirror(sources, "bookworm")
+    assert picked.uri == "http://mirror.example.org/debian"
+    assert picked.snapshot == "20250520T000000Z"
+
+
+def test_one_line_sources_list():
+    text = ("# comment\ndeb [signed-by=/k.gpg] http://ftp.example.net/debian/ bookworm main\n"
+            "deb http://security.example.net/debian-security bookworm-security main\n")
+    picked = base.pick_debian_mirror(base.parse_sources_list(text), "bookworm")
+    assert picked.uri == "http://ftp.example.net/debian" and picked.snapshot is None
+
+
+def test_disabled_and_source_only_stanzas_are_skipped():
+    text = "Types: deb-src\nURIs: http://a/debian\nSuites: bookworm\n\n" \
+           "Types: deb\nURIs: http://b/debian\nSuites: bookworm\nEnabled: no\n"
+    assert base.parse_deb822_sources(text) == []
+
+
+def test_recipe_tag_is_content_derived(test_matrix_path):
+    matrix = load_matrix(test_matrix_path)
+    sources = base.parse_deb822_sources(DEB822)
+    first = base.recipe_for(matrix, "bookworm", sources=sources, architecture="amd64")
+    assert first == base.recipe_for(matrix, "bookworm", sources=sources, architecture="amd64")
+    assert set(base.REQUIRED_PACKAGES) <= set(first.packages)
+    assert first.mirror == "http://mirror.example.org/debian"
+    assert first.ref.startswith("infermatrix/base-bookworm:bookworm-")
+    other_arch = base.recipe_for(matrix, "bookworm", sources=sources, architecture="arm64")
+    assert other_arch.ref != first.ref
+    no_sources = base.recipe_for(matrix, "bookworm", sources=[], architecture="amd64")
+    assert no_sources.mirror == base.FALLBACK_MIRROR and no_sources.ref != first.ref
+
+
+def test_image_ref_of_a_wheels_base_is_its_from_base(test_matrix_path):
+    matrix = load_matrix(test_matrix_path)
+    assert base.image_ref(matrix, "cuda-wheels") == base.image_ref(matrix, "bookworm")
+
+
+def test_registry_base_is_not_built_here():
+    matrix = load_matrix("matrix.yaml")
+    with pytest.raises(ConfigError):
+        base.image_ref(matrix, "nvidia-devel")
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_built_base_has_python_and_its_labels(built_base, test_ctx, tmp_path):
+    labels = engine.image_labels(built_base)
+    recipe = base.recipe_for(test_ctx.matrix, "bookworm")
+    assert built_base == recipe.ref == base.image_ref(test_ctx.matrix, "bookworm")
+    assert labels["io.infermatrix.base.suite"] == "bookworm"
+    assert labels["io.infermatrix.base.mirror"] == recipe.mirror
+    assert labels["io.infermatrix.base.recipe"] == recipe.digest
+    assert "python3-venv" in labels["io.infermatrix.base.packages"].split(",")
+    copied = engine.copy_from_image(built_base, ["/usr/bin/python3", "/etc/debian_version"],
+                                    tmp_path)
+    assert "/usr/bin/python3" in copied
+    assert (tmp_path / "debian_version").read_text().startswith("12.")
+    # Building again finds the tag: nothing is done.
+    again = base.build_base(test_ctx.matrix, "bookworm", test_ctx.state)
+    assert not again.built and again.ref == built_base

@@ -1,0 +1,285 @@
+"""build.py on the real engine with small hand-written cells (seconds, not minutes).
+
+The cells live in a temporary matrix of fixture engines on the CPU lane, on the test matrix's
+debootstrap base: `mini` 1.0 and 2.0 compile the same tiny "kernel" (one cache key), `broken`
+fails on purpose, `slow` sleeps (for the timeout and the SIGINT-and-resume checks). The real
+rendered cells of tests/matrix/ are built in test_build_matrix.py.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from infermatrix import engine, journal
+from infermatrix.build import BuildOptions, build_cells, local_ref
+from infermatrix.context import Context
+from infermatrix.plan import plan_matrix
+from infermatrix.state import run_lock
+
+pytestmark = pytest.mark.docker
+
+MATRIX = """\
+version: 1
+model: {name: fixture/none, card: "https://example.invalid/card", floors: {}, launch: {}}
+python: "3.11"
+axes:
+  cuda: [cpu]
+  torch: ["2.13.0"]
+  engine: ["mini==1.0", "mini==2.0", "broken==1.0", "slow==1.0"]
+  arch: [cpu]
+engines:
+  mini: {package: null, platform: cpu, kernels: [minik], serve: ["true"]}
+  broken: {package: null, platform: cpu, kernels: [], serve: ["true"]}
+  slow: {package: null, platform: cpu, kernels: [], serve: ["true"]}
+bases:
+  default: bookworm
+  definitions:
+    bookworm: BASE_DEFINITION
+build:
+  kernels:
+    minik: {package: minik, version: "1.0", gb_per_nvcc_thread: 0.25}
+  timeout_minutes: 10
+"""
+
+MINI = """\
+FROM {base} AS toolchain
+RUN echo {token} > /token
+
+FROM toolchain AS compile-minik
+ARG MAX_JOBS=1
+RUN mkdir -p /wheels /tmp/minik/minik && echo "JOBS = $MAX_JOBS" > /tmp/minik/minik/__init__.py \\
+ && cd /tmp/minik && python3 -m zipfile -c /wheels/minik-1.0-py3-none-any.whl minik
+
+FROM scratch AS kernel-minik
+COPY --from=compile-minik /wheels/ /wheels/
+
+FROM scratch AS kernels-cached
+COPY kernel-wheels/ /wheels/
+
+FROM toolchain AS runtime
+RUN --mount=type=bind,from=kernels-cached,source=/wheels,target=/tmp/kernel-wheels \\
+    ls /tmp/kernel-wheels > /kernel-wheels.txt
+LABEL io.infermatrix.cell="{cell}"
+"""
+
+BROKEN = """\
+FROM {base}
+RUN echo "broken-on-purpose: no such header" && exit 3
+"""
+
+SLOW = """\
+FROM {base}
+ARG SLEEP=20
+RUN echo {token} && sleep $SLEEP && echo done > /slow
+LABEL io.infermatrix.cell="{cell}"
+"""
+
+
+def _cell(ctx: Context, name: str) -> str:
+    return next(p.id for p in plan_matrix(ctx) if f"-{name}" in p.id)
+
+
+@pytest.fixture(scope="module")
+def mini_ctx(built_base, test_ctx, tmp_path_factory) -> Context:
+    root = tmp_path_factory.mktemp("mini-matrix")
+    definition = json.dumps(test_ctx.matrix.bases["definitions"]["bookworm"])
+    (root / "matrix.yaml").write_text(MATRIX.replace("BASE_DEFINITION", definition))
+    ctx = Context.load(root / "matrix.yaml", root / ".state")
+    token = uuid.uuid4().hex  # new layers per test session: nothing comes from an old run
+    for plan in plan_matrix(ctx):
+        kind = plan.cell.engine
+        template = {"mini": MINI, "broken": BROKEN, "slow": SLOW}[kind]
+        directory = ctx.images_dir / plan.id
+        directory.mkdir(parents=True)
+        (directory / "Dockerfile").write_text(
+            template.format(base=built_base, token=token, cell=plan.id))
+    yield ctx
+    for plan in plan_matrix(ctx):
+        engine.remove_image(local_ref(plan.id), force=True)
+
+
+def _plans(ctx: Context, *names: str):
+    return [p for p in plan_matrix(ctx) if p.cell.engine in names]
+
+
+def _build_commands(ctx: Context) -> list[str]:
+    log = ctx.state.commands_log
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [ln for ln in lines if " build " in ln and "--progress=plain" in ln]
+
+
+def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
+    from infermatrix.context import setup_command_log
+
+    setup_command_log(mini_ctx.state)
+    echoed: list[str] = []
+    results = build_cells(mini_ctx, _plans(mini_ctx, "mini", "broken"),
+                          BuildOptions(echo=echoed.append))
+    mini1, mini2 = _cell(mini_ctx, "mini1.0"), _cell(mini_ctx, "mini2.0")
+    broken = _cell(mini_ctx, "broken1.0")
+    assert results[mini1].status == results[mini2].status == "pass"
+    # The failing cell did not stop the others, and says why with the command and log tail.
+    failed = results[broken]
+    assert failed.status == "fail" and "exited" in failed.reason
+    assert "broken-on-purpose" in failed.log_tail
+    assert "build" in failed.command and broken in failed.command
+    assert any("broken-on-purpose" in line for line in echoed)
+    record = journal.load(mini_ctx.state, broken)
+    assert record["stages"]["build"]["status"] == "fail"
+    assert "broken-on-purpose" in record["stages"]["build"]["details"]["log_tail"]
+
+    # The kernel is compiled once: the second cell with the same key takes it from the cache.
+    kernels = {cell: results[cell].kernels["minik"] for cell in (mini1, mini2)}
+    assert sorted(k["cache"] for k in kernels.values()) == ["hit", "miss"]
+    assert kernels[mini1]["key"] == kernels[mini2]["key"]
+    assert len([c for c in _build_commands(mini_ctx) if "--target kernel-minik" in c]) == 1
+
+    # Images exist under the local reference, with the labels and the kernel wheel inside.
+    for cell in (mini1, mini2):
+        assert engine.image_id_of(local_ref(cell)) == results[cell].image_id
+        labels = engine.image_labels(local_ref(cell))
+        assert labels["io.infermatrix.cell"] == cell
+        assert labels["io.infermatrix.input-hash"] == journal.load(mini_ctx.state,
+                                                                    cell)["input_hash"]
+        record = journal.load(mini_ctx.state, cell)
+        assert record["image_id"] == results[cell].image_id
+        details = record["stages"]["build"]["details"]
+        assert details["compile_plan"]["max_jobs"] >= 1 and details["secret_ids"]
+        assert Path(record["stages"]["build"]["log"]).is_file()
+    out = Path(mini_ctx.state.root) / "copied"
+    engine.copy_from_image(local_ref(mini2), ["/kernel-wheels.txt"], out)
+    assert (out / "kernel-wheels.txt").read_text().strip() == "minik-1.0-py3-none-any.whl"
+
+
+def test_rerun_does_no_work(mini_ctx):
+    before = len(_build_commands(mini_ctx))
+    results = build_cells(mini_ctx, _plans(mini_ctx, "mini"), BuildOptions(echo=lambda _: None))
+    assert all(r.status == "pass" and r.reused for r in results.values())
+    assert len(_build_commands(mini_ctx)) == before
+
+
+def test_changed_context_rebuilds_only_that_cell(mini_ctx):
+    mini2 = _cell(mini_ctx, "mini2.0")
+    extra = mini_ctx.images_dir / mini2 / "notes.txt"
+    extra.write_text("a new file in the build context\n")
+    try:
+        results = build_cells(mini_ctx, _plans(mini_ctx, "mini"), BuildOptions(echo=lambda _: None))
+        assert not results[mini2].reused and results[mini2].status == "pass"
+        assert results[_cell(mini_ctx, "mini1.0")].reused
+    finally:
+        extra.unlink()
+
+
+def test_per_cell_timeout(mini_ctx):
+    slow = _cell(mini_ctx, "slow1.0")
+    results = build_cells(mini_ctx, _plans(mini_ctx, "slow"),
+                          BuildOptions(timeout_min=3 / 60, echo=lambda _: None))
+    assert results[slow].status == "fail" and results[slow].reason == "timed out"
+    assert journal.load(mini_ctx.state, slow)["stages"]["build"]["status"] == "fail"
+
+
+def test_fail_fast_stops_after_the_first_failure(mini_ctx):
+    plans = sorted(_plans(mini_ctx, "broken", "slow"), key=lambda p: p.cell.engine)
+    results = build_cells(mini_ctx, plans, BuildOptions(fail_fast=True, echo=lambda _: None))
+    assert list(results) == [_cell(mini_ctx, "broken1.0")]
+
+
+def test_second_run_on_the_same_state_refuses(mini_ctx):
+    with run_lock(mini_ctx.state):
+        code = subprocess.run(_cli(mini_ctx, "--select", "*mini1.0*"), capture_output=True,
+                              text=True, timeout=120)
+    assert code.returncode == 2 and "in use" in code.stderr
+
+
+def test_not_rendered_cell_fails_with_the_fix(mini_ctx, tmp_path):
+    ctx = Context.load(mini_ctx.matrix.path, tmp_path / "state")
+    ctx_images = ctx.images_dir / "cpu-torch2.13.0-mini1.0-cpu" / "Dockerfile"
+    assert ctx_images.is_file()
+    plans = _plans(ctx, "mini")
+    moved = ctx.images_dir / plans[0].id
+    hidden = moved.with_name(moved.name + ".hidden")
+    moved.rename(hidden)
+    try:
+        results = build_cells(ctx, plans[:1], BuildOptions(echo=lambda _: None))
+    finally:
+        hidden.rename(moved)
+    assert results[plans[0].id].status == "fail"
+    assert "infermatrix render" in results[plans[0].id].reason
+
+
+def _cli(ctx: Context, *args: str) -> list[str]:
+    return [sys.executable, "-m", "infermatrix", "build", "--matrix", str(ctx.matrix.path),
+            "--state-dir", str(ctx.state.root), *args]
+
+
+def test_sigint_midway_then_rerun_resumes(mini_ctx):
+    mini1, slow = _cell(mini_ctx, "mini1.0"), _cell(mini_ctx, "slow1.0")
+    args = ("--select", "*mini1.0*", "--select", "*slow1.0*")
+    first = subprocess.Popen(_cli(mini_ctx, *args), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    # Wait until the slow cell's build is under way (its record says `running`).
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        record = journal.load(mini_ctx.state, slow)
+        if journal.stage_status(record, "build") == "running" and first.poll() is None:
+            break
+        time.sleep(0.2)
+    else:
+        first.kill()
+        pytest.fail(f"the slow cell never started: {first.communicate()[0]}")
+    time.sleep(2)
+    first.send_signal(signal.SIGINT)
+    output, _ = first.communicate(timeout=60)
+    assert first.returncode == 130, output
+    assert journal.stage_status(journal.load(mini_ctx.state, slow), "build") == "running"
+    assert journal.stage_status(journal.load(mini_ctx.state, mini1), "build") == "pass"
+    # Every record is whole JSON (atomic writes), and no temporary file is left behind.
+    for path in mini_ctx.state.journal.glob("*"):
+        assert path.suffix == ".json", path
+        json.loads(path.read_text())
+
+    second = subprocess.run(_cli(mini_ctx, *args), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"{mini1}: pass (unchanged, reused)" in second.stdout
+    assert f"{slow}: pass (built" in second.stdout
+    assert engine.image_exists(local_ref(slow))
+
+
+def test_parallel_cells_share_one_kernel_compile(mini_ctx, tmp_path):
+    ctx = Context.load(mini_ctx.matrix.path, tmp_path / "state")
+    ctx.matrix.data.setdefault("build", {})["max_parallel_cells"] = 2
+    echoed: list[str] = []
+    results = build_cells(ctx, _plans(ctx, "mini"), BuildOptions(echo=echoed.append))
+    assert "2 cell(s) compiling at once" in echoed[0]
+    assert all(r.status == "pass" and not r.reused for r in results.values())
+    caches = sorted(r.kernels["minik"]["cache"] for r in results.values())
+    assert caches == ["hit", "miss"]  # the second waited for the first's wheel
+
+
+def test_second_run_with_wait_runs_after_the_first(mini_ctx):
+    import threading
+
+    released = threading.Event()
+
+    def hold() -> None:
+        with run_lock(mini_ctx.state):
+            released.wait(3)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    threading.Timer(2, released.set).start()
+    results = build_cells(mini_ctx, _plans(mini_ctx, "mini"),
+                          BuildOptions(wait=True, echo=lambda _: None))
+    holder.join()
+    assert time.monotonic() - started >= 1.5  # it waited for the holder
+    assert all(r.status == "pass" for r in results.values())
