@@ -23,10 +23,17 @@ Components: main
 """
 
 
-def test_deb822_sources_give_the_main_mirror_and_snapshot():
+def test_deb822_sources_give_the_main_mirror_and_the_snapshot_noted():
     sources = base.parse_deb822_sources(DEB822)
     picked = base.pick_debian_mirror(sources, "bookworm")
     assert picked.uri == "http://mirror.example.org/debian"
+    assert picked.snapshot == "20250520T000000Z"  # the stanza's comment names it
+
+
+def test_snapshot_mirror_is_recorded():
+    text = ("Types: deb\nURIs: http://snapshot.debian.org/archive/debian/20250520T000000Z/\n"
+            "Suites: bookworm\n")
+    picked = base.pick_debian_mirror(base.parse_deb822_sources(text), "bookworm")
     assert picked.snapshot == "20250520T000000Z"
 
 

@@ -76,3 +76,21 @@ def test_first_error_lines_find_the_cause_not_the_summary():
 def test_local_ref_is_not_publishable_looking():
     assert build.local_ref("cu130-torch2.11.0-vllm0.20.1-sm120") == \
         "infermatrix-local/cu130-torch2.11.0-vllm0.20.1-sm120:build"
+
+
+def test_platform_flag_only_for_another_cpu():
+    from infermatrix import engine
+    from infermatrix.model import Cell, CellPlan, CellSettings
+
+    def plan(platform: str) -> CellPlan:
+        cell = Cell("13.0", "2.11.0", "vllm", "0.20.1", "sm_121")
+        return CellPlan(cell, "planned", settings=CellSettings(
+            python="3.12", base="b", engine_package="vllm", platform=platform))
+
+    host = engine.host_platform()
+    other = "linux/arm64" if host != "linux/arm64" else "linux/amd64"
+    assert build.build_platform(plan(host)) is None
+    assert build.build_platform(plan(other)) == other
+    request = engine.BuildRequest(context_dir=".", platform=other)
+    argv = request.argv(engine.BuildClient("/usr/bin/docker", "buildkit", "20.10.24"))
+    assert argv[argv.index("--platform") + 1] == other

@@ -174,3 +174,17 @@ def test_import_rootfs(docker_available, tmp_path, scratch_tag):
     assert engine.image_labels(image_id)["io.infermatrix.test"] == "x"
     engine.copy_from_image(image_id, ["/etc/marker"], tmp_path / "got")
     assert (tmp_path / "got" / "marker").read_text() == "imported\n"
+
+
+def test_docker_host_is_honoured(tmp_path):
+    """A DOCKER_HOST pointing nowhere is used (and reported), not silently replaced."""
+    import subprocess
+    import sys
+
+    code = ("from infermatrix import engine\n"
+            "try:\n    engine.client()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    env = {"PATH": "/usr/bin:/bin", "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock",
+           "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.startswith("UsageError") and "nothing.sock" in out and "DOCKER_HOST" in out

@@ -23,7 +23,8 @@ def test_same_inputs_same_key():
 
 @pytest.mark.parametrize("change", [dict(torch="2.10.0"), dict(cuda="12.9"), dict(python="3.11"),
                                     dict(archs=["sm_121"]), dict(archs=["sm_120", "sm_121"]),
-                                    dict(stage_text="other recipe")])
+                                    dict(stage_text="other recipe"),
+                                    dict(platform="linux/arm64")])
 def test_each_part_of_the_key_matters(change):
     assert key(**change).slug != key().slug
 
@@ -42,6 +43,7 @@ def test_version_and_env_matter():
 def test_slug_is_readable():
     slug = key().slug
     assert slug.startswith("flash-attn-2.8.3-torch2.11.0-cu13.0-py3.12-sm120-")
+    assert "-sm121-arm64-" in key(archs=["sm_121"], platform="linux/arm64").slug
 
 
 def test_match_engine_needs_the_resolved_version():

@@ -53,7 +53,9 @@ APT_SOURCES_LIST = Path("/etc/apt/sources.list")
 class AptSource:
     uri: str
     suites: tuple[str, ...]
-    snapshot: str | None  # e.g. 20250520T000000Z when a snapshot.debian.org comment names it
+    # e.g. 20250520T000000Z: a snapshot.debian.org URI, or the snapshot a stanza's comment names
+    # (Debian images note the snapshot they were made from that way).
+    snapshot: str | None
 
 
 def parse_deb822_sources(text: str) -> list[AptSource]:
@@ -61,7 +63,7 @@ def parse_deb822_sources(text: str) -> list[AptSource]:
     sources = []
     for stanza in re.split(r"\n\s*\n", text):
         fields: dict[str, str] = {}
-        snapshot = _snapshot_in(stanza)
+        noted = _snapshot_in(stanza)
         for line in stanza.splitlines():
             if line.startswith("#") or ":" not in line:
                 continue
@@ -73,7 +75,7 @@ def parse_deb822_sources(text: str) -> list[AptSource]:
             continue
         suites = tuple(fields.get("suites", "").split())
         for uri in fields.get("uris", "").split():
-            sources.append(AptSource(uri.rstrip("/"), suites, snapshot))
+            sources.append(AptSource(uri.rstrip("/"), suites, _snapshot_in(uri) or noted))
     return sources
 
 
@@ -87,11 +89,12 @@ def parse_sources_list(text: str) -> list[AptSource]:
         line = re.sub(r"\[[^\]]*\]", "", line)
         parts = line.split()
         if len(parts) >= 3:
-            sources.append(AptSource(parts[1].rstrip("/"), (parts[2],), _snapshot_in(line)))
+            sources.append(AptSource(parts[1].rstrip("/"), (parts[2],), _snapshot_in(parts[1])))
     return sources
 
 
 def _snapshot_in(text: str) -> str | None:
+    """The timestamp of a snapshot.debian.org archive URL in `text`."""
     match = re.search(r"snapshot\.debian\.org/archive/debian/(\d{8}T\d{6}Z)", text)
     return match.group(1) if match else None
 
@@ -155,7 +158,10 @@ class BaseRecipe:
             "io.infermatrix.base.suite": self.suite,
             "io.infermatrix.base.variant": self.variant,
             "io.infermatrix.base.mirror": self.mirror,
+            # The snapshot the host's sources name (a comment or a snapshot.debian.org URI);
+            # packages come from `mirror` as of the build date.
             "io.infermatrix.base.snapshot": self.snapshot or "none",
+            "io.infermatrix.base.date": built,
             "io.infermatrix.base.packages": ",".join(self.packages),
             "io.infermatrix.base.recipe": self.digest,
             "org.opencontainers.image.created": built,
@@ -193,6 +199,7 @@ def recipe_for(matrix: Matrix, base_name: str, sources: list[AptSource] | None =
     if not mirror:
         found = pick_debian_mirror(host_apt_sources() if sources is None else sources, suite)
         mirror, snapshot = (found.uri, found.snapshot) if found else (FALLBACK_MIRROR, None)
+    snapshot = _snapshot_in(mirror) or snapshot
     packages = tuple(sorted(set(REQUIRED_PACKAGES) | set(spec.get("packages", []))))
     return BaseRecipe(name=base_name, suite=suite, variant=spec.get("variant", "minbase"),
                       mirror=mirror.rstrip("/"), packages=packages,

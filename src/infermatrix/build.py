@@ -154,7 +154,8 @@ def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
             spec, torch=plan.cell.torch, cuda=plan.cell.cuda, python=plan.settings.python,
             archs=[plan.cell.arch], source_root=ctx.root,
             resolved_version=_locked_version(ctx, plan.id, spec["package"]),
-            stage_text=stage_text(dockerfile_text, f"kernel-{name}"))
+            stage_text=stage_text(dockerfile_text, f"kernel-{name}"),
+            platform=plan.settings.platform)
     return keys
 
 
@@ -169,6 +170,14 @@ def _locked_version(ctx: Context, cell_id: str, package: str) -> str | None:
         if match and re.sub(r"[-_.]+", "-", match.group(1)).lower() == wanted:
             return match.group(2)
     return None
+
+
+def build_platform(plan: CellPlan) -> str | None:
+    """`--platform` for a cell whose image is for another CPU than the engine's (sm_121 cells
+    are linux/arm64: GB10 machines are Arm); None builds for the engine's own platform.
+    Building for another CPU needs an engine that can run it (binfmt/QEMU or an Arm builder)."""
+    wanted = plan.settings.platform if plan.settings else None
+    return wanted if wanted and wanted != engine.host_platform() else None
 
 
 def secrets_for(options: BuildOptions) -> dict[str, Path]:
@@ -235,8 +244,8 @@ def _unchanged(ctx: Context, cell_id: str, digest: str) -> str | None:
 def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                     keys: dict[str, kernelcache.KernelKey], build_args: dict[str, str],
                     secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                    echo: Callable[[str], None], no_cache: bool = False
-                    ) -> tuple[list[kernelcache.Entry],
+                    echo: Callable[[str], None], no_cache: bool = False,
+                    platform: str | None = None) -> tuple[list[kernelcache.Entry],
                                                           dict[str, dict[str, Any]]]:
     """Compile the kernels missing from the cache; return the cell's entries and a report."""
     entries, report = [], {}
@@ -244,7 +253,7 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
         with _key_lock(key.slug):
             entry, cache, started = _compile_or_reuse(
                 ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
-                echo, no_cache)
+                echo, no_cache, platform)
         entries.append(entry)
         report[name] = {"key": key.slug, "cache": cache, "wheels": [w.name for w in entry.wheels],
                         "duration_s": round(time.monotonic() - started, 3)}
@@ -264,7 +273,7 @@ def _key_lock(slug: str) -> threading.Lock:
 def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                       key: kernelcache.KernelKey, build_args: dict[str, str],
                       secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                      echo: Callable[[str], None], no_cache: bool
+                      echo: Callable[[str], None], no_cache: bool, platform: str | None
                       ) -> tuple[kernelcache.Entry, str, float]:
     """(the cache entry, "hit" or "miss", when the work started)."""
     entry = kernelcache.lookup(ctx.state, key)
@@ -275,7 +284,8 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                                          dir=_tmp_root(ctx)) as out:
             engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
                                secrets=secrets, output_dir=Path(out), log_path=log_path,
-                               timeout=deadline.remaining(), no_cache=no_cache)
+                               timeout=deadline.remaining(), no_cache=no_cache,
+                           platform=platform)
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -305,8 +315,11 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
                                "(run `infermatrix render` first)", None, None)
     text = dockerfile.read_text(encoding="utf-8")
     build_args = compile.build_args()
-    keys = kernel_keys_for(ctx, plan, text)
-    digest = input_hash(directory, build_args, keys)
+    try:
+        keys = kernel_keys_for(ctx, plan, text)
+    except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version
+        return _record_failure(ctx, cell_id, 0.0, None, str(exc), None, None)
+    digest = input_hash(directory, {**build_args, "platform": plan.settings.platform}, keys)
     if not options.force:
         image_id = _unchanged(ctx, cell_id, digest)
         if image_id:
@@ -316,14 +329,18 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     timeout_min = options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))
     deadline = _Deadline(timeout_min * 60)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(f"# infermatrix build {cell_id}\n# {compile.describe()}\n")
+    log_path.write_text(f"# infermatrix build {cell_id}\n# {compile.describe()}\n"
+                        f"# the image is built from a temporary copy of {directory} whose "
+                        f"{KERNEL_WHEELS_DIR}/ holds the cached kernel wheels\n")
     journal.record_stage(ctx.state, cell_id, "build", "running", log=log_path,
                          details={"input_hash": digest})
     secrets = secrets_for(options)
+    platform = build_platform(plan)
     kernels: dict[str, dict[str, Any]] = {}
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
-                                           log_path, deadline, options.echo, options.no_cache)
+                                           log_path, deadline, options.echo, options.no_cache,
+                                           platform)
         with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
             context = Path(tmp) / "context"
             shutil.copytree(directory, context, symlinks=True)
@@ -332,7 +349,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
             image_id = engine.build_image(context, tag=local_ref(cell_id), build_args=build_args,
                                           secrets=secrets, log_path=log_path, labels=labels,
                                           timeout=deadline.remaining(),
-                                          no_cache=options.no_cache)
+                                          no_cache=options.no_cache, platform=platform)
     except CommandFailed as exc:
         reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
         return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,

@@ -123,6 +123,14 @@ def build_client() -> BuildClient:
         "docker.io client (20.10, /usr/bin/docker), or set INFERMATRIX_DOCKER=/path/to/docker")
 
 
+def host_platform() -> str:
+    """The engine host's platform in OCI form (linux/amd64, linux/arm64)."""
+    import platform
+
+    machine = platform.machine()
+    return "linux/" + {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
 def docker_cli() -> str:
     """A docker CLI for non-build commands (import, ...): the build client's binary."""
     return build_client().binary
@@ -146,9 +154,12 @@ class BuildRequest:
     output_dir: Path | None = None  # `--output type=local,dest=...` instead of an image
     iidfile: Path | None = None
     no_cache: bool = False  # `--no-cache` (verify-repro builds twice from nothing)
+    platform: str | None = None  # `--platform linux/arm64` (None: the engine's own)
 
     def argv(self, client: BuildClient) -> list[str]:
         argv = client.build_argv() + ["--progress=plain"]
+        if self.platform:
+            argv += ["--platform", self.platform]
         if self.no_cache:
             argv.append("--no-cache")
         if self.dockerfile is not None:
@@ -186,7 +197,8 @@ def build_image(context_dir: Path, dockerfile: Path | None = None, tag: str | No
                 target: str | None = None, build_args: dict[str, str] | None = None,
                 secrets: dict[str, Path] | None = None, output_dir: Path | None = None,
                 log_path: Path | None = None, timeout: float | None = None,
-                labels: dict[str, str] | None = None, no_cache: bool = False) -> str:
+                labels: dict[str, str] | None = None, no_cache: bool = False,
+                platform: str | None = None) -> str:
     """Run one BuildKit build; return the image id ("" when exporting to `output_dir`).
 
     Raises CommandFailed (exact command + log tail) when the build fails or times out.
@@ -199,7 +211,8 @@ def build_image(context_dir: Path, dockerfile: Path | None = None, tag: str | No
             context_dir=Path(context_dir), dockerfile=Path(dockerfile) if dockerfile else None,
             tag=tag, target=target, build_args=dict(build_args or {}), secrets=secrets,
             labels=dict(labels or {}), output_dir=Path(output_dir) if output_dir else None,
-            iidfile=None if output_dir else Path(tmp) / "iid", no_cache=no_cache)
+            iidfile=None if output_dir else Path(tmp) / "iid", no_cache=no_cache,
+            platform=platform)
         if request.output_dir is not None:
             request.output_dir.mkdir(parents=True, exist_ok=True)
         proc.run(request.argv(client), env=client.env(), log_path=log_path, timeout=timeout)
@@ -227,9 +240,24 @@ def client():  # -> docker.DockerClient
         sdk = docker.from_env(timeout=600)
         sdk.ping()
     except docker.errors.DockerException as exc:
-        raise UsageError(f"cannot reach the Docker engine: {exc}\n  fix: start dockerd, or set "
-                         "DOCKER_HOST / DOCKER_CONTEXT") from None
+        raise UsageError(f"cannot reach the Docker engine at {engine_address()}: {exc}\n"
+                         "  fix: start dockerd, or set DOCKER_HOST / DOCKER_CONTEXT") from None
     return sdk
+
+
+def engine_address() -> str:
+    """Where the engine is looked for: DOCKER_HOST, else the context's host, else the socket."""
+    if os.environ.get("DOCKER_HOST"):
+        return f"{os.environ['DOCKER_HOST']} (DOCKER_HOST)"
+    try:
+        from docker.context import ContextAPI
+
+        host = ContextAPI.kwargs_from_context().get("base_url")
+        if host:
+            return f"{host} (Docker context)"
+    except Exception:  # a broken context file: the default socket is what is tried
+        pass
+    return "unix:///var/run/docker.sock (default)"
 
 
 def engine_available() -> bool:

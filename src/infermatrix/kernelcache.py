@@ -1,7 +1,8 @@
 """Compiled kernel wheels, compiled once per key and reused by every cell with that key.
 
 A key is (package, version or source-tree hash, torch, CUDA, Python, arch list, the package's
-build env, and a hash of the rendered `kernel-<name>` stage that compiles it). The wheels of a
+build env, a hash of the rendered `kernel-<name>` stage that compiles it, and the image
+platform). The wheels of a
 key live under `<state>/cache/kernels/<slug>/` with an `entry.json` written last: an entry
 without it is incomplete and ignored. Entries appear by an atomic directory rename, so two runs
 storing the same key cannot leave a mixed directory.
@@ -42,6 +43,7 @@ class KernelKey:
     archs: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     recipe: str = ""  # hash of the rendered kernel stage
+    platform: str = "linux/amd64"  # the wheel's CPU: an x86_64 wheel is no use on GB10 (Arm)
 
     @property
     def digest(self) -> str:
@@ -53,7 +55,9 @@ class KernelKey:
         """A readable, unique directory name."""
         archs = "+".join(a.replace("_", "") for a in self.archs)
         safe = re.sub(r"[^A-Za-z0-9.+-]", "_", f"{self.package}-{self.version}")
-        return f"{safe}-torch{self.torch}-cu{self.cuda}-py{self.python}-{archs}-{self.digest}"
+        machine = "" if self.platform == "linux/amd64" else "-" + self.platform.split("/")[-1]
+        return (f"{safe}-torch{self.torch}-cu{self.cuda}-py{self.python}-{archs}{machine}-"
+                f"{self.digest}")
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -77,7 +81,7 @@ def tree_hash(root: Path) -> str:
 
 def make_key(spec: dict[str, Any], *, torch: str, cuda: str, python: str, archs: list[str],
              source_root: Path | None = None, resolved_version: str | None = None,
-             stage_text: str = "") -> KernelKey:
+             stage_text: str = "", platform: str = "linux/amd64") -> KernelKey:
     """The key of one kernel package (`spec`: its `build.kernels.<name>` entry) for a cell.
 
     `source_root`: where a `path:` is relative to (the matrix directory); `resolved_version`:
@@ -95,7 +99,8 @@ def make_key(spec: dict[str, Any], *, torch: str, cuda: str, python: str, archs:
     recipe = hashlib.sha256(stage_text.encode()).hexdigest()[:16] if stage_text else ""
     return KernelKey(package=spec["package"], version=version, torch=torch, cuda=cuda,
                      python=python, archs=tuple(sorted(archs)),
-                     env=tuple(sorted((spec.get("env") or {}).items())), recipe=recipe)
+                     env=tuple(sorted((spec.get("env") or {}).items())), recipe=recipe,
+                     platform=platform)
 
 
 # --------------------------------------------------------------------------------------------

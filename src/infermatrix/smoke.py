@@ -27,7 +27,6 @@ import itertools
 import logging
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -263,14 +262,10 @@ class Harness:
 
     @classmethod
     def for_image(cls, image_id: str, log_path: Path) -> Harness:
-        """Use the harness shipped in the image; mount this checkout's when it is missing."""
-        with tempfile.TemporaryDirectory(prefix="infermatrix-harness-") as tmp:
-            found = engine.copy_from_image(image_id, [f"{HARNESS_IN_IMAGE}/__init__.py"],
-                                           Path(tmp))
-        if found:
-            return cls(image_id, log_path)
+        """The harness of this checkout, mounted read-only into the image under test (images
+        do not carry it: a harness change must not change, and rebuild, every image)."""
         mount = engine.Mount(str(HARNESS_ON_HOST), HARNESS_IN_IMAGE, read_only=True)
-        return cls(image_id, log_path, [mount], "mounted from the host (not in the image)")
+        return cls(image_id, log_path, [mount], "mounted from the host")
 
     def run(self, program: str, args: list[str], timeout_s: float, *,
             mounts: list[engine.Mount] = (), gpu: bool = False,
