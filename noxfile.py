@@ -26,11 +26,18 @@ def _install(session: nox.Session, dev: bool = False) -> None:
     session.install("-e", ".[dev]" if dev else ".")
 
 
+def _provision(session: nox.Session) -> None:
+    """Docker engine, debootstrap, registry, chromium: installed and started when missing
+    (a second or two when they are there already)."""
+    session.run("bash", str(ROOT / ".ci" / "provision"), external=True)
+
+
 @nox.session(name="build-matrix", python=PYTHON)
 def build_matrix(session: nox.Session) -> None:
     """The main job: plan → lock check → render → build → audit → smoke → tag → publish → report."""
+    _provision(session)
     _install(session)
-    session.run("infermatrix", "pipeline", *session.posargs, external=False)
+    session.run("infermatrix", "pipeline", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -43,6 +50,7 @@ def plan(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Drift check of images/ against a fresh render, then the whole test suite."""
+    _provision(session)
     _install(session, dev=True)
     session.run("infermatrix", "render", "--check")
     session.run("pytest", *(session.posargs or ["-ra"]))

@@ -388,13 +388,19 @@ def _sdist_pin(ctx: Context, cell_id: str, package: str, version: str | None,
 
 
 def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
-    """The lock's lines for torch and everything it needs (lock.subset), for the toolchain."""
+    """The lock's lines for torch and everything it needs (lock.subset), for the toolchain.
+
+    Only pins and hashes: uv's `# via` comments name the cell's other packages, and the
+    toolchain must be the same text for every cell with the same torch, so that they share its
+    layers and their kernel-cache keys."""
     try:
-        return locks.subset(lock_text, "torch")
+        subset = locks.subset(lock_text, "torch")
     except StageFailure:
         raise ConfigError(f"torch is not pinned in the lock of {cell_id}",
                           _shown(lock_path(ctx, cell_id)),
                           fix=f"infermatrix lock --select {cell_id}") from None
+    return "\n".join(line for line in subset.splitlines()
+                     if not line.lstrip().startswith("#")) + "\n"
 
 
 def source_date_epoch(matrix: Matrix, base_name: str) -> int:

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 console = Console(stderr=True)
 
 
+def echo(line: str) -> None:
+    """Print a stage's line as it is: log tails hold `[...]` that rich would read as markup."""
+    console.print(line, markup=False, highlight=False)
+
+
 def _outcome(name: str, passed: list[str], failed: list[str], note: str = "") -> "StepOutcome":
     from .pipeline import StepOutcome
     return StepOutcome(name, "ran" if passed or failed else "nothing to do", passed, failed,
@@ -49,7 +54,7 @@ def step_base(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -
               if name in _with_parents(ctx, wanted)]
     for name in needed:
         result = build_base(ctx.matrix, name, ctx.state)
-        console.print(f"base {name}: {result.ref}")
+        echo(f"base {name}: {result.ref}")
     return _outcome("base", needed, [])
 
 
@@ -68,7 +73,7 @@ def step_build(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") 
     from .build import BuildOptions, build_cells
     results = build_cells(ctx, plans, BuildOptions(
         fail_fast=options.fail_fast, timeout_min=options.timeout_min, max_jobs=options.max_jobs,
-        nvcc_threads=options.nvcc_threads, wait=options.wait, echo=console.print))
+        nvcc_threads=options.nvcc_threads, wait=options.wait, echo=echo))
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
     return _outcome("build", passed, failed)
@@ -92,7 +97,7 @@ def step_tag(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") ->
         decision = tag_cell(ctx, plan.cell)
         (tagged if decision.allowed else refused).append(plan.id)
         verdict = f"tagged ({decision.kind})" if decision.allowed else "not tagged"
-        console.print(f"{plan.id}: {verdict}: {decision.reason}")
+        echo(f"{plan.id}: {verdict}: {decision.reason}")
     return _outcome("tag", tagged, [], note=f"{len(refused)} not tagged" if refused else "")
 
 
@@ -102,7 +107,7 @@ def step_publish(ctx: Context, plans: list[CellPlan], options: "PipelineOptions"
     if not options.publish or not registry_configured(ctx.matrix):
         return StepOutcome("publish", "not configured",
                            note="no publish.registry in matrix.yaml (or --no-publish)")
-    result = publish(ctx, Selection([p.id for p in plans]), say=console.print)
+    result = publish(ctx, Selection([p.id for p in plans]), say=echo)
     return _outcome("publish", [*result.pushed, *result.unchanged],
                     [*result.refused, *result.failed])
 
