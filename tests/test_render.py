@@ -633,12 +633,17 @@ def test_source_date_epoch_from_the_matrix_or_the_base_snapshot(tmp_path: Path, 
     text = render.render_cell(ctx, golden_plans(ctx)[0]).files["Dockerfile"][0].decode()
     assert text.count("ARG SOURCE_DATE_EPOCH=1700000000\n") == 2  # toolchain, runtime
 
-    # mirror: null -> the host's apt sources decide the mirror, and their snapshot the epoch
+    # A snapshot mirror declared in matrix.yaml gives the epoch; the host's apt sources never
+    # do (mirror: null), since the render must not depend on the machine.
     snapshot = [base_images.AptSource("http://deb.debian.org/debian", ("bookworm",),
                                       "20250520T000000Z")]
     monkeypatch.setattr(base_images, "host_apt_sources", lambda *a, **k: snapshot)
-    ctx = copy_matrix(tmp_path / "b", edit=lambda t: t.replace(
+    ctx = copy_matrix(tmp_path / "c", edit=lambda t: t.replace(
         "mirror: http://deb.debian.org/debian", "mirror: null"))
+    assert render.source_date_epoch(ctx.matrix, "bookworm") == render.DEFAULT_SOURCE_DATE_EPOCH
+    ctx = copy_matrix(tmp_path / "b", edit=lambda t: t.replace(
+        "mirror: http://deb.debian.org/debian",
+        "mirror: http://snapshot.debian.org/archive/debian/20250520T000000Z"))
     assert render.source_date_epoch(ctx.matrix, "bookworm") == 1747699200
     assert render.source_date_epoch(ctx.matrix, "cuda-wheels") == 1747699200  # its from: base
     assert render.source_date_epoch(ctx.matrix, "nvidia-devel") == render.DEFAULT_SOURCE_DATE_EPOCH

@@ -63,7 +63,7 @@ def parse_deb822_sources(text: str) -> list[AptSource]:
     sources = []
     for stanza in re.split(r"\n\s*\n", text):
         fields: dict[str, str] = {}
-        noted = _snapshot_in(stanza)
+        noted = snapshot_in(stanza)
         for line in stanza.splitlines():
             if line.startswith("#") or ":" not in line:
                 continue
@@ -75,7 +75,7 @@ def parse_deb822_sources(text: str) -> list[AptSource]:
             continue
         suites = tuple(fields.get("suites", "").split())
         for uri in fields.get("uris", "").split():
-            sources.append(AptSource(uri.rstrip("/"), suites, _snapshot_in(uri) or noted))
+            sources.append(AptSource(uri.rstrip("/"), suites, snapshot_in(uri) or noted))
     return sources
 
 
@@ -89,11 +89,11 @@ def parse_sources_list(text: str) -> list[AptSource]:
         line = re.sub(r"\[[^\]]*\]", "", line)
         parts = line.split()
         if len(parts) >= 3:
-            sources.append(AptSource(parts[1].rstrip("/"), (parts[2],), _snapshot_in(parts[1])))
+            sources.append(AptSource(parts[1].rstrip("/"), (parts[2],), snapshot_in(parts[1])))
     return sources
 
 
-def _snapshot_in(text: str) -> str | None:
+def snapshot_in(text: str) -> str | None:
     """The timestamp of a snapshot.debian.org archive URL in `text`."""
     match = re.search(r"snapshot\.debian\.org/archive/debian/(\d{8}T\d{6}Z)", text)
     return match.group(1) if match else None
@@ -135,12 +135,16 @@ class BaseRecipe:
     packages: tuple[str, ...]
     architecture: str
     snapshot: str | None = None
+    declared_mirror: str | None = None  # as matrix.yaml says it (None: the host's mirror)
 
     def key(self) -> dict[str, object]:
-        """What decides the content: the tag is a hash of this."""
+        """What decides the content: the tag is a hash of this. Only what matrix.yaml declares
+        counts, not what this host's apt sources resolve `mirror: null` to: the tag is written
+        into the committed Dockerfiles, which must render the same on every machine."""
         return {"format": RECIPE_FORMAT, "suite": self.suite, "variant": self.variant,
-                "mirror": self.mirror, "packages": list(self.packages),
-                "architecture": self.architecture, "snapshot": self.snapshot}
+                "mirror": self.declared_mirror or "host", "packages": list(self.packages),
+                "architecture": self.architecture,
+                "snapshot": snapshot_in(self.declared_mirror or "")}
 
     @property
     def digest(self) -> str:
@@ -195,15 +199,17 @@ def recipe_for(matrix: Matrix, base_name: str, sources: list[AptSource] | None =
     if not suite:
         raise matrix.error(f"debootstrap base {base_name!r} needs `suite:`",
                            "bases", "definitions", base_name)
-    mirror, snapshot = spec.get("mirror"), None
+    declared = spec.get("mirror")
+    mirror, snapshot = declared, None
     if not mirror:
         found = pick_debian_mirror(host_apt_sources() if sources is None else sources, suite)
         mirror, snapshot = (found.uri, found.snapshot) if found else (FALLBACK_MIRROR, None)
-    snapshot = _snapshot_in(mirror) or snapshot
+    snapshot = snapshot_in(mirror) or snapshot
     packages = tuple(sorted(set(REQUIRED_PACKAGES) | set(spec.get("packages", []))))
     return BaseRecipe(name=base_name, suite=suite, variant=spec.get("variant", "minbase"),
                       mirror=mirror.rstrip("/"), packages=packages,
-                      architecture=architecture or host_architecture(), snapshot=snapshot)
+                      architecture=architecture or host_architecture(), snapshot=snapshot,
+                      declared_mirror=declared.rstrip("/") if declared else None)
 
 
 def image_ref(matrix: Matrix, base_name: str) -> str:

@@ -416,13 +416,15 @@ def source_date_epoch(matrix: Matrix, base_name: str) -> int:
 
 
 def _base_snapshot(matrix: Matrix, base_name: str) -> str | None:
-    """The snapshot time (20250520T000000Z) of the debootstrap base under a cell's OS."""
+    """The snapshot time (20250520T000000Z) of the debootstrap base under a cell's OS, when
+    matrix.yaml names a snapshot mirror (never the host's apt sources: renders must not depend
+    on the machine)."""
     spec = matrix.bases["definitions"][base_name]
     if spec["strategy"] == "wheels":
         return _base_snapshot(matrix, spec["from"])
     if spec["strategy"] != "debootstrap":
         return None
-    return base_images.recipe_for(matrix, base_name).snapshot
+    return base_images.snapshot_in(spec.get("mirror") or "")
 
 
 def _build_requires(source: Path) -> tuple[str, ...]:
