@@ -95,3 +95,17 @@ def test_built_base_has_python_and_its_labels(built_base, test_ctx, tmp_path):
     # Building again finds the tag: nothing is done.
     again = base.build_base(test_ctx.matrix, "bookworm", test_ctx.state)
     assert not again.built and again.ref == built_base
+
+
+def test_an_arm64_base_has_its_own_tag_and_needs_an_emulator_on_x86(test_matrix_path, tmp_path):
+    matrix = load_matrix(test_matrix_path)
+    amd64 = base.image_ref(matrix, "bookworm", "linux/amd64")
+    arm64 = base.image_ref(matrix, "bookworm", "linux/arm64")
+    assert amd64 != arm64
+    binfmt = tmp_path / "binfmt"
+    binfmt.mkdir()
+    assert base.can_run_foreign(base.host_architecture(), binfmt)
+    foreign = "arm64" if base.host_architecture() == "amd64" else "amd64"
+    assert not base.can_run_foreign(foreign, binfmt)
+    (binfmt / base.QEMU_BINFMT[foreign]).write_text("enabled\ninterpreter /usr/bin/qemu\n")
+    assert base.can_run_foreign(foreign, binfmt)

@@ -212,16 +212,35 @@ def recipe_for(matrix: Matrix, base_name: str, sources: list[AptSource] | None =
                       declared_mirror=declared.rstrip("/") if declared else None)
 
 
-def image_ref(matrix: Matrix, base_name: str) -> str:
-    """The exact local tag of a base, for `FROM`. A `wheels` base is its `from:` base's image."""
+DEBIAN_ARCHITECTURES = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+QEMU_BINFMT = {"arm64": "qemu-aarch64", "amd64": "qemu-x86_64"}
+
+
+def architecture_of(platform: str | None) -> str | None:
+    """Debian's name for an image platform (linux/arm64 -> arm64); None: this host's."""
+    return DEBIAN_ARCHITECTURES[platform] if platform else None
+
+
+def image_ref(matrix: Matrix, base_name: str, platform: str | None = None) -> str:
+    """The exact local tag of a base, for `FROM`. A `wheels` base is its `from:` base's image.
+    `platform` (linux/arm64) picks the base of that architecture; None: this host's."""
     spec = definition(matrix, base_name)
     if spec["strategy"] == "wheels":
-        return image_ref(matrix, spec["from"])
+        return image_ref(matrix, spec["from"], platform)
     if spec["strategy"] != "debootstrap":
         raise ConfigError(f"base {base_name!r} is a registry image ({spec.get('image')}); "
                           "it is not built here", matrix.path,
                           matrix.line_of("bases", "definitions", base_name))
-    return recipe_for(matrix, base_name).ref
+    return recipe_for(matrix, base_name, architecture=architecture_of(platform)).ref
+
+
+def can_run_foreign(architecture: str, binfmt_dir: Path = Path("/proc/sys/fs/binfmt_misc")
+                    ) -> bool:
+    """Can this host run `architecture` binaries (debootstrap's second stage, RUN lines)?"""
+    if architecture == host_architecture():
+        return True
+    handler = binfmt_dir / QEMU_BINFMT.get(architecture, "none")
+    return handler.is_file() and "enabled" in handler.read_text(errors="replace")
 
 
 def debootstrap_bases(matrix: Matrix) -> list[str]:
@@ -256,9 +275,17 @@ def _base_lock(recipe: BaseRecipe) -> Iterator[None]:
 
 
 def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = False,
-               timeout: float = 1800) -> BaseResult:
-    """Make the base image unless its content-derived tag exists already."""
-    recipe = recipe_for(matrix, base_name)
+               timeout: float = 1800, platform: str | None = None) -> BaseResult:
+    """Make the base image (for `platform`, default this host's) unless its content-derived
+    tag exists already."""
+    recipe = recipe_for(matrix, base_name, architecture=architecture_of(platform))
+    if not can_run_foreign(recipe.architecture) and not engine.image_id_of(recipe.ref):
+        raise UsageError(
+            f"base {base_name} for {platform}: this {host_architecture()} host cannot run "
+            f"{recipe.architecture} programs (debootstrap's second stage and every RUN line need "
+            "them)\n  fix: apt-get install -y qemu-user-static binfmt-support (emulated, slow), "
+            f"or build the {platform} cells on a {recipe.architecture} machine "
+            "(e.g. the DGX Spark itself: --select '*-sm121')")
     started = time.monotonic()
     with _base_lock(recipe):
         existing = engine.image_id_of(recipe.ref)

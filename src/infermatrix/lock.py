@@ -66,7 +66,8 @@ GLIBC_BY_DISTRIBUTION = {
 }
 # manylinux minors uv accepts for --python-platform (`uv pip compile --help`, uv 0.13).
 UV_MANYLINUX_MINORS = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
-MACHINE = "x86_64"  # the build host's machine; images are built for it
+# The image platform of a cell (plan: sm_121 cells are linux/arm64) -> uv's machine name.
+MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
 # uv's messages: a network failure vs a resolution that has no solution.
 _NETWORK_MARKERS = (
@@ -143,8 +144,10 @@ def lock_path(ctx: Context, cell_id: str) -> Path:
     return ctx.root / LOCKS_DIR / f"{cell_id}.txt"
 
 
-def platform_for_base(ctx: Context, base_name: str) -> tuple[str, str]:
-    """(uv platform, reason) for a base: the manylinux tag of the base's glibc."""
+def platform_for_base(ctx: Context, base_name: str,
+                      image_platform: str = "linux/amd64") -> tuple[str, str]:
+    """(uv platform, reason) for a base: the manylinux tag of the base's glibc, for the
+    machine of the cell's image platform."""
     m = ctx.matrix
     definitions = m.bases["definitions"]
     base = definitions.get(base_name)
@@ -163,7 +166,8 @@ def platform_for_base(ctx: Context, base_name: str) -> tuple[str, str]:
                       fix="use a known suite or image, or extend lock.GLIBC_BY_DISTRIBUTION")
     minor = int(glibc.split(".")[1])
     tag = max(v for v in UV_MANYLINUX_MINORS if v <= minor)
-    return f"{MACHINE}-manylinux_2_{tag}", f"base {base_name}: glibc {glibc}"
+    return (f"{MACHINES[image_platform]}-manylinux_2_{tag}",
+            f"base {base_name}: glibc {glibc}, {image_platform}")
 
 
 def _glibc_of(base: dict[str, Any]) -> str | None:
@@ -283,7 +287,7 @@ def lock_inputs(ctx: Context, plan: CellPlan, *, index: str | None = None,
                 metadata: MetadataCache | None = None) -> LockInputs:
     settings = plan.settings
     assert settings is not None, f"{plan.id} is not planned"
-    platform, reason = platform_for_base(ctx, settings.base)
+    platform, reason = platform_for_base(ctx, settings.base, settings.platform)
     requirements, no_deps = cell_requirements(ctx, plan, metadata)
     extra = [settings.torch_index] if settings.torch_index else []
     if settings.engine_index and not settings.engine_index.endswith(".whl"):

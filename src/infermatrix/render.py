@@ -192,9 +192,11 @@ def cuda_full(matrix: Matrix, cuda: str) -> str:
     return table[cuda]
 
 
-def debootstrap_image_ref(matrix: Matrix, base_name: str) -> str:
-    """The content-derived local tag of a debootstrap base (base.py decides it)."""
-    return base_images.image_ref(matrix, base_name)
+def debootstrap_image_ref(matrix: Matrix, base_name: str,
+                          platform: str = "linux/amd64") -> str:
+    """The content-derived local tag of a debootstrap base for the image platform (base.py
+    decides it). amd64 is named explicitly so that the render does not depend on the host."""
+    return base_images.image_ref(matrix, base_name, platform)
 
 
 def registry_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | None, bool]:
@@ -219,13 +221,21 @@ def registry_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str
             "allow_unpinned: true for local development only")
 
 
+def plan_platform(cell: Cell, matrix: Matrix) -> str:
+    """The image platform the planner gives this cell (plan.platform_for)."""
+    from .plan import platform_for
+    return platform_for(cell, matrix)
+
+
 def os_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | None, bool,
                                                                    tuple[str, ...], str | None]:
     """(image, digest, unpinned, packages it carries, suite) of the base giving the OS."""
     spec = matrix.bases["definitions"][base_name]
     if spec["strategy"] == "debootstrap":
         packages = tuple(sorted(set(base_images.REQUIRED_PACKAGES) | set(spec.get("packages", []))))
-        return debootstrap_image_ref(matrix, base_name), None, False, packages, spec.get("suite")
+        platform = plan_platform(cell, matrix)
+        return (debootstrap_image_ref(matrix, base_name, platform), None, False, packages,
+                spec.get("suite"))
     if spec["strategy"] == "registry":
         image, digest, unpinned = registry_image(matrix, base_name, cell)
         return image, digest, unpinned, tuple(spec.get("packages", [])), spec.get("suite")
@@ -252,7 +262,9 @@ def choose_base(matrix: Matrix, plan: CellPlan, compiles: bool) -> BaseChoice:
                 f"base {settings.base!r}: no NVIDIA apt repository known for suite {suite!r}",
                 "bases", "definitions", settings.base,
                 fix=f"set cuda_repo: (one of {', '.join(sorted(set(NVIDIA_APT_DISTROS.values())))})")
-        apt_repo = f"{NVIDIA_APT_ROOT}/{distro}/x86_64"
+        # NVIDIA names its Arm server repositories "sbsa" (GB10 machines use them too).
+        machine = "sbsa" if settings.platform == "linux/arm64" else "x86_64"
+        apt_repo = f"{NVIDIA_APT_ROOT}/{distro}/{machine}"
     python_downloads = strategy == "registry"
     shipped = SUITE_PYTHON.get(suite or "")
     if not python_downloads and shipped and shipped != settings.python:
@@ -515,6 +527,7 @@ def labels(ctx: Context, plan: CellPlan, base: BaseChoice, kernels: list[KernelS
         "io.infermatrix.engine.version": cell.engine_version,
         "io.infermatrix.arch": cell.arch,
         "io.infermatrix.archs": cell.arch,  # comma-separated; a cell has one arch today
+        "io.infermatrix.platform": plan.settings.platform if plan.settings else "linux/amd64",
         "io.infermatrix.python": settings.python,
         "io.infermatrix.kernels": ",".join(k.label for k in kernels),
         "io.infermatrix.base": f"{base.name} ({base.strategy})",

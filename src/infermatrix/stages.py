@@ -47,15 +47,28 @@ def step_render(ctx: Context, plans: list[CellPlan], options: "PipelineOptions")
 
 
 def step_base(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
-    """Build (or find) the debootstrap bases the cells stand on."""
+    """Build (or find) the debootstrap bases the cells stand on, for each image platform. A
+    base that cannot be made here (an arm64 base on an x86_64 host without an emulator) fails
+    the cells that need it, with the fix, and not the others."""
     from .base import build_base, debootstrap_bases
-    wanted = {p.settings.base for p in plans if p.settings}
-    needed = [name for name in debootstrap_bases(ctx.matrix)
-              if name in _with_parents(ctx, wanted)]
-    for name in needed:
-        result = build_base(ctx.matrix, name, ctx.state)
-        echo(f"base {name}: {result.ref}")
-    return _outcome("base", needed, [])
+    from .errors import InfermatrixError
+    debootstrap = set(debootstrap_bases(ctx.matrix))
+    needs: dict[tuple[str, str], list[str]] = {}
+    for plan in plans:
+        if plan.settings:
+            for name in _with_parents(ctx, {plan.settings.base}) & debootstrap:
+                needs.setdefault((name, plan.settings.platform), []).append(plan.id)
+    made, failed = [], []
+    for (name, platform), cells in sorted(needs.items()):
+        try:
+            result = build_base(ctx.matrix, name, ctx.state, platform=platform)
+            echo(f"base {name} ({platform}): {result.ref}")
+            made.append(name)
+        except InfermatrixError as exc:
+            echo(f"base {name} ({platform}): {exc}")
+            failed += cells
+    alive = [p.id for p in plans if p.id not in failed]
+    return _outcome("base", alive, sorted(set(failed)), note=", ".join(sorted(set(made))))
 
 
 def _with_parents(ctx: Context, names: set[str]) -> set[str]:
