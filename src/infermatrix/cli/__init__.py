@@ -31,6 +31,11 @@ def selection_options(parser: argparse.ArgumentParser) -> None:
                         help="leave out cells whose id matches; repeatable")
 
 
+def wait_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for another run holding the state directory instead of refusing")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors exit 2 with the usage line
         self.print_usage(sys.stderr)

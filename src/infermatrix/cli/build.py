@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import common_options, selection_options
+from . import common_options, selection_options, wait_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,8 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="override the planned MAX_JOBS")
     parser.add_argument("--nvcc-threads", type=_positive, default=None, metavar="N",
                         help="override the planned NVCC_THREADS")
-    parser.add_argument("--wait", action="store_true",
-                        help="wait for another run on the same state directory instead of refusing")
+    wait_option(parser)
     parser.add_argument("--force", action="store_true",
                         help="rebuild even the cells whose inputs did not change")
     parser.add_argument("--ca-bundle", default=None, metavar="FILE",

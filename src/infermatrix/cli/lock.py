@@ -10,7 +10,7 @@ from ..context import Context, setup_command_log
 from ..errors import UsageError
 from ..plan import plan_matrix
 from ..state import run_lock
-from . import common_options, selection_options
+from . import common_options, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--jobs", type=int, default=4, metavar="N",
                         help="cells resolved at once (default 4)")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
-    parser.add_argument("--wait", action="store_true",
-                        help="wait for another run holding the state directory")
+    wait_option(parser)
     parser.add_argument("--allow-unreachable", action="store_true",
                         help="an index that cannot be reached (a network condition) is reported "
                         "but does not fail the run")
@@ -49,8 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     repro.add_argument("--json", action="store_true", help="print the comparison as JSON")
     repro.add_argument("--max-list", type=int, default=200, metavar="N",
                        help="differences printed (all are in the JSON report)")
-    repro.add_argument("--wait", action="store_true",
-                       help="wait for another run holding the state directory")
+    wait_option(repro)
     repro.set_defaults(func=run_verify_repro)
 
 

@@ -7,7 +7,7 @@ import argparse
 from ..context import Context, setup_command_log
 from ..pipeline import PipelineOptions, run_pipeline
 from ..state import run_lock
-from . import common_options, selection_options
+from . import common_options, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-jobs", type=int, default=None, help="override the compile planner")
     parser.add_argument("--nvcc-threads", type=int, default=None, help="override NVCC_THREADS")
     parser.add_argument("--timeout-min", type=float, default=None, help="per-cell build timeout")
-    parser.add_argument("--wait", action="store_true",
-                        help="wait for another run holding the state directory instead of refusing")
+    wait_option(parser)
     parser.set_defaults(func=run)
 
 

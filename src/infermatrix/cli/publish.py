@@ -12,7 +12,7 @@ from ..publish import (LOCK_NAME, docker_run_line, publish, pull_entry, read_loc
                        select_entries)
 from ..selectors import Selection
 from ..state import run_lock
-from . import common_options, selection_options
+from . import common_options, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="override publish.registry of matrix.yaml")
     parser.add_argument("--lock", metavar="PATH", type=Path,
                         help=f"the lock to update (default: {LOCK_NAME} beside the matrix)")
-    parser.add_argument("--wait", action="store_true",
-                        help="wait for another run holding the state directory")
+    wait_option(parser)
     parser.add_argument("--allow-retag", action="store_true",
                         help="move a tag that already holds another image (breaks consumers "
                         "pinned to the tag; those pinned by digest are safe)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import common_options, selection_options
+from . import common_options, selection_options, wait_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,8 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     smoke.add_argument("--fixture", choices=["normal", "broken"], default="normal",
                        help="fixture variant: `broken` has shapes the CPU kernels reject "
                             "(a model level that must fail)")
-    smoke.add_argument("--wait", action="store_true",
-                       help="wait for another run on the same state directory instead of refusing")
+    wait_option(smoke)
     smoke.set_defaults(func=run_smoke)
 
     tag = subparsers.add_parser("tag", help="tag the cells whose required smoke levels passed")
@@ -33,8 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="cells to tag (default: every planned cell with a smoke result)")
     tag.add_argument("--repository", default=None, metavar="NAME",
                      help="local repository of the tag (default: publish.repository)")
-    tag.add_argument("--wait", action="store_true",
-                     help="wait for another run on the same state directory instead of refusing")
+    wait_option(tag)
     tag.set_defaults(func=run_tag)
 
 
