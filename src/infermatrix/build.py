@@ -323,7 +323,10 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     if not options.force:
         image_id = _unchanged(ctx, cell_id, digest)
         if image_id:
-            return CellResult(cell_id, "pass", image_id=image_id, reused=True)
+            # What the build that made this image recorded about its kernels (cache hit/miss).
+            built = journal.load(ctx.state, cell_id)["stages"].get("build", {})
+            return CellResult(cell_id, "pass", image_id=image_id, reused=True,
+                              kernels=(built.get("details") or {}).get("kernels") or {})
 
     started = time.monotonic()
     timeout_min = options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))

@@ -38,6 +38,11 @@ def setup_command_log(state: StatePaths, verbose: bool = False) -> None:
     state.root.mkdir(parents=True, exist_ok=True)
     logger = logging.getLogger("infermatrix")
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    wanted = str(state.commands_log)
+    for handler in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
+        if handler.baseFilename != wanted:  # another state directory: log to this one now
+            logger.removeHandler(handler)
+            handler.close()
     if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
         handler = logging.FileHandler(state.commands_log, encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
