@@ -135,7 +135,8 @@ def step_report(ctx: Context, plans: list[CellPlan], options: "PipelineOptions")
     report = build_report(records, plan_matrix(ctx, options.select, options.skip), ctx.state)
     files = write_report(report, ctx.state.reports)
     print_summary(report, files.html)
-    return _outcome("report", [], [], note=f"report: {files.html}")
+    from .pipeline import StepOutcome
+    return StepOutcome("report", "written", note=str(files.html))
 
 
 Step = Callable[[Context, list[CellPlan], "PipelineOptions"], "StepOutcome"]
