@@ -45,7 +45,7 @@ class _Metadata:
 
 def test_platform_tag_follows_the_base_glibc(ctx):
     assert lock.platform_for_base(ctx, "bookworm") == (
-        "x86_64-manylinux_2_36", "base bookworm: glibc 2.36, linux/amd64")
+        "x86_64-manylinux_2_36", "base bookworm: glibc 2.36")
     # sm_121 cells are linux/arm64 images (GB10 machines are Arm): aarch64 wheels
     assert lock.platform_for_base(ctx, "bookworm", "linux/arm64")[0] == "aarch64-manylinux_2_36"
     # registry base: the distribution is read from the image name
@@ -58,7 +58,7 @@ def test_platform_tag_of_a_wheels_base_is_its_from_base_and_clamped(ctx):
     defs["cuda-wheels"] = {"strategy": "wheels", "from": "trixie"}
     # glibc 2.41 is newer than the newest tag uv knows (2_40): the lower tag is a subset.
     assert lock.platform_for_base(ctx, "cuda-wheels") == (
-        "x86_64-manylinux_2_40", "base trixie: glibc 2.41, linux/amd64")
+        "x86_64-manylinux_2_40", "base trixie: glibc 2.41")
 
 
 def test_unknown_distribution_is_a_config_error_with_a_line(ctx):

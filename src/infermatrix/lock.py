@@ -166,8 +166,7 @@ def platform_for_base(ctx: Context, base_name: str,
                       fix="use a known suite or image, or extend lock.GLIBC_BY_DISTRIBUTION")
     minor = int(glibc.split(".")[1])
     tag = max(v for v in UV_MANYLINUX_MINORS if v <= minor)
-    return (f"{MACHINES[image_platform]}-manylinux_2_{tag}",
-            f"base {base_name}: glibc {glibc}, {image_platform}")
+    return f"{MACHINES[image_platform]}-manylinux_2_{tag}", f"base {base_name}: glibc {glibc}"
 
 
 def _glibc_of(base: dict[str, Any]) -> str | None:
