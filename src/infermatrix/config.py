@@ -198,16 +198,23 @@ def _check_references(m: Matrix) -> None:
         except InvalidSpecifier:
             raise m.error(f"bad version specifier {spec!r} for {name}", "model", "floors", name,
                           fix="use a PEP 440 specifier such as '>=0.5.10'") from None
-    engine_entries = [(("axes", "engine", i), e) for i, e in enumerate(m.data["axes"]["engine"])]
+    axis = m.data["axes"]["engine"]
+    engine_entries: list[tuple[tuple[Any, ...], str]] = []
+    if isinstance(axis, list):
+        engine_entries += [(("axes", "engine", i), e) for i, e in enumerate(axis)]
+    else:
+        for name, value in axis.items():
+            _check_engine_name(m, name, name, ("axes", "engine", name))
+            for where, selector in _selectors(value, ("axes", "engine", name)):
+                _check_selector(m, selector, where)
     engine_entries += [(("include", i, "engine"), inc["engine"])
                        for i, inc in enumerate(m.data.get("include", []))]
     for where, spec in engine_entries:
         name, _, version = spec.partition("==")
-        if name not in m.engines:
-            raise m.error(f"unknown engine {name!r} in {spec!r}", *where,
-                          fix=f"define it under `engines:` (known: {', '.join(sorted(m.engines))})")
+        _check_engine_name(m, name, spec, where)
         _check_version(m, version, where)
-    for i, version in enumerate(m.data["axes"]["torch"]):
+    torch_axis = m.data["axes"].get("torch", "from-engine")
+    for i, version in enumerate(torch_axis if isinstance(torch_axis, list) else []):
         _check_version(m, version, ("axes", "torch", i))
     for i, inc in enumerate(m.data.get("include", [])):
         _check_version(m, inc["torch"], ("include", i, "torch"))
@@ -230,6 +237,34 @@ def _check_references(m: Matrix) -> None:
         if base["strategy"] == "wheels" and base.get("from") not in definitions:
             raise m.error(f"base {name!r} (strategy wheels) needs `from:` naming another base",
                           "bases", "definitions", name)
+
+
+def _check_engine_name(m: Matrix, name: str, spec: str, where: tuple[Any, ...]) -> None:
+    if name not in m.engines:
+        raise m.error(f"unknown engine {name!r} in {spec!r}", *where,
+                      fix=f"define it under `engines:` (known: {', '.join(sorted(m.engines))})")
+
+
+def _selectors(value: Any, where: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], Any]]:
+    if isinstance(value, list):
+        return [((*where, j), v) for j, v in enumerate(value)]
+    return [(where, value)]
+
+
+def _check_selector(m: Matrix, selector: Any, where: tuple[Any, ...]) -> None:
+    """`latest`, `floor`, an exact version, a specifier, or {versions: SPEC, newest: N}."""
+    text = selector.get("versions", "") if isinstance(selector, dict) else str(selector).strip()
+    if not isinstance(selector, dict) and text in ("latest", "floor"):
+        return
+    if not isinstance(selector, dict) and (text.startswith("==") or text[:1].isdigit()):
+        _check_version(m, text.lstrip("="), where)
+        return
+    try:
+        SpecifierSet(text)
+    except InvalidSpecifier:
+        raise m.error(f"bad release selector {text!r}", *where,
+                      fix="use latest, floor, an exact version, a PEP 440 specifier such as "
+                      "'>=0.5.10', or {versions: '>=0.5.10', newest: 3}") from None
 
 
 def _check_version(m: Matrix, version: str, where: tuple[Any, ...]) -> None:

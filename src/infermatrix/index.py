@@ -22,6 +22,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 log = logging.getLogger(__name__)
@@ -199,3 +200,98 @@ class MetadataCache:
             name=str(message["Name"]), version=str(message["Version"]), wheel=wheel["filename"],
             url=f"{project_url}#{wheel['filename']}",
             requires_dist=tuple(message.get_all("Requires-Dist") or ()))
+
+
+# Release listings ---------------------------------------------------------------------------
+LISTING_TTL_S = 3600  # an online plan re-reads a listing older than this (new releases appear)
+
+
+@dataclass(frozen=True)
+class ReleaseList:
+    """The releases of a project that have a Linux wheel (not yanked), oldest first."""
+
+    name: str
+    versions: tuple[str, ...]
+    fetched_at: str  # ISO 8601 UTC: when the index said so
+    url: str
+
+    def newest(self, specifier: SpecifierSet, count: int) -> list[str]:
+        """The `count` newest final releases matching `specifier`, newest first."""
+        found = [v for v in self.versions
+                 if not Version(v).is_prerelease and specifier.contains(v)]
+        return list(reversed(found))[:count]
+
+
+def _linux_wheel_versions(files: list[dict]) -> list[str]:
+    versions: set[Version] = set()
+    for entry in files:
+        name = entry.get("filename", "")
+        if not name.endswith(".whl") or entry.get("yanked"):
+            continue
+        try:
+            _, ver, _, tags = parse_wheel_filename(name)
+        except ValueError:
+            continue
+        if any(t.platform == "any" or "linux" in t.platform for t in tags):
+            versions.add(ver)
+    return [str(v) for v in sorted(versions)]
+
+
+def _listing_path(root: Path, index: str, name: str) -> Path:
+    safe_index = "".join(c if c.isalnum() else "_" for c in index)[-60:]
+    return root / safe_index / "releases" / f"{canonicalize_name(name)}.json"
+
+
+def release_list(root: Path, name: str, *, offline: bool = False, index: str | None = None,
+                 ttl_s: float | None = None) -> ReleaseList:
+    """The releases of `name` on the index: from the cache when offline or fresh enough."""
+    import datetime
+    import time
+
+    index = index or index_url()
+    path = _listing_path(root, index, name)
+    ttl = float(os.environ.get("INFERMATRIX_INDEX_TTL", LISTING_TTL_S)) if ttl_s is None else ttl_s
+    if path.is_file() and (offline or time.time() - path.stat().st_mtime < ttl):
+        data = json.loads(path.read_text())
+        return ReleaseList(data["name"], tuple(data["versions"]), data["fetched_at"], data["url"])
+    if offline:
+        raise IndexUnavailable(f"offline: no cached release list of {name} (run once online "
+                               f"to fill {root})")
+    url = f"{index}/{canonicalize_name(name)}/"
+    listing = json.loads(_http_get(url, {"Accept": SIMPLE_JSON}))
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = ReleaseList(canonicalize_name(name), tuple(_linux_wheel_versions(
+        listing.get("files", []))), now, url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.__dict__ | {"versions": list(result.versions)}, indent=1))
+    tmp.replace(path)
+    return result
+
+
+def url_exists(url: str, timeout: float = 15) -> bool | None:
+    """True/False when the server answers (2xx/3xx vs 404/410); None when it cannot be reached
+    (DNS, proxy refusal, timeout): a network condition that says nothing about the URL."""
+    request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": USER_AGENT})
+    log.debug("HEAD %s", url)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=_ssl_context()):
+            return True
+    except urllib.error.HTTPError as exc:
+        if exc.code in (404, 410):
+            return False
+        return None
+    except (urllib.error.URLError, TimeoutError, OSError):
+        return None
+
+
+def index_lists(project_url: str, filename_prefix: str, timeout: float = 15) -> bool | None:
+    """Does a simple-index project page list a file starting with `filename_prefix`? None when
+    the index cannot be reached."""
+    try:
+        page = _http_get(project_url, timeout=timeout).decode("utf-8", "replace")
+    except NotOnIndex:
+        return False
+    except IndexUnavailable:
+        return None
+    return filename_prefix in page or filename_prefix.replace("+", "%2B") in page

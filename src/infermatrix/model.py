@@ -13,7 +13,9 @@ CPU = "cpu"
 
 # "unresolved": a fact could not be read (index unreachable, offline without cache). That is
 # a network condition, not a verdict on the cell.
-Status = Literal["planned", "pruned", "unresolved"]
+# "unverified": planned by the rules, but a source it installs from (an index or wheel off the
+# default index) could not be checked from here; it is not built on an unchecked URL.
+Status = Literal["planned", "pruned", "unresolved", "unverified"]
 
 
 @dataclass(frozen=True, order=True)
@@ -95,6 +97,8 @@ class CellSettings:
     engine_index: str | None = None  # variant index for the engine build of this CUDA
     engine_cuda: str | None = None  # CUDA runtime of the engine's PyPI build (from metadata)
     source_urls: dict[str, str] = field(default_factory=dict)  # metadata the plan relied on
+    driver_floor: str | None = None  # the oldest NVIDIA driver that runs the cell's image
+    driver_floor_reason: str | None = None  # what sets it (CUDA runtime, PTX ISA of an object)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -107,6 +111,8 @@ class CellPlan:
     verdicts: list[Verdict] = field(default_factory=list)
     settings: CellSettings | None = None
     origin: str = "axes"  # "axes" or "include[N]"
+    # how the engine release was chosen: {"selector", "version", "resolved_at", "index"}
+    resolution: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -122,6 +128,7 @@ class CellPlan:
             "status": self.status,
             "axes": self.cell.axes(),
             "origin": self.origin,
+            "resolution": self.resolution,
             "reasons": [v.as_dict() for v in self.verdicts],
             "settings": self.settings.as_dict() if self.settings else None,
         }

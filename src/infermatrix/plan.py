@@ -1,29 +1,42 @@
 """plan: expand matrix.yaml into cells and prune the impossible ones, each with its reasons.
 
-Expansion and rule evaluation are pure; the only I/O is reading engine/torch metadata through
-`index.MetadataCache` (disk-cached, offline-capable), once per distinct release.
+Engine versions may be selectors (`latest`, `floor`, `{versions: ">=0.5.10", newest: 3}`),
+resolved from the index's release list; torch follows the engine's own pin (`torch:
+from-engine`, the default) or an explicit list, from which the torches an engine forbids are
+dropped before any cell exists. Rule evaluation is pure; the I/O is the index (release lists
+and wheel METADATA through `index`, disk-cached, offline-capable) and, for planned cells that
+need an index off PyPI, one existence check of that source.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from .config import Matrix
 from .context import Context
 from .errors import UsageError
-from .index import IndexUnavailable, MetadataCache, NotOnIndex, ReleaseMetadata
+from .index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
+                    index_lists, release_list, url_exists)
 from .model import CPU, Cell, CellPlan, CellSettings, Verdict
-from .rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, evaluate,
-                    exact_pin, load_rules, torch_variant)
+from .rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
+                    evaluate, exact_pin, load_rules, torch_satisfies)
 from .selectors import Selection, matches
 
 # (name, version, machine) -> metadata of that release's Linux wheel for the machine
 MetadataSource = Callable[..., ReleaseMetadata]
+# name -> the releases on the index
+ReleaseSource = Callable[[str], ReleaseList]
+# url -> True (exists) / False (404) / None (cannot be reached)
+ExistsCheck = Callable[[str], "bool | None"]
 
 MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+FROM_ENGINE = "from-engine"
 
 
 def _parse_engine(spec: str) -> tuple[str, str]:
@@ -31,65 +44,291 @@ def _parse_engine(spec: str) -> tuple[str, str]:
     return name, version
 
 
-def expand(m: Matrix) -> list[tuple[Cell, str]]:
-    """Every cell of the product of the axes, then the `include` entries; (cell, origin)."""
+# --- engine versions -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineChoice:
+    """One engine release an axis entry selects (or could not resolve)."""
+
+    engine: str
+    version: str  # the exact release; the selector text when unresolved
+    selector: str  # "==0.5.10", "latest", "floor", ">=0.5.10 newest 3"
+    where: tuple[Any, ...]  # key path in matrix.yaml (for errors)
+    resolved_at: str | None = None  # when the release list said so (None: an exact pin)
+    index: str | None = None
+    unresolved: str | None = None  # why it could not be resolved (index unreachable)
+
+    def record(self) -> dict[str, Any]:
+        return {"selector": self.selector, "version": None if self.unresolved else self.version,
+                "resolved_at": self.resolved_at, "index": self.index}
+
+
+def _engine_entries(m: Matrix) -> list[tuple[str, Any, tuple[Any, ...]]]:
+    """(engine, selector value, key path) of every `axes.engine` entry, list or mapping form."""
+    axis = m.data["axes"]["engine"]
+    if isinstance(axis, list):
+        return [(*_parse_engine(spec), ("axes", "engine", i)) for i, spec in enumerate(axis)]
+    entries = []
+    for name, value in axis.items():
+        if isinstance(value, list):
+            entries += [(name, v, ("axes", "engine", name, j)) for j, v in enumerate(value)]
+        else:
+            entries.append((name, value, ("axes", "engine", name)))
+    return entries
+
+
+def _selector(m: Matrix, engine: str, value: Any) -> tuple[str, SpecifierSet | None, int, bool]:
+    """(label, specifier, count, oldest) of a selector; specifier None for an exact pin."""
+    floor = m.floors.get(engine, SpecifierSet())
+    if isinstance(value, dict):
+        spec = SpecifierSet(value.get("versions", "")) & floor
+        count = int(value.get("newest", 1))
+        return f"{value.get('versions', str(floor))} newest {count}", spec, count, False
+    text = str(value).strip()
+    if text == "latest":
+        return "latest", floor, 1, False
+    if text == "floor":
+        return "floor", floor, 1, True
+    if text.startswith("==") or text[:1].isdigit():
+        return f"=={text.lstrip('=')}", None, 1, False
+    return text, SpecifierSet(text) & floor, 1, False
+
+
+def resolve_engines(m: Matrix, releases: ReleaseSource | None) -> list[EngineChoice]:
+    """Every engine release the axis selects, in axis order, each once."""
+    choices: dict[tuple[str, str], EngineChoice] = {}
+    for engine, value, where in _engine_entries(m):
+        label, spec, count, oldest = _selector(m, engine, value)
+        if spec is None:
+            version = label[2:]
+            choices.setdefault((engine, version), EngineChoice(engine, version, label, where))
+            continue
+        package = m.engines[engine].get("package")
+        if not package:
+            raise m.error(f"engine {engine!r} has no package to resolve {label!r} against",
+                          *where, fix="pin an exact version (name==X)")
+        if releases is None:
+            raise m.error(f"{engine} {label!r} needs the package index's release list", *where)
+        try:
+            listing = releases(package)
+        except IndexUnavailable as exc:
+            key = (engine, label)
+            choices.setdefault(key, EngineChoice(engine, label, label, where,
+                                                 unresolved=f"index unreachable: {exc}"))
+            continue
+        picked = _pick(listing, spec, count, oldest)
+        if not picked:
+            raise m.error(_no_match_message(package, label, spec, listing), *where,
+                          fix="widen the specifier or pin one of the releases listed")
+        for version in picked:
+            key = (engine, version)
+            if key in choices:  # `latest` and `floor` may name the same release
+                old = choices[key]
+                choices[key] = replace(old, selector=f"{old.selector}, {label}")
+            else:
+                choices[key] = EngineChoice(engine, version, label, where,
+                                            resolved_at=listing.fetched_at, index=listing.url)
+    return list(choices.values())
+
+
+def _pick(listing: ReleaseList, spec: SpecifierSet, count: int, oldest: bool) -> list[str]:
+    found = listing.newest(spec, len(listing.versions))
+    return found[-1:] if oldest else found[:count]
+
+
+def _no_match_message(package: str, label: str, spec: SpecifierSet, listing: ReleaseList) -> str:
+    shown = list(reversed(listing.versions))[:12]
+    more = f" (and {len(listing.versions) - 12} older)" if len(listing.versions) > 12 else ""
+    return (f"{package} {label!r} ({spec or 'any'}) matches no release on {listing.url}; "
+            f"releases there: {', '.join(shown) or 'none'}{more}")
+
+
+# --- facts from the index --------------------------------------------------------------------
+@dataclass
+class FactGatherer:
+    """Engine and torch facts from package metadata, read once per release (memoised)."""
+
+    source: MetadataSource
+    _memo: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+
+    def _cached(self, key: tuple[str, str, str], read: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            try:
+                self._memo[key] = read()
+            except (IndexUnavailable, NotOnIndex) as exc:
+                self._memo[key] = exc
+        value = self._memo[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def facts(self, package: str, version: str, machine: str = "x86_64") -> EngineFacts:
+        return self._cached((package, version, machine),
+                            lambda: self._read(package, version, machine))
+
+    def torch_cuda(self, version: str, machine: str = "x86_64") -> str:
+        """CUDA runtime of PyPI's torch wheel for `version`, from its METADATA."""
+        public = version.split("+", 1)[0]
+        return self._cached(("torch:cuda", public, machine), lambda: cuda_of_requirements(
+            self.source("torch", public, machine).requires_dist))
+
+    def _read(self, package: str, version: str, machine: str) -> EngineFacts:
+        meta = self.source(package, version, machine)
+        pins = tuple(str(r) for r in meta.pins_for("torch", machine))
+        pinned = exact_pin(pins) if pins else None
+        torch_cuda = self.torch_cuda(pinned, machine) if pinned else None
+        return EngineFacts(metadata_url=meta.url, torch_pins=pins, pinned_torch=pinned,
+                           torch_cuda=torch_cuda, wheel=meta.wheel)
+
+
+@dataclass
+class Candidate:
+    """A generated cell before the rules: where it came from and what expansion found."""
+
+    cell: Cell
+    origin: str  # "axes" or "include[N]"
+    choice: EngineChoice | None = None
+    verdicts: list[Verdict] = field(default_factory=list)  # found while expanding
+    unresolved: str | None = None
+
+
+@dataclass
+class Expansion:
+    candidates: list[Candidate]
+    not_generated: dict[str, int] = field(default_factory=dict)  # reason -> combinations
+
+
+def _torch_axis(m: Matrix) -> list[str] | None:
+    """The explicit torch list, or None for `from-engine` (the default)."""
+    value = m.data["axes"].get("torch", FROM_ENGINE)
+    return None if value == FROM_ENGINE else list(value)
+
+
+def _check_torch_exists(m: Matrix, gatherer: FactGatherer | None, version: str,
+                        where: tuple[Any, ...]) -> None:
+    if gatherer is None:
+        return
+    try:
+        gatherer.torch_cuda(version)
+    except NotOnIndex as exc:
+        raise m.error(f"torch {version} is not on the package index ({exc})", *where,
+                      fix="use a torch release the index has, or `torch: from-engine`") from None
+    except IndexUnavailable:
+        pass  # a network condition: the cells say so
+
+
+def _engine_facts(m: Matrix, gatherer: FactGatherer, choice: EngineChoice,
+                  machine: str) -> EngineFacts:
+    """Facts of the choice's wheel for `machine`; a release with no Linux wheel at all is a
+    config error at its axis entry (NotOnIndex for one machine only stays the cell's verdict)."""
+    package = m.engines[choice.engine]["package"]
+    try:
+        return gatherer.facts(package, choice.version, machine)
+    except NotOnIndex as exc:
+        other = "aarch64" if machine == "x86_64" else "x86_64"
+        try:
+            gatherer.facts(package, choice.version, other)
+        except NotOnIndex:
+            raise m.error(f"{package} {choice.version} is not on the package index ({exc})",
+                          *choice.where, fix="pick a release the index has (a selector such "
+                          "as `latest` resolves one)") from None
+        except IndexUnavailable:
+            pass
+        raise
+
+
+def _torches_for(m: Matrix, gatherer: FactGatherer | None, releases: ReleaseSource | None,
+                 choice: EngineChoice, machine: str, notes: dict[str, int]
+                 ) -> tuple[list[str], list[Verdict], str | None]:
+    """(torch versions, verdicts, unresolved) of an engine release on `machine`."""
+    listed = _torch_axis(m)
+    package = m.engines[choice.engine].get("package")
+    if choice.unresolved:
+        return listed or [FROM_ENGINE], [], choice.unresolved
+    if not package or gatherer is None:
+        if listed is None:
+            raise m.error(f"engine {choice.engine!r} has no package to take torch from",
+                          "axes", fix="list torch versions under axes.torch")
+        return listed, [], None
+    try:
+        facts = _engine_facts(m, gatherer, choice, machine)
+    except NotOnIndex as exc:
+        verdict = Verdict("engine-on-index", f"{package} {choice.version} has no Linux {machine}"
+                          f" wheel on the package index ({exc})", str(exc).split(": ")[0])
+        return listed or [FROM_ENGINE], [verdict], None
+    except IndexUnavailable as exc:
+        return listed or [FROM_ENGINE], [], f"index unreachable: {exc}"
+    if listed is None:
+        if facts.pinned_torch:
+            return [facts.pinned_torch.split("+", 1)[0]], [], None
+        return _newest_allowed_torch(m, releases, facts, choice)
+    allowed = [t for t in listed
+               if torch_satisfies(Cell("0", t, choice.engine, choice.version, "x"),
+                                  facts.torch_pins)]
+    if allowed and len(allowed) < len(listed):
+        key = "torch the engine's pin forbids (engine-torch-pin)"
+        notes[key] = notes.get(key, 0) + len(listed) - len(allowed)
+        return allowed, [], None
+    return listed, [], None  # none allowed: the rule prunes every cell, naming the pin
+
+
+def _newest_allowed_torch(m: Matrix, releases: ReleaseSource | None, facts: EngineFacts,
+                          choice: EngineChoice) -> tuple[list[str], list[Verdict], str | None]:
+    if not facts.torch_pins:
+        raise m.error(f"{choice.engine} {choice.version} does not depend on torch: "
+                      "`torch: from-engine` has nothing to follow", *choice.where,
+                      fix="list torch versions under axes.torch")
+    if releases is None:
+        return [FROM_ENGINE], [], "no release list of torch to pick from"
+    try:
+        listing = releases("torch")
+    except IndexUnavailable as exc:
+        return [FROM_ENGINE], [], f"index unreachable: {exc}"
+    spec = SpecifierSet(",".join(str(s) for pin in facts.torch_pins
+                                 for s in Requirement(pin).specifier))
+    newest = listing.newest(spec, 1)
+    return (newest, [], None) if newest else ([FROM_ENGINE], [Verdict(
+        "engine-torch-pin", f"no torch release meets {', '.join(facts.torch_pins)}",
+        facts.metadata_url)], None)
+
+
+def expand(m: Matrix, gatherer: FactGatherer | None = None,
+           releases: ReleaseSource | None = None) -> Expansion:
+    """The cells of the axes (engine releases resolved, torch following the engine), then the
+    `include` entries."""
     axes = m.data["axes"]
-    cells: list[tuple[Cell, str]] = []
-    for cuda, torch, engine, arch in itertools.product(axes["cuda"], axes["torch"],
-                                                       axes["engine"], axes["arch"]):
-        name, version = _parse_engine(engine)
-        cells.append((Cell(cuda, torch, name, version, arch), "axes"))
+    for i, version in enumerate(_torch_axis(m) or []):
+        _check_torch_exists(m, gatherer, version, ("axes", "torch", i))
+    notes: dict[str, int] = {}
+    candidates: list[Candidate] = []
+    memo: dict[tuple[str, str, str], tuple[list[str], list[Verdict], str | None]] = {}
+    for choice, arch in itertools.product(resolve_engines(m, releases), axes["arch"]):
+        machine = MACHINES[_platform_of_arch(m, arch)]
+        key = (choice.engine, choice.version, machine)
+        if key not in memo:
+            memo[key] = _torches_for(m, gatherer, releases, choice, machine, notes)
+        torches, verdicts, unresolved = memo[key]
+        for cuda, torch in itertools.product(axes["cuda"], torches):
+            candidates.append(Candidate(Cell(cuda, torch, choice.engine, choice.version, arch),
+                                        "axes", choice, list(verdicts), unresolved))
     for i, entry in enumerate(m.data.get("include", [])):
         name, version = _parse_engine(entry["engine"])
-        cells.append((Cell(entry["cuda"], entry["torch"], name, version, entry["arch"]),
-                      f"include[{i}]"))
-    _refuse_duplicates(m, cells)
-    return cells
+        _check_torch_exists(m, gatherer, entry["torch"], ("include", i, "torch"))
+        choice = EngineChoice(name, version, f"=={version}", ("include", i, "engine"))
+        candidates.append(Candidate(Cell(entry["cuda"], entry["torch"], name, version,
+                                         entry["arch"]), f"include[{i}]", choice))
+    _refuse_duplicates(m, candidates)
+    return Expansion(candidates, notes)
 
 
-def _refuse_duplicates(m: Matrix, cells: list[tuple[Cell, str]]) -> None:
+def _refuse_duplicates(m: Matrix, candidates: list[Candidate]) -> None:
     seen: dict[str, str] = {}
-    for cell, origin in cells:
+    for cand in candidates:
+        cell, origin = cand.cell, cand.origin
         if cell.id in seen:
             where = ("include", int(origin[8:-1])) if origin.startswith("include") else ("axes",)
             raise m.error(f"duplicate cell id {cell.id} ({origin} repeats {seen[cell.id]})",
                           *where, fix="remove the repeated entry")
         seen[cell.id] = origin
-
-
-@dataclass
-class FactGatherer:
-    """Engine facts from package metadata, read once per release (memoised)."""
-
-    source: MetadataSource
-    _engine: dict[tuple[str, str, str], EngineFacts | Exception] = field(default_factory=dict)
-
-    def facts(self, package: str, version: str, machine: str = "x86_64") -> EngineFacts:
-        key = (package, version, machine)
-        if key not in self._engine:
-            try:
-                self._engine[key] = self._read(package, version, machine)
-            except (IndexUnavailable, NotOnIndex) as exc:
-                self._engine[key] = exc
-        value = self._engine[key]
-        if isinstance(value, Exception):
-            raise value
-        return value
-
-    def _read(self, package: str, version: str, machine: str) -> EngineFacts:
-        meta = self._release(package, version, machine)
-        pins = tuple(str(r) for r in meta.pins_for("torch", machine))
-        pinned = exact_pin(pins) if pins else None
-        torch_cuda = None
-        if pinned:
-            public = pinned.split("+", 1)[0]
-            torch_meta = self._release("torch", public, machine)
-            torch_cuda = cuda_of_requirements(torch_meta.requires_dist)
-        return EngineFacts(metadata_url=meta.url, torch_pins=pins, pinned_torch=pinned,
-                           torch_cuda=torch_cuda)
-
-    def _release(self, name: str, version: str, machine: str) -> ReleaseMetadata:
-        return self.source(name, version, machine)
 
 
 def base_for(cell: Cell, m: Matrix) -> str:
@@ -100,12 +339,21 @@ def base_for(cell: Cell, m: Matrix) -> str:
     return m.bases["default"]
 
 
-def platform_for(cell: Cell, m: Matrix) -> str:
-    """The image platform: matrix.yaml `platforms:` first, then the arch's machines (rules)."""
-    override = m.data.get("platforms", {}).get(cell.arch)
+def _platform_of_arch(m: Matrix, arch: str) -> str:
+    override = m.data.get("platforms", {}).get(arch)
     if override:
         return override
-    return load_rules()["arch-platform"]["platforms"].get(cell.arch.rstrip("af"), "linux/amd64")
+    return load_rules()["arch-platform"]["platforms"].get(arch.rstrip("af"), "linux/amd64")
+
+
+def platform_for(cell: Cell, m: Matrix) -> str:
+    """The image platform: matrix.yaml `platforms:` first, then the arch's machines (rules)."""
+    return _platform_of_arch(m, cell.arch)
+
+
+def _wheel_tags(wheel: str) -> str:
+    """`cp38-abi3-manylinux_2_28_x86_64` of a wheel file name."""
+    return "-".join(wheel[:-4].split("-")[-3:]) if wheel.endswith(".whl") else ""
 
 
 def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
@@ -119,50 +367,99 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     env = {**engine.get("env", {}), **per_arch.get("env", {})}
     variant = engine.get("variants", {}).get(cell.cuda) if cell.cuda != CPU else None
     torch_index = None
-    tv = torch_variant(cell)
-    if cell.cuda != CPU and tv and tv["pypi"] != cell.cuda_tag:
+    pypi_cuda = facts.cell_torch_cuda if facts else None
+    if cell.cuda != CPU and pypi_cuda is not None and pypi_cuda != cell.cuda:
         index = os.environ.get("INFERMATRIX_TORCH_INDEX") or load_rules()["torch-cuda-variant"]["index"]
         torch_index = index.format(cuda_tag=cell.cuda_tag)
     sources = {}
-    if facts:
+    if facts and facts.metadata_url:
         sources["engine_metadata"] = facts.metadata_url
-    if variant:
-        sources["engine_variant"] = variant["source"]
     engine_index = None
-    if variant and facts and facts.torch_cuda != cell.cuda:
+    if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
+        sources["engine_variant"] = variant["source"]
         engine_index = (variant.get("wheel") or variant.get("index") or "").format(
-            version=cell.engine_version)
+            version=cell.engine_version, cuda_tag=cell.cuda_tag,
+            wheel_tags=_wheel_tags(facts.wheel))
+    floor, floor_reason = driver_floor(cell, facts)
     return CellSettings(
-        python=m.python, base=base_for(cell, m), platform=platform_for(cell, m), engine_package=engine.get("package"),
-        kernels=list(engine.get("kernels", [])), attention_backend=backend, engine_args=args,
-        env=dict(sorted(env.items())), torch_index=torch_index, engine_index=engine_index,
-        engine_cuda=facts.torch_cuda if facts else None, source_urls=sources)
+        python=m.python, base=base_for(cell, m), platform=platform_for(cell, m),
+        engine_package=engine.get("package"), kernels=list(engine.get("kernels", [])),
+        attention_backend=backend, engine_args=args, env=dict(sorted(env.items())),
+        torch_index=torch_index, engine_index=engine_index,
+        engine_cuda=facts.torch_cuda if facts else None, source_urls=sources,
+        driver_floor=floor, driver_floor_reason=floor_reason)
 
 
-def plan_cell(cell: Cell, origin: str, m: Matrix, gatherer: FactGatherer) -> CellPlan:
+def variant_sources(cell: Cell, settings: CellSettings) -> list[tuple[str, str, str]]:
+    """(what, url to check, how) of each source off the default index a cell installs from."""
+    checks = []
+    if settings.torch_index:
+        checks.append((f"torch {cell.torch}+{cell.cuda_tag}", settings.torch_index.rstrip("/")
+                       + "/torch/", f"torch-{cell.torch}+{cell.cuda_tag}-"))
+    if settings.engine_index:
+        if settings.engine_index.endswith(".whl"):
+            checks.append((f"{settings.engine_package} {cell.engine_version} {cell.cuda_tag} wheel",
+                           settings.engine_index, ""))
+        else:
+            package = settings.engine_package or cell.engine
+            checks.append((f"{package} {cell.engine_version} ({cell.cuda_tag} index)",
+                           settings.engine_index.rstrip("/") + f"/{package}/",
+                           f"{package.replace('-', '_')}-{cell.engine_version}"))
+    return checks
+
+
+def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | None
+                   ) -> tuple[list[Verdict], list[Verdict]]:
+    """(missing, unverifiable): a declared variant is checked to exist before it is planned."""
+    missing: list[Verdict] = []
+    unverified: list[Verdict] = []
+    for what, url, prefix in variant_sources(cell, settings):
+        if exists is not None:
+            found = exists(url)
+        else:
+            found = url_exists(url) if not prefix else index_lists(url, prefix)
+        if found is False:
+            missing.append(Verdict("variant-missing", f"{what} is not at {url}", url))
+        elif found is None:
+            unverified.append(Verdict("variant-unverified", f"{what}: {url} cannot be reached "
+                                      "from here, so the cell is not planned on it", url))
+    return missing, unverified
+
+
+def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
+              exists: ExistsCheck | None = None) -> CellPlan:
+    cell, origin = cand.cell, cand.origin
+    resolution = cand.choice.record() if cand.choice else None
     engine = m.engines[cell.engine]
-    facts: EngineFacts | None = None
-    unresolved: str | None = None
-    verdicts: list[Verdict] = []
     machine = MACHINES[platform_for(cell, m)]
-    if engine.get("package"):
+    facts: EngineFacts | None = None
+    unresolved = cand.unresolved
+    verdicts: list[Verdict] = list(cand.verdicts)
+    if not unresolved and not verdicts:
         try:
-            facts = gatherer.facts(engine["package"], cell.engine_version, machine)
+            if engine.get("package"):
+                facts = gatherer.facts(engine["package"], cell.engine_version, machine)
+            cell_cuda = gatherer.torch_cuda(cell.torch, machine) if cell.cuda != CPU else None
+            facts = replace(facts or EngineFacts("", (), None, None), cell_torch_cuda=cell_cuda)
         except NotOnIndex as exc:
-            verdicts.append(Verdict("engine-on-index",
-                                    f"{engine['package']} {cell.engine_version} is not on the "
-                                    f"package index for Linux {machine} ({exc})",
-                                    str(exc).split(":")[0]))
+            verdicts.append(Verdict("engine-on-index", f"not on the package index for Linux "
+                                    f"{machine}: {exc}", str(exc).split(": ")[0]))
         except IndexUnavailable as exc:
             unresolved = f"index unreachable: {exc}"
     verdicts += evaluate(cell, m, facts)
     if verdicts:
-        return CellPlan(cell, "pruned", verdicts, None, origin)
+        return CellPlan(cell, "pruned", verdicts, None, origin, resolution)
     if unresolved:
-        return CellPlan(cell, "unresolved",
-                        [Verdict("index-unreachable", unresolved, "network")], None, origin)
+        return CellPlan(cell, "unresolved", [Verdict("index-unreachable", unresolved, "network")],
+                        None, origin, resolution)
     backend, _ = choose_attention_backend(cell, m)
-    return CellPlan(cell, "planned", [], settings_for(cell, m, facts, backend), origin)
+    settings = settings_for(cell, m, facts, backend)
+    missing, unverified = check_variants(cell, settings, exists)
+    if missing:
+        return CellPlan(cell, "pruned", missing, None, origin, resolution)
+    if unverified:
+        return CellPlan(cell, "unverified", unverified, settings, origin, resolution)
+    return CellPlan(cell, "planned", [], settings, origin, resolution)
 
 
 def _excluded(m: Matrix, cell: Cell) -> int | None:
@@ -173,20 +470,35 @@ def _excluded(m: Matrix, cell: Cell) -> int | None:
     return None
 
 
-def plan_matrix(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
-                source: MetadataSource | None = None) -> list[CellPlan]:
-    """Plan every cell of the matrix, sorted by id. `select`/`skip` narrow the result; a
-    selector that matches no cell is a usage error (usually a typo)."""
+@dataclass
+class Plan:
+    """Every cell's plan, plus the combinations that were never generated (and why)."""
+
+    cells: list[CellPlan]
+    not_generated: dict[str, int] = field(default_factory=dict)
+
+
+def default_sources(ctx: Context) -> tuple[MetadataSource, ReleaseSource]:
+    cache = MetadataCache(ctx.state.index_cache, offline=ctx.offline)
+    return cache.release, lambda name: release_list(ctx.state.index_cache, name,
+                                                    offline=ctx.offline)
+
+
+def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
+              source: MetadataSource | None = None, releases: ReleaseSource | None = None,
+              exists: ExistsCheck | None = None) -> Plan:
     m = ctx.matrix
     if source is None:
-        cache = MetadataCache(ctx.state.index_cache, offline=ctx.offline)
-        source = cache.release
+        source, default_releases = default_sources(ctx)
+        releases = releases or default_releases
     gatherer = FactGatherer(source)
-    cells = expand(m)
-    _check_selectors(m, [c for c, _ in cells], select, skip)
+    expansion = expand(m, gatherer, releases)
+    cells = [c.cell for c in expansion.candidates]
+    _check_selectors(m, cells, select, skip)
     selection = Selection(list(select), list(skip))
     plans: list[CellPlan] = []
-    for cell, origin in cells:
+    for cand in expansion.candidates:
+        cell = cand.cell
         if not selection(cell.id):
             continue
         excluded = _excluded(m, cell)
@@ -194,10 +506,19 @@ def plan_matrix(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = 
             pattern = m.data["exclude"][excluded]
             plans.append(CellPlan(cell, "pruned", [Verdict(
                 "exclude", f"excluded by the selector {pattern!r} in {m.path.name}",
-                f"{m.path}:{m.line_of('exclude', excluded)}")], None, origin))
+                f"{m.path}:{m.line_of('exclude', excluded)}")], None, cand.origin,
+                cand.choice.record() if cand.choice else None))
             continue
-        plans.append(plan_cell(cell, origin, m, gatherer))
-    return sorted(plans, key=lambda p: p.id)
+        plans.append(plan_cell(cand, m, gatherer, exists))
+    return Plan(sorted(plans, key=lambda p: p.id), expansion.not_generated)
+
+
+def plan_matrix(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
+                source: MetadataSource | None = None, releases: ReleaseSource | None = None,
+                exists: ExistsCheck | None = None) -> list[CellPlan]:
+    """Plan every cell of the matrix, sorted by id. `select`/`skip` narrow the result; a
+    selector that matches no cell is a usage error (usually a typo)."""
+    return plan_full(ctx, select, skip, source, releases, exists).cells
 
 
 def _check_selectors(m: Matrix, cells: list[Cell], select: Iterable[str],

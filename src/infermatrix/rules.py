@@ -37,6 +37,8 @@ class EngineFacts:
     torch_pins: tuple[str, ...]  # e.g. ("torch==2.11.0",)
     pinned_torch: str | None  # the exact version the pin names, when it names one
     torch_cuda: str | None  # CUDA runtime of that torch's PyPI wheel: "12.8", "13.0", "cpu"
+    wheel: str = ""  # the engine wheel the metadata was read from
+    cell_torch_cuda: str | None = None  # CUDA runtime of PyPI's wheel of the cell's torch
 
 
 _CUDA_RUNTIME = re.compile(
@@ -91,6 +93,46 @@ def torch_satisfies(cell: Cell, pins: tuple[str, ...]) -> bool:
     return True
 
 
+# --- the driver a cell needs -------------------------------------------------------------------
+DRIVERS_PATH = DATA_DIR / "drivers.yaml"
+
+
+@cache
+def load_drivers(path: Path = DRIVERS_PATH) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def min_driver_of_cuda(cuda: str) -> str | None:
+    return load_drivers()["min_driver"].get(cuda)
+
+
+def cuda_of_ptx_isa(isa: str) -> str | None:
+    """The CUDA release that writes PTX ISA `isa` (e.g. "8.8" -> "12.9")."""
+    return load_drivers()["ptx_isa"]["cuda"].get(isa)
+
+
+def driver_floor(cell: Cell, facts: EngineFacts | None, ptx_isas: dict[str, str] | None = None
+                 ) -> tuple[str | None, str | None]:
+    """(oldest driver, why) for a cell: the CUDA runtime it links and the PTX ISA of PTX-only
+    objects it loads (`ptx_isas`: object -> ISA, from reading the wheels), whichever needs more."""
+    if cell.cuda == CPU:
+        return None, None
+    needs: list[tuple[Version, str, str]] = []
+    runtime = min_driver_of_cuda(cell.cuda)
+    if runtime:
+        needs.append((Version(runtime), runtime, f"CUDA {cell.cuda} runtime needs >= {runtime}"))
+    for obj, isa in sorted((ptx_isas or {}).items()):
+        cuda = cuda_of_ptx_isa(isa)
+        driver = min_driver_of_cuda(cuda) if cuda else None
+        if driver:
+            needs.append((Version(driver), driver, f"{obj} is PTX ISA {isa} only (JIT by the "
+                          f"driver: CUDA {cuda}, >= {driver})"))
+    if not needs:
+        return None, f"no driver minimum known for CUDA {cell.cuda} (data/drivers.yaml)"
+    _, driver, reason = max(needs)
+    return driver, reason
+
+
 # --- the rules ------------------------------------------------------------------------------
 
 def arch_min_cuda(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
@@ -129,18 +171,24 @@ def torch_variant(cell: Cell) -> dict[str, Any] | None:
 
 
 def torch_cuda_variant(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    """PyPI's torch wheel is one CUDA build (read from its METADATA); any other CUDA must be a
+    variant the torch index publishes (the table, with its source and check date)."""
     rule = load_rules()["torch-cuda-variant"]
     if cell.cuda == CPU:
         return []
+    if facts is not None and facts.cell_torch_cuda == cell.cuda:
+        return []
     variant = torch_variant(cell)
+    pypi = f" (PyPI's wheel is CUDA {facts.cell_torch_cuda})" if facts and facts.cell_torch_cuda \
+        else ""
     if variant is None:
         return [Verdict("torch-cuda-variant",
-                        f"torch {cell.torch} is not in the variant table (add its minor to rules.yaml)",
-                        rule["source"])]
+                        f"torch {cell.torch} is not in the variant table{pypi}: add its minor "
+                        "to rules.yaml after checking the torch index", rule["source"])]
     if cell.cuda_tag in variant["all"]:
         return []
     return [Verdict("torch-cuda-variant", rule["reason"].format(
-        torch=cell.torch, cuda_tag=cell.cuda_tag, variants=", ".join(variant["all"])),
+        torch=cell.torch, cuda_tag=cell.cuda_tag, variants=", ".join(variant["all"])) + pypi,
         rule["source"])]
 
 
