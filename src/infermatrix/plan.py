@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from urllib.parse import urlparse
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
@@ -421,8 +422,10 @@ def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | Non
         if found is False:
             missing.append(Verdict("variant-missing", f"{what} is not at {url}", url))
         elif found is None:
-            unverified.append(Verdict("variant-unverified", f"{what}: {url} cannot be reached "
-                                      "from here, so the cell is not planned on it", url))
+            host = urlparse(url).netloc
+            unverified.append(Verdict("variant-unverified", f"{what}: {host} cannot be reached "
+                                      "from here to check it; not planned on an unchecked URL",
+                                      url))
     return missing, unverified
 
 

@@ -5,58 +5,93 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import defaultdict
 
 from rich.console import Console
 from rich.table import Table
 
 from ..context import Context, setup_command_log
-from ..model import CellPlan
 from ..lock import prune_unsatisfiable
-from ..plan import plan_matrix
+from ..model import CellPlan
+from ..plan import Plan, plan_full
 from . import common_options, selection_options
 
-STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta"}
+STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta",
+                "unverified": "cyan"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("plan", help="expand matrix.yaml and prune impossible cells",
-                            description="Expand the axes of matrix.yaml into cells and prune the "
-                            "ones that cannot work, naming each rule and its source.")
+                            description="Expand the axes of matrix.yaml into cells (engine "
+                            "releases resolved from the package index, torch from the engine) "
+                            "and prune the ones that cannot work, naming each rule and its source.")
     common_options(parser)
     selection_options(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--planned", action="store_true", help="list planned cells only")
+    parser.add_argument("--all", action="store_true",
+                        help="one row per cell, pruned ones included (default: planned cells "
+                        "and the pruned ones grouped by rule)")
+    parser.add_argument("--diff", action="store_true",
+                        help="what changed since the committed plan (locks/plan.json, written "
+                        "by `infermatrix lock`): cells that appear or go away, and why; exit 1 "
+                        "when something changed")
     parser.set_defaults(func=run)
 
 
 def load_plans(args: argparse.Namespace) -> tuple[Context, list[CellPlan]]:
     """The context and plan every command that takes --select/--skip starts from."""
+    ctx, plan = load_full_plan(args)
+    return ctx, plan.cells
+
+
+def load_full_plan(args: argparse.Namespace) -> tuple[Context, Plan]:
     ctx = Context.load(args.matrix, args.state_dir, args.offline)
     setup_command_log(ctx.state, getattr(args, "verbose", False))
-    return ctx, plan_matrix(ctx, args.select, args.skip)
+    return ctx, plan_full(ctx, args.select, args.skip)
 
 
-def plan_table(plans: list[CellPlan]) -> Table:
+def _settings_text(plan: CellPlan) -> str:
+    s = plan.settings
+    if s is None:
+        return ""
+    parts = [s.attention_backend or "", ",".join(s.kernels),
+             f"driver>={s.driver_floor}" if s.driver_floor else ""]
+    if plan.resolution and plan.resolution.get("resolved_at"):
+        parts.append(plan.resolution["selector"])
+    return " ".join(p for p in parts if p)
+
+
+def plan_table(plans: list[CellPlan], every_row: bool = False) -> Table:
     table = Table(title="infermatrix plan", show_lines=False)
     table.add_column("cell", no_wrap=True)
     table.add_column("status")
-    table.add_column("reasons (rule: reason — source)", overflow="fold")
+    table.add_column("settings / reasons", overflow="fold")
+    grouped: dict[str, list[CellPlan]] = defaultdict(list)
     for plan in plans:
-        style = STATUS_STYLE.get(plan.status, "")
+        style = STATUS_STYLE.get(plan.status, "white")
+        if plan.status == "pruned" and not every_row:
+            grouped[plan.verdicts[0].rule if plan.verdicts else "?"].append(plan)
+            continue
         if plan.verdicts:
-            reasons = "\n".join(f"{v.rule}: {v.reason} — {v.source}" for v in plan.verdicts)
+            text = "\n".join(f"{v.rule}: {v.reason}" + (f" — {v.source}" if every_row else "")
+                             for v in plan.verdicts)
         else:
-            s = plan.settings
-            reasons = (f"base {s.base}, python {s.python}"
-                       + (f", attention {s.attention_backend}" if s and s.attention_backend else "")
-                       + (f", kernels {', '.join(s.kernels)}" if s and s.kernels else "")) if s else ""
-        table.add_row(plan.id, f"[{style}]{plan.status}[/{style}]", reasons)
+            text = _settings_text(plan)
+        table.add_row(plan.id, f"[{style}]{plan.status}[/{style}]", text)
+    for rule, members in sorted(grouped.items(), key=lambda kv: -len(kv[1])):
+        example = members[0].verdicts[0]
+        table.add_row(f"{len(members)} × {rule}", "[yellow]pruned[/yellow]",
+                      f"e.g. {members[0].id}: {example.reason} (--all: every row)")
     return table
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx, plans = load_plans(args)
+    ctx, full = load_full_plan(args)
+    plans = full.cells
     prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
+    if args.diff:
+        return _print_diff(ctx, plans)
     if args.planned:
         plans = [p for p in plans if p.planned]
     if args.json:
@@ -64,7 +99,34 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     console = Console()
-    console.print(plan_table(plans))
-    counts = {s: sum(p.status == s for p in plans) for s in ("planned", "pruned", "unresolved")}
+    console.print(plan_table(plans, args.all))
+    counts = {s: sum(p.status == s for p in plans)
+              for s in ("planned", "unverified", "pruned", "unresolved")}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")
+    for why, n in sorted(full.not_generated.items()):
+        console.print(f"not generated: {n} combination(s) with a {why}")
     return 0
+
+
+def _print_diff(ctx: Context, plans: list[CellPlan]) -> int:
+    from .. import plandiff
+    from ..index import IndexUnavailable, release_list
+
+    committed = plandiff.load_snapshot(ctx.root)
+    if committed is None:
+        print(f"no committed plan at {plandiff.plan_path(ctx.root)} (run `infermatrix lock`)")
+        return 1
+    on_index: dict[str, set[str]] = {}
+    for engine, spec in ctx.matrix.engines.items():
+        if spec.get("package"):
+            try:
+                listing = release_list(ctx.state.index_cache, spec["package"], offline=ctx.offline)
+                on_index[engine] = set(listing.versions)
+            except IndexUnavailable:
+                pass
+    lines = plandiff.diff(committed, plandiff.snapshot(plans), on_index)
+    for line in lines:
+        print(line)
+    print(f"{len(lines)} change(s) since {plandiff.plan_path(ctx.root).relative_to(ctx.root)}"
+          if lines else "no change since the committed plan")
+    return 1 if lines else 0

@@ -1,0 +1,91 @@
+"""The resolved plan committed beside the locks (`locks/plan.json`), and what changed since.
+
+Like docker-library's versions.json: what the selectors of matrix.yaml resolved to when the
+locks were made, one entry per cell, with no timestamps (an unchanged resolution rewrites the
+same bytes). `infermatrix plan --diff` compares a fresh plan with it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .model import CellPlan
+
+PLAN_FILE = "plan.json"
+
+
+def plan_path(root: Path) -> Path:
+    return root / "locks" / PLAN_FILE
+
+
+def snapshot(plans: list[CellPlan]) -> dict[str, Any]:
+    cells = {}
+    for p in plans:
+        res = p.resolution or {}
+        cells[p.id] = {"status": p.status, "engine": p.cell.engine,
+                       "version": p.cell.engine_version, "torch": p.cell.torch,
+                       "cuda": p.cell.cuda, "arch": p.cell.arch,
+                       "selector": res.get("selector"),
+                       "rules": sorted({v.rule for v in p.verdicts})}
+    return {"version": 1, "cells": dict(sorted(cells.items()))}
+
+
+def write_snapshot(root: Path, plans: list[CellPlan]) -> Path:
+    path = plan_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(snapshot(plans), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def load_snapshot(root: Path) -> dict[str, Any] | None:
+    path = plan_path(root)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _releases(cells: dict[str, Any]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for entry in cells.values():
+        found.setdefault(entry["engine"], set()).add(entry["version"])
+    return found
+
+
+def diff(committed: dict[str, Any], fresh: dict[str, Any],
+         on_index: dict[str, set[str]] | None = None) -> list[str]:
+    """Lines saying which cells appear, go away or change status, and why. `on_index`:
+    engine -> releases on the index now (tells a yanked release from a superseded one)."""
+    old, new = committed.get("cells", {}), fresh.get("cells", {})
+    old_rel, new_rel = _releases(old), _releases(new)
+    lines = []
+    for cell_id in sorted(old.keys() | new.keys()):
+        before, after = old.get(cell_id), new.get(cell_id)
+        if before is None:
+            why = _why_new(after, old_rel)
+            lines.append(f"+ {cell_id} ({after['status']}): {why}")
+        elif after is None:
+            why = _why_gone(before, new_rel, on_index)
+            lines.append(f"- {cell_id} (was {before['status']}): {why}")
+        elif before["status"] != after["status"] or before["rules"] != after["rules"]:
+            rules = ", ".join(after["rules"]) or "no rule"
+            lines.append(f"~ {cell_id}: {before['status']} -> {after['status']} ({rules})")
+    return lines
+
+
+def _why_new(after: dict[str, Any], old_rel: dict[str, set[str]]) -> str:
+    engine, version = after["engine"], after["version"]
+    if version not in old_rel.get(engine, set()):
+        return f"{engine} {version} is newly selected by {after['selector'] or 'the axes'!r}"
+    return "new combination of the axes (matrix.yaml changed)"
+
+
+def _why_gone(before: dict[str, Any], new_rel: dict[str, set[str]],
+              on_index: dict[str, set[str]] | None) -> str:
+    engine, version = before["engine"], before["version"]
+    if version in new_rel.get(engine, set()):
+        return "combination no longer in the axes (matrix.yaml changed)"
+    if on_index is not None and engine in on_index and version not in on_index[engine]:
+        return f"{engine} {version} is no longer on the index (yanked or removed)"
+    now = ", ".join(sorted(new_rel.get(engine, set()))) or "none"
+    return (f"{engine} {version} is no longer selected by {before['selector'] or 'the axes'!r}"
+            f" (superseded; selected now: {now})")
