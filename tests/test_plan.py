@@ -11,14 +11,17 @@ from infermatrix.index import IndexUnavailable
 from infermatrix.model import Cell
 from infermatrix.plan import expand, plan_matrix
 
-from .planning_support import DATA, mini_context, recorded_metadata
+from .planning_support import (DATA, mini_context, reachable, recorded_metadata,
+                               recorded_releases)
 
 MINI = (DATA / "mini_matrix.yaml").read_text()
 
 
 def plans_by_id(tmp_path: Path, text: str | None = None, **kw):
     ctx = mini_context(tmp_path, text)
-    return {p.id: p for p in plan_matrix(ctx, source=recorded_metadata, **kw)}
+    kw.setdefault("exists", reachable)
+    return {p.id: p for p in plan_matrix(ctx, source=recorded_metadata,
+                                         releases=recorded_releases, **kw)}
 
 
 def rules_of(plan) -> set[str]:
@@ -34,10 +37,10 @@ def test_cell_id_is_stable_and_readable():
 
 def test_expansion_is_the_product_plus_includes(tmp_path):
     ctx = mini_context(tmp_path)
-    cells = expand(ctx.matrix)
+    cells = expand(ctx.matrix).candidates  # no index: nothing to filter torch by
     assert len(cells) == 3 * 2 * 3 * 2 + 1
-    assert cells[-1][1] == "include[0]"
-    assert len({c.id for c, _ in cells}) == len(cells)
+    assert cells[-1].origin == "include[0]"
+    assert len({c.cell.id for c in cells}) == len(cells)
 
 
 def test_planned_cells_get_settings(tmp_path):
@@ -61,19 +64,18 @@ def test_every_pruned_cell_names_rule_reason_and_source(tmp_path):
 
 
 def test_a_cell_pruned_by_several_rules_shows_all(tmp_path):
-    plan = plans_by_id(tmp_path)["cu128-torch2.11.0-sglang0.5.9-sm121"]
-    assert rules_of(plan) == {"arch-min-cuda", "model-floor", "engine-torch-pin"}
+    plan = plans_by_id(tmp_path)["cu128-torch2.9.1-sglang0.5.9-sm121"]
+    assert rules_of(plan) == {"arch-min-cuda", "model-floor"}
 
 
 # --- one passing and one pruning case per rule ---------------------------------------------
 @pytest.mark.parametrize("cell_id, rule, prunes", [
-    ("cu128-torch2.9.1-sglang0.5.11-sm121", "arch-min-cuda", True),    # sm_121 needs 12.9
+    ("cu128-torch2.11.0-sglang0.5.11-sm121", "arch-min-cuda", True),   # sm_121 needs 12.9
     ("cu130-torch2.11.0-sglang0.5.11-sm121", "arch-min-cuda", False),
-    ("cu130-torch2.11.0-sglang0.5.9-sm120", "model-floor", True),       # 0.5.9 < 0.5.10
+    ("cu130-torch2.9.1-sglang0.5.9-sm120", "model-floor", True),        # 0.5.9 < 0.5.10
     ("cu130-torch2.11.0-sglang0.5.11-sm120", "model-floor", False),
     ("cu129-torch2.11.0-vllm0.20.1-sm120", "torch-cuda-variant", True),  # no cu129 torch 2.11
     ("cu128-torch2.11.0-vllm0.20.1-sm120", "torch-cuda-variant", False),
-    ("cu130-torch2.9.1-sglang0.5.11-sm120", "engine-torch-pin", True),   # pins torch 2.11.0
     ("cu130-torch2.11.0-sglang0.5.11-sm120", "engine-torch-pin", False),
     ("cu128-torch2.11.0-sglang0.5.11-sm120", "engine-cuda-build", True),  # PyPI build is 13.0
     ("cu129-torch2.11.0-vllm0.20.1-sm120", "engine-cuda-build", False),  # declared variant
@@ -103,17 +105,18 @@ def test_attention_backend_fa3_is_never_chosen_on_sm120(tmp_path):
     assert free.planned and free.settings.attention_backend == "triton"
 
 
-def test_engine_missing_from_index_is_pruned(tmp_path):
+def test_engine_missing_from_index_is_a_config_error_with_its_line(tmp_path):
     text = MINI.replace("sglang==0.5.11", "sglang==0.5.12")
-    plan = plans_by_id(tmp_path, text)["cu130-torch2.11.0-sglang0.5.12-sm120"]
-    assert "engine-on-index" in rules_of(plan)
+    with pytest.raises(ConfigError, match="sglang 0.5.12 is not on the package index") as info:
+        plans_by_id(tmp_path, text)
+    assert info.value.line == 13
 
 
 def test_unreachable_index_is_unresolved_not_pruned(tmp_path):
     def down(name: str, version: str, machine: str = "x86_64"):
         raise IndexUnavailable("connection refused")
     ctx = mini_context(tmp_path)
-    plans = {p.id: p for p in plan_matrix(ctx, source=down)}
+    plans = {p.id: p for p in plan_matrix(ctx, source=down, releases=recorded_releases)}
     assert plans["cu130-torch2.11.0-sglang0.5.11-sm120"].status == "unresolved"
     # Rules that need no index still prune.
     assert plans["cu130-torch2.11.0-sglang0.5.9-sm120"].status == "pruned"
@@ -171,7 +174,8 @@ def test_sm121_cells_are_arm64_images(tmp_path):
         asked.append(machine)
         return recorded_metadata(name, version, machine)
     ctx = mini_context(tmp_path)
-    plans = {p.id: p for p in plan_matrix(ctx, source=source, select=["cu130-*-sm12?"])}
+    plans = {p.id: p for p in plan_matrix(ctx, source=source, releases=recorded_releases,
+                                          select=["cu130-*-sm12?"], exists=reachable)}
     assert plans["cu130-torch2.11.0-sglang0.5.11-sm121"].settings.platform == "linux/arm64"
     assert plans["cu130-torch2.11.0-sglang0.5.11-sm120"].settings.platform == "linux/amd64"
     assert {"x86_64", "aarch64"} <= set(asked)

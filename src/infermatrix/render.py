@@ -533,6 +533,8 @@ def labels(ctx: Context, plan: CellPlan, base: BaseChoice, kernels: list[KernelS
         "io.infermatrix.base": f"{base.name} ({base.strategy})",
         "io.infermatrix.cuda.toolkit": base.toolkit if cell.is_gpu else "none",
         "io.infermatrix.attention_backend": settings.attention_backend or "",
+        # the oldest NVIDIA driver the image runs on (plan: CUDA runtime, PTX-only objects)
+        "io.infermatrix.driver.floor": getattr(settings, "driver_floor", None) or "",
         "io.infermatrix.lock": ("sha256:" + hashlib.sha256(lock_text.encode()).hexdigest())
         if lock_text else "none",
     }
@@ -541,7 +543,8 @@ def labels(ctx: Context, plan: CellPlan, base: BaseChoice, kernels: list[KernelS
     if base.digest:
         values["org.opencontainers.image.base.digest"] = base.digest
     # Empty optional labels are left out (a fixture engine has no package, CPU cells no backend).
-    optional = {"io.infermatrix.engine.package", "io.infermatrix.attention_backend"}
+    optional = {"io.infermatrix.engine.package", "io.infermatrix.attention_backend",
+                "io.infermatrix.driver.floor"}
     return dict(sorted((k, v) for k, v in values.items() if v or k not in optional))
 
 
