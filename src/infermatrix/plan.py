@@ -381,7 +381,8 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
         engine_index = (variant.get("wheel") or variant.get("index") or "").format(
             version=cell.engine_version, cuda_tag=cell.cuda_tag,
             wheel_tags=_wheel_tags(facts.wheel))
-    floor, floor_reason = driver_floor(cell, facts)
+    # From what the engine ships (index facts); without them nothing is known to floor on.
+    floor, floor_reason = driver_floor(cell, facts) if facts is not None else (None, None)
     return CellSettings(
         python=m.python, base=base_for(cell, m), platform=platform_for(cell, m),
         engine_package=engine.get("package"), kernels=list(engine.get("kernels", [])),
