@@ -95,7 +95,8 @@ def test_an_old_driver_rules_out_cuda_13_but_not_12_8():
     result = verdicts(doctor.gather(readers("old-driver-sample/nvidia-smi-noheader.csv")))
     cuda13 = result["cu130-torch2.11.0-sglang0.5.11-sm120"]
     assert not cuda13.fits
-    assert cuda13.reasons == ["driver 570.133.07 is below 580.65.06, the minimum for CUDA 13.0"]
+    assert cuda13.reasons[0].startswith("driver 570.133.07 is below 580.65.06, the minimum for "
+                                        "CUDA 13.0; fix: install an NVIDIA driver >= 580.65.06")
     assert result["cu128-torch2.11.0-vllm0.19.1-sm120"].fits  # 570.133 >= 570.26
 
 
@@ -174,3 +175,34 @@ def test_doctor_command_with_recorded_output_and_a_lock(tmp_path, capsys):
                     "cu130-torch2.11.0-sglang0.5.11-sm120": True,
                     "cu130-torch2.11.0-vllm0.20.1-sm121": True,
                     "cpu-torch2.11.0-vllm-cpu0.32.0-cpu": True}
+
+
+# --- the driver floor an image carries (plan: CUDA runtime, PTX ISA of PTX-only objects) -----
+def floored(floor: str) -> dict:
+    """A CUDA 12.8 image whose objects carry PTX ISA 8.8 only: its label says 575.51.03."""
+    e = entry("12.8", "vllm", "0.19.1", "sm_120")
+    return {"images": {e["cell"]: dict(e, labels={doctor.DRIVER_FLOOR_LABEL: floor})}}
+
+
+def test_a_driver_below_the_image_floor_is_refused_with_the_fix():
+    facts = doctor.gather(readers("old-driver-sample/nvidia-smi-noheader.csv"))  # 570.133.07
+    (fit,) = doctor.fits(floored("575.51.03"), facts)
+    assert not fit.fits  # 570.133 meets CUDA 12.8's 570.26, not the image's floor
+    assert "driver 570.133.07 is below 575.51.03, the driver floor of this image" in fit.reasons[0]
+    assert "fix: install an NVIDIA driver >= 575.51.03" in fit.reasons[0]
+
+
+def test_a_driver_above_the_image_floor_fits():
+    facts = doctor.gather(readers("rtx-pro-6000-sample/nvidia-smi.csv"))  # 580.95.05
+    (fit,) = doctor.fits(floored("575.51.03"), facts)
+    assert fit.fits and fit.reasons == ["runs on GPU 0, 1"]
+
+
+def test_doctor_cell_exits_1_below_the_floor_and_0_above(tmp_path, capsys):
+    lock = tmp_path / "images.lock"
+    lock.write_text(json.dumps(dict(floored("575.51.03"), version=publish.LOCK_VERSION)))
+    cell = next(iter(floored("575.51.03")["images"]))
+    base = ["doctor", "--lock", str(lock), "--no-docker", "--cell", cell, "--nvidia-smi-csv"]
+    assert main(base + [str(HOST / "old-driver-sample" / "nvidia-smi-noheader.csv")]) == 1
+    assert "575.51.03" in capsys.readouterr().out
+    assert main(base + [str(HOST / "rtx-pro-6000-sample" / "nvidia-smi.csv")]) == 0

@@ -199,12 +199,26 @@ def gpu_problems(entry: dict[str, Any], gpu: Gpu) -> list[str]:
         how = "a different major" if built.major != device.major else "a lower minor"
         problems.append(f"arch mismatch: built for {built.sm} (compute capability "
                         f"{built.major}.{built.minor}); {gpu.describe()} is {how}")
-    minimum = entry.get("min_driver") or min_driver_for(entry.get("cuda", CPU))
+    minimum, why = driver_floor_of(entry)
     have, need = _version(gpu.driver), _version(minimum or "")
     if need is not None and (have is None or have < need):
-        problems.append(f"driver {gpu.driver} is below {minimum}, the minimum for CUDA "
-                        f"{entry['cuda']}")
+        problems.append(f"driver {gpu.driver} is below {minimum}, {why}; fix: install an "
+                        f"NVIDIA driver >= {minimum} on the host, or pick a cell whose floor "
+                        "this driver meets")
     return problems
+
+
+DRIVER_FLOOR_LABEL = "io.infermatrix.driver.floor"
+
+
+def driver_floor_of(entry: dict[str, Any]) -> tuple[str | None, str]:
+    """(oldest driver, what sets it) for an images.lock entry: the image's driver-floor label
+    (plan: the CUDA runtime and the PTX ISA of PTX-only objects), else its CUDA's minimum."""
+    labelled = (entry.get("labels") or {}).get(DRIVER_FLOOR_LABEL)
+    if labelled:
+        return labelled, f"the driver floor of this image (label {DRIVER_FLOOR_LABEL})"
+    cuda = entry.get("cuda", CPU)
+    return entry.get("min_driver") or min_driver_for(cuda), f"the minimum for CUDA {cuda}"
 
 
 def cell_fit(entry: dict[str, Any], facts: HostFacts) -> Fit:

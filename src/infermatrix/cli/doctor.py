@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _host_options(parser)
     parser.add_argument("--no-docker", action="store_true", help="do not ask the Docker engine")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--cell", action="append", default=[], metavar="SELECTOR",
+                        help="the cells you mean to run (fnmatch); exit 1 when none of them "
+                        "fits this host (driver below the image's floor, arch, ...)")
     parser.set_defaults(func=run_doctor)
 
     proxmox_parser = sub.add_parser("proxmox", help="Proxmox helpers (run on the Proxmox host)")
@@ -81,6 +84,13 @@ def run_doctor(args: argparse.Namespace) -> int:
         if not args.lock.is_file():
             print(f"images.lock: {args.lock} not found (pass --lock PATH)")
         print("\n".join(doctor.report_lines(facts, cell_fits)))
+    if args.cell:
+        from ..selectors import Selection
+
+        wanted = [f for f in cell_fits if Selection(args.cell, [])(f.cell)]
+        if not wanted:
+            raise UsageError(f"--cell {' '.join(args.cell)} matches no cell of {args.lock}")
+        return 0 if any(f.fits for f in wanted) else 1
     return 0
 
 
