@@ -18,16 +18,19 @@ from typing import Any, Callable, Iterable
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 from .config import Matrix
+from .coverage import Coverage, decide
 from .context import Context
 from .errors import UsageError
 from .index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
-                    index_lists, release_list, url_exists)
+                    index_lists, index_url, release_list, url_exists)
 from .model import CPU, Cell, CellPlan, CellSettings, Verdict
 from .rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
                     evaluate, exact_pin, load_rules, torch_satisfies)
 from .selectors import Selection, matches
+from .wheelcode import WheelCodeCache
 
 # (name, version, machine) -> metadata of that release's Linux wheel for the machine
 MetadataSource = Callable[..., ReleaseMetadata]
@@ -178,7 +181,25 @@ class FactGatherer:
         pinned = exact_pin(pins) if pins else None
         torch_cuda = self.torch_cuda(pinned, machine) if pinned else None
         return EngineFacts(metadata_url=meta.url, torch_pins=pins, pinned_torch=pinned,
-                           torch_cuda=torch_cuda, wheel=meta.wheel)
+                           torch_cuda=torch_cuda, wheel=meta.wheel,
+                           exact_pins=_exact_pins(meta, machine))
+
+
+def _exact_pins(meta: ReleaseMetadata, machine: str) -> tuple[tuple[str, str], ...]:
+    env = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": machine,
+           "extra": ""}
+    pins = []
+    for line in meta.requires_dist:
+        try:
+            req = Requirement(line)
+        except ValueError:
+            continue
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        version = exact_pin((str(req),)) if req.specifier else None
+        if version:
+            pins.append((canonicalize_name(req.name), version))
+    return tuple(pins)
 
 
 @dataclass
@@ -430,8 +451,36 @@ def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | Non
     return missing, unverified
 
 
+def wheel_coverage(cell: Cell, m: Matrix, facts: EngineFacts | None, code: WheelCodeCache,
+                   machine: str) -> tuple[list[Verdict], dict[str, str], list[str]]:
+    """(verdicts, PTX ISA of each PTX-only object, what was read) for the objects the engine
+    loads (engines.<e>.coverage), read from the wheels before any build."""
+    engine = m.engines[cell.engine]
+    pins = dict(facts.exact_pins) if facts else {}
+    verdicts: list[Verdict] = []
+    ptx_only: dict[str, str] = {}
+    read: list[str] = []
+    for entry in engine.get("coverage", []):
+        package = entry["package"]
+        version = cell.engine_version if package == engine.get("package") \
+            else pins.get(canonicalize_name(package))
+        if version is None:
+            continue  # the engine does not pin it on this machine: nothing to read
+        ref, objects = code.objects(package, version, machine, list(entry["objects"]))
+        read.append(f"{package}=={version} ({ref.filename if ref else '?'})")
+        for obj in objects:
+            decision = decide(obj.code, cell.arch)
+            where = f"{package} {version}: {obj.member}"
+            if decision.coverage is Coverage.UNCOVERED:
+                verdicts.append(Verdict("wheel-coverage", f"{where} cannot run on {cell.arch}: "
+                                        f"{decision.note}", ref.url if ref else package))
+            elif decision.coverage is Coverage.PTX_JIT and obj.ptx_isa:
+                ptx_only[f"{package}:{obj.member}"] = obj.ptx_isa
+    return verdicts, ptx_only, read
+
+
 def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
-              exists: ExistsCheck | None = None) -> CellPlan:
+              exists: ExistsCheck | None = None, code: WheelCodeCache | None = None) -> CellPlan:
     cell, origin = cand.cell, cand.origin
     resolution = cand.choice.record() if cand.choice else None
     engine = m.engines[cell.engine]
@@ -463,6 +512,17 @@ def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
         return CellPlan(cell, "pruned", missing, None, origin, resolution)
     if unverified:
         return CellPlan(cell, "unverified", unverified, settings, origin, resolution)
+    if code is not None and cell.is_gpu and m.engines[cell.engine].get("coverage"):
+        try:
+            uncovered, ptx_only, read = wheel_coverage(cell, m, facts, code, machine)
+        except IndexUnavailable as exc:
+            settings.source_urls["wheel_coverage"] = f"not read: {exc}"
+        else:
+            if uncovered:
+                return CellPlan(cell, "pruned", uncovered, None, origin, resolution)
+            settings.source_urls["wheel_coverage"] = "; ".join(read)
+            settings.driver_floor, settings.driver_floor_reason = driver_floor(
+                cell, facts, ptx_only)
     return CellPlan(cell, "planned", [], settings, origin, resolution)
 
 
@@ -490,11 +550,16 @@ def default_sources(ctx: Context) -> tuple[MetadataSource, ReleaseSource]:
 
 def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
               source: MetadataSource | None = None, releases: ReleaseSource | None = None,
-              exists: ExistsCheck | None = None) -> Plan:
+              exists: ExistsCheck | None = None, code: WheelCodeCache | None = None) -> Plan:
+    """The plan and its notes. With no `source`, facts come from the index (cached) and the
+    wheels' GPU code is read too (`code`); a test passing recorded sources passes `code` if it
+    wants coverage."""
     m = ctx.matrix
     if source is None:
         source, default_releases = default_sources(ctx)
         releases = releases or default_releases
+        code = code or WheelCodeCache(ctx.state.index_cache / "wheel-code", index_url(),
+                                      offline=ctx.offline)
     gatherer = FactGatherer(source)
     expansion = expand(m, gatherer, releases)
     cells = [c.cell for c in expansion.candidates]
@@ -513,16 +578,17 @@ def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = ()
                 f"{m.path}:{m.line_of('exclude', excluded)}")], None, cand.origin,
                 cand.choice.record() if cand.choice else None))
             continue
-        plans.append(plan_cell(cand, m, gatherer, exists))
+        plans.append(plan_cell(cand, m, gatherer, exists, code))
     return Plan(sorted(plans, key=lambda p: p.id), expansion.not_generated)
 
 
 def plan_matrix(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
                 source: MetadataSource | None = None, releases: ReleaseSource | None = None,
-                exists: ExistsCheck | None = None) -> list[CellPlan]:
+                exists: ExistsCheck | None = None, code: WheelCodeCache | None = None
+                ) -> list[CellPlan]:
     """Plan every cell of the matrix, sorted by id. `select`/`skip` narrow the result; a
     selector that matches no cell is a usage error (usually a typo)."""
-    return plan_full(ctx, select, skip, source, releases, exists).cells
+    return plan_full(ctx, select, skip, source, releases, exists, code).cells
 
 
 def _check_selectors(m: Matrix, cells: list[Cell], select: Iterable[str],

@@ -39,6 +39,7 @@ class EngineFacts:
     torch_cuda: str | None  # CUDA runtime of that torch's PyPI wheel: "12.8", "13.0", "cpu"
     wheel: str = ""  # the engine wheel the metadata was read from
     cell_torch_cuda: str | None = None  # CUDA runtime of PyPI's wheel of the cell's torch
+    exact_pins: tuple[tuple[str, str], ...] = ()  # (name, version) of its `==` requirements
 
 
 _CUDA_RUNTIME = re.compile(

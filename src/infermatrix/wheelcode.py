@@ -1,0 +1,149 @@
+"""GPU code in published wheels, read before any build: which cubins and PTX the objects an
+engine loads carry, and the PTX ISA version of that PTX (it sets the driver a JIT needs).
+
+Members are read out of the wheel on the index with HTTP range requests (index._RangeFile):
+only the named shared objects are fetched, never the rest of a 400 MB wheel. Results are cached
+by the wheel's sha256 (from the index listing) and member name, so a wheel is read once; the
+decisions reuse coverage.py, the audit's code.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import re
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from packaging.utils import canonicalize_name
+
+from .coverage import FATBIN_MAGIC, DeviceCode, _container_entries, scan_fatbins
+from .index import SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile
+
+_PTX_VERSION = re.compile(rb"\.version\s+(\d+)\.(\d+)")
+_ENTRY_PTX = 1
+
+
+@dataclass(frozen=True)
+class ObjectCode:
+    """One shared object's device code and the newest PTX ISA among its PTX entries."""
+
+    member: str
+    code: DeviceCode
+    ptx_isa: str | None
+
+    def as_dict(self) -> dict:
+        return {"member": self.member, **self.code.as_dict(), "ptx_isa": self.ptx_isa}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ObjectCode":
+        return cls(data["member"], DeviceCode.from_dict(data), data.get("ptx_isa"))
+
+
+def ptx_isa_versions(data: bytes) -> set[tuple[int, int]]:
+    """PTX ISA versions of the PTX entries of every fat binary in `data`. The `.version`
+    line opens the PTX text; in an LZ4-compressed entry it is still in the first literal run.
+    The entry header's word at offset 24 holds (major << 16 | minor) when the text is not
+    readable."""
+    found: set[tuple[int, int]] = set()
+    position = data.find(FATBIN_MAGIC)
+    while position != -1:
+        entries = _container_entries(data, position)
+        if entries is None:
+            position = data.find(FATBIN_MAGIC, position + 1)
+            continue
+        (size,) = struct.unpack_from("<Q", data, position + 8)
+        offset, end = position + 16, position + 16 + size
+        while offset + 48 <= end:
+            kind, _v, header, padded = struct.unpack_from("<HHIQ", data, offset)
+            if kind == _ENTRY_PTX:
+                match = _PTX_VERSION.search(data, offset + header, offset + header + 256)
+                if match:
+                    found.add((int(match.group(1)), int(match.group(2))))
+                else:
+                    (word,) = struct.unpack_from("<I", data, offset + 24)
+                    if 1 <= word >> 16 <= 20:
+                        found.add((word >> 16, word & 0xFFFF))
+            offset += header + padded
+        position = data.find(FATBIN_MAGIC, entries[2])
+    return found
+
+
+def scan_object(member: str, data: bytes) -> ObjectCode:
+    isas = ptx_isa_versions(data)
+    newest = max(isas) if isas else None
+    return ObjectCode(member, scan_fatbins(data), f"{newest[0]}.{newest[1]}" if newest else None)
+
+
+@dataclass(frozen=True)
+class WheelRef:
+    filename: str
+    url: str
+    size: int
+    sha256: str
+
+
+def find_wheel(index: str, package: str, version: str, machine: str) -> WheelRef:
+    listing = json.loads(_http_get(f"{index}/{canonicalize_name(package)}/",
+                                   {"Accept": SIMPLE_JSON}))
+    entry = _pick_wheel(listing.get("files", []), version, machine)
+    return WheelRef(entry["filename"], entry["url"], int(entry["size"]),
+                    entry.get("hashes", {}).get("sha256", ""))
+
+
+class WheelCodeCache:
+    """Scanned objects by wheel sha256 under `root` (offline: the cache alone)."""
+
+    def __init__(self, root: Path, index: str, offline: bool = False,
+                 opener: Callable[[WheelRef], zipfile.ZipFile] | None = None) -> None:
+        self.root, self.index, self.offline = root, index, offline
+        self.opener = opener or _open_remote
+
+    def objects(self, package: str, version: str, machine: str,
+                patterns: list[str]) -> tuple[WheelRef | None, list[ObjectCode]]:
+        """The objects of `package==version`'s wheel for `machine` whose names match."""
+        ref = self._ref(package, version, machine)
+        path = self.root / f"{ref.sha256 or ref.filename}.json"
+        cached = json.loads(path.read_text()) if path.is_file() else {"members": {}, "names": None}
+        names = cached.get("names")
+        archive = None
+        if names is None:
+            archive = self._open(ref)
+            names = [n for n in archive.namelist() if n.endswith(".so") or ".so." in n]
+        wanted = sorted({n for n in names for p in patterns if fnmatch.fnmatchcase(n, p)})
+        found = []
+        for member in wanted:
+            if member not in cached["members"]:
+                archive = archive or self._open(ref)
+                cached["members"][member] = scan_object(member, archive.read(member)).as_dict()
+            found.append(ObjectCode.from_dict(cached["members"][member]))
+        cached.update(names=names, wheel=ref.filename)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        return ref, found
+
+    def _ref(self, package: str, version: str, machine: str) -> WheelRef:
+        refs = self.root / "refs" / f"{canonicalize_name(package)}-{version}-{machine}.json"
+        if refs.is_file():
+            return WheelRef(**json.loads(refs.read_text()))
+        if self.offline:
+            raise IndexUnavailable(f"offline: {package} {version} ({machine}) not read yet")
+        ref = find_wheel(self.index, package, version, machine)
+        refs.parent.mkdir(parents=True, exist_ok=True)
+        refs.write_text(json.dumps(ref.__dict__))
+        return ref
+
+    def _open(self, ref: WheelRef) -> zipfile.ZipFile:
+        if self.offline:
+            raise IndexUnavailable(f"offline: {ref.filename} not scanned yet")
+        return self.opener(ref)
+
+
+def _open_remote(ref: WheelRef) -> zipfile.ZipFile:
+    remote = io.BufferedReader(_RangeFile(ref.url, ref.size), buffer_size=8 * 1024 * 1024)
+    return zipfile.ZipFile(remote)
+
