@@ -59,7 +59,7 @@ def recorded_metadata(name: str, version: str, machine: str = "x86_64") -> Relea
         requires = RECORDED[(name, version)]
     except KeyError:
         raise NotOnIndex(f"recorded index: {name}=={version}: 404") from None
-    return ReleaseMetadata(name, version, f"{name}-{version}.whl",
+    return ReleaseMetadata(name, version, f"{name}-{version}-cp38-abi3-manylinux_2_28_{machine}.whl",
                            f"https://pypi.org/simple/{name}/", requires)
 
 

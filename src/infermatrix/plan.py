@@ -41,6 +41,7 @@ ExistsCheck = Callable[[str], "bool | None"]
 
 MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 FROM_ENGINE = "from-engine"
+FORBIDDEN_TORCH = "torch the engine's pin forbids (engine-torch-pin)"
 
 
 def _parse_engine(spec: str) -> tuple[str, str]:
@@ -259,7 +260,7 @@ def _engine_facts(m: Matrix, gatherer: FactGatherer, choice: EngineChoice,
 
 
 def _torches_for(m: Matrix, gatherer: FactGatherer | None, releases: ReleaseSource | None,
-                 choice: EngineChoice, machine: str, notes: dict[str, int]
+                 choice: EngineChoice, machine: str
                  ) -> tuple[list[str], list[Verdict], str | None]:
     """(torch versions, verdicts, unresolved) of an engine release on `machine`."""
     listed = _torch_axis(m)
@@ -286,9 +287,7 @@ def _torches_for(m: Matrix, gatherer: FactGatherer | None, releases: ReleaseSour
     allowed = [t for t in listed
                if torch_satisfies(Cell("0", t, choice.engine, choice.version, "x"),
                                   facts.torch_pins)]
-    if allowed and len(allowed) < len(listed):
-        key = "torch the engine's pin forbids (engine-torch-pin)"
-        notes[key] = notes.get(key, 0) + len(listed) - len(allowed)
+    if allowed:
         return allowed, [], None
     return listed, [], None  # none allowed: the rule prunes every cell, naming the pin
 
@@ -327,8 +326,12 @@ def expand(m: Matrix, gatherer: FactGatherer | None = None,
         machine = MACHINES[_platform_of_arch(m, arch)]
         key = (choice.engine, choice.version, machine)
         if key not in memo:
-            memo[key] = _torches_for(m, gatherer, releases, choice, machine, notes)
+            memo[key] = _torches_for(m, gatherer, releases, choice, machine)
         torches, verdicts, unresolved = memo[key]
+        listed = _torch_axis(m)
+        if listed and len(torches) < len(listed):
+            notes[FORBIDDEN_TORCH] = notes.get(FORBIDDEN_TORCH, 0) + \
+                (len(listed) - len(torches)) * len(axes["cuda"])
         for cuda, torch in itertools.product(axes["cuda"], torches):
             candidates.append(Candidate(Cell(cuda, torch, choice.engine, choice.version, arch),
                                         "axes", choice, list(verdicts), unresolved))
@@ -488,6 +491,10 @@ def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
     facts: EngineFacts | None = None
     unresolved = cand.unresolved
     verdicts: list[Verdict] = list(cand.verdicts)
+    if unresolved and (cell.torch == FROM_ENGINE or (cand.choice and cand.choice.unresolved)):
+        # no release or torch to judge yet: the index must answer first
+        return CellPlan(cell, "unresolved", [Verdict("index-unreachable", unresolved, "network")],
+                        None, origin, resolution)
     if not unresolved and not verdicts:
         try:
             if engine.get("package"):
