@@ -482,6 +482,20 @@ def wheel_coverage(cell: Cell, m: Matrix, facts: EngineFacts | None, code: Wheel
     return verdicts, ptx_only, read
 
 
+def _cell_torch_cuda(gatherer: FactGatherer, cell: Cell, machine: str,
+                     has_package: bool) -> str | None:
+    """CUDA of PyPI's wheel of the cell's torch. A package-less (fixture) engine needs no index
+    otherwise, so offline without a cache it plans on the cell's own CUDA (None: unknown)."""
+    if cell.cuda == CPU:
+        return None
+    try:
+        return gatherer.torch_cuda(cell.torch, machine)
+    except IndexUnavailable:
+        if has_package:
+            raise
+        return None
+
+
 def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
               exists: ExistsCheck | None = None, code: WheelCodeCache | None = None) -> CellPlan:
     cell, origin = cand.cell, cand.origin
@@ -499,8 +513,9 @@ def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
         try:
             if engine.get("package"):
                 facts = gatherer.facts(engine["package"], cell.engine_version, machine)
-            cell_cuda = gatherer.torch_cuda(cell.torch, machine) if cell.cuda != CPU else None
-            facts = replace(facts or EngineFacts("", (), None, None), cell_torch_cuda=cell_cuda)
+            facts = replace(facts or EngineFacts("", (), None, None),
+                            cell_torch_cuda=_cell_torch_cuda(gatherer, cell, machine,
+                                                             bool(engine.get("package"))))
         except NotOnIndex as exc:
             verdicts.append(Verdict("engine-on-index", f"not on the package index for Linux "
                                     f"{machine}: {exc}", str(exc).split(": ")[0]))
