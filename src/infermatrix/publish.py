@@ -222,7 +222,9 @@ def lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str
     return {
         "cell": cell.id, "repository": repository, "tag": tag, "digest": digest,
         "reference": f"{repository}@{digest}", "image_id": image_id, "published": published,
-        "arch": cell.arch, "cuda": cell.cuda, "min_driver": min_driver_for(cell.cuda),
+        "arch": cell.arch, "cuda": cell.cuda,
+        # the image's driver floor (plan: CUDA runtime, PTX ISA of PTX-only objects)
+        "min_driver": (labels or {}).get("io.infermatrix.driver.floor") or min_driver_for(cell.cuda),
         "min_driver_source": None if cell.cuda == CPU else driver_table()["source"],
         "versions": versions_from_labels(labels), "labels": infermatrix_labels(labels),
         "verified": tag_details.get("kind", "tested"),  # or static-only (tagging.py)
