@@ -164,8 +164,8 @@ def test_a_declared_variant_is_checked_to_exist(tmp_path, answer, status, rule):
         return answer
     cell = next(p for p in plan(tmp_path, WITH_CU128, exists=exists).cells if p.id == VARIANT)
     assert asked == ["https://download.pytorch.org/whl/cu128/torch/",
-                     "https://example.invalid/vllm-0.20.1+cu128-cp38-abi3-manylinux_2_28_x86_64"
-                     ".whl"]
+                     ("https://example.invalid/vllm-0.20.1+cu128-cp38-abi3-manylinux_2_28_x86_64"
+                      ".whl")]
     assert cell.status == status
     assert {v.rule for v in cell.verdicts} == ({rule} if rule else set())
     if status != "pruned":  # the variant wheel takes the tags of the release's PyPI wheel

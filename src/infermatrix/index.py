@@ -8,12 +8,14 @@ Results are cached on disk; offline mode answers from the cache alone.
 
 from __future__ import annotations
 
+import datetime
 import email.parser
 import io
 import json
 import logging
 import os
 import ssl
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -21,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 log = logging.getLogger(__name__)
@@ -245,9 +247,6 @@ def _listing_path(root: Path, index: str, name: str) -> Path:
 def release_list(root: Path, name: str, *, offline: bool = False, index: str | None = None,
                  ttl_s: float | None = None) -> ReleaseList:
     """The releases of `name` on the index: from the cache when offline or fresh enough."""
-    import datetime
-    import time
-
     index = index or index_url()
     path = _listing_path(root, index, name)
     ttl = float(os.environ.get("INFERMATRIX_INDEX_TTL", LISTING_TTL_S)) if ttl_s is None else ttl_s
@@ -259,7 +258,7 @@ def release_list(root: Path, name: str, *, offline: bool = False, index: str | N
                                f"to fill {root})")
     url = f"{index}/{canonicalize_name(name)}/"
     listing = json.loads(_http_get(url, {"Accept": SIMPLE_JSON}))
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     result = ReleaseList(canonicalize_name(name), tuple(_linux_wheel_versions(
         listing.get("files", []))), now, url)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import itertools
 import os
-from urllib.parse import urlparse
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
+from urllib.parse import urlparse
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from .config import Matrix
-from .coverage import Coverage, decide
 from .context import Context
+from .coverage import Coverage, decide
 from .errors import UsageError
 from .index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
                     index_lists, index_url, release_list, url_exists)

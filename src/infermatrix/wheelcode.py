@@ -40,7 +40,7 @@ class ObjectCode:
         return {"member": self.member, **self.code.as_dict(), "ptx_isa": self.ptx_isa}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ObjectCode":
+    def from_dict(cls, data: dict) -> ObjectCode:
         return cls(data["member"], DeviceCode.from_dict(data), data.get("ptx_isa"))
 
 
