@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--port", type=int, default=None, help="port to serve on (default 8000)")
     pull.add_argument("--no-pull", action="store_true",
                       help="only print the docker run line (no registry access)")
+    pull.add_argument("--ignore-driver", action="store_true",
+                      help="pull even when this host's NVIDIA driver is below the image's floor")
     pull.set_defaults(func=run_pull)
 
 
@@ -67,12 +69,28 @@ def run_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_below_driver_floor(entries: list[dict], ignore: bool) -> None:
+    """An image whose driver floor this host's GPUs do not meet would die at first launch."""
+    from .. import doctor
+
+    code, output = doctor.HostReaders().nvidia_smi()
+    try:
+        gpus = doctor.parse_nvidia_smi_csv(output) if code == 0 else []
+    except ValueError:
+        gpus = []  # unreadable: doctor says why; pulling is not the place to guess
+    refusals = [r for e in entries if (r := doctor.driver_refusal(e, gpus))]
+    if refusals and not ignore:
+        raise StageFailure("\n".join(refusals) + "\n(--ignore-driver pulls anyway)")
+
+
 def run_pull(args: argparse.Namespace) -> int:
     if not args.lock.is_file():
         raise UsageError(f"{args.lock} does not exist: run `infermatrix publish` first or "
                            "pass --lock PATH")
     lock = read_lock(args.lock)
-    for entry in select_entries(lock, args.cell):
+    entries = list(select_entries(lock, args.cell))
+    _refuse_below_driver_floor(entries, args.ignore_driver)
+    for entry in entries:
         if not args.no_pull:
             info = pull_entry(entry)
             print(f"# pulled {entry['reference']} (image {info['Id']}, labels match "
