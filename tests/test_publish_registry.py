@@ -18,6 +18,8 @@ import requests
 import yaml
 
 from infermatrix import engine, journal, publish
+from infermatrix import registry as registry_api
+from infermatrix.errors import UsageError
 from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.state import StatePaths
@@ -150,8 +152,8 @@ def mark_tagged(state: StatePaths, cell_id: str, image_id: str, status: str = "p
                          details=details if status == "pass" else {})
 
 
-def good() -> engine.RegistryCredentials:
-    return engine.RegistryCredentials(USER, PASSWORD, "test")
+def good() -> registry_api.RegistryCredentials:
+    return registry_api.RegistryCredentials(USER, PASSWORD, "test")
 
 
 def catalog(host: str) -> list[str]:
@@ -181,7 +183,7 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
 
     assert result.pushed == [GPU_CELL] and result.ok
     assert tags_of(registry, repo) == [GPU_CELL]  # the failed cell left no tag
-    remote = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert remote is not None and remote.config_digest == images["gpu-a"]
     lock = publish.read_lock(lock_path)
     entry = lock["images"][GPU_CELL]
@@ -207,8 +209,8 @@ def test_bad_credentials_fail_clearly_and_push_nothing(tmp_path, registry, image
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, GPU_CELL, images["gpu-a"])
     wrong = "not-the-password-" + uuid.uuid4().hex[:6]
-    monkeypatch.setenv(engine.REGISTRY_USER_ENV, USER)
-    monkeypatch.setenv(engine.REGISTRY_PASSWORD_ENV, wrong)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, wrong)
 
     code = main(["publish", "--matrix", str(ctx.matrix.path), "--state-dir", str(ctx.state.root),
                  "--lock", str(tmp_path / "images.lock")])
@@ -216,7 +218,7 @@ def test_bad_credentials_fail_clearly_and_push_nothing(tmp_path, registry, image
     err = capsys.readouterr().err
     assert code == 1
     assert "refused the credentials" in err and USER in err
-    assert engine.REGISTRY_USER_ENV in err
+    assert registry_api.REGISTRY_USER_ENV in err
     assert wrong not in err
     for handler in logging.getLogger("infermatrix").handlers:  # the commands logs
         if isinstance(handler, logging.FileHandler):
@@ -231,13 +233,13 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     first = make_context(tmp_path / "first", registry, repo)
     mark_tagged(first.state, GPU_CELL, images["gpu-a"])
     publish.publish(first, lock_path=tmp_path / "images.lock", creds=good(), say=lambda _: None)
-    held = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    held = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert held is not None
     # The same cell rebuilt into another image, tested and tagged in another state directory.
     rebuilt = make_context(tmp_path / "rebuilt", registry, repo)
     mark_tagged(rebuilt.state, GPU_CELL, images["gpu-b"])
-    monkeypatch.setenv(engine.REGISTRY_USER_ENV, USER)
-    monkeypatch.setenv(engine.REGISTRY_PASSWORD_ENV, PASSWORD)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
 
     code = main(["publish", "--matrix", str(rebuilt.matrix.path), "--state-dir",
                  str(rebuilt.state.root), "--lock", str(tmp_path / "images.lock")])
@@ -245,7 +247,7 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     err = capsys.readouterr().err
     assert code == 1
     assert held.digest in err and "--allow-retag" in err
-    after = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    after = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert after.digest == held.digest  # the tag did not move
     assert publish.read_lock(tmp_path / "images.lock")["images"][GPU_CELL]["digest"] == held.digest
     assert journal.load(rebuilt.state, GPU_CELL)["stages"]["publish"]["status"] == "fail"
@@ -254,7 +256,7 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
                             allow_retag=True, say=lambda _: None)
 
     assert moved.pushed == [GPU_CELL]
-    assert engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good()).config_digest == \
+    assert registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good()).config_digest == \
         images["gpu-b"]
 
 
@@ -282,7 +284,7 @@ def test_aliases_follow_the_newest_cell_after_the_immutable_tags(tmp_path, regis
 
     assert sorted(result.pushed) == sorted([GPU_CELL, GPU_CELL_2])
     assert result.aliases == {"kernel-fixture-sm120-latest": "pushed"}
-    alias = engine.remote_manifest(f"{registry}/{repo}", "kernel-fixture-sm120-latest", good())
+    alias = registry_api.remote_manifest(f"{registry}/{repo}", "kernel-fixture-sm120-latest", good())
     assert alias.config_digest == images["gpu2"]  # engine version 2.0 beats 1.0
     lock = publish.read_lock(lock_path)
     assert lock["aliases"]["kernel-fixture-sm120-latest"]["cell"] == GPU_CELL_2
@@ -305,8 +307,8 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     assert info["Id"] == images["cpu"]
     assert entry["reference"] in info["RepoDigests"]
 
-    monkeypatch.setenv(engine.REGISTRY_USER_ENV, USER)
-    monkeypatch.setenv(engine.REGISTRY_PASSWORD_ENV, PASSWORD)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
     code = main(["pull", "cpu-*", "--lock", str(lock_path), "--model-dir", "/srv/models/tiny",
                  "--port", "8123"])
     out = capsys.readouterr().out
@@ -360,9 +362,9 @@ def test_credentials_from_dockers_config_file(tmp_path, registry, images, monkey
     token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     (config_dir / "config.json").write_text(json.dumps({"auths": {registry: {"auth": token}}}))
     monkeypatch.setenv("DOCKER_CONFIG", str(config_dir))
-    monkeypatch.delenv(engine.REGISTRY_USER_ENV, raising=False)
-    monkeypatch.delenv(engine.REGISTRY_PASSWORD_ENV, raising=False)
-    creds = engine.registry_credentials(registry)
+    monkeypatch.delenv(registry_api.REGISTRY_USER_ENV, raising=False)
+    monkeypatch.delenv(registry_api.REGISTRY_PASSWORD_ENV, raising=False)
+    creds = registry_api.registry_credentials(registry)
     assert creds.username == USER and "config" in creds.source
     assert PASSWORD not in repr(creds) and PASSWORD not in creds.describe()
 
@@ -380,19 +382,19 @@ def test_credentials_from_dockers_config_file(tmp_path, registry, images, monkey
 def test_anonymous_push_to_an_authenticated_registry_is_refused(tmp_path, registry, images,
                                                                 monkeypatch):
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no config.json: no credentials
-    monkeypatch.delenv(engine.REGISTRY_USER_ENV, raising=False)
+    monkeypatch.delenv(registry_api.REGISTRY_USER_ENV, raising=False)
     repo = unique_repo("anon")
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
 
-    with pytest.raises(engine.RegistryAuthError, match="anonymous"):
+    with pytest.raises(registry_api.RegistryAuthError, match="anonymous"):
         publish.publish(ctx, lock_path=tmp_path / "images.lock", say=lambda _: None)
     assert repo not in catalog(registry)
 
 
 def test_user_without_password_is_a_usage_error():
-    with pytest.raises(engine.UsageError, match=engine.REGISTRY_PASSWORD_ENV):
-        engine.registry_credentials("127.0.0.1:1", env={engine.REGISTRY_USER_ENV: "x"})
+    with pytest.raises(UsageError, match=registry_api.REGISTRY_PASSWORD_ENV):
+        registry_api.registry_credentials("127.0.0.1:1", env={registry_api.REGISTRY_USER_ENV: "x"})
 
 
 def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, images):
@@ -410,7 +412,7 @@ def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, image
                              say=lambda _: None)
 
     assert result.pushed == [GPU_CELL]
-    remote = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert remote.config_digest == derived != images["gpu-a"]
     entry = publish.read_lock(tmp_path / "images.lock")["images"][GPU_CELL]
     assert entry["verified"] == "static-only" and entry["tested_image_id"] == images["gpu-a"]
