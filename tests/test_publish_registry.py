@@ -5,11 +5,7 @@ engine.py, labelled like the cells of tests/matrix/matrix.yaml."""
 from __future__ import annotations
 
 import logging
-import shutil
-import socket
-import subprocess
 import tarfile
-import time
 import uuid
 from pathlib import Path
 
@@ -19,10 +15,11 @@ import yaml
 
 from infermatrix import engine, journal, publish
 from infermatrix import registry as registry_api
-from infermatrix.errors import UsageError
 from infermatrix.cli import main
 from infermatrix.context import Context
+from infermatrix.errors import UsageError
 from infermatrix.state import StatePaths
+from tests.registry_support import start_registry
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -48,48 +45,14 @@ def labels_for(cell_id: str) -> dict[str, str]:
             "org.opencontainers.image.title": f"infermatrix {cell_id}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """A real registry on a free loopback port with htpasswd (bcrypt) auth; yields its host."""
-    if not shutil.which("docker-registry") or not shutil.which("htpasswd"):
-        pytest.skip("needs Debian's docker-registry and apache2-utils (htpasswd)")
     if not engine.engine_available():
         pytest.skip("needs a running Docker engine")
-    root = tmp_path_factory.mktemp("registry")
-    htpasswd = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], check=True,
-                              capture_output=True, text=True).stdout
-    (root / "htpasswd").write_text(htpasswd)
-    port = _free_port()
-    config = {"version": 0.1, "log": {"level": "warn"},
-              "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-              "http": {"addr": f"127.0.0.1:{port}"},
-              "auth": {"htpasswd": {"realm": "infermatrix-test", "path": str(root / "htpasswd")}}}
-    (root / "config.yml").write_text(yaml.safe_dump(config))
-    log = open(root / "registry.log", "w")
-    server = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")],
-                              stdout=log, stderr=subprocess.STDOUT)
-    host = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if requests.get(f"http://{host}/v2/", timeout=2).status_code == 401:
-                break
-        except requests.ConnectionError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            pytest.fail(f"docker-registry did not start:\n{(root / 'registry.log').read_text()}")
-        time.sleep(0.2)
-    yield host
-    server.terminate()
-    server.wait(timeout=10)
-    log.close()
+    server = start_registry(tmp_path_factory.mktemp("registry"), USER, PASSWORD)
+    yield server.host
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -419,3 +382,98 @@ def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, image
     assert entry["labels"]["io.infermatrix.verified"] == "static-only"
     assert entry["smoke"]["levels"]["gpu"] == {"status": "skip", "reason": "no GPU on this host",
                                                "duration_s": None}
+
+
+# --- the consumer's failures: one line each, exit 1, never a traceback ------------------------
+
+def published_lock(tmp_path: Path, registry: str, cell_id: str, image_id: str) -> Path:
+    repo = unique_repo("fail")
+    ctx = make_context(tmp_path, registry, repo)
+    mark_tagged(ctx.state, cell_id, image_id)
+    lock_path = tmp_path / "images.lock"
+    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    return lock_path
+
+
+def pull_cli(lock_path: Path, capsys, *extra: str) -> tuple[int, str]:
+    code = main(["pull", "*", "--lock", str(lock_path), *extra])
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_pull_with_a_wrong_password_is_one_line(tmp_path, registry, images, monkeypatch, capsys):
+    lock_path = published_lock(tmp_path, registry, CPU_CELL, images["cpu"])
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no stored login to fall back on
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, "wrong-" + PASSWORD)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "refused the credentials" in line and "fix:" in line
+    assert PASSWORD not in line
+
+
+def test_pull_without_credentials_is_one_line(tmp_path, registry, images, monkeypatch, capsys):
+    """The reported bug: dockerd's `no basic auth credentials` came out as a traceback."""
+    lock_path = published_lock(tmp_path, registry, CPU_CELL, images["cpu"])
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv(registry_api.REGISTRY_USER_ENV, raising=False)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "anonymous" in line and registry_api.REGISTRY_USER_ENV in line
+
+
+def test_a_digest_the_registry_does_not_hold_is_one_line(tmp_path, registry, images,
+                                                         monkeypatch, capsys):
+    lock_path = published_lock(tmp_path, registry, CPU_CELL, images["cpu"])
+    lock = publish.read_lock(lock_path)
+    entry = lock["images"][CPU_CELL]
+    entry["digest"] = "sha256:" + "0" * 64
+    entry["reference"] = f"{entry['repository']}@{entry['digest']}"
+    publish.write_lock(lock_path, lock)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "not found" in line and "images.lock" in line
+
+
+def test_an_unreachable_registry_is_one_line(tmp_path, images, monkeypatch, capsys):
+    other = start_registry(tmp_path / "short-lived", USER, PASSWORD)
+    lock_path = published_lock(tmp_path, other.host, CPU_CELL, images["cpu"])
+    other.stop()
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "registry unreachable" in line and other.host in line
+    code, err = main(["publish", "--matrix", str(tmp_path / "matrix.yaml"), "--state-dir",
+                      str(tmp_path / "state"), "--lock", str(lock_path)]), \
+        capsys.readouterr().err
+    line = one_line(err)
+    assert code == 1 and "registry unreachable" in line
+
+
+def test_a_gpu_cell_is_not_pulled_onto_a_host_that_cannot_run_it(tmp_path, registry, images,
+                                                                 monkeypatch, capsys, caplog):
+    """The host check runs before any layer moves: the daemon is never asked to pull."""
+    lock_path = published_lock(tmp_path, registry, GPU_CELL, images["gpu-a"])
+    entry = publish.read_lock(lock_path)["images"][GPU_CELL]
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+    fake_root = tmp_path / "gpu-less-host"  # no /proc, /dev: and nvidia-smi is not run here
+    fake_root.mkdir()
+    monkeypatch.setattr("infermatrix.doctor.run_nvidia_smi", lambda: (None, "no nvidia-smi"))
+    caplog.set_level(logging.INFO, logger="infermatrix.commands")
+
+    code, err = pull_cli(lock_path, capsys, "--host-root", str(fake_root))
+
+    assert code == 1 and "Traceback" not in err
+    assert f"missing   {GPU_CELL}: needs an NVIDIA GPU" in err and "--skip-host-check" in err
+    commands = [r.getMessage() for r in caplog.records]
+    assert any("/manifests/" + entry["digest"] in c for c in commands)  # the config was read
+    assert not any("docker pull" in c for c in commands)

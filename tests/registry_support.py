@@ -1,0 +1,64 @@
+"""A real registry for tests: Debian's docker-registry (distribution 2.8) with htpasswd (bcrypt)
+auth on a free loopback port, its data in a directory of the test."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Registry:
+    host: str
+    root: Path
+    process: subprocess.Popen
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+def start_registry(root: Path, user: str, password: str) -> Registry:
+    if not shutil.which("docker-registry") or not shutil.which("htpasswd"):
+        pytest.skip("needs Debian's docker-registry and apache2-utils (htpasswd)")
+    root.mkdir(parents=True, exist_ok=True)
+    htpasswd = subprocess.run(["htpasswd", "-Bbn", user, password], check=True,
+                              capture_output=True, text=True).stdout
+    (root / "htpasswd").write_text(htpasswd)
+    port = free_port()
+    config = {"version": 0.1, "log": {"level": "warn"},
+              "storage": {"filesystem": {"rootdirectory": str(root / "data")},
+                          "delete": {"enabled": True}},
+              "http": {"addr": f"127.0.0.1:{port}"},
+              "auth": {"htpasswd": {"realm": "infermatrix-test", "path": str(root / "htpasswd")}}}
+    (root / "config.yml").write_text(yaml.safe_dump(config))
+    with open(root / "registry.log", "w") as log:
+        server = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")],
+                                  stdout=log, stderr=subprocess.STDOUT)
+    host = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if requests.get(f"http://{host}/v2/", timeout=2).status_code == 401:
+                return Registry(host, root, server)
+        except requests.ConnectionError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"docker-registry did not start:\n{(root / 'registry.log').read_text()}")
+        time.sleep(0.2)
