@@ -33,7 +33,24 @@ class Registry:
             self.process.wait(timeout=10)
 
 
-def start_registry(root: Path, user: str, password: str) -> Registry:
+def host_address() -> str:
+    """A non-loopback address of this host (the daemon demands TLS of such registries)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the route
+        return sock.getsockname()[0]
+
+
+def self_signed_cert(root: Path, address: str) -> tuple[Path, Path]:
+    """A certificate for `address` that no CA bundle trusts."""
+    cert, key = root / "cert.pem", root / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", f"/CN={address}", "-addext", f"subjectAltName=IP:{address}",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+def start_registry(root: Path, user: str, password: str, address: str = "127.0.0.1",
+                   tls: tuple[Path, Path] | None = None) -> Registry:
     if not shutil.which("docker-registry") or not shutil.which("htpasswd"):
         pytest.skip("needs Debian's docker-registry and apache2-utils (htpasswd)")
     root.mkdir(parents=True, exist_ok=True)
@@ -41,20 +58,25 @@ def start_registry(root: Path, user: str, password: str) -> Registry:
                               capture_output=True, text=True).stdout
     (root / "htpasswd").write_text(htpasswd)
     port = free_port()
+    http: dict = {"addr": f"{address}:{port}"}
+    if tls:
+        http["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
     config = {"version": 0.1, "log": {"level": "warn"},
               "storage": {"filesystem": {"rootdirectory": str(root / "data")},
                           "delete": {"enabled": True}},
-              "http": {"addr": f"127.0.0.1:{port}"},
+              "http": http,
               "auth": {"htpasswd": {"realm": "infermatrix-test", "path": str(root / "htpasswd")}}}
     (root / "config.yml").write_text(yaml.safe_dump(config))
     with open(root / "registry.log", "w") as log:
         server = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")],
                                   stdout=log, stderr=subprocess.STDOUT)
-    host = f"127.0.0.1:{port}"
+    host = f"{address}:{port}"
+    scheme = "https" if tls else "http"
     deadline = time.monotonic() + 30
     while True:
         try:
-            if requests.get(f"http://{host}/v2/", timeout=2).status_code == 401:
+            if requests.get(f"{scheme}://{host}/v2/", timeout=2,
+                            verify=str(tls[0]) if tls else True).status_code == 401:
                 return Registry(host, root, server)
         except requests.ConnectionError:
             pass

@@ -63,7 +63,7 @@ def only_line(err: str) -> str:
 
 def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx, monkeypatch,
                                                  capsys, caplog):
-    plan = tagged_cpu_plan(test_ctx)
+    tagged_cpu_plan(test_ctx)
     server = start_registry(tmp_path / "registry", USER, PASSWORD)
     lock_path = tmp_path / "images.lock"
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty-docker-config"))  # no login

@@ -19,7 +19,7 @@ from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
 from infermatrix.state import StatePaths
-from tests.registry_support import start_registry
+from tests.registry_support import host_address, self_signed_cert, start_registry
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -477,3 +477,29 @@ def test_a_gpu_cell_is_not_pulled_onto_a_host_that_cannot_run_it(tmp_path, regis
     commands = [r.getMessage() for r in caplog.records]
     assert any("/manifests/" + entry["digest"] in c for c in commands)  # the config was read
     assert not any("docker pull" in c for c in commands)
+
+
+def test_a_registry_whose_certificate_is_not_trusted_is_one_line(tmp_path, images, monkeypatch,
+                                                                 capsys):
+    """TLS for real: a registry on this host's own address (not loopback, so TLS is required)
+    with a self-signed certificate nobody trusts."""
+    address = host_address()
+    root = tmp_path / "tls-registry"
+    root.mkdir()
+    server = start_registry(root, USER, PASSWORD, address, self_signed_cert(root, address))
+    try:
+        lock = publish.empty_lock()
+        digest = "sha256:" + "e" * 64
+        lock["images"][CPU_CELL] = {
+            "cell": CPU_CELL, "repository": f"{server.host}/imx-tls", "digest": digest,
+            "reference": f"{server.host}/imx-tls@{digest}", "image_id": images["cpu"],
+            "arch": "cpu", "cuda": "cpu", "labels": {}, "run": {}}
+        publish.write_lock(tmp_path / "images.lock", lock)
+        monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+        monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+        code, err = pull_cli(tmp_path / "images.lock", capsys)
+        line = one_line(err)
+        assert code == 1 and "TLS failure" in line
+        assert f"/etc/docker/certs.d/{server.host}/ca.crt" in line
+    finally:
+        server.stop()

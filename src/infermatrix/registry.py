@@ -69,8 +69,8 @@ class DigestMismatch(RegistryError):
 # (error class, regexes over the daemon's or requests' message, what went wrong), in order: a TLS
 # failure also says "dial tcp", an auth failure may say "not found" in its realm text.
 _PATTERNS: list[tuple[type[RegistryError], tuple[str, ...], str]] = [
-    (RegistryTLSError, ("x509", "certificate", "tls:", "ssl", "server gave http response to "
-                        "https client"), "TLS failure"),
+    (RegistryTLSError, ("x509", "certificate", "tls:", "ssl",
+                        "server gave http response to https client"), "TLS failure"),
     (RegistryAuthError, ("unauthorized", "authentication required", "no basic auth credentials",
                          "denied", r"\b401\b", r"\b403\b"),
      "the registry refused the credentials"),
@@ -113,7 +113,7 @@ def _summary(kind: type[RegistryError]) -> str:
     return next((what for k, _, what in _PATTERNS if k is kind), "registry error")
 
 
-def registry_error(what: str, message: str, host: str, creds: "RegistryCredentials",
+def registry_error(what: str, message: str, host: str, creds: RegistryCredentials,
                    kind: type[RegistryError] | None = None) -> RegistryError:
     """One line: `<what>: <kind> (<who>): <cause>; fix: <fix>`."""
     kind = kind or classify(message)

@@ -27,10 +27,9 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Iterable, Iterator
-
-from itertools import zip_longest
 
 import yaml
 from packaging.version import InvalidVersion, Version
@@ -357,8 +356,9 @@ class ReproReport:
     def digest_lines(self) -> list[str]:
         if self.digest_identical:
             return [f"image digest identical: {self.images[0]}"]
+        builder = self.builder.get("describe", "this builder")
         lines = [f"image digests differ ({self.images[0][:19]} | {self.images[1][:19]}); the "
-                 f"metadata that differs, on {self.builder.get('describe', 'this builder')}:"]
+                 f"metadata that differs, on {builder}:"]
         lines += ["  " + d.line() for d in self.metadata]
         if self.builder.get("why_digests_differ"):
             lines.append("  why: " + self.builder["why_digests_differ"])
@@ -380,9 +380,9 @@ class ReproReport:
                 f"{', '.join(f'{d:.0f} s' for d in self.durations_s)})")
         tail = self.digest_lines() + self.input_lines()
         if self.identical:
-            return "\n".join([head, "files reproducible: no difference in any path, type, mode, "
-                              "owner, size, content or link, nor in the image config (file "
-                              "timestamps not compared)"] + tail)
+            same = ("files reproducible: no difference in any path, type, mode, owner, size, "
+                    "content or link, nor in the image config (file timestamps not compared)")
+            return "\n".join([head, same, *tail])
         lines = [head, f"NOT reproducible: {len(self.differences)} difference(s)"]
         lines += [f"  {n:6d}  {name}" for name, n in self.by_category().items()]
         lines += ["  " + d.line() for d in self.differences[:max_list]]
