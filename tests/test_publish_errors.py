@@ -106,9 +106,10 @@ def test_a_gpu_of_another_arch_is_refused(tmp_path):
 def test_the_images_driver_floor_label_wins_over_images_lock(tmp_path):
     smi = "rtx-pro-6000-sample/nvidia-smi.csv"  # driver 580.95.05, compute capability 12.0
     assert hostcheck.check_host(entry(), {}, host(smi, tmp_path)).ok  # lock: 580.65.06
-    labels = {hostcheck.DRIVER_FLOOR_LABEL: "590.44.01"}
-    result = hostcheck.check_host(entry(), labels, host(smi, tmp_path))
-    assert result.problems == ["driver 580.95.05 is below 590.44.01, the minimum for CUDA 13.0"]
+    for label in hostcheck.DRIVER_FLOOR_LABELS:
+        result = hostcheck.check_host(entry(), {label: "590.44.01"}, host(smi, tmp_path))
+        assert result.problems == [
+            "driver 580.95.05 is below 590.44.01, the minimum for CUDA 13.0"]
 
 
 def test_an_lxc_guest_without_device_nodes_gets_the_proxmox_lines(tmp_path):

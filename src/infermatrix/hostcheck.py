@@ -1,8 +1,8 @@
 """What `infermatrix pull` checks on the host before it pulls a cell (images of many GB).
 
-- the NVIDIA driver against the image's driver floor: the `org.infermatrix.driver-floor` label
-  of the image config (read from the registry, before the pull), else images.lock's
-  `min_driver` (data/drivers.yaml);
+- the NVIDIA driver against the image's driver floor: its driver-floor label (read from the
+  image config in the registry, before the pull), else images.lock's `min_driver`
+  (data/drivers.yaml);
 - the GPU's compute capability against the cell's arch (coverage rules, as `doctor`);
 - inside an LXC guest, the device nodes a GPU container needs; what is missing comes with the
   lines for the Proxmox host from `proxmox lxc-config`.
@@ -19,7 +19,9 @@ from . import doctor, proxmox
 from .errors import StageFailure
 from .model import CPU
 
-DRIVER_FLOOR_LABEL = "org.infermatrix.driver-floor"
+# The label the build writes (knowledge issue: io.infermatrix.driver.floor), and the name first
+# proposed for it; the first one present wins.
+DRIVER_FLOOR_LABELS = ("io.infermatrix.driver.floor", "org.infermatrix.driver-floor")
 # The nodes a CUDA container opens: a GPU (nvidia0...), the control node, unified memory.
 LXC_REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
 
@@ -36,7 +38,9 @@ class HostCheck:
 
 def driver_floor(entry: dict[str, Any], labels: dict[str, str] | None) -> str | None:
     """The minimum driver: the image's own label when it has one, else images.lock's."""
-    return (labels or {}).get(DRIVER_FLOOR_LABEL) or entry.get("min_driver")
+    labels = labels or {}
+    found = next((labels[name] for name in DRIVER_FLOOR_LABELS if labels.get(name)), None)
+    return found or entry.get("min_driver")
 
 
 def missing_lxc_nodes(readers: doctor.HostReaders) -> list[str]:
