@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 import uuid
 
 import pytest
@@ -55,6 +56,21 @@ def consumer_context(tmp_path, plan_ctx: Context, image_id: str) -> Context:
     return ctx
 
 
+def wait_until_unused(image_id: str, timeout_s: float = 900) -> None:
+    """On a shared engine another run's container may be using the cell's image (the same
+    build gives the same id): wait for it to end rather than fail on the removal."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        users = engine.client().api.containers(filters={"ancestor": image_id})
+        if not users:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(name for c in users for name in c.get("Names", []))
+            pytest.fail(f"{image_id} is still used by running containers ({names}) of another "
+                        "run on this Docker engine; the test must remove every local copy")
+        time.sleep(10)
+
+
 def only_line(err: str) -> str:
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -84,6 +100,7 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         assert entry["repository"].startswith(server.host + "/")
 
         # 2. remove every local copy: the image id itself, with every tag and digest naming it
+        wait_until_unused(image_id)
         info = engine.inspect_image(image_id)
         restore = [t for t in info.get("RepoTags") or [] if not t.startswith(server.host)]
         assert engine.remove_image(image_id, force=True)
