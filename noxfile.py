@@ -1,6 +1,8 @@
-"""Sessions: `build-matrix` (the main job), `plan`, `tests`, `bench`.
+"""Sessions: `build-matrix` (the main job), `plan`, `tests`, `bench`, `lock-deps`.
 
 `nox -s build-matrix -- --select 'cpu-*'` passes everything after `--` to the pipeline.
+Every session installs the toolkit exactly as uv.lock pins it (`uv sync --frozen`: never
+re-resolved); `nox -s lock-deps` is the one way the pins move (`uv lock --upgrade`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ ROOT = Path(__file__).parent
 
 
 def _install(session: nox.Session, dev: bool = False) -> None:
-    session.install("-e", ".[dev]" if dev else ".")
+    """The checkout (editable) and its dependencies at uv.lock's pins, into the session's venv."""
+    extras = ["--extra", "dev"] if dev else []
+    session.run_install("uv", "sync", "--frozen", "--no-python-downloads", *extras,
+                        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+                        external=True)
 
 
 def _provision(session: nox.Session) -> None:
@@ -52,6 +58,8 @@ def tests(session: nox.Session) -> None:
     """Drift check of images/ against a fresh render, then the whole test suite."""
     _provision(session)
     _install(session, dev=True)
+    # uv.lock must match pyproject.toml (a dependency edited without `nox -s lock-deps` fails)
+    session.run("uv", "lock", "--check", external=True)
     session.run("infermatrix", "render", "--check")
     session.run("pytest", *(session.posargs or ["-ra"]))
 
@@ -64,3 +72,10 @@ def bench(session: nox.Session) -> None:
     for script in sorted((ROOT / "bench").glob(pattern)):
         session.log(f"== {script.name}")
         session.run("python", str(script))
+
+
+@nox.session(name="lock-deps", python=False)
+def lock_deps(session: nox.Session) -> None:
+    """Move the toolkit's pins: `uv lock --upgrade` (or `-- --upgrade-package NAME`); commit
+    the new uv.lock."""
+    session.run("uv", "lock", *(session.posargs or ["--upgrade"]), external=True)

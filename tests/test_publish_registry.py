@@ -5,11 +5,7 @@ engine.py, labelled like the cells of tests/matrix/matrix.yaml."""
 from __future__ import annotations
 
 import logging
-import shutil
-import socket
-import subprocess
 import tarfile
-import time
 import uuid
 from pathlib import Path
 
@@ -18,9 +14,12 @@ import requests
 import yaml
 
 from infermatrix import engine, journal, publish
+from infermatrix import registry as registry_api
 from infermatrix.cli import main
 from infermatrix.context import Context
+from infermatrix.errors import UsageError
 from infermatrix.state import StatePaths
+from tests.registry_support import host_address, self_signed_cert, start_registry
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -46,48 +45,14 @@ def labels_for(cell_id: str) -> dict[str, str]:
             "org.opencontainers.image.title": f"infermatrix {cell_id}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """A real registry on a free loopback port with htpasswd (bcrypt) auth; yields its host."""
-    if not shutil.which("docker-registry") or not shutil.which("htpasswd"):
-        pytest.skip("needs Debian's docker-registry and apache2-utils (htpasswd)")
     if not engine.engine_available():
         pytest.skip("needs a running Docker engine")
-    root = tmp_path_factory.mktemp("registry")
-    htpasswd = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], check=True,
-                              capture_output=True, text=True).stdout
-    (root / "htpasswd").write_text(htpasswd)
-    port = _free_port()
-    config = {"version": 0.1, "log": {"level": "warn"},
-              "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-              "http": {"addr": f"127.0.0.1:{port}"},
-              "auth": {"htpasswd": {"realm": "infermatrix-test", "path": str(root / "htpasswd")}}}
-    (root / "config.yml").write_text(yaml.safe_dump(config))
-    log = open(root / "registry.log", "w")
-    server = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")],
-                              stdout=log, stderr=subprocess.STDOUT)
-    host = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if requests.get(f"http://{host}/v2/", timeout=2).status_code == 401:
-                break
-        except requests.ConnectionError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            pytest.fail(f"docker-registry did not start:\n{(root / 'registry.log').read_text()}")
-        time.sleep(0.2)
-    yield host
-    server.terminate()
-    server.wait(timeout=10)
-    log.close()
+    server = start_registry(tmp_path_factory.mktemp("registry"), USER, PASSWORD)
+    yield server.host
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +115,8 @@ def mark_tagged(state: StatePaths, cell_id: str, image_id: str, status: str = "p
                          details=details if status == "pass" else {})
 
 
-def good() -> engine.RegistryCredentials:
-    return engine.RegistryCredentials(USER, PASSWORD, "test")
+def good() -> registry_api.RegistryCredentials:
+    return registry_api.RegistryCredentials(USER, PASSWORD, "test")
 
 
 def catalog(host: str) -> list[str]:
@@ -181,7 +146,7 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
 
     assert result.pushed == [GPU_CELL] and result.ok
     assert tags_of(registry, repo) == [GPU_CELL]  # the failed cell left no tag
-    remote = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert remote is not None and remote.config_digest == images["gpu-a"]
     lock = publish.read_lock(lock_path)
     entry = lock["images"][GPU_CELL]
@@ -207,8 +172,8 @@ def test_bad_credentials_fail_clearly_and_push_nothing(tmp_path, registry, image
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, GPU_CELL, images["gpu-a"])
     wrong = "not-the-password-" + uuid.uuid4().hex[:6]
-    monkeypatch.setenv(engine.REGISTRY_USER_ENV, USER)
-    monkeypatch.setenv(engine.REGISTRY_PASSWORD_ENV, wrong)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, wrong)
 
     code = main(["publish", "--matrix", str(ctx.matrix.path), "--state-dir", str(ctx.state.root),
                  "--lock", str(tmp_path / "images.lock")])
@@ -216,7 +181,7 @@ def test_bad_credentials_fail_clearly_and_push_nothing(tmp_path, registry, image
     err = capsys.readouterr().err
     assert code == 1
     assert "refused the credentials" in err and USER in err
-    assert engine.REGISTRY_USER_ENV in err
+    assert registry_api.REGISTRY_USER_ENV in err
     assert wrong not in err
     for handler in logging.getLogger("infermatrix").handlers:  # the commands logs
         if isinstance(handler, logging.FileHandler):
@@ -231,13 +196,13 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     first = make_context(tmp_path / "first", registry, repo)
     mark_tagged(first.state, GPU_CELL, images["gpu-a"])
     publish.publish(first, lock_path=tmp_path / "images.lock", creds=good(), say=lambda _: None)
-    held = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    held = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert held is not None
     # The same cell rebuilt into another image, tested and tagged in another state directory.
     rebuilt = make_context(tmp_path / "rebuilt", registry, repo)
     mark_tagged(rebuilt.state, GPU_CELL, images["gpu-b"])
-    monkeypatch.setenv(engine.REGISTRY_USER_ENV, USER)
-    monkeypatch.setenv(engine.REGISTRY_PASSWORD_ENV, PASSWORD)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
 
     code = main(["publish", "--matrix", str(rebuilt.matrix.path), "--state-dir",
                  str(rebuilt.state.root), "--lock", str(tmp_path / "images.lock")])
@@ -245,7 +210,7 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     err = capsys.readouterr().err
     assert code == 1
     assert held.digest in err and "--allow-retag" in err
-    after = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    after = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert after.digest == held.digest  # the tag did not move
     assert publish.read_lock(tmp_path / "images.lock")["images"][GPU_CELL]["digest"] == held.digest
     assert journal.load(rebuilt.state, GPU_CELL)["stages"]["publish"]["status"] == "fail"
@@ -254,7 +219,7 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
                             allow_retag=True, say=lambda _: None)
 
     assert moved.pushed == [GPU_CELL]
-    assert engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good()).config_digest == \
+    assert registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good()).config_digest == \
         images["gpu-b"]
 
 
@@ -282,7 +247,7 @@ def test_aliases_follow_the_newest_cell_after_the_immutable_tags(tmp_path, regis
 
     assert sorted(result.pushed) == sorted([GPU_CELL, GPU_CELL_2])
     assert result.aliases == {"kernel-fixture-sm120-latest": "pushed"}
-    alias = engine.remote_manifest(f"{registry}/{repo}", "kernel-fixture-sm120-latest", good())
+    alias = registry_api.remote_manifest(f"{registry}/{repo}", "kernel-fixture-sm120-latest", good())
     assert alias.config_digest == images["gpu2"]  # engine version 2.0 beats 1.0
     lock = publish.read_lock(lock_path)
     assert lock["aliases"]["kernel-fixture-sm120-latest"]["cell"] == GPU_CELL_2
@@ -305,8 +270,8 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     assert info["Id"] == images["cpu"]
     assert entry["reference"] in info["RepoDigests"]
 
-    monkeypatch.setenv(engine.REGISTRY_USER_ENV, USER)
-    monkeypatch.setenv(engine.REGISTRY_PASSWORD_ENV, PASSWORD)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
     code = main(["pull", "cpu-*", "--lock", str(lock_path), "--model-dir", "/srv/models/tiny",
                  "--port", "8123"])
     out = capsys.readouterr().out
@@ -360,9 +325,9 @@ def test_credentials_from_dockers_config_file(tmp_path, registry, images, monkey
     token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     (config_dir / "config.json").write_text(json.dumps({"auths": {registry: {"auth": token}}}))
     monkeypatch.setenv("DOCKER_CONFIG", str(config_dir))
-    monkeypatch.delenv(engine.REGISTRY_USER_ENV, raising=False)
-    monkeypatch.delenv(engine.REGISTRY_PASSWORD_ENV, raising=False)
-    creds = engine.registry_credentials(registry)
+    monkeypatch.delenv(registry_api.REGISTRY_USER_ENV, raising=False)
+    monkeypatch.delenv(registry_api.REGISTRY_PASSWORD_ENV, raising=False)
+    creds = registry_api.registry_credentials(registry)
     assert creds.username == USER and "config" in creds.source
     assert PASSWORD not in repr(creds) and PASSWORD not in creds.describe()
 
@@ -380,19 +345,19 @@ def test_credentials_from_dockers_config_file(tmp_path, registry, images, monkey
 def test_anonymous_push_to_an_authenticated_registry_is_refused(tmp_path, registry, images,
                                                                 monkeypatch):
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no config.json: no credentials
-    monkeypatch.delenv(engine.REGISTRY_USER_ENV, raising=False)
+    monkeypatch.delenv(registry_api.REGISTRY_USER_ENV, raising=False)
     repo = unique_repo("anon")
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
 
-    with pytest.raises(engine.RegistryAuthError, match="anonymous"):
+    with pytest.raises(registry_api.RegistryAuthError, match="anonymous"):
         publish.publish(ctx, lock_path=tmp_path / "images.lock", say=lambda _: None)
     assert repo not in catalog(registry)
 
 
 def test_user_without_password_is_a_usage_error():
-    with pytest.raises(engine.UsageError, match=engine.REGISTRY_PASSWORD_ENV):
-        engine.registry_credentials("127.0.0.1:1", env={engine.REGISTRY_USER_ENV: "x"})
+    with pytest.raises(UsageError, match=registry_api.REGISTRY_PASSWORD_ENV):
+        registry_api.registry_credentials("127.0.0.1:1", env={registry_api.REGISTRY_USER_ENV: "x"})
 
 
 def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, images):
@@ -410,10 +375,131 @@ def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, image
                              say=lambda _: None)
 
     assert result.pushed == [GPU_CELL]
-    remote = engine.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
+    remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert remote.config_digest == derived != images["gpu-a"]
     entry = publish.read_lock(tmp_path / "images.lock")["images"][GPU_CELL]
     assert entry["verified"] == "static-only" and entry["tested_image_id"] == images["gpu-a"]
     assert entry["labels"]["io.infermatrix.verified"] == "static-only"
     assert entry["smoke"]["levels"]["gpu"] == {"status": "skip", "reason": "no GPU on this host",
                                                "duration_s": None}
+
+
+# --- the consumer's failures: one line each, exit 1, never a traceback ------------------------
+
+def published_lock(tmp_path: Path, registry: str, cell_id: str, image_id: str) -> Path:
+    repo = unique_repo("fail")
+    ctx = make_context(tmp_path, registry, repo)
+    mark_tagged(ctx.state, cell_id, image_id)
+    lock_path = tmp_path / "images.lock"
+    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    return lock_path
+
+
+def pull_cli(lock_path: Path, capsys, *extra: str) -> tuple[int, str]:
+    code = main(["pull", "*", "--lock", str(lock_path), *extra])
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_pull_with_a_wrong_password_is_one_line(tmp_path, registry, images, monkeypatch, capsys):
+    lock_path = published_lock(tmp_path, registry, CPU_CELL, images["cpu"])
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no stored login to fall back on
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, "wrong-" + PASSWORD)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "refused the credentials" in line and "fix:" in line
+    assert PASSWORD not in line
+
+
+def test_pull_without_credentials_is_one_line(tmp_path, registry, images, monkeypatch, capsys):
+    """The reported bug: dockerd's `no basic auth credentials` came out as a traceback."""
+    lock_path = published_lock(tmp_path, registry, CPU_CELL, images["cpu"])
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv(registry_api.REGISTRY_USER_ENV, raising=False)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "anonymous" in line and registry_api.REGISTRY_USER_ENV in line
+
+
+def test_a_digest_the_registry_does_not_hold_is_one_line(tmp_path, registry, images,
+                                                         monkeypatch, capsys):
+    lock_path = published_lock(tmp_path, registry, CPU_CELL, images["cpu"])
+    lock = publish.read_lock(lock_path)
+    entry = lock["images"][CPU_CELL]
+    entry["digest"] = "sha256:" + "0" * 64
+    entry["reference"] = f"{entry['repository']}@{entry['digest']}"
+    publish.write_lock(lock_path, lock)
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "not found" in line and "images.lock" in line
+
+
+def test_an_unreachable_registry_is_one_line(tmp_path, images, monkeypatch, capsys):
+    other = start_registry(tmp_path / "short-lived", USER, PASSWORD)
+    lock_path = published_lock(tmp_path, other.host, CPU_CELL, images["cpu"])
+    other.stop()
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+    code, err = pull_cli(lock_path, capsys)
+    line = one_line(err)
+    assert code == 1 and "registry unreachable" in line and other.host in line
+    code, err = main(["publish", "--matrix", str(tmp_path / "matrix.yaml"), "--state-dir",
+                      str(tmp_path / "state"), "--lock", str(lock_path)]), \
+        capsys.readouterr().err
+    line = one_line(err)
+    assert code == 1 and "registry unreachable" in line
+
+
+def test_a_gpu_cell_is_not_pulled_onto_a_host_that_cannot_run_it(tmp_path, registry, images,
+                                                                 monkeypatch, capsys, caplog):
+    """The host check runs before any layer moves: the daemon is never asked to pull."""
+    lock_path = published_lock(tmp_path, registry, GPU_CELL, images["gpu-a"])
+    entry = publish.read_lock(lock_path)["images"][GPU_CELL]
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+    fake_root = tmp_path / "gpu-less-host"  # no /proc, /dev: and nvidia-smi is not run here
+    fake_root.mkdir()
+    monkeypatch.setattr("infermatrix.doctor.run_nvidia_smi", lambda: (None, "no nvidia-smi"))
+    caplog.set_level(logging.INFO, logger="infermatrix.commands")
+
+    code, err = pull_cli(lock_path, capsys, "--host-root", str(fake_root))
+
+    assert code == 1 and "Traceback" not in err
+    assert f"missing   {GPU_CELL}: needs an NVIDIA GPU" in err and "--skip-host-check" in err
+    commands = [r.getMessage() for r in caplog.records]
+    assert any("/manifests/" + entry["digest"] in c for c in commands)  # the config was read
+    assert not any("docker pull" in c for c in commands)
+
+
+def test_a_registry_whose_certificate_is_not_trusted_is_one_line(tmp_path, images, monkeypatch,
+                                                                 capsys):
+    """TLS for real: a registry on this host's own address (not loopback, so TLS is required)
+    with a self-signed certificate nobody trusts."""
+    address = host_address()
+    root = tmp_path / "tls-registry"
+    root.mkdir()
+    server = start_registry(root, USER, PASSWORD, address, self_signed_cert(root, address))
+    try:
+        lock = publish.empty_lock()
+        digest = "sha256:" + "e" * 64
+        lock["images"][CPU_CELL] = {
+            "cell": CPU_CELL, "repository": f"{server.host}/imx-tls", "digest": digest,
+            "reference": f"{server.host}/imx-tls@{digest}", "image_id": images["cpu"],
+            "arch": "cpu", "cuda": "cpu", "labels": {}, "run": {}}
+        publish.write_lock(tmp_path / "images.lock", lock)
+        monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+        monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+        code, err = pull_cli(tmp_path / "images.lock", capsys)
+        line = one_line(err)
+        assert code == 1 and "TLS failure" in line
+        assert f"/etc/docker/certs.d/{server.host}/ca.crt" in line
+    finally:
+        server.stop()

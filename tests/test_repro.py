@@ -188,5 +188,85 @@ def test_with_the_repro_block_two_no_cache_builds_are_identical(tmp_path, built_
     assert report["differences"] == [], report["by_category"]
     assert code == 0 and report["identical"] is True
     assert report["images"][0] != report["images"][1]  # created timestamps: see docs/repro.md
+    # the digests differ and the report names exactly which metadata, and why
+    assert report["digest_identical"] is False
+    differing = {d["path"] for d in report["metadata"]}
+    assert {"image.id", "config.created"} <= differing
+    assert any(p.startswith("rootfs.diff_ids[") for p in differing)
+    if report["builder"]["rewrite_timestamp"] is False:  # Debian's dockerd 20.10: BuildKit 0.8
+        assert "mtime" in report["builder"]["why_digests_differ"]
+    assert report["inputs"]["lock"]["pinned"] is False  # the light context has no locks/ file
+    assert "buildkit" in report["unpinned"]
     assert report["files"][0] == report["files"][1] > 10000
     assert "--no-cache" in (ctx.state.cell_log(CPU_CELL, "repro")).read_text()
+
+
+# ---- digests, builder, inputs (pure) -----------------------------------------------------------
+
+def _inspect(image_id: str, created: str, layers: list[str]) -> dict:
+    return {"Id": image_id, "Created": created, "RootFS": {"Type": "layers", "Layers": layers}}
+
+
+def test_differing_digests_name_the_metadata_that_differs():
+    first = _inspect("sha256:" + "a" * 64, "2026-12-01T10:00:00Z", ["sha256:base", "sha256:l1"])
+    second = _inspect("sha256:" + "b" * 64, "2026-12-01T10:02:00Z", ["sha256:base", "sha256:l2"])
+    found = {d.path: (d.what, d.first, d.second) for d in repro.compare_digests(first, second)}
+    assert found == {"image.id": ("digest", "sha256:" + "a" * 64, "sha256:" + "b" * 64),
+                     "config.created": ("metadata", "2026-12-01T10:00:00Z",
+                                        "2026-12-01T10:02:00Z"),
+                     "rootfs.diff_ids[1]": ("metadata", "sha256:l1", "sha256:l2")}
+    assert repro.compare_digests(first, dict(first)) == []
+
+
+def test_which_daemons_can_clamp_timestamps():
+    assert repro.embedded_buildkit("20.10.24+dfsg1") == "0.8"
+    assert repro.embedded_buildkit("26.1.5+dfsg1") == "0.13"
+    assert repro.embedded_buildkit("99.0.0") is None
+    assert repro.rewrites_timestamps("0.8") is False
+    assert repro.rewrites_timestamps("0.13") is True
+    assert repro.rewrites_timestamps(None) is None
+
+
+def test_inputs_say_how_each_is_pinned():
+    base = repro.base_input({"io.infermatrix.base.strategy": "debootstrap",
+                             "io.infermatrix.base.suite": "bookworm",
+                             "io.infermatrix.base.variant": "minbase",
+                             "io.infermatrix.base.recipe": "feb762a94acf06aa",
+                             "io.infermatrix.base.mirror": "http://deb.debian.org/debian",
+                             "io.infermatrix.base.snapshot": "20250520T000000Z"})
+    assert "feb762a94acf06aa" in base["value"] and base["pinned"] is False  # live mirror
+    snapshot = repro.base_input({"io.infermatrix.base.strategy": "debootstrap",
+                                 "io.infermatrix.base.mirror":
+                                 "https://snapshot.debian.org/archive/debian/20250520T000000Z"})
+    assert snapshot["pinned"] is True
+    registry = repro.base_input({"org.opencontainers.image.base.name": "nvidia/cuda:13.0",
+                                 "org.opencontainers.image.base.digest": "sha256:" + "c" * 64})
+    assert registry["pinned"] is True
+    lock_text = (
+        "# kernel (compiled in the image, not installed from this lock): flash-attn==2.8.3 "
+        "sdist flash_attn-2.8.3.tar.gz sha256:" + "1" * 64 + "\n"
+        "# kernel (compiled in the image, not installed from this lock): cudakern==0.1.0 "
+        "source tree ../fixtures/cudakern tree:1edf7d636db14cae\n"
+        "# kernel (compiled in the image, not installed from this lock): flashinfer==0.6.8\n")
+    kernels = repro.kernel_inputs(lock_text)
+    assert {k: v["how"] for k, v in kernels.items()} == {
+        "kernel flash-attn": "sdist sha256", "kernel cudakern": "source tree content hash",
+        "kernel flashinfer": "version only"}
+    assert [k for k, v in kernels.items() if not v["pinned"]] == ["kernel flashinfer"]
+    nvcc = repro.nvcc_input('uv pip install "cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]==13.0.2"')
+    assert nvcc["value"].startswith("nvcc 13.0.2") and nvcc["pinned"] is False
+    assert repro.nvcc_input("FROM x\nRUN true\n") is None
+
+
+def test_the_summary_shows_digests_and_flags_unpinned_inputs():
+    report = repro.ReproReport(
+        "c", ["sha256:" + "1" * 64, "sha256:" + "2" * 64], [3, 3], [], [1.0, 2.0],
+        metadata=[repro.Difference("config.created", "metadata", "t1", "t2")],
+        builder={"describe": "dockerd 20.10 (BuildKit 0.8)", "why_digests_differ": "no clamp"},
+        inputs={"lock": {"value": "locks/c.txt sha256:x", "how": "hashes", "pinned": True},
+                "buildkit": {"value": "0.8", "how": "host", "pinned": False}})
+    text = report.summary()
+    assert report.identical and not report.digest_identical
+    assert "config.created" in text and "why: no clamp" in text
+    assert "buildkit" in text and "UNPINNED" in text and report.unpinned == ["buildkit"]
+    assert report.as_dict()["digest_identical"] is False

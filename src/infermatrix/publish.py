@@ -28,6 +28,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from . import engine, journal
+from . import registry as registries
 from .config import DATA_DIR, Matrix
 from .context import Context
 from .errors import ConfigError, StageFailure, UsageError
@@ -130,7 +131,7 @@ def target_repository(matrix: Matrix, registry: str | None = None) -> str:
                            fix="set publish.registry (e.g. ghcr.io/acme) or pass --registry")
     repository = publish.get("repository", "infermatrix")
     full = f"{registry.rstrip('/')}/{repository}"
-    engine.registry_host(full)  # a registry without a host is a usage error
+    registries.registry_host(full)  # a registry without a host is a usage error
     return full
 
 
@@ -298,7 +299,7 @@ def _now() -> str:
 class Publisher:
     """Publishes candidates one at a time; the lock is rewritten after each cell."""
 
-    def __init__(self, ctx: Context, repository: str, creds: engine.RegistryCredentials,
+    def __init__(self, ctx: Context, repository: str, creds: registries.RegistryCredentials,
                  lock_path: Path, allow_retag: bool = False,
                  say: Callable[[str], None] = print) -> None:
         self.ctx, self.repository, self.creds = ctx, repository, creds
@@ -320,7 +321,7 @@ class Publisher:
         tag = render_tag(self.ctx.matrix.publish.get("tag", "{cell_id}"), cell, self.ctx.matrix)
         run = run_spec(self.ctx.matrix, cell)  # before the push: a mistake here pushes nothing
         started = time.monotonic()
-        remote = engine.remote_manifest(self.repository, tag, self.creds)
+        remote = registries.remote_manifest(self.repository, tag, self.creds)
         if remote is not None and remote.config_digest == cand.image_id:
             digest, action = remote.digest, "unchanged"
         else:
@@ -349,8 +350,8 @@ class Publisher:
 
     def _push_verified(self, image_id: str, tag: str) -> str:
         """Push, then read the tag back: it must hold the image that was tested."""
-        digest = engine.push_image(image_id, self.repository, tag, self.creds)
-        remote = engine.remote_manifest(self.repository, tag, self.creds)
+        digest = registries.push_image(image_id, self.repository, tag, self.creds)
+        remote = registries.remote_manifest(self.repository, tag, self.creds)
         if remote is None or remote.digest != digest or remote.config_digest != image_id:
             raise StageFailure(f"after the push {self.repository}:{tag} holds "
                                f"{remote.digest if remote else 'nothing'}, expected {digest} "
@@ -371,7 +372,7 @@ class Publisher:
                 if alias not in winners or alias_rank(entry) > alias_rank(winners[alias]):
                     winners[alias] = entry
         for alias, entry in sorted(winners.items()):
-            remote = engine.remote_manifest(self.repository, alias, self.creds)
+            remote = registries.remote_manifest(self.repository, alias, self.creds)
             if remote is not None and remote.digest == entry["digest"]:
                 action = "unchanged"
             else:
@@ -386,11 +387,11 @@ class Publisher:
 
 def publish(ctx: Context, selection: Selection | None = None, registry: str | None = None,
             allow_retag: bool = False, lock_path: Path | None = None,
-            creds: engine.RegistryCredentials | None = None,
+            creds: registries.RegistryCredentials | None = None,
             say: Callable[[str], None] = print) -> PublishResult:
     """Push every tagged cell; refused or failed cells are reported, the others go on.
 
-    A refused credential stops the run at once (every later cell would fail the same way)."""
+    A refused credential, an unreachable registry or a TLS failure stops the run at once."""
     selection = selection or Selection()
     repository = target_repository(ctx.matrix, registry)
     lock_path = lock_path or ctx.root / LOCK_NAME
@@ -398,14 +399,15 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     if not candidates:
         say("no tagged cells to publish (a cell publishes after its tag stage passes)")
         return PublishResult()
-    creds = creds or engine.registry_credentials(engine.registry_host(repository))
+    creds = creds or registries.credentials_for(repository)
     say(f"publishing {len(candidates)} cell(s) to {repository} as {creds.describe()}")
     publisher = Publisher(ctx, repository, creds, lock_path, allow_retag, say)
     for cand in candidates:
         try:
             publisher.publish_cell(cand)
-        except engine.RegistryAuthError:
-            raise
+        except (registries.RegistryAuthError, registries.RegistryUnreachable,
+                registries.RegistryTLSError):
+            raise  # every later cell would fail the same way
         except StageFailure as exc:
             publisher.result.failed[cand.cell_id] = str(exc)
             journal.record_stage(ctx.state, cand.cell_id, "publish", "fail", reason=str(exc))
@@ -440,14 +442,32 @@ def verify_pulled(entry: dict[str, Any], info: dict[str, Any]) -> list[str]:
     return problems
 
 
-def pull_entry(entry: dict[str, Any], creds: engine.RegistryCredentials | None = None
-               ) -> dict[str, Any]:
-    creds = creds or engine.registry_credentials(engine.registry_host(entry["repository"]))
-    info = engine.pull_by_digest(entry["repository"], entry["digest"], creds)
+def remote_labels(entry: dict[str, Any], creds: registries.RegistryCredentials
+                  ) -> dict[str, str]:
+    """The labels of the locked image, read from the registry before any layer moves; checks
+    the credentials, the connection and that the digest still holds the locked image id."""
+    config = registries.remote_image_config(entry["repository"], entry["digest"], creds,
+                                            expect_id=entry.get("image_id"))
+    return dict(((config or {}).get("config") or {}).get("Labels") or {})
+
+
+HostCheck = Callable[[dict[str, Any], dict[str, str]], None]
+
+
+def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | None = None,
+               host_check: HostCheck | None = None) -> dict[str, Any]:
+    """Pull a locked cell by digest with publish's credentials (`registries.credentials_for`),
+    after `host_check(entry, labels)` (which raises when this host cannot run it)."""
+    creds = creds or registries.credentials_for(entry["repository"])
+    labels = remote_labels(entry, creds)
+    if host_check is not None:
+        host_check(entry, labels)
+    info = registries.pull_by_digest(entry["repository"], entry["digest"], creds)
     problems = verify_pulled(entry, info)
     if problems:
-        raise StageFailure(f"{entry['reference']} does not match images.lock:\n  "
-                           + "\n  ".join(problems))
+        raise registries.DigestMismatch(
+            f"pulled {entry['reference']} does not match images.lock: {'; '.join(problems)}; "
+            f"fix: {registries.fix_for(registries.DigestMismatch, '')}")
     return info
 
 

@@ -8,8 +8,11 @@ docker 20.10 BuildKit stamps each written file with the build time and has no wa
 it (docs/repro.md), so they would differ in every file of every build.
 
 The image configuration (Env, Cmd, Entrypoint, Labels, WorkingDir, User, ExposedPorts) is
-compared as well; `created` and the history timestamps are not, for the same reason, and
-therefore the two image ids always differ on this builder.
+compared as well. Then the image digests (ids): when they differ, the metadata an id hashes is
+compared field by field (`created`, each layer's diff id) and each difference is explained by
+what the builder can and cannot clamp (`builder_info`: the BuildKit the daemon embeds). The
+report also lists every input of the cell and how it is pinned (`cell_inputs`); an input
+pinned by neither hash nor digest is flagged.
 """
 
 from __future__ import annotations
@@ -17,16 +20,23 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import yaml
+from packaging.version import InvalidVersion, Version
+
 from . import build, engine, journal, kernelcache
+from . import lock as locks
+from .config import DATA_DIR
 from .context import Context
 from .errors import StageFailure
 from .model import CellPlan
@@ -178,6 +188,146 @@ def category(path: str) -> str:
     return "other"
 
 
+# --- digests: which metadata differs, and whether this builder can clamp it ----------------
+
+def compare_digests(first: dict[str, Any], second: dict[str, Any]) -> list[Difference]:
+    """Why two image ids differ: the fields of the config an id hashes that `docker image
+    inspect` shows (`created`, each layer's diff id). Empty when the ids are equal."""
+    if first.get("Id") == second.get("Id"):
+        return []
+    found = [Difference("image.id", "digest", str(first.get("Id")), str(second.get("Id")))]
+    if first.get("Created") != second.get("Created"):
+        found.append(Difference("config.created", "metadata", str(first.get("Created")),
+                                str(second.get("Created"))))
+    layers_a = (first.get("RootFS") or {}).get("Layers") or []
+    layers_b = (second.get("RootFS") or {}).get("Layers") or []
+    for index, (a, b) in enumerate(zip_longest(layers_a, layers_b)):
+        if a != b:
+            found.append(Difference(f"rootfs.diff_ids[{index}]", "metadata", str(a or "-"),
+                                    str(b or "-")))
+    return found
+
+
+def _buildkit_table() -> dict[str, Any]:
+    return yaml.safe_load((DATA_DIR / "buildkit.yaml").read_text(encoding="utf-8"))
+
+
+def embedded_buildkit(daemon_version: str | None) -> str | None:
+    """The BuildKit a daemon of this version embeds (data/buildkit.yaml), None if unknown."""
+    match = re.match(r"(\d+\.\d+)", daemon_version or "")
+    return _buildkit_table()["embedded"].get(match.group(1)) if match else None
+
+
+def rewrites_timestamps(buildkit: str | None) -> bool | None:
+    """Whether that BuildKit can clamp `created` and file mtimes (None: unknown)."""
+    if buildkit is None:
+        return None
+    try:
+        return Version(buildkit) >= Version(_buildkit_table()["rewrite_timestamp_since"])
+    except InvalidVersion:
+        return None
+
+
+def builder_info() -> dict[str, Any]:
+    """The client, the daemon and the BuildKit the builds ran on, and what that means for
+    digests."""
+    client = engine.build_client()
+    daemon = engine.docker_host_info().get("server_version")
+    buildkit = embedded_buildkit(daemon)
+    can = rewrites_timestamps(buildkit)
+    info: dict[str, Any] = {"client": client.describe(), "daemon": daemon,
+                            "buildkit": buildkit or "unknown", "rewrite_timestamp": can,
+                            "describe": f"dockerd {daemon} (BuildKit {buildkit or 'unknown'})"}
+    if can is False:
+        info["why_digests_differ"] = (
+            f"BuildKit {buildkit} stamps config.created and history[].created with the build "
+            "time and writes every file of a layer with the build time as its mtime, so each "
+            "layer tar (diff id), the config and the id differ although every file is the same; "
+            "it has no SOURCE_DATE_EPOCH clamp and no rewrite-timestamp. BuildKit >= 0.13 "
+            "(dockerd 26, Debian trixie) has both, through an OCI exporter "
+            "(docs/repro.md, 'A BuildKit that rewrites timestamps')")
+    elif can:
+        info["why_digests_differ"] = (
+            "this BuildKit can clamp timestamps, but the builds go through the image exporter "
+            "(--load), which refuses rewrite-timestamp (\"conflicts with unpack\"): export OCI "
+            "archives with rewrite-timestamp=true (docs/repro.md)")
+    return info
+
+
+# --- inputs: every one shown with how it is pinned -------------------------------------------
+
+def _item(value: Any, how: str, pinned: bool) -> dict[str, Any]:
+    return {"value": value, "how": how, "pinned": pinned}
+
+
+def base_input(labels: dict[str, str]) -> dict[str, Any]:
+    """The base recipe (debootstrap labels the image inherits from its base)."""
+    strategy = labels.get("io.infermatrix.base.strategy")
+    if strategy != "debootstrap":
+        digest = labels.get("org.opencontainers.image.base.digest")
+        return _item(labels.get("org.opencontainers.image.base.name", strategy),
+                     f"registry digest {digest}" if digest else "registry tag, no digest",
+                     bool(digest))
+    mirror = labels.get("io.infermatrix.base.mirror", "")
+    value = (f"debootstrap {labels.get('io.infermatrix.base.suite')} "
+             f"{labels.get('io.infermatrix.base.variant')} recipe "
+             f"{labels.get('io.infermatrix.base.recipe')} from {mirror}")
+    if "snapshot.debian.org" in mirror:
+        return _item(value, "snapshot mirror", True)
+    return _item(value, "recipe hash; packages from the live mirror (snapshot "
+                 f"{labels.get('io.infermatrix.base.snapshot')} is only the time stamp)", False)
+
+
+def lock_input(ctx: Context, cell_id: str) -> tuple[dict[str, Any], str | None]:
+    path = locks.lock_path(ctx, cell_id)
+    if not path.is_file():
+        return _item(None, f"no lock file {path}", False), None
+    text = path.read_text(encoding="utf-8")
+    return _item(f"{path.relative_to(ctx.root)} {locks.lock_digest(text)}",
+                 "uv pip compile --generate-hashes, installed --require-hashes", True), text
+
+
+def kernel_inputs(lock_text: str | None) -> dict[str, dict[str, Any]]:
+    """Each compiled kernel's source: a PyPI sdist by sha256, a local tree by content hash."""
+    found = {}
+    for line in (lock_text or "").splitlines():
+        if not line.startswith("# kernel "):
+            continue
+        spec = line.split(": ", 1)[1]
+        name = spec.split("==", 1)[0]
+        sha = re.search(r"sha256:[0-9a-f]{64}", spec)
+        tree = re.search(r"tree:[0-9a-f]+", spec)
+        how = "sdist sha256" if sha else ("source tree content hash" if tree else "version only")
+        found[f"kernel {name}"] = _item(spec, how, bool(sha or tree))
+    return found
+
+
+def nvcc_input(dockerfile_text: str) -> dict[str, Any] | None:
+    """The CUDA compiler the toolchain installs (None for a cell without one)."""
+    wheel = re.search(r"cuda-toolkit\[[^\]]*\]==([0-9.]+)", dockerfile_text)
+    if wheel:
+        return _item(f"nvcc {wheel.group(1)} (cuda-toolkit wheels)",
+                     "version pin; the wheels are not hash-locked", False)
+    apt = re.search(r"cuda-minimal-build-[0-9-]+=([0-9.]+)", dockerfile_text)
+    if apt:
+        return _item(f"nvcc {apt.group(1)} (NVIDIA apt)", "apt version pin, signed repo", False)
+    return None
+
+
+def cell_inputs(ctx: Context, plan: CellPlan, image_info: dict[str, Any],
+                builder: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    labels = (image_info.get("Config") or {}).get("Labels") or {}
+    dockerfile = (build.cell_dir(ctx, plan.id) / "Dockerfile").read_text(encoding="utf-8")
+    lock_item, lock_text = lock_input(ctx, plan.id)
+    inputs = {"base": base_input(labels), "lock": lock_item, **kernel_inputs(lock_text)}
+    nvcc = nvcc_input(dockerfile)
+    if nvcc is not None:
+        inputs["nvcc"] = nvcc
+    inputs["buildkit"] = _item(f"{builder.get('buildkit')} in dockerd {builder.get('daemon')}",
+                               "the host's engine, not pinned by the recipe", False)
+    return inputs
+
+
 @dataclass
 class ReproReport:
     cell_id: str
@@ -186,10 +336,40 @@ class ReproReport:
     differences: list[Difference] = field(default_factory=list)
     durations_s: list[float] = field(default_factory=list)
     build_args: dict[str, str] = field(default_factory=dict)
+    metadata: list[Difference] = field(default_factory=list)  # why the digests differ
+    builder: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
+        """Files and image config identical (what every builder can reach)."""
         return not self.differences
+
+    @property
+    def digest_identical(self) -> bool:
+        return len(set(self.images)) == 1
+
+    @property
+    def unpinned(self) -> list[str]:
+        return [name for name, item in self.inputs.items() if not item.get("pinned")]
+
+    def digest_lines(self) -> list[str]:
+        if self.digest_identical:
+            return [f"image digest identical: {self.images[0]}"]
+        builder = self.builder.get("describe", "this builder")
+        lines = [f"image digests differ ({self.images[0][:19]} | {self.images[1][:19]}); the "
+                 f"metadata that differs, on {builder}:"]
+        lines += ["  " + d.line() for d in self.metadata]
+        if self.builder.get("why_digests_differ"):
+            lines.append("  why: " + self.builder["why_digests_differ"])
+        return lines
+
+    def input_lines(self) -> list[str]:
+        lines = ["inputs:"]
+        for name, item in self.inputs.items():
+            flag = "" if item.get("pinned") else "  UNPINNED"
+            lines.append(f"  {name:10} {item.get('value')}  [{item.get('how')}]{flag}")
+        return lines
 
     def by_category(self) -> dict[str, int]:
         return dict(Counter(category(d.path) for d in self.differences).most_common())
@@ -198,19 +378,22 @@ class ReproReport:
         head = (f"{self.cell_id}: builds {self.images[0][:19]} and {self.images[1][:19]} "
                 f"({self.files[0]} and {self.files[1]} paths; built in "
                 f"{', '.join(f'{d:.0f} s' for d in self.durations_s)})")
+        tail = self.digest_lines() + self.input_lines()
         if self.identical:
-            return head + "\nreproducible: no difference in any path, type, mode, owner, size, " \
-                "content or link, nor in the image config (timestamps not compared)"
+            same = ("files reproducible: no difference in any path, type, mode, owner, size, "
+                    "content or link, nor in the image config (file timestamps not compared)")
+            return "\n".join([head, same, *tail])
         lines = [head, f"NOT reproducible: {len(self.differences)} difference(s)"]
         lines += [f"  {n:6d}  {name}" for name, n in self.by_category().items()]
         lines += ["  " + d.line() for d in self.differences[:max_list]]
         if len(self.differences) > max_list:
             lines.append(f"  ... {len(self.differences) - max_list} more (--json lists all)")
-        return "\n".join(lines)
+        return "\n".join(lines + tail)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(identical=self.identical, by_category=self.by_category())
+        data.update(identical=self.identical, by_category=self.by_category(),
+                    digest_identical=self.digest_identical, unpinned=self.unpinned)
         return data
 
 
@@ -271,19 +454,25 @@ def compare_images(first: str, second: str) -> tuple[list[Difference], list[int]
 
 
 def verify_repro(ctx: Context, plan: CellPlan, keep: bool = False) -> ReproReport:
-    """Build twice without cache, compare, record the result (journal field `repro` and
-    <state>/reports/repro-<cell>.json); remove the two images unless `keep`."""
+    """Build twice without cache, compare files, config and digests, list the inputs; record
+    the result (journal field `repro` and <state>/reports/repro-<cell>.json); remove the two
+    images unless `keep`."""
     log_path = ctx.state.cell_log(plan.id, "repro")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"# infermatrix verify-repro {plan.id}\n", encoding="utf-8")
     try:
         images, durations, build_args = build_twice(ctx, plan, log_path)
         differences, files = compare_images(images[0], images[1])
+        infos = [engine.inspect_image(image) or {} for image in images]
+        builder = builder_info()
+        inputs = cell_inputs(ctx, plan, infos[0], builder)
     finally:
         if not keep:  # only the two tags this command made
             for run in (1, 2):
                 engine.remove_image(f"{REPRO_REPOSITORY}/{plan.id}:{run}")
-    report = ReproReport(plan.id, images, files, differences, durations, build_args)
+    report = ReproReport(plan.id, images, files, differences, durations, build_args,
+                         metadata=compare_digests(infos[0], infos[1]), builder=builder,
+                         inputs=inputs)
     _record(ctx, report, log_path)
     return report
 
@@ -295,6 +484,7 @@ def _record(ctx: Context, report: ReproReport, log_path: Path) -> None:
                     encoding="utf-8")
     journal.update(ctx.state, report.cell_id, repro={
         "identical": report.identical, "differences": len(report.differences),
+        "digest_identical": report.digest_identical, "unpinned": report.unpinned,
         "by_category": report.by_category(), "report": str(path), "log": str(log_path)})
 
 

@@ -40,12 +40,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     repro = sub.add_parser(
         "verify-repro", help="build a cell twice without cache and compare the images",
         description="Build one rendered cell twice without cache and compare the two images "
-        "file by file (path, type, mode, owner, size, content hash, link target); list every "
-        "difference. Exit 1 when they differ.")
+        "file by file (path, type, mode, owner, size, content hash, link target), then by image "
+        "digest (naming the metadata that differs); list every input and how it is pinned. "
+        "Exit 1 when files or config differ (or the digests, with --require-digest).")
     common_options(repro)
     repro.add_argument("cell", help="the cell id (see `infermatrix plan`)")
     repro.add_argument("--keep", action="store_true", help="keep the two images (tagged)")
     repro.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    repro.add_argument("--require-digest", action="store_true",
+                       help="also fail when the two image digests differ")
     repro.add_argument("--max-list", type=int, default=200, metavar="N",
                        help="differences printed (all are in the JSON report)")
     wait_option(repro)
@@ -142,4 +145,6 @@ def run_verify_repro(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(report.summary(max_list=args.max_list))
+    if args.require_digest and not report.digest_identical:
+        return 1
     return 0 if report.identical else 1

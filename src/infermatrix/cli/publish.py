@@ -6,10 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import doctor, hostcheck
 from ..context import Context, setup_command_log
 from ..errors import StageFailure, UsageError
 from ..publish import (LOCK_NAME, docker_run_line, publish, pull_entry, read_lock,
                        select_entries)
+from ..registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..selectors import Selection
 from ..state import run_lock
 from . import common_options, selection_options, wait_option
@@ -36,8 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     pull = sub.add_parser(
         "pull", help="pull cells of images.lock by digest and print their `docker run` line",
-        description="Pull by digest, check the image id and io.infermatrix labels against "
-        "images.lock, and print the command that serves the model from it.")
+        description="Check the host (driver floor, GPU arch, LXC device nodes), pull by digest "
+        "with the credentials publish uses (" + REGISTRY_USER_ENV + "/" + REGISTRY_PASSWORD_ENV
+        + ", else Docker's config and credential helpers), check the image id and "
+        "io.infermatrix labels against images.lock, and print the command that serves the "
+        "model from it.")
     pull.add_argument("cell", metavar="CELL_OR_SELECTOR",
                       help="a cell id or a selector (fnmatch, {a,b} braces)")
     pull.add_argument("--lock", metavar="PATH", type=Path, default=Path(LOCK_NAME),
@@ -47,8 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--port", type=int, default=None, help="port to serve on (default 8000)")
     pull.add_argument("--no-pull", action="store_true",
                       help="only print the docker run line (no registry access)")
-    pull.add_argument("--ignore-driver", action="store_true",
-                      help="pull even when this host's NVIDIA driver is below the image's floor")
+    pull.add_argument("--skip-host-check", action="store_true",
+                      help="pull although this host cannot run the cell (e.g. to mirror it)")
+    pull.add_argument("--ctid", type=int, default=None,
+                      help="this LXC guest's Proxmox container id, for the lxc-config lines")
+    pull.add_argument("--host-root", metavar="DIR", type=Path, default=Path("/"),
+                      help="read proc/, sys/, run/ and dev/ under DIR (default /)")
     pull.set_defaults(func=run_pull)
 
 
@@ -69,18 +78,22 @@ def run_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_below_driver_floor(entries: list[dict], ignore: bool) -> None:
-    """An image whose driver floor this host's GPUs do not meet would die at first launch."""
-    from .. import doctor
+def host_checker(args: argparse.Namespace):
+    """The check pull runs before a pull: problems go to stderr, then one failure line."""
+    readers = doctor.HostReaders(root=args.host_root)
 
-    code, output = doctor.HostReaders().nvidia_smi()
-    try:
-        gpus = doctor.parse_nvidia_smi_csv(output) if code == 0 else []
-    except ValueError:
-        gpus = []  # unreadable: doctor says why; pulling is not the place to guess
-    refusals = [r for e in entries if (r := doctor.driver_refusal(e, gpus))]
-    if refusals and not ignore:
-        raise StageFailure("\n".join(refusals) + "\n(--ignore-driver pulls anyway)")
+    def check(entry: dict, labels: dict[str, str]) -> None:
+        result = hostcheck.check_host(entry, labels, readers, args.ctid)
+        if result.ok:
+            return
+        for problem in result.problems:
+            print(f"missing   {entry['cell']}: {problem}", file=sys.stderr)
+        for line in result.advice:
+            print(line, file=sys.stderr)
+        raise StageFailure(f"this host cannot run {entry['cell']} ({len(result.problems)} "
+                           "problem(s) above); fix them, or pass --skip-host-check to pull "
+                           "anyway")
+    return None if args.skip_host_check else check
 
 
 def run_pull(args: argparse.Namespace) -> int:
@@ -88,11 +101,9 @@ def run_pull(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.lock} does not exist: run `infermatrix publish` first or "
                            "pass --lock PATH")
     lock = read_lock(args.lock)
-    entries = list(select_entries(lock, args.cell))
-    _refuse_below_driver_floor(entries, args.ignore_driver)
-    for entry in entries:
+    for entry in select_entries(lock, args.cell):
         if not args.no_pull:
-            info = pull_entry(entry)
+            info = pull_entry(entry, host_check=host_checker(args))
             print(f"# pulled {entry['reference']} (image {info['Id']}, labels match "
                   f"images.lock)")
         print(docker_run_line(entry, args.model_dir, args.port))

@@ -1,0 +1,357 @@
+"""Registries: credentials, the registry HTTP API v2, and pushes and pulls through the daemon.
+
+One code path for `publish` and `pull`: both take their credentials from `credentials_for`
+(INFERMATRIX_REGISTRY_USER/_PASSWORD, else Docker's config with its credential helpers, honouring
+DOCKER_CONFIG) and hand the same `RegistryCredentials` to the daemon (push/pull, through the
+engine module's SDK client) and to the HTTP API (manifests, image configs). Pushes and pulls go
+through the daemon, so they honour its TLS / insecure-registry settings; manifests are read over
+HTTP (Basic or Bearer-token auth) to learn a tag's digest and config digest (= the image id).
+
+Every failure is a `RegistryError` whose message is one line: what failed, why, and the fix
+(`classify`). Credentials never reach argv, logs or messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import engine
+from .errors import StageFailure, UsageError
+
+log = logging.getLogger("infermatrix.commands")
+
+REGISTRY_USER_ENV = "INFERMATRIX_REGISTRY_USER"
+REGISTRY_PASSWORD_ENV = "INFERMATRIX_REGISTRY_PASSWORD"
+
+_MANIFEST_TYPES = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+])
+# Docker Hub's names and the host its registry API answers on.
+_API_HOSTS = {"docker.io": "registry-1.docker.io", "index.docker.io": "registry-1.docker.io"}
+
+
+# --- errors: one line each, with the fix ---------------------------------------------------
+
+class RegistryError(StageFailure):
+    """A registry refused or failed a request (exit 1). The message is one line."""
+
+
+class RegistryAuthError(RegistryError):
+    """The registry refused the credentials (or there were none and it wants some)."""
+
+
+class RegistryNotFound(RegistryError):
+    """The repository, tag or digest is not in the registry."""
+
+
+class RegistryUnreachable(RegistryError):
+    """No connection to the registry (down, wrong host or port, DNS, firewall)."""
+
+
+class RegistryTLSError(RegistryError):
+    """The TLS handshake failed (unknown CA, wrong name) or TLS met a plain-HTTP registry."""
+
+
+class DigestMismatch(RegistryError):
+    """What the registry or the daemon holds is not the image images.lock pins."""
+
+
+# (error class, regexes over the daemon's or requests' message, what went wrong), in order: a TLS
+# failure also says "dial tcp", an auth failure may say "not found" in its realm text.
+_PATTERNS: list[tuple[type[RegistryError], tuple[str, ...], str]] = [
+    (RegistryTLSError, ("x509", "certificate", "tls:", "ssl",
+                        "server gave http response to https client"), "TLS failure"),
+    (RegistryAuthError, ("unauthorized", "authentication required", "no basic auth credentials",
+                         "denied", r"\b401\b", r"\b403\b"),
+     "the registry refused the credentials"),
+    (DigestMismatch, ("digest mismatch", "digest did not match", "manifest verification",
+                      "manifest invalid"), "digest mismatch"),
+    (RegistryUnreachable, ("connection refused", "no such host", "i/o timeout", "dial tcp",
+                           "connection reset", "timed out", "network is unreachable",
+                           "max retries exceeded", "failed to establish", "name resolution"),
+     "registry unreachable"),
+    (RegistryNotFound, ("manifest unknown", "name unknown", "not found", r"\b404\b",
+                        "blob unknown"), "not found"),
+]
+
+
+def fix_for(kind: type[RegistryError], host: str) -> str:
+    return {
+        RegistryAuthError: f"set {REGISTRY_USER_ENV}/{REGISTRY_PASSWORD_ENV} to an account that "
+                           f"may access it, or `docker login {host}`",
+        RegistryNotFound: "check the reference in images.lock and that the cell was published "
+                          "there (`infermatrix publish`)",
+        RegistryUnreachable: f"start the registry or check that {host} is the right host:port "
+                             "and reachable from this host and its Docker daemon",
+        RegistryTLSError: f"put the registry's CA in /etc/docker/certs.d/{host}/ca.crt (and the "
+                          "system CA bundle), or for a plain-HTTP registry add it to "
+                          "insecure-registries in /etc/docker/daemon.json",
+        DigestMismatch: "the registry's copy is not the one images.lock pins: publish the cell "
+                        "again or use the images.lock that was written with it",
+    }.get(kind, "see the registry's log")
+
+
+def classify(message: str) -> type[RegistryError]:
+    text = message.lower()
+    for kind, words, _ in _PATTERNS:
+        if any(re.search(word, text) for word in words):
+            return kind
+    return RegistryError
+
+
+def _summary(kind: type[RegistryError]) -> str:
+    return next((what for k, _, what in _PATTERNS if k is kind), "registry error")
+
+
+def registry_error(what: str, message: str, host: str, creds: RegistryCredentials,
+                   kind: type[RegistryError] | None = None) -> RegistryError:
+    """One line: `<what>: <kind> (<who>): <cause>; fix: <fix>`."""
+    kind = kind or classify(message)
+    cause = " ".join(message.split())[:300]  # the daemon's text, on one line
+    return kind(f"{what}: {_summary(kind)} ({creds.describe()}): {cause}; "
+                f"fix: {fix_for(kind, host)}")
+
+
+# --- credentials ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RegistryCredentials:
+    """Who we are to a registry, and where that came from (never the secret in messages)."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    source: str = "none (anonymous)"
+
+    @property
+    def anonymous(self) -> bool:
+        return not self.username
+
+    def sdk_auth(self) -> dict[str, str] | None:
+        if self.anonymous:
+            return None
+        return {"username": self.username or "", "password": self.password or ""}
+
+    def describe(self) -> str:
+        return "anonymous" if self.anonymous else f"user {self.username!r} from {self.source}"
+
+
+def registry_host(repository: str) -> str:
+    """`ghcr.io/acme/infermatrix` -> `ghcr.io`; `127.0.0.1:5000/x` -> `127.0.0.1:5000`."""
+    first, sep, _rest = repository.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    raise UsageError(f"{repository!r} names no registry host (expected e.g. ghcr.io/acme/name)")
+
+
+def registry_credentials(registry: str, env: dict[str, str] | None = None,
+                         docker_config: Path | None = None) -> RegistryCredentials:
+    """INFERMATRIX_REGISTRY_USER/_PASSWORD, else Docker's config (credential helpers included)."""
+    import docker
+
+    env = os.environ if env is None else env
+    user, password = env.get(REGISTRY_USER_ENV), env.get(REGISTRY_PASSWORD_ENV)
+    if user:
+        if password is None:
+            raise UsageError(f"{REGISTRY_USER_ENV} is set but {REGISTRY_PASSWORD_ENV} is not")
+        return RegistryCredentials(user, password, f"{REGISTRY_USER_ENV}/{REGISTRY_PASSWORD_ENV}")
+    try:
+        config = docker.auth.load_config(str(docker_config) if docker_config else None)
+        entry = config.resolve_authconfig(registry) or {}
+    except docker.errors.DockerException as exc:
+        raise RegistryAuthError(f"cannot read credentials for {registry} from Docker's config: "
+                                f"{' '.join(str(exc).split())}; fix: repair the config "
+                                f"($DOCKER_CONFIG or ~/.docker/config.json) or set "
+                                f"{REGISTRY_USER_ENV}/{REGISTRY_PASSWORD_ENV}") from None
+    entry = {k.lower(): v for k, v in entry.items()}
+    if entry.get("username"):
+        where = str(docker_config) if docker_config else (
+            f"Docker's config ({os.environ.get('DOCKER_CONFIG', '~/.docker')}/config.json)")
+        return RegistryCredentials(entry["username"], entry.get("password"), where)
+    return RegistryCredentials()
+
+
+def credentials_for(repository: str) -> RegistryCredentials:
+    """The one place publish and pull get their credentials for a repository."""
+    return registry_credentials(registry_host(repository))
+
+
+# --- the HTTP API ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RemoteManifest:
+    digest: str  # what `repo@digest` pulls
+    media_type: str
+    config_digest: str | None  # the image id for a single-platform manifest; None for an index
+
+
+def registry_is_secure(host: str) -> bool:
+    """Whether the daemon talks TLS to this registry (it treats 127.0.0.0/8 as insecure)."""
+    configs = (engine.client().info().get("RegistryConfig") or {}).get("IndexConfigs") or {}
+    if host in configs:
+        return bool(configs[host].get("Secure", True))
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host
+    return not (name == "localhost" or name.startswith("127.") or name in ("::1", "[::1]"))
+
+
+def _api_url(repository: str, kind: str, reference: str) -> str:
+    host = registry_host(repository)
+    scheme = "https" if registry_is_secure(host) else "http"
+    name = repository[len(host) + 1:]
+    return f"{scheme}://{_API_HOSTS.get(host, host)}/v2/{name}/{kind}/{reference}"
+
+
+def _registry_request(method: str, url: str, creds: RegistryCredentials, what: str,
+                      headers: dict[str, str] | None = None):
+    """One HTTP request to a registry, answering a Basic or Bearer challenge once."""
+    import requests
+    from requests.utils import parse_dict_header
+
+    host = url.split("/")[2]
+    headers = dict(headers or {})
+    log.info("# registry: %s %s (%s)", method, url, creds.describe())
+    try:
+        response = requests.request(method, url, headers=headers, timeout=60)
+        if response.status_code == 401:
+            challenge = response.headers.get("WWW-Authenticate", "")
+            scheme, _, params = challenge.partition(" ")
+            auth = None if creds.anonymous else (creds.username or "", creds.password or "")
+            if scheme.lower() == "basic" and auth:
+                response = requests.request(method, url, headers=headers, auth=auth, timeout=60)
+            elif scheme.lower() == "bearer":
+                fields = parse_dict_header(params)
+                token_params = {k: v for k, v in fields.items() if k in ("service", "scope")}
+                token = requests.get(fields.get("realm", ""), params=token_params, auth=auth,
+                                     timeout=60)
+                if token.status_code == 200:
+                    body = token.json()
+                    headers["Authorization"] = "Bearer " + (body.get("token")
+                                                            or body.get("access_token") or "")
+                    response = requests.request(method, url, headers=headers, timeout=60)
+    except requests.exceptions.SSLError as exc:
+        raise registry_error(what, str(exc), host, creds, RegistryTLSError) from None
+    except requests.RequestException as exc:
+        raise registry_error(what, str(exc), host, creds, RegistryUnreachable) from None
+    if response.status_code in (401, 403):
+        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
+                             host, creds, RegistryAuthError)
+    return response
+
+
+def remote_manifest(repository: str, tag_or_digest: str,
+                    creds: RegistryCredentials) -> RemoteManifest | None:
+    """The manifest `repository:tag` points to in its registry, or None when there is none."""
+    what = f"reading {repository}:{tag_or_digest}"
+    url = _api_url(repository, "manifests", tag_or_digest)
+    response = _registry_request("GET", url, creds, what, {"Accept": _MANIFEST_TYPES})
+    if response.status_code == 404:
+        return None
+    if response.status_code != 200:
+        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
+                             registry_host(repository), creds)
+    body = response.json()
+    media_type = response.headers.get("Content-Type", body.get("mediaType", ""))
+    digest = response.headers.get("Docker-Content-Digest")
+    if not digest:  # a registry may leave the header out: the digest of the bytes is the same
+        digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
+    config = (body.get("config") or {}).get("digest")
+    return RemoteManifest(digest=digest, media_type=media_type, config_digest=config)
+
+
+def remote_image_config(repository: str, digest: str, creds: RegistryCredentials,
+                        expect_id: str | None = None) -> dict[str, Any] | None:
+    """The image config (labels, env, ...) of `repository@digest`, read before any pull: a
+    few KB instead of the image. None for a multi-platform index. `expect_id`: the image id
+    images.lock pins; another config digest is a DigestMismatch."""
+    host = registry_host(repository)
+    manifest = remote_manifest(repository, digest, creds)
+    if manifest is None:
+        raise registry_error(f"reading {repository}@{digest}", "manifest unknown (HTTP 404)",
+                             host, creds, RegistryNotFound)
+    if manifest.digest != digest:
+        raise registry_error(f"reading {repository}@{digest}", f"the registry answered with "
+                             f"digest {manifest.digest}", host, creds, DigestMismatch)
+    if manifest.config_digest is None:
+        return None
+    if expect_id and manifest.config_digest != expect_id:
+        raise registry_error(f"reading {repository}@{digest}", f"its image id is "
+                             f"{manifest.config_digest}, images.lock pins {expect_id}", host,
+                             creds, DigestMismatch)
+    what = f"reading the config of {repository}@{digest}"
+    response = _registry_request("GET", _api_url(repository, "blobs", manifest.config_digest),
+                                 creds, what)
+    if response.status_code != 200:
+        raise registry_error(what, f"HTTP {response.status_code}", host, creds)
+    if "sha256:" + hashlib.sha256(response.content).hexdigest() != manifest.config_digest:
+        raise registry_error(what, "the config blob's bytes do not hash to its digest", host,
+                             creds, DigestMismatch)
+    return response.json()
+
+
+# --- pushes and pulls through the daemon ----------------------------------------------------
+
+def _stream_errors(events: Iterable[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """(error message, pushed digest) from a push/pull progress stream."""
+    error = digest = None
+    for event in events:
+        if "error" in event:
+            error = (event.get("errorDetail") or {}).get("message") or event["error"]
+        aux = event.get("aux") or {}
+        digest = aux.get("Digest", digest)
+    return error, digest
+
+
+def _daemon_stream(call, what: str, host: str, creds: RegistryCredentials) -> str | None:
+    """Run a push/pull SDK call; a daemon error (HTTP 500 before the stream, or an error event
+    in it, or a broken connection to the registry) becomes one RegistryError line."""
+    import docker
+    import requests
+
+    try:
+        error, digest = _stream_errors(call())
+    except docker.errors.APIError as exc:
+        error, digest = str(exc.explanation or exc), None
+    except requests.RequestException as exc:
+        error, digest = str(exc), None
+    if error:
+        raise registry_error(what, error, host, creds)
+    return digest
+
+
+def push_image(image_id: str, repository: str, tag: str, creds: RegistryCredentials) -> str:
+    """Tag `image_id` as repository:tag and push it; return the registry's manifest digest."""
+    engine.tag_image(image_id, f"{repository}:{tag}")
+    log.info("# sdk: docker push %s  # as %s", shlex.quote(f"{repository}:{tag}"),
+             creds.describe())
+    digest = _daemon_stream(
+        lambda: engine.client().api.push(repository, tag, auth_config=creds.sdk_auth(),
+                                         stream=True, decode=True),
+        f"push of {repository}:{tag}", registry_host(repository), creds)
+    if not digest:
+        raise RegistryError(f"push of {repository}:{tag}: the daemon reported no digest; "
+                            "fix: see the daemon's log")
+    return digest
+
+
+def pull_by_digest(repository: str, digest: str, creds: RegistryCredentials) -> dict[str, Any]:
+    """Pull repository@digest; return its `docker image inspect` record."""
+    ref = f"{repository}@{digest}"
+    log.info("# sdk: docker pull %s  # as %s", shlex.quote(ref), creds.describe())
+    _daemon_stream(
+        lambda: engine.client().api.pull(repository, tag=digest, auth_config=creds.sdk_auth(),
+                                         stream=True, decode=True),
+        f"pull of {ref}", registry_host(repository), creds)
+    info = engine.inspect_image(ref)
+    if info is None:
+        raise RegistryError(f"pull of {ref}: finished but the image is not there; "
+                            "fix: see the daemon's log")
+    return info

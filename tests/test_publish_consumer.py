@@ -1,0 +1,152 @@
+"""The consumer's path end to end, with real parts only: the CPU cell of the test matrix (built,
+smoked and tagged for real) is published to a real docker-registry with htpasswd auth on
+loopback; every local copy of the image is removed (by image id, not only its tags); `infermatrix
+pull` brings it back by digest with nothing but INFERMATRIX_REGISTRY_USER/_PASSWORD (no `docker
+login`: DOCKER_CONFIG is an empty directory); the pulled image id is the published one, and the
+`model` smoke level passes against it. Then a wrong password and a stopped registry: one line and
+exit 1 each.
+
+Slow (a ~7 GB image goes through the registry and back): minutes on two cores."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import uuid
+
+import pytest
+
+from infermatrix import build, engine, journal, publish, render, smoke
+from infermatrix import registry as registry_api
+from infermatrix.cli import main
+from infermatrix.context import Context
+from infermatrix.plan import plan_matrix
+from infermatrix.tagging import tag_cell
+from tests.planning_support import recorded_metadata
+from tests.registry_support import start_registry
+
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.registry, pytest.mark.slow]
+
+CPU_ID = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
+USER, PASSWORD = "consumer", "pw-" + uuid.uuid4().hex[:12]
+
+
+def tagged_cpu_plan(ctx: Context):
+    """Plan, render, build (reused when built), smoke (reused when it passed on this image) and
+    tag the CPU cell in the session's shared state."""
+    (plan,) = plan_matrix(ctx, select=[CPU_ID], source=recorded_metadata)
+    render.render_cells(ctx, [plan])
+    built = build.build_cells(ctx, [plan], build.BuildOptions(wait=True))[CPU_ID]
+    assert built.status == "pass", built.reason
+    record = journal.load(ctx.state, CPU_ID)
+    smoked = record.get("stages", {}).get("smoke", {})
+    if smoked.get("status") != "pass" or \
+            (smoked.get("details") or {}).get("image_id") != record["image_id"]:
+        assert smoke.smoke_cell(ctx, plan).status == "pass"
+    decision = tag_cell(ctx, plan.cell, f"im20-consumer-{uuid.uuid4().hex[:6]}")
+    assert decision.allowed, decision.reason
+    return plan
+
+
+def consumer_context(tmp_path, plan_ctx: Context, image_id: str) -> Context:
+    """A consumer's own state: its journal knows only the pulled image."""
+    ctx = Context.load(plan_ctx.matrix.path, tmp_path / "consumer-state")
+    journal.record_stage(ctx.state, CPU_ID, "build", "pass", image_id=image_id)
+    return ctx
+
+
+def wait_until_unused(image_id: str, timeout_s: float = 900) -> None:
+    """On a shared engine another run's container may be using the cell's image (the same
+    build gives the same id): wait for it to end rather than fail on the removal."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        users = engine.client().api.containers(filters={"ancestor": image_id})
+        if not users:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(name for c in users for name in c.get("Names", []))
+            pytest.fail(f"{image_id} is still used by running containers ({names}) of another "
+                        "run on this Docker engine; the test must remove every local copy")
+        time.sleep(10)
+
+
+def only_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx, monkeypatch,
+                                                 capsys, caplog):
+    tagged_cpu_plan(test_ctx)
+    server = start_registry(tmp_path / "registry", USER, PASSWORD)
+    lock_path = tmp_path / "images.lock"
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty-docker-config"))  # no login
+    (tmp_path / "empty-docker-config").mkdir()
+    monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
+    monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+    restore: list[str] = []
+    image_id = None
+    try:
+        # 1. publish the tagged CPU cell
+        code = main(["publish", "--matrix", str(test_ctx.matrix.path), "--state-dir",
+                     str(test_ctx.state.root), "--select", CPU_ID, "--registry", server.host,
+                     "--lock", str(lock_path), "--wait"])
+        out = capsys.readouterr().out
+        assert code == 0 and "published 1" in out, out
+        entry = publish.read_lock(lock_path)["images"][CPU_ID]
+        image_id = entry["image_id"]
+        assert entry["repository"].startswith(server.host + "/")
+
+        # 2. remove every local copy: the image id itself, with every tag and digest naming it
+        wait_until_unused(image_id)
+        info = engine.inspect_image(image_id)
+        restore = [t for t in info.get("RepoTags") or [] if not t.startswith(server.host)]
+        assert engine.remove_image(image_id, force=True)
+        assert engine.inspect_image(image_id) is None
+        assert engine.inspect_image(entry["reference"]) is None
+
+        # 3. pull by digest with the variables only
+        caplog.set_level(logging.INFO, logger="infermatrix.commands")
+        code = main(["pull", CPU_ID, "--lock", str(lock_path), "--model-dir", "/srv/m"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert any("docker pull " + entry["reference"] in r.getMessage()
+                   for r in caplog.records)
+        pulled = engine.inspect_image(entry["reference"])
+        assert pulled is not None and pulled["Id"] == image_id  # the published image id
+        assert entry["reference"] in pulled["RepoDigests"]
+        assert entry["reference"] in out.strip().splitlines()[-1]  # the docker run line
+
+        # 4. the model smoke level against the pulled image
+        consumer = consumer_context(tmp_path, test_ctx, pulled["Id"])
+        (consumer_plan,) = plan_matrix(consumer, select=[CPU_ID], source=recorded_metadata)
+        result = smoke.smoke_cell(consumer, consumer_plan, smoke.SmokeOptions(levels=["model"]))
+        model = result.levels["model"].as_dict()
+        assert result.image_id == image_id
+        assert model["status"] == "pass", model.get("engine_log_tail")
+
+        # 5. a wrong password: one line, exit 1
+        monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, "wrong-" + PASSWORD)
+        code = main(["pull", CPU_ID, "--lock", str(lock_path)])
+        line = only_line(capsys.readouterr().err)
+        assert code == 1 and "refused the credentials" in line and "fix:" in line
+        assert PASSWORD not in line
+
+        # 6. the registry stopped: one line, exit 1
+        monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
+        server.stop()
+        code = main(["pull", CPU_ID, "--lock", str(lock_path)])
+        line = only_line(capsys.readouterr().err)
+        assert code == 1 and "registry unreachable" in line and server.host in line
+    finally:
+        server.stop()
+        if image_id and engine.inspect_image(image_id) is not None:
+            for ref in restore:  # the session's other tests find the cell under its tags
+                engine.tag_image(image_id, ref)
+            info = engine.inspect_image(image_id) or {}
+            for ref in [r for r in (info.get("RepoTags") or []) + (info.get("RepoDigests") or [])
+                        if r.startswith(server.host + "/")]:
+                engine.remove_image(ref)
+        shutil.rmtree(server.root / "data", ignore_errors=True)  # GBs of layers
