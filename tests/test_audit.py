@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from infermatrix.audit import (FAIL, PASS, AuditedObject, AuditResult, DeviceCod
                                ImageFacts, check_cuda_major, check_kernels, check_pins, check_pip,
                                check_torch_cuda, copy_rounds, cuda_majors, list_device_code,
                                parse_probe_output, version_matches)
+from tests.cuda_tools import NO_NVCC, NVCC
 from infermatrix.coverage import Arch, Coverage, DeviceCode, decide
 from infermatrix.errors import StageFailure, UsageError
 from infermatrix.state import StatePaths
@@ -237,8 +237,8 @@ def test_parse_targets() -> None:
 
 # --- real objects, real cuobjdump (host nvcc) ----------------------------------------------------
 
-nvcc = shutil.which("nvcc")
-needs_nvcc = pytest.mark.skipif(nvcc is None, reason="nvcc is not installed on this host")
+nvcc = NVCC
+needs_nvcc = pytest.mark.skipif(nvcc is None, reason=NO_NVCC)
 
 
 def compile_so(tmp_path: Path, name: str, *gencodes: str) -> Path:
