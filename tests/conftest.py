@@ -93,7 +93,8 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if _fails_in_ci(report):
         report.outcome = "failed"
-        report.longrepr = f"skipped under CI=true, which provisions everything: {_skip_reason(report)}"
+        report.longrepr = ("skipped under CI=true, which provisions everything: "
+                           f"{_skip_reason(report)}")
 
 
 @pytest.hookimpl(hookwrapper=True)

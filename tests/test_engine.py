@@ -64,7 +64,8 @@ def scratch_tag():
     engine.remove_image(tag, force=True)
 
 
-BUILDKIT_ONLY = "FROM scratch\nCOPY --chmod=0644 a.txt /a.txt\n"  # the classic builder refuses --chmod
+# The classic builder refuses COPY --chmod: only a BuildKit build accepts this Dockerfile.
+BUILDKIT_ONLY = "FROM scratch\nCOPY --chmod=0644 a.txt /a.txt\n"
 
 
 def _build_with(client: engine.BuildClient, context: Path) -> subprocess.CompletedProcess:

@@ -213,7 +213,8 @@ def test_a_build_without_a_committed_lock_is_refused(ctx):
     assert f"infermatrix render --select {plan.id}" in result.reason
     # Rendered from this very lock: nothing left to refuse.
     _rendered(ctx, plan.id, lock.lock_digest(path.read_text()))
-    assert build.lock_problem(ctx, plan.id, (ctx.images_dir / plan.id / "Dockerfile").read_text()) is None
+    dockerfile = (ctx.images_dir / plan.id / "Dockerfile").read_text()
+    assert build.lock_problem(ctx, plan.id, dockerfile) is None
 
 
 LOCK_WITH_ANNOTATIONS = """\

@@ -43,9 +43,9 @@ def check_the_reports_fixture_against(record: dict, state: Path) -> None:
         FIXTURE_RECORD.write_text(text + "\n")
     fixture = json.loads(FIXTURE_RECORD.read_text())
     real, recorded = field_paths(record), field_paths(fixture)
-    assert real == recorded, (f"the stages write fields the fixture lacks: {sorted(real - recorded)}; "
-                              f"the fixture has fields no stage writes: {sorted(recorded - real)} "
-                              f"(record it again: {RECORD_ENV}=1)")
+    assert real == recorded, (
+        f"the stages write fields the fixture lacks: {sorted(real - recorded)}; the fixture has "
+        f"fields no stage writes: {sorted(recorded - real)} (record it again: {RECORD_ENV}=1)")
 
 
 def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(docker_available, tmp_path):

@@ -222,7 +222,8 @@ def lock_problems(lock: dict) -> list[str]:
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", str(entry.get("digest"))):
             problems.append(f"{cell_id}: digest {entry.get('digest')!r} is not a sha256 digest")
         if entry.get("reference") != f"{entry.get('repository')}@{entry.get('digest')}":
-            problems.append(f"{cell_id}: reference {entry.get('reference')!r} is not repository@digest")
+            problems.append(f"{cell_id}: reference {entry.get('reference')!r} is not "
+                            "repository@digest")
     for alias, target in lock["aliases"].items():
         if target.get("cell") not in lock["images"]:
             problems.append(f"alias {alias}: cell {target.get('cell')} is not in images")

@@ -460,8 +460,9 @@ def writers_template(tmp_path: Path) -> dict:
     stages = template["stages"]
     stages["lock"] = written["lock"]
     stages["build"]["details"].update(written["build"]["details"])
-    stages["publish"] = {**stages["tag"], "details": {"tag": "r/x:t", "digest": "sha256:",
-                                                      "reference": "r/x@sha256:", "action": "pushed"}}
+    # publish.Publisher.publish_cell's details (a registry push: test_publish_registry.py)
+    stages["publish"] = {**stages["tag"], "details": {
+        "tag": "r/x:t", "digest": "sha256:", "reference": "r/x@sha256:", "action": "pushed"}}
     plan = CellPlan(cell, "planned")
     levels = stages["smoke"]["details"]["levels"]
     skipped_gpu = smoke.run_gpu(ctx, plan, None, 30, gpu_here=False).as_dict()
