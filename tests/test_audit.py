@@ -4,7 +4,8 @@ and cuobjdump on objects that the host's nvcc compiles (real files, real cuobjdu
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from infermatrix.audit import (FAIL, PASS, AuditedObject, AuditResult, DeviceCod
                                ImageFacts, check_cuda_major, check_kernels, check_pins, check_pip,
                                check_torch_cuda, copy_rounds, cuda_majors, list_device_code,
                                parse_probe_output, version_matches)
+from tests.cuda_tools import NO_NVCC, NVCC
 from infermatrix.coverage import Arch, Coverage, DeviceCode, decide
 from infermatrix.errors import StageFailure, UsageError
 from infermatrix.state import StatePaths
@@ -235,8 +237,8 @@ def test_parse_targets() -> None:
 
 # --- real objects, real cuobjdump (host nvcc) ----------------------------------------------------
 
-nvcc = shutil.which("nvcc")
-needs_nvcc = pytest.mark.skipif(nvcc is None, reason="nvcc is not installed on this host")
+nvcc = NVCC
+needs_nvcc = pytest.mark.skipif(nvcc is None, reason=NO_NVCC)
 
 
 def compile_so(tmp_path: Path, name: str, *gencodes: str) -> Path:
@@ -302,7 +304,15 @@ def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
     assert objects["kern/libkern.so"]["gpu_code"] is True
     assert len(objects["kern/libkern.so"]["sha256"]) == 64
     assert "libc.so.6" in objects["kern/libkern.so"]["needed"]
-    assert data["pip_check"]["returncode"] is not None
+    # the probe's `pip check` is the one this host gives for that interpreter, run here again
+    check = data["pip_check"]
+    assert check["command"].split()[0] in (sys.executable, str(mount / "uv"), "uv"), check
+    again = subprocess.run(check["command"].split(), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "UV_NO_CACHE": "1",
+                                "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    untimed = lambda text: re.sub(r" in [0-9.]+m?s\b", "", text)  # "Checked 40 packages in 84ms"
+    assert (check["returncode"], untimed(check["output"])) == (
+        again.returncode, untimed((again.stdout + again.stderr)[-4000:]))
     image = ImageFacts.from_probe(data)
     assert "pyyaml" in image.distributions  # this venv's own packages, canonical names
 

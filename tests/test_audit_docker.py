@@ -20,6 +20,7 @@ from infermatrix import audit, engine, journal
 from infermatrix.audit import FAIL, PASS
 from infermatrix.coverage import Arch, Coverage
 from infermatrix.model import Cell, CellPlan, CellSettings
+from tests.cuda_tools import NO_NVCC, NVCC
 
 pytestmark = pytest.mark.docker
 
@@ -27,7 +28,7 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cudakern"
 SITE = "/usr/lib/python3/dist-packages"  # on Debian's python3 sys.path
 OBJECT = "cudakern/libcudakern.so"
 
-nvcc = shutil.which("nvcc")
+nvcc = NVCC
 
 
 def plan_for(arch: str) -> CellPlan:
@@ -78,7 +79,7 @@ def fixture_image(base_ref: str, workdir: Path, arch_code: str, cell_id: str) ->
 @pytest.fixture(scope="module")
 def images(built_base: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     if nvcc is None:
-        pytest.skip("nvcc is not installed on this host (the fixture is compiled on the host)")
+        pytest.skip(f"{NO_NVCC} (the fixture is compiled on the host)")
     workdir = tmp_path_factory.mktemp("audit-images")
     return {"120": fixture_image(built_base, workdir, "120", plan_for("sm_120").id),
             "120a": fixture_image(built_base, workdir, "120a", plan_for("sm_121").id)}

@@ -8,12 +8,14 @@ rendered cells of tests/matrix/ are built in test_build_matrix.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -99,8 +101,14 @@ def mini_ctx(built_base, test_ctx, tmp_path_factory) -> Context:
         template = {"mini": MINI, "broken": BROKEN, "slow": SLOW}[kind]
         directory = ctx.images_dir / plan.id
         directory.mkdir(parents=True)
+        # build refuses a cell without a committed lock, or rendered from another lock
+        lock_file = root / "locks" / f"{plan.id}.txt"
+        lock_file.parent.mkdir(exist_ok=True)
+        lock_file.write_text(f"# lock of {plan.id}: a hand-written cell installs nothing\n")
+        digest = "sha256:" + hashlib.sha256(lock_file.read_bytes()).hexdigest()
         (directory / "Dockerfile").write_text(
-            template.format(base=built_base, token=token, cell=plan.id))
+            template.format(base=built_base, token=token, cell=plan.id)
+            + f'LABEL io.infermatrix.lock="{digest}"\n')
     yield ctx
     for plan in plan_matrix(ctx):
         engine.remove_image(local_ref(plan.id), force=True)
@@ -152,7 +160,13 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
         record = journal.load(mini_ctx.state, cell)
         assert record["image_id"] == results[cell].image_id
         details = record["stages"]["build"]["details"]
-        assert details["compile_plan"]["max_jobs"] >= 1 and details["secret_ids"]
+        assert details["secret_ids"]
+        # the MAX_JOBS the kernel stage received (written into the wheel it compiled) is the
+        # one the build recorded
+        [wheel] = mini_ctx.state.kernels.rglob("minik-1.0-py3-none-any.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            jobs = archive.read("minik/__init__.py").decode()
+        assert jobs.strip() == f"JOBS = {details['compile_plan']['max_jobs']}"
         assert Path(record["stages"]["build"]["log"]).is_file()
     out = Path(mini_ctx.state.root) / "copied"
     engine.copy_from_image(local_ref(mini2), ["/kernel-wheels.txt"], out)

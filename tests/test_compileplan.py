@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -160,8 +161,18 @@ def test_read_host_cgroup_v1_tree(tmp_path):
 
 
 def test_read_host_of_this_machine_gives_a_usable_plan():
+    """The reading of this machine agrees with what the test reads itself, and the plan made
+    from it fits that machine (the budget under the memory left, no more jobs than CPUs)."""
+    import os
+
     reading = cp.read_host()
+    assert reading.cpus_affinity == len(os.sched_getaffinity(0))
+    meminfo = Path("/proc/meminfo").read_text()
+    own = int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.M).group(1)) * 1024
+    assert abs(reading.mem_available - own) < 0.25 * own  # memory moves between two reads
     memory, source = cp.effective_memory(reading)
-    assert memory > 0 and source != "unknown"
+    assert 0 < memory <= reading.mem_available and source != "unknown"
     plan = cp.plan_from_reading(reading, 0.5)
-    assert plan.max_jobs >= 1 and plan.nvcc_threads >= 1
+    assert plan.memory_gb == memory / cp.GIB and plan.cpus == cp.effective_cpus(reading)
+    assert plan.max_jobs <= plan.cpus and plan.nvcc_threads <= plan.cpus
+    assert plan.total_budget_gb <= plan.memory_gb - plan.safety_margin_gb and not plan.warnings

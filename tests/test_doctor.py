@@ -1,5 +1,6 @@
 """doctor against recorded host outputs (tests/fixtures/host/): nvidia-smi CSVs, /proc/devices,
-host roots. No GPU, no Docker (the Docker reader is replaced by a recorded answer)."""
+host roots. No GPU. The Docker reader is a recorded answer, except in the last two tests:
+they read the real engine and compare with `docker info` through the CLI."""
 
 from __future__ import annotations
 
@@ -217,3 +218,43 @@ def test_pull_refuses_only_when_every_gpu_is_below_the_floor():
     assert why and "570.133.07 is below 575.51.03" in why and "fix: install" in why
     assert doctor.driver_refusal(e, new) is None
     assert doctor.driver_refusal(e, []) is None  # no GPU here: pulling for another machine
+
+
+# ---- the Docker reading against the real engine CI runs ------------------------------------
+
+def docker_cli_info() -> dict:
+    """`docker info` through the CLI: the reading doctor's (SDK) answer is checked against."""
+    import subprocess
+
+    from infermatrix import engine
+
+    done = subprocess.run([engine.docker_cli(), "info", "--format", "{{json .}}"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    info = json.loads(done.stdout)
+    return {"storage_driver": info["Driver"], "runtimes": sorted(info["Runtimes"]),
+            "default_runtime": info["DefaultRuntime"], "cgroup_version": info["CgroupVersion"],
+            "server_version": info["ServerVersion"]}
+
+
+@pytest.mark.docker
+def test_docker_reading_of_the_real_engine(docker_available):
+    from infermatrix import engine
+
+    expected = docker_cli_info()
+    assert engine.docker_host_info() == expected
+    assert doctor.read_docker_info() == expected
+    assert "runc" in expected["runtimes"] and expected["storage_driver"]
+
+
+@pytest.mark.docker
+def test_doctor_command_reads_the_real_engine(docker_available, capsys):
+    code = main(["doctor", "--nvidia-smi-csv", str(HOST / "gb10-sample" / "nvidia-smi.csv"),
+                 "--host-root", str(HOST / "lxc-guest-sample"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["host"]["docker_error"] is None
+    assert out["host"]["docker"] == docker_cli_info()
+    facts = doctor.gather(doctor.HostReaders(root=HOST / "no-such-root",
+                                             nvidia_smi=lambda: (None, doctor.NO_DRIVER_HINT)))
+    line = next(ln for ln in doctor.report_lines(facts, []) if ln.startswith("docker:"))
+    assert facts.docker["server_version"] in line and facts.docker["storage_driver"] in line

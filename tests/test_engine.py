@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -61,12 +64,34 @@ def scratch_tag():
     engine.remove_image(tag, force=True)
 
 
+# The classic builder refuses COPY --chmod: only a BuildKit build accepts this Dockerfile.
+BUILDKIT_ONLY = "FROM scratch\nCOPY --chmod=0644 a.txt /a.txt\n"
+
+
+def _build_with(client: engine.BuildClient, context: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*client.build_argv(), "--quiet", str(context)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **client.env()})
+
+
 @pytest.mark.docker
-def test_client_detection_picks_a_buildkit_client(docker_available):
-    client = engine.build_client()
-    assert client.mode in ("buildx", "buildkit")
-    if client.mode == "buildkit":
-        assert engine.classic_builder_has_buildkit(client.version)
+def test_client_detection_picks_a_client_that_really_runs_buildkit(docker_available, tmp_path):
+    """The chosen client builds a Dockerfile only BuildKit accepts; every client probe_client
+    rejected fails that very build (e.g. a docker 28 CLI without the buildx plugin)."""
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(BUILDKIT_ONLY)
+    (context / "a.txt").write_text("a\n")
+    chosen = engine.build_client()
+    built = _build_with(chosen, context)
+    assert built.returncode == 0, built.stderr
+    image_id = built.stdout.strip().splitlines()[-1]
+    try:
+        for binary in engine.candidate_clients():
+            if engine.probe_client(binary) is None:
+                refused = _build_with(engine.BuildClient(binary, "buildkit", "?"), context)
+                assert refused.returncode != 0, f"{binary} was rejected but builds with BuildKit"
+    finally:
+        engine.remove_image(image_id, force=True)
 
 
 @pytest.mark.docker

@@ -118,9 +118,26 @@ def _inputs(**over) -> lock.LockInputs:
     return lock.LockInputs(**{**base, **over})
 
 
+HEADER_OF_INPUTS = """\
+# infermatrix lock for cell c1
+# regenerate: infermatrix lock --select c1
+# install: uv pip install --require-hashes --no-deps -r c1.txt
+# python: 3.11
+# platform: x86_64-manylinux_2_36 (base bookworm: glibc 2.36)
+# index: https://pypi.org/simple
+# extra-index: https://download.pytorch.org/whl/cu128
+# requirement: torch==2.10.0
+# requirement: vllm==0.19.1
+# kernel (compiled in the image, not installed from this lock): flash-attn==2.8.3 sdist \
+flash_attn-2.8.3.tar.gz sha256:""" + "a" * 64 + """
+# resolver: uv 0.13.9
+
+"""
+
+
 def test_header_names_every_input_and_nothing_that_changes():
     text = lock.header(_inputs())
-    assert text == lock.header(_inputs())
+    assert text == HEADER_OF_INPUTS  # written out: the committed locks' headers have this form
     for needle in ("cell c1", "python: 3.11", "x86_64-manylinux_2_36", "extra-index: https://"
                    "download.pytorch.org/whl/cu128", "requirement: vllm==0.19.1",
                    "uv 0.13.9", "lock --select c1"):
@@ -169,27 +186,35 @@ def test_unreachable_result_is_a_skip_and_prunes_nothing(ctx):
     assert lock.prune_unsatisfiable(ctx, [plan])[0].planned
 
 
-def test_record_inputs_pins_everything_the_build_used(ctx):
-    plan = _plan(SGLANG)
-    path = lock.lock_path(ctx, plan.id)
-    path.parent.mkdir(parents=True)
-    path.write_text(lock.header(_inputs(cell_id=plan.id)) + LOCK_A)
-    base = {"strategy": "debootstrap", "suite": "bookworm",
-            "mirror": "http://deb.debian.org/debian", "snapshot": None,
-            "image_id": "sha256:" + "b" * 64}
-    inputs = lock.record_inputs(ctx, plan, base=base, build_args={"MAX_JOBS": "2"},
-                                nvcc_version="13.0.88")
-    assert inputs["lock"]["sha256"] == lock.lock_digest(path.read_text())
-    assert inputs["kernels"] == [
-        "flash-attn==2.8.3 sdist flash_attn-2.8.3.tar.gz sha256:" + "a" * 64]
-    assert journal.load(ctx.state, plan.id)["inputs"] == inputs
-    changed = dict(inputs, build_args={"MAX_JOBS": "4"})
-    assert lock.input_hash(changed) != lock.input_hash(inputs)
+def _rendered(ctx, cell_id: str, lock_label: str) -> None:
+    directory = ctx.images_dir / cell_id
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "Dockerfile").write_text(
+        f'FROM scratch\nLABEL io.infermatrix.cell="{cell_id}" io.infermatrix.lock="{lock_label}"\n')
 
 
 def test_a_build_without_a_committed_lock_is_refused(ctx):
-    with pytest.raises(Exception, match="lock --select"):
-        lock.require_lock(ctx, "no-such-cell")
+    """Through build.build_cells: the refusal comes before any Docker call, so no engine here."""
+    from infermatrix import build
+
+    plan = _plan(SGLANG)
+    _rendered(ctx, plan.id, "none")  # rendered while the cell had no lock: no hashes
+    result = build.build_cells(ctx, [plan], build.BuildOptions(echo=lambda _: None))[plan.id]
+    assert result.status == "fail" and f"lock --select {plan.id}" in result.reason
+    record = journal.load(ctx.state, plan.id)
+    assert record["stages"]["build"]["status"] == "fail" and record["image_id"] is None
+
+    # A lock committed after the render: the Dockerfile still installs without hashes.
+    path = lock.lock_path(ctx, plan.id)
+    path.parent.mkdir(parents=True)
+    path.write_text(lock.header(_inputs(cell_id=plan.id)) + LOCK_A)
+    result = build.build_cells(ctx, [plan], build.BuildOptions(echo=lambda _: None))[plan.id]
+    assert result.status == "fail" and "rendered from another lock" in result.reason
+    assert f"infermatrix render --select {plan.id}" in result.reason
+    # Rendered from this very lock: nothing left to refuse.
+    _rendered(ctx, plan.id, lock.lock_digest(path.read_text()))
+    dockerfile = (ctx.images_dir / plan.id / "Dockerfile").read_text()
+    assert build.lock_problem(ctx, plan.id, dockerfile) is None
 
 
 LOCK_WITH_ANNOTATIONS = """\

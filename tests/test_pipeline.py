@@ -4,11 +4,14 @@ smoke (static + model with a real vLLM), tag, report — through the real CLI.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.journal_shape import field_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
@@ -24,6 +27,27 @@ def run_pipeline(state: Path, *extra: str) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=3600, cwd=ROOT)
 
 
+FIXTURE_RECORD = ROOT / "tests" / "fixtures" / "journal" / "state" / "journal" / f"{CPU_CELL}.json"
+RECORD_ENV = "INFERMATRIX_RECORD_JOURNAL"
+FIXTURE_STATE = "/var/lib/infermatrix/.state"  # the state directory the fixture's paths name
+
+
+def check_the_reports_fixture_against(record: dict, state: Path) -> None:
+    """The report tests' CPU record (tests/fixtures/journal) was recorded from this very run;
+    it must keep the shape the stages write today. INFERMATRIX_RECORD_JOURNAL=1 records it
+    again (a developer's machine only: under CI=true that fails, CI never rewrites fixtures)."""
+    if os.environ.get(RECORD_ENV) == "1":
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{RECORD_ENV}=1 under CI=true: CI never rewrites fixtures")
+        text = json.dumps(record, indent=2, sort_keys=True).replace(str(state), FIXTURE_STATE)
+        FIXTURE_RECORD.write_text(text + "\n")
+    fixture = json.loads(FIXTURE_RECORD.read_text())
+    real, recorded = field_paths(record), field_paths(fixture)
+    assert real == recorded, (
+        f"the stages write fields the fixture lacks: {sorted(real - recorded)}; the fixture has "
+        f"fields no stage writes: {sorted(recorded - real)} (record it again: {RECORD_ENV}=1)")
+
+
 def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(docker_available, tmp_path):
     state = tmp_path / "state"
     first = run_pipeline(state)
@@ -36,7 +60,8 @@ def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(docker_available, tmp
     assert levels["static"]["status"] == "pass" and levels["model"]["status"] == "pass"
     assert stages["tag"]["details"]["image_id"] == record["image_id"]
     html = (state / "reports" / "report.html").read_text()
-    assert CPU_CELL in html and "tagged" in html
+    assert f'data-cell="{CPU_CELL}" data-outcome="tagged"' in html  # the cell, not the legend
+    check_the_reports_fixture_against(record, state)
     # A rerun resumes: the build is reused, not redone.
     second = run_pipeline(state, "--levels", "static")
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]

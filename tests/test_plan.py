@@ -69,6 +69,8 @@ def test_a_cell_pruned_by_several_rules_shows_all(tmp_path):
 
 
 # --- one passing and one pruning case per rule ---------------------------------------------
+# Data checks: the expectations follow rules.yaml's tables. The tables themselves are checked
+# against their sources where CI reaches them in test_rules_network.py (PyPI METADATA, nvcc).
 @pytest.mark.parametrize("cell_id, rule, prunes", [
     ("cu128-torch2.11.0-sglang0.5.11-sm121", "arch-min-cuda", True),   # sm_121 needs 12.9
     ("cu130-torch2.11.0-sglang0.5.11-sm121", "arch-min-cuda", False),

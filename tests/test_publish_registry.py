@@ -13,7 +13,7 @@ import pytest
 import requests
 import yaml
 
-from infermatrix import engine, journal, publish
+from infermatrix import engine, journal, publish, tagging
 from infermatrix import registry as registry_api
 from infermatrix.cli import main
 from infermatrix.context import Context
@@ -115,6 +115,17 @@ def mark_tagged(state: StatePaths, cell_id: str, image_id: str, status: str = "p
                          details=details if status == "pass" else {})
 
 
+def mark_smoked(state: StatePaths, cell_id: str, image_id: str) -> None:
+    """Build and smoke as they are on a GPU-less host (static passed, gpu skipped, the fixture
+    engine serves no model): what the tag stage reads."""
+    journal.record_stage(state, cell_id, "build", "pass", image_id=image_id)
+    levels = {"static": {"status": "pass", "reason": None, "duration_s": 2.5},
+              "gpu": {"status": "skip", "reason": "no GPU on this host", "needs_gpu": True},
+              "model": {"status": "skip", "reason": "no server", "applicable": False}}
+    journal.record_stage(state, cell_id, "smoke", "pass",
+                         details={"image_id": image_id, "levels": levels, "host_gpu": False})
+
+
 def good() -> registry_api.RegistryCredentials:
     return registry_api.RegistryCredentials(USER, PASSWORD, "test")
 
@@ -155,7 +166,12 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
     assert entry["image_id"] == images["gpu-a"]
     assert (entry["cuda"], entry["arch"], entry["min_driver"]) == ("13.0", "sm_120", "580.65.06")
     assert entry["versions"]["kernels"] == {"cudakern": "0.1.0"}
-    assert entry["smoke"]["status"] == "pass"
+    # the smoke summary is the journal's smoke stage cut down: its own finish time, per level
+    # status/reason/duration only (the "checks" the stage recorded stay in the journal)
+    smoke_stage = journal.load(ctx.state, GPU_CELL)["stages"]["smoke"]
+    assert entry["smoke"]["finished"] == smoke_stage["finished"]
+    assert entry["smoke"]["levels"]["static"] == {"status": "pass", "reason": None,
+                                                  "duration_s": 2.5}
     assert journal.load(ctx.state, GPU_CELL)["stages"]["publish"]["details"]["digest"] == \
         remote.digest
     before = lock_path.read_text()
@@ -361,15 +377,18 @@ def test_user_without_password_is_a_usage_error():
 
 
 def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, images):
-    """tagging.py puts a static-only tag on an image derived from the tested one (a label
-    changes the id): that derived image is what goes out, and the lock says static-only."""
+    """The real tag stage (tagging.tag_cell) grants a static-only tag to a CUDA cell whose gpu
+    level was skipped for want of a GPU: it tags a labelled child of the tested image, and that
+    child is what publish pushes, with the lock saying static-only."""
     repo = unique_repo("static")
     ctx = make_context(tmp_path, registry, repo)
-    derived = engine.commit_with_labels(
-        images["gpu-a"], f"infermatrix-test/publish:static-{uuid.uuid4().hex[:6]}",
-        {"io.infermatrix.verified": "static-only", "io.infermatrix.tested-image": images["gpu-a"]})
+    assert ctx.matrix.tag_policy["allow_static_only"] is True  # the test matrix's policy
+    mark_smoked(ctx.state, GPU_CELL, images["gpu-a"])
+    local_repo = f"infermatrix-test-static-{uuid.uuid4().hex[:6]}"
+    decision = tagging.tag_cell(ctx, publish.cell_from_labels(labels_for(GPU_CELL)), local_repo)
+    assert decision.allowed and decision.kind == tagging.STATIC_ONLY, decision.reason
+    derived = journal.load(ctx.state, GPU_CELL)["stages"]["tag"]["details"]["tagged_image_id"]
     images[f"derived-{repo}"] = derived  # removed with the others at the end
-    mark_tagged(ctx.state, GPU_CELL, images["gpu-a"], tagged_image_id=derived)
 
     result = publish.publish(ctx, lock_path=tmp_path / "images.lock", creds=good(),
                              say=lambda _: None)
@@ -379,7 +398,8 @@ def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, image
     assert remote.config_digest == derived != images["gpu-a"]
     entry = publish.read_lock(tmp_path / "images.lock")["images"][GPU_CELL]
     assert entry["verified"] == "static-only" and entry["tested_image_id"] == images["gpu-a"]
-    assert entry["labels"]["io.infermatrix.verified"] == "static-only"
+    assert entry["labels"]["io.infermatrix.verified"] == "static-only"  # put there by tagging
+    assert entry["labels"]["io.infermatrix.tested-image"] == images["gpu-a"]
     assert entry["smoke"]["levels"]["gpu"] == {"status": "skip", "reason": "no GPU on this host",
                                                "duration_s": None}
 

@@ -24,9 +24,20 @@ from .render_support import GOLDEN_DIR, GOLDEN_MATRIX, golden_context, golden_pl
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_MATRIX = REPO / "tests" / "matrix" / "matrix.yaml"
-UPDATE = os.environ.get("INFERMATRIX_UPDATE_GOLDEN") == "1"
+UPDATE_ENV = "INFERMATRIX_UPDATE_GOLDEN"
 # Copies of other trees: compared by listing, not kept as goldens.
 COPIED_PREFIXES = ("harness/", "kernels/")
+
+
+def update_goldens() -> bool:
+    """INFERMATRIX_UPDATE_GOLDEN=1 rewrites the goldens instead of comparing, on a developer's
+    machine only: under CI=true it fails the test, so CI always compares."""
+    if os.environ.get(UPDATE_ENV) != "1":
+        return False
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{UPDATE_ENV}=1 under CI=true: CI compares the goldens, it never rewrites "
+                    "them", pytrace=False)
+    return True
 
 
 def hadolint_binary() -> str | None:
@@ -96,11 +107,12 @@ def test_golden_cells_match(golden_rendered: list[render.RenderedCell]) -> None:
     """Each representative cell renders byte for byte as its golden (set
     INFERMATRIX_UPDATE_GOLDEN=1 to rewrite them after an intended change, then review the diff)."""
     mismatched = []
+    update = update_goldens()
     for cell in golden_rendered:
         directory = GOLDEN_DIR / cell.cell_id
         own = {p: data for p, (data, _) in cell.files.items()
                if not p.startswith(COPIED_PREFIXES)}
-        if UPDATE:
+        if update:
             shutil.rmtree(directory, ignore_errors=True)
             for relative, data in own.items():
                 (directory / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +123,18 @@ def test_golden_cells_match(golden_rendered: list[render.RenderedCell]) -> None:
         mismatched += [f"{cell.cell_id}/{rel}" for rel, data in own.items()
                        if (directory / rel).read_bytes() != data]
     assert not mismatched, f"rendered files differ from tests/golden: {mismatched}"
+
+
+def test_golden_update_switch_fails_under_ci(tmp_path: Path) -> None:
+    """CI=true with INFERMATRIX_UPDATE_GOLDEN=1: the golden test fails and rewrites nothing."""
+    before = {p: p.read_bytes() for p in GOLDEN_DIR.rglob("*") if p.is_file()}
+    env = {**os.environ, "CI": "true", UPDATE_ENV: "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{Path(__file__)}::test_golden_cells_match"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert f"{UPDATE_ENV}=1 under CI=true" in done.stdout
+    assert {p: p.read_bytes() for p in GOLDEN_DIR.rglob("*") if p.is_file()} == before
 
 
 def test_goldens_cover_strategies_engines_and_arches(golden_rendered) -> None:
@@ -678,7 +702,11 @@ def test_toolchain_installs_torch_from_the_lock_hash_checked(golden_rendered) ->
     text = locked.files["Dockerfile"][0].decode()
     torch_file = locked.files["torch.lock.txt"][0]
     lock_text = (GOLDEN_DIR / "locks" / f"{locked.cell_id}.txt").read_text()
-    assert torch_file.decode().endswith(lock.subset(lock_text, "torch"))
+    # torch's block of the lock, byte for byte, and none of the other pins (read here from the
+    # lock text itself, not through lock.subset, which render uses to write the file)
+    torch_block = re.search(r"(?m)^torch==2\.11\.0 \\\n(?:    .*\n)+", lock_text).group(0)
+    assert torch_file.decode().endswith("\n" + torch_block)
+    assert lock.pinned_packages(torch_file.decode()) == {"torch": "2.11.0"}
     toolchain = stage_texts(text)["toolchain"]
     torch_run = next(ins for ins in toolchain if "torch.lock.txt" in ins)
     assert "--mount=type=bind,source=torch.lock.txt,target=/tmp/torch.lock.txt" in torch_run

@@ -44,9 +44,24 @@ EXPECTED_OUTCOMES = {
 }
 
 
+# Image sizes as `infermatrix report` sets them in memory from `docker image inspect`
+# (cli/report.py fill_image_sizes): no stage writes a size into the journal.
+IMAGE_SIZES = {"cu129-torch2.10.0-sglang0.5.10-sm121": 15_877_021_696,
+               "cu130-torch2.10.0-vllm0.19.1-sm120": 17_201_000_448,
+               "cu130-torch2.11.0-sglang0.5.11-sm120": 15_932_118_016,
+               "cu130-torch2.11.0-vllm0.20.1-sm121": 17_590_312_960}
+
+
+def journal_with_sizes() -> dict:
+    records = dict(load_journal(STATE))
+    for cell_id, size in IMAGE_SIZES.items():
+        records[cell_id] = {**records[cell_id], "image_size_bytes": size}
+    return records
+
+
 @pytest.fixture(scope="module")
 def report():
-    return build_report(load_journal(STATE), load_plan_file(PLAN), STATE)
+    return build_report(journal_with_sizes(), load_plan_file(PLAN), STATE)
 
 
 def cell(report, cell_id):
@@ -116,9 +131,10 @@ def test_tagged_cell_has_throughput_size_versions_and_durations(report):
     assert [ch["name"] for ch in c.audit_checks][:3] == ["kernels", "cuda-major", "torch-cuda"]
     assert c.image_size == 15_932_118_016
     assert c.versions["flashinfer-python"] == "0.5.3"
-    assert [s.name for s in c.stages] == list(STAGES)
+    # every stage that writes a journal record (render writes none: its output is images/)
+    assert [s.name for s in c.stages] == [name for name in STAGES if name != "render"]
     assert c.total_duration_s == pytest.approx(sum(s.duration_s for s in c.stages))
-    assert cell(report, CPU_TAGGED).tokens_per_s == pytest.approx(21.3)
+    assert cell(report, CPU_TAGGED).tokens_per_s == pytest.approx(251.6)  # recorded run
     assert cell(report, VERIFIED).tokens_text == "38.2"  # a plain figure
 
 
@@ -409,3 +425,99 @@ def test_plan_recorded_by_the_pipeline_stands_in_for_a_missing_plan(report):
     assert cell(rebuilt, PLANNED_ONLY).outcome == "not-built"
     assert cell(rebuilt, PLANNED_ONLY).label == "not built (plan unresolved)"
     assert all(c.in_plan for c in rebuilt.cells)
+
+
+# ---- the fixture holds to what the stages write ------------------------------------------------
+
+FIXTURE_README = FIXTURE / "README.md"
+# Fields of stages the recorded CPU run does not reach, and where they are written (no Docker
+# or GPU here to produce them): checked by name, kept short.
+WRITTEN_ELSEWHERE = {
+    "stages.audit.details.checks[].objects": "audit.check_kernels",
+    "stages.audit.details.checks[].uncovered": "audit.check_kernels",
+    "stages.audit.details.checks[].ptx_jit": "audit.check_kernels",
+    "stages.audit.details.checks[].not_loaded": "audit.check_kernels",
+}
+
+
+def writers_template(tmp_path: Path) -> dict:
+    """A record of every field the writers write: the CPU cell's record from a real pipeline
+    run (tests/test_pipeline.py keeps it current), plus the stages and levels that run cannot
+    reach, written here by the real writers (lock.record, build's failure record,
+    smoke.run_gpu / run_model on a GPU-less host, a gpu level that passed)."""
+    import copy
+
+    from infermatrix import build, journal, lock, smoke
+    from infermatrix.context import Context
+    from infermatrix.model import Cell, CellPlan
+
+    template = copy.deepcopy(json.loads((STATE.journal / f"{CPU_TAGGED}.json").read_text()))
+    ctx = Context.load(Path(__file__).resolve().parents[1] / "matrix.yaml", tmp_path / "state")
+    cell = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
+    lock.record(ctx, lock.LockResult(cell.id, "locked", text="six==1.16.0\n"))
+    build._record_failure(ctx, cell.id, 1.0, None, "exited 1", "docker build ...", "tail")
+    written = journal.load(ctx.state, cell.id)["stages"]
+    stages = template["stages"]
+    stages["lock"] = written["lock"]
+    stages["build"]["details"].update(written["build"]["details"])
+    # publish.Publisher.publish_cell's details (a registry push: test_publish_registry.py)
+    stages["publish"] = {**stages["tag"], "details": {
+        "tag": "r/x:t", "digest": "sha256:", "reference": "r/x@sha256:", "action": "pushed"}}
+    plan = CellPlan(cell, "planned")
+    levels = stages["smoke"]["details"]["levels"]
+    skipped_gpu = smoke.run_gpu(ctx, plan, None, 30, gpu_here=False).as_dict()
+    skipped_model = smoke.run_model(ctx, plan, None, 30, False, smoke.SmokeOptions()).as_dict()
+
+    class PassingHarness:  # a recording fake: the result line a passing gpu_check prints
+        image_id = "sha256:"
+
+        def run(self, program, args, timeout_s, **kwargs):
+            return 0, {"check": "gpu", "status": "pass", "arch": args[1], "checks": []}, ""
+
+    passed_gpu = smoke.run_gpu(ctx, plan, PassingHarness(), 30, gpu_here=True).as_dict()
+    levels["gpu"] = {**levels["gpu"], **skipped_gpu, **passed_gpu}
+    levels["model"] = {**levels["model"], **skipped_model}
+    return template
+
+
+def test_the_hand_written_records_have_only_fields_the_stages_write(tmp_path):
+    """A writer that renames or drops a field fails this test (and test_pipeline.py, which
+    compares the recorded CPU record with a fresh run)."""
+    from tests.journal_shape import unknown_fields
+
+    template = writers_template(tmp_path)
+    problems = {}
+    for path in sorted(STATE.journal.glob("*.json")):
+        unknown = [f for f in unknown_fields(json.loads(path.read_text()), template)
+                   if re.sub(r"\[\d+\]", "[]", f) not in WRITTEN_ELSEWHERE]
+        if unknown:
+            problems[path.name] = unknown
+    assert not problems, problems
+    assert "hand-written" in FIXTURE_README.read_text()
+
+
+def test_hashes_and_ids_in_the_fixture_have_the_writers_form(tmp_path):
+    from infermatrix import build
+
+    form = re.compile(r"sha256:[0-9a-f]{64}")
+    assert form.fullmatch(build.input_hash(tmp_path, {}, {}))  # what build writes
+    for path in sorted(STATE.journal.glob("*.json")):
+        record = json.loads(path.read_text())
+        hashes = [record.get("input_hash"), record.get("image_id")] + [
+            (stage.get("details") or {}).get("input_hash") for stage in record["stages"].values()]
+        bad = [h for h in hashes if h is not None and not form.fullmatch(h)]
+        assert not bad, (path.name, bad)
+
+
+def test_plan_reasons_follow_the_rules_templates():
+    """Each pruning reason in plan.json reads as its rule's template in rules.yaml says."""
+    from infermatrix import rules
+
+    table = rules.load_rules()
+    for cell in json.loads(PLAN.read_text()):
+        for verdict in cell["reasons"]:
+            template = table[verdict["rule"]]["reason"]
+            pattern = re.escape(template)
+            pattern = re.sub(r"\\\{\w+\\\}", ".+", pattern)
+            assert re.fullmatch(pattern, verdict["reason"]), (cell["id"], verdict["reason"],
+                                                              template)

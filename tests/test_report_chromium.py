@@ -57,7 +57,9 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def html(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
-    report = build_report(load_journal(STATE), load_plan_file(FIXTURE / "plan.json"), STATE)
+    from tests.test_report import journal_with_sizes
+
+    report = build_report(journal_with_sizes(), load_plan_file(FIXTURE / "plan.json"), STATE)
     return write_report(report, out).html
 
 

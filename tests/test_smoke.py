@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from infermatrix import smoke
+from infermatrix import smoke, tagging
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
+from infermatrix.model import Cell, CellPlan
 from infermatrix.plan import plan_matrix
 from tests.conftest import TEST_MATRIX
 from tests.planning_support import recorded_metadata
@@ -106,3 +107,61 @@ def test_an_audit_of_the_same_image_since_its_build_is_reused():
     assert smoke.recorded_audit(record, image) is None
     record["stages"]["audit"]["status"] = "running"
     assert smoke.recorded_audit(record, image) is None
+
+
+# ---- the model level's correctness gate and the audit's failure (no Docker) -----------------
+
+REPO = TEST_MATRIX.parents[2]
+GPU_CELL = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
+
+
+@pytest.fixture
+def shipped(tmp_path):
+    """The shipped matrix.yaml (model_source: fixture), a state of the test's own."""
+    return Context.load(REPO / "matrix.yaml", tmp_path / "state")
+
+
+def test_gpu_cell_model_level_without_real_weights_is_not_verified_never_pass(shipped):
+    assert shipped.matrix.smoke["model_source"] == "fixture"
+    plan = CellPlan(GPU_CELL, "planned")
+    result = smoke.run_model(shipped, plan, None, 30.0, True, smoke.SmokeOptions())
+    assert result.status == "skip" and result.reason.startswith("not verified: ")
+    assert "real weights" in result.reason and result.details["needs_weights"] is True
+    # ...and the tag stage does not tag it, not even static-only
+    record = {"image_id": "sha256:1", "stages": {
+        "build": {"status": "pass"},
+        "smoke": {"status": "pass", "details": {"image_id": "sha256:1", "levels": {
+            "static": {"status": "pass"}, "gpu": {"status": "pass"},
+            "model": result.as_dict()}}}}}
+    decision = tagging.decide(record, {"require": ["static", "gpu", "model"],
+                                       "allow_static_only": True}, GPU_CELL)
+    assert not decision.allowed and "not verified" in decision.reason
+
+
+def test_gpu_cell_with_weights_needs_an_expected_answer(shipped, tmp_path):
+    plan = CellPlan(GPU_CELL, "planned")
+    assert smoke.correctness_unverifiable(shipped, plan, real_model=True) is None
+    shipped.matrix.smoke["probe"] = {**shipped.matrix.smoke["probe"], "expect": None}
+    reason = smoke.correctness_unverifiable(shipped, plan, real_model=True)
+    assert reason.startswith("not verified: ") and "expect" in reason
+    result = smoke.run_model(shipped, plan, None, 30.0, True,
+                             smoke.SmokeOptions(model_path=tmp_path))
+    assert result.status == "skip" and result.details["needs_weights"] is False
+
+
+def test_cpu_lane_keeps_the_fixture(ctx):
+    assert smoke.correctness_unverifiable(ctx, plan_of(ctx, CPU_ID), real_model=False) is None
+
+
+def test_an_audit_that_cannot_run_fails_the_static_level(ctx, monkeypatch):
+    """A fault no real part shows here: the audit module missing (sys.modules entry None)."""
+    import sys
+
+    import infermatrix
+
+    monkeypatch.delattr(infermatrix, "audit", raising=False)
+    monkeypatch.setitem(sys.modules, "infermatrix.audit", None)
+    details: dict = {}
+    assert smoke.run_audit(ctx, plan_of(ctx, FIXTURE_ID), "sha256:" + "d" * 64, details) == "fail"
+    assert details["audit"]["status"] == "fail"
+    assert details["audit"]["reason"].startswith("the audit did not run: ")

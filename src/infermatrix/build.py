@@ -1,6 +1,9 @@
 """`infermatrix build`: build the rendered cells (images/<cell-id>/) on the Docker engine.
 
 Per cell:
+  0. no build without the cell's committed lock (locks/<cell-id>.txt), and the rendered
+     Dockerfile must carry that very lock's digest (label io.infermatrix.lock): a cell rendered
+     before its lock existed would install without hashes;
   1. the input hash: every file of images/<cell-id>/ (Dockerfile and context) plus the build
      args that change the result (MAX_JOBS / NVCC_THREADS change speed, not content, and are
      left out so a rerun on a busier host is still a no-op) and the kernel cache keys;
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import compileplan, engine, journal, kernelcache, proc
+from . import lock as locks
 from .context import Context
 from .errors import CommandFailed, InfermatrixError, StageFailure
 from .model import CellPlan
@@ -304,6 +308,24 @@ def _tmp_root(ctx: Context) -> Path:
     return path
 
 
+LOCK_LABEL = re.compile(r'io\.infermatrix\.lock="([^"]*)"')
+
+
+def lock_problem(ctx: Context, cell_id: str, dockerfile_text: str) -> str | None:
+    """Why the cell may not be built (no committed lock, or a render of another lock), or None."""
+    try:
+        path = locks.require_lock(ctx, cell_id)
+    except StageFailure as exc:
+        return str(exc)
+    digest = locks.lock_digest(path.read_text(encoding="utf-8"))
+    rendered = LOCK_LABEL.search(dockerfile_text)
+    if rendered is None or rendered.group(1) != digest:
+        found = rendered.group(1) if rendered else "no io.infermatrix.lock label"
+        return (f"{cell_id}: images/{cell_id}/Dockerfile was rendered from another lock ({found}; "
+                f"{path.name} is {digest}); run `infermatrix render --select {cell_id}`")
+    return None
+
+
 def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
                options: BuildOptions) -> CellResult:
     cell_id = plan.id
@@ -314,6 +336,9 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
         return _record_failure(ctx, cell_id, 0.0, None, f"not rendered: {dockerfile} is missing "
                                "(run `infermatrix render` first)", None, None)
     text = dockerfile.read_text(encoding="utf-8")
+    problem = lock_problem(ctx, cell_id, text)
+    if problem:
+        return _record_failure(ctx, cell_id, 0.0, None, problem, None, None)
     build_args = compile.build_args()
     try:
         keys = kernel_keys_for(ctx, plan, text)

@@ -632,51 +632,12 @@ def prune_unsatisfiable(ctx: Context, plans: list[CellPlan]) -> list[CellPlan]:
 
 
 def require_lock(ctx: Context, cell_id: str) -> Path:
-    """The committed lock of a cell, for render/build (which never resolve)."""
+    """The committed lock of a cell: build refuses a cell without one (build.lock_problem)."""
     path = lock_path(ctx, cell_id)
     if not path.is_file():
         raise StageFailure(f"{cell_id}: no lock file {path}; run `infermatrix lock --select "
                            f"{cell_id}` (needs the package index) and commit it")
     return path
-
-
-# Inputs of a build ------------------------------------------------------------------------------
-def collect_inputs(ctx: Context, plan: CellPlan, *, base: dict[str, Any],
-                   build_args: dict[str, str], nvcc_version: str | None = None,
-                   kernel_sources: dict[str, str] | None = None) -> dict[str, Any]:
-    """Every input of a cell's image, pinned: what build records and hashes.
-
-    `base`: the base as built ({"strategy": "debootstrap", "suite", "mirror", "snapshot",
-    "image_id"} or {"strategy": "registry", "image", "digest"}); `kernel_sources`: package ->
-    commit/sha256 of each compiled kernel's source (default: the pins in the lock header).
-    """
-    lock = require_lock(ctx, plan.id)
-    text = lock.read_text(encoding="utf-8")
-    assert plan.settings is not None
-    return {
-        "cell": plan.id,
-        "base": dict(sorted(base.items())),
-        "lock": {"path": str(lock.relative_to(ctx.root)), "sha256": lock_digest(text),
-                 "packages": len(pinned_packages(text))},
-        "kernels": kernel_sources if kernel_sources is not None else
-        [ln.split(": ", 1)[1] for ln in text.splitlines() if ln.startswith("# kernel ")],
-        "nvcc": nvcc_version,
-        "build_args": dict(sorted(build_args.items())),
-        "python": plan.settings.python,
-    }
-
-
-def input_hash(inputs: dict[str, Any]) -> str:
-    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def record_inputs(ctx: Context, plan: CellPlan, **kwargs: Any) -> dict[str, Any]:
-    """collect_inputs + store them as the journal's top-level `inputs` (build may set its
-    `input_hash` to `input_hash(inputs)`)."""
-    inputs = collect_inputs(ctx, plan, **kwargs)
-    journal.update(ctx.state, plan.id, inputs=inputs)
-    return inputs
 
 
 def environment_note() -> str:

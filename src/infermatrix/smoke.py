@@ -10,7 +10,9 @@ Levels, each with a timeout (matrix `smoke.timeouts`) and a result pass / fail /
   model   the engine server started with the cell's launch command (engines.<e>.serve + the
           model card's flags + per-arch flags/env), the model mounted read-only from a host
           path or a fixture generated in the image by `harness.make_fixture_model`; then
-          `harness.probe` over the OpenAI-compatible API. The server's container is always
+          `harness.probe` over the OpenAI-compatible API. The fixture (random weights) is for
+          the CPU lane: a GPU cell needs real weights and an expected answer, else the level
+          is a skip "not verified" (never a pass). The server's container is always
           stopped and removed (finally, SIGINT and SIGTERM included); on failure the engine's
           log tail is kept in the result.
 The probe runs here, on the host, against the published port (127.0.0.1, a free port Docker
@@ -188,6 +190,25 @@ def model_source(ctx: Context, options: SmokeOptions) -> Path | None:
     return path.resolve()
 
 
+NOT_VERIFIED = "not verified"
+
+
+def correctness_unverifiable(ctx: Context, plan: CellPlan, real_model: bool) -> str | None:
+    """Why a GPU cell's model level cannot check the answer (then it is "not verified", never
+    "pass"), or None. The fixture's random weights check structure only: enough for the CPU
+    lane, whose kernels the fixture exercises, not for a GPU cell, whose wrong kernels produce
+    fluent garbage (failure-modes.md, "Silent garbage")."""
+    if not plan.cell.is_gpu:
+        return None
+    if not real_model:
+        return (f"{NOT_VERIFIED}: a GPU cell's model level needs real weights "
+                "(smoke.model_source: a host directory, or --model-path); the fixture checks "
+                "structure, not the answer")
+    if not smoke_settings(ctx).get("probe", {}).get("expect"):  # as probe_settings reads it
+        return f"{NOT_VERIFIED}: smoke.probe.expect is empty, so the answer cannot be checked"
+    return None
+
+
 def host_has_gpu() -> bool:
     """An NVIDIA device node is present (what `--gpus` hands to a container)."""
     return bool(glob.glob("/dev/nvidia[0-9]*"))
@@ -337,7 +358,7 @@ def recorded_audit(record: dict[str, Any], image_id: str) -> dict[str, Any] | No
 
 
 def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, Any]) -> str:
-    """The audit engineer's audit_cell, when that module is present; records its own stage."""
+    """audit.audit_cell (it records its own stage); any failure to run it fails the level."""
     done = recorded_audit(journal.load(ctx.state, plan.id), image_id)
     if done is not None:
         details["audit"] = {"status": done["status"], "reason": done.get("reason"),
@@ -346,13 +367,10 @@ def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, An
         return done["status"]
     try:
         from . import audit
-    except ImportError:
-        details["audit"] = {"status": "skip", "reason": "audit module not available"}
-        return "skip"
-    try:
+
         result = audit.audit_cell(ctx, plan, image_id)
-    except InfermatrixError as exc:
-        details["audit"] = {"status": "fail", "reason": str(exc)}
+    except (ImportError, InfermatrixError) as exc:  # an audit that did not run fails the level
+        details["audit"] = {"status": "fail", "reason": f"the audit did not run: {exc}"}
         return "fail"
     details["audit"] = {"status": result.status, "reason": result.reason,
                         "checks": [c.as_dict() for c in result.checks]}
@@ -436,6 +454,10 @@ def run_model(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
     started = time.monotonic()
     host_model = model_source(ctx, options)
     real_model = host_model is not None  # a fixture's probe checks structure, not meaning
+    unverified = correctness_unverifiable(ctx, plan, real_model)
+    if unverified:
+        return LevelResult("model", "skip", unverified,
+                           details={"not_verified": True, "needs_weights": not real_model})
     details: dict[str, Any] = {"model_source": str(host_model) if real_model
                                else f"fixture ({options.fixture})"}
     if host_model is None:

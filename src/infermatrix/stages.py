@@ -32,11 +32,12 @@ def _outcome(name: str, passed: list[str], failed: list[str], note: str = "") ->
 
 
 def step_lock(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
-    """Builds install from the committed locks; say which cells have none (they install the
-    pinned versions without hashes until `infermatrix lock` is run for them)."""
+    """Builds install from the committed locks; say which cells have none (build refuses
+    them until `infermatrix lock` is run for them and the lock committed)."""
     from .lock import lock_path
     missing = [p.id for p in plans if not lock_path(ctx, p.id).is_file()]
-    note = f"no lock for {len(missing)} cell(s): run `infermatrix lock`" if missing else ""
+    note = (f"no lock for {len(missing)} cell(s), their build is refused: run `infermatrix "
+            "lock`" if missing else "")
     return _outcome("lock", [p.id for p in plans if p.id not in missing], [], note)
 
 
