@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from . import journal, proc
+from . import journal, loadedset, proc
 from .coverage import (Arch, Coverage, Decision, DeviceCode, decide, device_code_from_listings,
                        scan_fatbins, union)
+from .loadedset import LoadVerdict
 from .errors import CommandFailed, StageFailure, UsageError
 from .model import CellPlan
 from .state import StatePaths, write_json_atomic
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from .context import Context
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+NOT_LOADED_GROUP = "not-loaded"
 CUOBJDUMP_ENV = "INFERMATRIX_CUOBJDUMP"
 CUOBJDUMP_DIST = "nvidia-cuda-cuobjdump"
 AUDIT_MOUNT = "/opt/infermatrix-audit"  # where host tools are bind-mounted in the probe container
@@ -431,9 +433,18 @@ class AuditedObject:
     code: DeviceCode
     decisions: list[Decision]
     waivers: dict[str, str] = field(default_factory=dict)  # target -> why it never loads there
+    loads: dict[str, LoadVerdict] = field(default_factory=dict)  # target -> loaded-set verdict
 
     def fails(self, decision: Decision) -> bool:
         return not decision.covered and str(decision.target) not in self.waivers
+
+    def group(self, decision: Decision) -> str:
+        """covered | ptx-jit | not-loaded | uncovered, for one target."""
+        if str(decision.target) in self.waivers:
+            return NOT_LOADED_GROUP
+        if not decision.covered:
+            return "uncovered"
+        return "ptx-jit" if decision.coverage is Coverage.PTX_JIT else "covered"
 
     @property
     def covered(self) -> bool:
@@ -455,6 +466,10 @@ class AuditedObject:
         for decision in self.decisions:
             row[str(decision.target)] = self.verdict_text(decision)
         row["covered"] = self.covered
+        row["groups"] = {str(d.target): self.group(d) for d in self.decisions}
+        loads = {t: v.as_dict() for t, v in self.loads.items() if v.entry}
+        if loads:
+            row["loaded_set"] = loads
         return row
 
 
@@ -485,6 +500,11 @@ class AuditResult:
         return [f"{o.path} ({', '.join(str(d.target) for d in o.decisions if o.fails(d))})"
                 for o in self.objects if not o.covered]
 
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """Per target: the covered count, the PTX-JIT objects, the objects data says are not
+        loaded (with entry, reason and source) and the uncovered ones."""
+        return {str(t): object_groups(self.objects, t) for t in self.targets}
+
     @property
     def reason(self) -> str | None:
         failed = [f"{c.name}: {c.detail}" for c in self.checks if c.status == FAIL]
@@ -495,6 +515,7 @@ class AuditResult:
                 "targets": [str(t) for t in self.targets],
                 "checks": [c.as_dict() for c in self.checks],
                 "coverage": [o.row() for o in self.objects],
+                "groups": self.groups(),
                 "uncovered": self.uncovered, "versions": self.versions,
                 "duration_s": round(self.duration_s, 3)}
 
@@ -503,41 +524,74 @@ class AuditResult:
 # The checks (pure: facts in, Check out)
 # --------------------------------------------------------------------------------------------
 
+def object_groups(objects: list[AuditedObject], target: Arch) -> dict[str, Any]:
+    groups: dict[str, Any] = {"covered": [], "ptx-jit": [], NOT_LOADED_GROUP: [], "uncovered": []}
+    for obj in objects:
+        decision = next((d for d in obj.decisions if d.target == target), None)
+        if decision is None:
+            continue
+        group = obj.group(decision)
+        if group == NOT_LOADED_GROUP:
+            load = obj.loads.get(str(target))
+            groups[group].append({"object": obj.path, "coverage": decision.coverage.value,
+                                  "entry": load.entry if load else None,
+                                  "reason": obj.waivers[str(target)],
+                                  "source": load.source if load else ""})
+        elif group == "ptx-jit":
+            groups[group].append({"object": obj.path, "ptx": decision.by.compute
+                                  if decision.by else None, "jit_cost": decision.note})
+        else:
+            groups[group].append(obj.path)
+    groups["counts"] = {"covered": len(groups["covered"]), "ptx-jit": len(groups["ptx-jit"]),
+                        NOT_LOADED_GROUP: len(groups[NOT_LOADED_GROUP]),
+                        "uncovered": len(groups["uncovered"])}
+    return groups
+
+
 def check_kernels(objects: list[AuditedObject], targets: list[Arch]) -> Check:
+    """Objects loaded (or not known to be unloaded) must cover every target; PTX-JIT ones are
+    flagged with their JIT cost; the ones data says are not loaded are listed with why."""
     if not objects:
         return Check("kernels", FAIL, "no shared object with GPU code found under site-packages")
     bad = [o for o in objects if not o.covered]
     waived = []
     for obj in objects:
-        targets = [str(d.target) for d in obj.decisions
-                   if not d.covered and str(d.target) in obj.waivers]
-        reasons = dict.fromkeys(obj.waivers[t] for t in targets)
-        if targets:
-            waived.append(f"{obj.path} on {', '.join(targets)}: {' / '.join(reasons)}")
-    jit = [o for o in objects if o.covered and any(d.coverage is Coverage.PTX_JIT
-                                                     for d in o.decisions)]
+        idle = [str(d.target) for d in obj.decisions if obj.group(d) == NOT_LOADED_GROUP]
+        reasons = dict.fromkeys(obj.waivers[t] for t in idle)
+        if idle:
+            waived.append(f"{obj.path} on {', '.join(idle)}: {' / '.join(reasons)}")
+    jit = [o for o in objects if any(o.group(d) == "ptx-jit" for d in o.decisions)]
     names = ", ".join(str(t) for t in targets)
+    groups = {str(t): object_groups(objects, t) for t in targets}
     data = {"objects": len(objects), "uncovered": [o.path for o in bad],
-            "ptx_jit": [o.path for o in jit], "not_loaded": waived}
+            "ptx_jit": [o.path for o in jit], "not_loaded": waived,
+            "counts": {t: g["counts"] for t, g in groups.items()}}
+    counts = "; ".join(f"{t}: {c['covered']} covered, {c['ptx-jit']} PTX-JIT, "
+                       f"{c[NOT_LOADED_GROUP]} not loaded" for t, c in data["counts"].items())
     if bad:
         listed = "; ".join(f"{o.path} [{o.package or '?'}]: {d.note}"
                            for o in bad for d in o.decisions if o.fails(d))
         return Check("kernels", FAIL, f"{len(bad)} of {len(objects)} objects do not run on "
                      f"{names}: {listed}", data)
-    detail = f"{len(objects)} objects cover {names}"
+    detail = f"{len(objects)} objects cover {names} ({counts})"
     if jit:
-        detail += (f"; {len(jit)} only through PTX JIT (slower first start): "
-                   + ", ".join(o.path for o in jit))
+        detail += (f"; {len(jit)} only through PTX JIT (the driver compiles them at first load: "
+                   "slower first start): " + ", ".join(o.path for o in jit))
     if waived:
-        detail += f"; {len(waived)} uncovered but never loaded there (audit.not_loaded): " + \
+        detail += f"; {len(waived)} not loaded there (loaded.yaml / audit.not_loaded): " + \
             "; ".join(waived)
     return Check("kernels", PASS, detail, data)
 
 
-def cuda_majors(facts: ImageFacts) -> dict[int, list[str]]:
-    """CUDA major -> the evidence (linked sonames, bundled libraries, NVIDIA wheels)."""
+def cuda_majors(facts: ImageFacts, chosen_at_run_time: Iterable[str] = ()) -> dict[int, list[str]]:
+    """CUDA major -> the evidence (linked sonames, bundled libraries, NVIDIA wheels). Objects in
+    `chosen_at_run_time` (builds for another CUDA major that their package never loads on this
+    CUDA, by loaded.yaml) are no evidence."""
+    skip = set(chosen_at_run_time)
     found: dict[int, list[str]] = defaultdict(list)
     for obj in facts.objects:
+        if obj["rel"] in skip:
+            continue
         for needed in obj.get("needed", []):
             match = _CUDA_SONAME.match(needed)
             if match:
@@ -553,19 +607,36 @@ def cuda_majors(facts: ImageFacts) -> dict[int, list[str]]:
     return dict(found)
 
 
-def check_cuda_major(facts: ImageFacts, cuda: str) -> Check:
+def runtime_chosen_builds(facts: ImageFacts, load_ctx: loadedset.Context) -> dict[str, str]:
+    """rel path -> why: builds for another CUDA major that their package does not load here."""
+    chosen = {}
+    for obj in facts.objects:
+        found = loadedset.verdict(obj["rel"], None, load_ctx)
+        if found.runtime_cuda:
+            chosen[obj["rel"]] = f"{found.reason} ({found.source})"
+    return chosen
+
+
+def check_cuda_major(facts: ImageFacts, cuda: str,
+                     chosen_at_run_time: dict[str, str] | None = None) -> Check:
     expected = int(cuda.split(".")[0])
-    majors = cuda_majors(facts)
+    chosen_at_run_time = chosen_at_run_time or {}
+    majors = cuda_majors(facts, chosen_at_run_time)
     if not majors:
         return Check("cuda-major", FAIL, "no CUDA runtime library linked or bundled in the image")
     others = {m: ev for m, ev in majors.items() if m != expected}
-    data = {"majors": {str(m): sorted(set(ev))[:20] for m, ev in majors.items()}}
+    data = {"majors": {str(m): sorted(set(ev))[:20] for m, ev in majors.items()},
+            "chosen_at_run_time": chosen_at_run_time}
     if others:
         evidence = "; ".join(f"CUDA {m}: " + ", ".join(sorted(set(ev))[:5])
                              for m, ev in sorted(others.items()))
         return Check("cuda-major", FAIL, f"the cell is CUDA {cuda} but the image mixes in "
                      f"{evidence}", data)
-    return Check("cuda-major", PASS, f"every CUDA runtime library is CUDA {expected}", data)
+    detail = f"every CUDA runtime library is CUDA {expected}"
+    if chosen_at_run_time:
+        detail += (f"; {len(chosen_at_run_time)} builds for another CUDA major are never loaded "
+                   "here (chosen at run time): " + ", ".join(sorted(chosen_at_run_time)))
+    return Check("cuda-major", PASS, detail, data)
 
 
 def check_torch_cuda(facts: ImageFacts, cuda: str) -> Check:
@@ -705,47 +776,21 @@ def check_floor(ctx: "Context", plan: CellPlan, facts: ImageFacts) -> Check:
     return Check("engine-floor", PASS, f"{package} {installed} meets {floor}")
 
 
-@dataclass(frozen=True)
-class NotLoaded:
-    """matrix.yaml `audit.not_loaded`: objects an engine never loads on some archs (e.g. a
-    kernel package that ships one directory per arch and imports only the matching one)."""
-
-    path: str  # fnmatch pattern on the path under site-packages
-    reason: str
-    archs: tuple[Arch, ...] = ()  # empty: every target
-    only_if_unlinked: bool = False  # void as soon as an object of the image links it
-
-    def applies(self, path: str, target: Arch, linked: set[str] = frozenset()) -> bool:
-        from fnmatch import fnmatchcase
-
-        if self.only_if_unlinked and Path(path).name in linked:
-            return False
-        return fnmatchcase(path, self.path) and (not self.archs or target in self.archs)
-
-
-# Built in, for every matrix; each holds only while its condition is true in the audited image.
-DEFAULT_NOT_LOADED = (
-    NotLoaded("nvidia/*/lib/libcufftw.so*",
-              "cuFFT's FFTW-interface wrapper: its .nv_fatbin is one sm_75 stub (the FFT kernels "
-              "are in libcufft) and no object in this image links it (torch links libcufft); "
-              "checked by infermatrix audit on torch 2.13.0+cu130",
-              only_if_unlinked=True),
-)
-
-
-def not_loaded_rules(data: dict[str, Any]) -> list[NotLoaded]:
-    rules = list(DEFAULT_NOT_LOADED)
-    for entry in data.get("audit", {}).get("not_loaded", []):
-        reason = entry["reason"] + (f" ({entry['source']})" if entry.get("source") else "")
-        rules.append(NotLoaded(entry["path"], reason,
-                               tuple(Arch.parse(a).device for a in entry.get("arch", []))))
-    return rules
+def load_context(ctx_matrix_data: dict[str, Any], facts: ImageFacts, cuda: str | None,
+                 model: str | None) -> loadedset.Context:
+    """What loaded.yaml's verdicts depend on: installed versions, CUDA major, model traits."""
+    traits = loadedset.model_traits(model)
+    major = int(cuda.split(".")[0]) if cuda and cuda[0].isdigit() else None
+    return loadedset.Context(
+        distributions=facts.distributions, cuda_major=major,
+        traits=tuple(traits["traits"]) if traits else None,
+        linked={name for obj in facts.objects for name in obj.get("needed", [])},
+        entries=loadedset.entries(ctx_matrix_data))
 
 
 def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: list[Arch],
-                    rules: Iterable[NotLoaded] = ()) -> list[AuditedObject]:
-    rules = list(rules)
-    linked = {name for obj in facts.objects for name in obj.get("needed", [])}
+                    load_ctx: loadedset.Context | None = None) -> list[AuditedObject]:
+    load_ctx = load_ctx or load_context({}, facts, None, None)
     objects = []
     for obj in facts.objects:
         if not obj.get("gpu_code"):
@@ -753,11 +798,45 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
         code = codes[obj["sha256"]]
         if code.empty:  # a fat binary section with nothing cuobjdump can list
             continue
-        waivers = {str(t): rule.reason for t in targets for rule in rules
-                   if rule.applies(obj["rel"], t, linked)}
+        loads = {str(t): loadedset.verdict(obj["rel"], t, load_ctx) for t in targets}
+        waivers = {t: f"{v.reason} (loaded.yaml {v.entry}; {v.source})" if v.source
+                   else f"{v.reason} ({v.entry})"
+                   for t, v in loads.items() if not v.counts_as_loaded}
         objects.append(AuditedObject(obj["rel"], obj.get("dist"), obj["size"], code,
-                                     [decide(code, t) for t in targets], waivers))
+                                     [decide(code, t) for t in targets], waivers, loads))
     return objects
+
+
+def recorded_mapped(ctx: "Context", cell_id: str, image: str) -> dict[str, Any] | None:
+    """The objects the `model` smoke level saw the server map, for this very image."""
+    stage = journal.load(ctx.state, cell_id).get("stages", {}).get("smoke") or {}
+    details = stage.get("details") or {}
+    mapped = ((details.get("levels") or {}).get("model") or {}).get("mapped")
+    if not mapped or details.get("image_id") not in (image, _image_id(image)):
+        return None
+    return mapped
+
+
+def _image_id(ref: str) -> str | None:
+    from . import engine
+
+    try:
+        return engine.image_id_of(ref)
+    except Exception:  # noqa: BLE001 - no engine: no observation to match
+        return None
+
+
+def check_loaded_set(mapped: dict[str, Any] | None, targets: list[Arch],
+                     load_ctx: loadedset.Context, rows: list[dict[str, Any]]) -> Check:
+    """The server's mapped objects (when the model level recorded them) against loaded.yaml
+    and the coverage verdicts."""
+    if mapped is None:
+        return Check("loaded-set", SKIP, "no server observation recorded for this image yet "
+                     "(the model smoke level records /proc/<pid>/maps)")
+    judged = loadedset.judge_mapped(mapped.get("objects", []), targets, load_ctx, rows)
+    return Check("loaded-set", judged.status, judged.detail,
+                 {"mapped": len(mapped.get("objects", [])), "notes": judged.notes,
+                  "problems": judged.problems})
 
 
 # --------------------------------------------------------------------------------------------
@@ -788,13 +867,15 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     result = AuditResult(cell.id, image_ref, arch_targets)
     try:
         facts = probe_image(image_ref, log_path)
+        load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
+                                (ctx.matrix.model or {}).get("name"))
         if cell.is_gpu:
             gpu = [o for o in facts.objects if o.get("gpu_code")]
             codes = device_code_of(image_ref, gpu, ctx.state, log_path)
-            result.objects = audited_objects(facts, codes, arch_targets,
-                                             not_loaded_rules(ctx.matrix.data))
+            result.objects = audited_objects(facts, codes, arch_targets, load_ctx)
             result.checks.append(check_kernels(result.objects, arch_targets))
-            result.checks.append(check_cuda_major(facts, cell.cuda))
+            result.checks.append(check_cuda_major(facts, cell.cuda,
+                                                  runtime_chosen_builds(facts, load_ctx)))
             result.checks.append(check_torch_cuda(facts, cell.cuda))
         else:
             reason = "arch cpu: no GPU code to audit"
@@ -806,6 +887,9 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
         result.checks.append(pins_check)
         result.checks.append(check_pip(facts, no_deps_packages(ctx, plan)))
         result.checks.append(check_floor(ctx, plan, facts))
+        result.checks.append(check_loaded_set(recorded_mapped(ctx, cell.id, image_ref),
+                                              arch_targets, load_ctx,
+                                              [o.row() for o in result.objects]))
     except StageFailure as exc:  # the probe or cuobjdump failed: the audit fails, with why
         result.checks.append(Check("probe", FAIL, str(exc)))
     result.duration_s = time.monotonic() - started
