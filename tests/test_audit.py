@@ -326,7 +326,7 @@ def test_matrix_not_loaded_rules_waive_objects_the_engine_never_loads_on_that_ar
         "not used on sm_120: kern imports sm90/ only on SM 9.x")
     assert "kern/load_utils.py" in waived.waivers["sm_120"]
     assert waived.row()["sm_120"].startswith("uncovered (not loaded: not used on sm_120")
-    assert waived.row()["groups"] == {"sm_120": "not-loaded"}
+    assert waived.row()["group"] == "not-loaded (matrix audit.not_loaded[0])"
     assert not other.covered  # no rule for sm100/: still a failure
     check = check_kernels(objects, [Arch(12, 0)])
     assert check.status == FAIL and check.data["uncovered"] == ["kern/sm100/common_ops.so"]

@@ -466,11 +466,16 @@ class AuditedObject:
         for decision in self.decisions:
             row[str(decision.target)] = self.verdict_text(decision)
         row["covered"] = self.covered
-        row["groups"] = {str(d.target): self.group(d) for d in self.decisions}
-        loads = {t: v.as_dict() for t, v in self.loads.items() if v.entry}
-        if loads:
-            row["loaded_set"] = loads
+        row["group"] = "; ".join(self.group_text(d) for d in self.decisions)
         return row
+
+    def group_text(self, decision: Decision) -> str:
+        """`not-loaded (vllm-fa3)`, `ptx-jit`, `covered` (target-prefixed with several)."""
+        load = self.loads.get(str(decision.target))
+        group = self.group(decision)
+        text = group + (f" ({load.entry})" if load and load.entry and group == NOT_LOADED_GROUP
+                        else "")
+        return text if len(self.decisions) == 1 else f"{decision.target}: {text}"
 
 
 @dataclass
@@ -840,6 +845,173 @@ def check_loaded_set(mapped: dict[str, Any] | None, targets: list[Arch],
 
 
 # --------------------------------------------------------------------------------------------
+# Observation: the objects a running server maps (the `model` smoke level calls this)
+# --------------------------------------------------------------------------------------------
+
+MAPS_PROBE = r"""
+import importlib.metadata as md, json, os, sys
+me, procs = os.getpid(), []
+for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+    if int(pid) == me:
+        continue
+    try:
+        with open(f"/proc/{pid}/maps") as handle:
+            maps = handle.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmd = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        continue
+    paths = set()
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
+            paths.add(parts[5].replace(" (deleted)", ""))
+    procs.append({"pid": int(pid), "cmd": cmd[:300], "paths": sorted(paths)})
+dists = {d.metadata["Name"]: d.version for d in md.distributions()}
+print(sys.argv[1] + json.dumps({"processes": procs, "distributions": dists}))
+"""
+
+
+def server_mapped_objects(container_id: str) -> dict[str, Any]:
+    """/proc/<pid>/maps of every process in the server's container (the server and its
+    workers), read by the image's python3 through `docker exec`."""
+    from packaging.utils import canonicalize_name
+
+    from . import engine
+
+    code, output = engine.exec_in_container(container_id, ["python3", "-c", MAPS_PROBE, MARKER])
+    if code != 0:
+        raise StageFailure(f"reading the server's /proc/<pid>/maps failed (exit {code}): "
+                           + proc.tail(output, 10))
+    data = parse_probe_output(output)
+    objects: set[str] = set()
+    outside = set()
+    processes = []
+    for process in data["processes"]:
+        rel = [loadedset.site_relative(p) for p in process["paths"]]
+        objects.update(r for r in rel if r)
+        outside.update(p for p, r in zip(process["paths"], rel) if not r)
+        processes.append({"pid": process["pid"], "cmd": process["cmd"],
+                          "site_objects": sum(1 for r in rel if r),
+                          "other_objects": sum(1 for r in rel if not r)})
+    return {"objects": sorted(objects), "other": len(outside), "processes": processes,
+            "distributions": {canonicalize_name(k): v for k, v in data["distributions"].items()}}
+
+
+def judge_server_maps(ctx: "Context", plan: CellPlan, mapped: dict[str, Any]) -> dict[str, Any]:
+    """The observation against loaded.yaml and the audit recorded for the cell (its coverage
+    rows): status, detail, problems, notes."""
+    cell = plan.cell
+    facts = ImageFacts("", [], mapped.get("distributions", {}), [], None, {})
+    load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
+                            (ctx.matrix.model or {}).get("name"))
+    recorded = (journal.load(ctx.state, cell.id).get("stages", {}).get("audit") or {})
+    rows = (recorded.get("details") or {}).get("coverage", [])
+    judged = loadedset.judge_mapped(mapped.get("objects", []), default_targets(plan), load_ctx,
+                                    rows)
+    return judged.as_dict()
+
+
+# --------------------------------------------------------------------------------------------
+# Triton shared memory (harness/triton_smem.py in a container of the image, no GPU)
+# --------------------------------------------------------------------------------------------
+
+TRITON_TIMEOUT_S = 1200
+HARNESS_DIR = Path(__file__).resolve().parent / "harness"
+HARNESS_MOUNT = "/opt/infermatrix/harness"
+
+
+def shared_memory_limits() -> tuple[dict[str, int], str]:
+    """Per-block shared memory by arch (rules.yaml attention-backend-arch), and its source."""
+    from .rules import load_rules
+
+    spec = load_rules()["attention-backend-arch"]["shared_memory_per_block"]
+    return {k: int(v) for k, v in spec["bytes"].items()}, spec["source"]
+
+
+def triton_smem_args(engine_name: str, backend: str | None, targets: list[Arch],
+                     model: str | None) -> list[str] | None:
+    """The harness command line for a cell; None when no limit is known for a target."""
+    limits, _ = shared_memory_limits()
+    traits = loadedset.model_traits(model) or {}
+    args = ["--engine", engine_name, "--backend", backend or "default"]
+    for target in targets:
+        if target.sm not in limits:
+            return None
+        args += ["--arch", f"{target.sm}={limits[target.sm]}"]
+    for flag, key in (("--head-dim", "head_dim"), ("--q-heads", "num_q_heads"),
+                      ("--kv-heads", "num_kv_heads"), ("--vision-head-dim", "vision_head_dim"),
+                      ("--vision-heads", "vision_heads")):
+        if key in traits:
+            args += [flag, str(traits[key])]
+    return args
+
+
+def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str = "") -> Check:
+    """The harness result as a check. Kernels that could not be driven make it `skip`, except
+    when the cell's rule-chosen backend is triton: then the choice is unverified and fails."""
+    _, source = shared_memory_limits()
+    if result is None:
+        return Check("triton-smem", FAIL, "the Triton shared-memory harness printed no result: "
+                     + proc.tail(output, 10))
+    per_kernel = [{"arch": a.get("arch"), "family": f.get("family"), "kernel": k.get("kernel"),
+                   "shared": k.get("shared"), "limit": k.get("limit"),
+                   "num_warps": k.get("num_warps"), "num_stages": k.get("num_stages")}
+                  for a in result.get("archs", []) for f in a.get("families", [])
+                  for k in f.get("kernels", [])]
+    data = {"backend": backend, "kernels": per_kernel, "limit_source": source,
+            "archs": [{k: v for k, v in a.items() if k != "families"} |
+                      {"not_driven": [f"{f['family']}: {f.get('reason')}"
+                                      for f in a.get("families", []) if not f.get("driven")]}
+                      for a in result.get("archs", [])]}
+    status = result.get("status", FAIL)
+    sizes = ", ".join(f"{k['kernel']}[{k['family']}]@{k['arch']} {k['shared']} B"
+                      for k in per_kernel)
+    if status == PASS:
+        return Check("triton-smem", PASS, f"every Triton attention kernel fits the per-block "
+                     f"shared memory ({sizes})", data)
+    if status == SKIP and backend != "triton":
+        return Check("triton-smem", SKIP, str(result.get("reason")), data)
+    reason = str(result.get("reason"))
+    if status == SKIP:
+        reason = f"the cell's attention backend is triton but its kernels were not verified: " \
+            + reason
+    return Check("triton-smem", FAIL, reason, data)
+
+
+def check_triton_smem(image: str, engine_name: str, backend: str | None, targets: list[Arch],
+                      model: str | None, log_path: Path | None = None,
+                      timeout: float = TRITON_TIMEOUT_S) -> Check:
+    from . import engine
+    from .harness import _result as harness_result
+
+    if engine_name not in ("sglang", "vllm"):
+        return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
+                     "known to the harness")
+    args = triton_smem_args(engine_name, backend, targets, model)
+    if args is None:
+        return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
+                     + ", ".join(t.sm for t in targets) + " (rules.yaml)")
+    mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
+    container = engine.run_container(
+        image, args, entrypoint=["python3", "-m", "harness.triton_smem"], mounts=[mount],
+        network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
+        labels={"io.infermatrix.stage": "audit"})
+    try:
+        try:
+            engine.wait_container(container, timeout=timeout)
+        except StageFailure:
+            return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
+        output = engine.container_logs(container)
+    finally:
+        engine.remove_container(container)
+    if log_path is not None:
+        with open(log_path, "a", encoding="utf-8") as sink:
+            sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
+    return judge_triton(harness_result.parse(output), backend, output)
+
+
+# --------------------------------------------------------------------------------------------
 # The stage
 # --------------------------------------------------------------------------------------------
 
@@ -877,6 +1049,10 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
             result.checks.append(check_cuda_major(facts, cell.cuda,
                                                   runtime_chosen_builds(facts, load_ctx)))
             result.checks.append(check_torch_cuda(facts, cell.cuda))
+            backend = plan.settings.attention_backend if plan.settings else None
+            result.checks.append(check_triton_smem(image_ref, cell.engine, backend, arch_targets,
+                                                   (ctx.matrix.model or {}).get("name"),
+                                                   log_path))
         else:
             reason = "arch cpu: no GPU code to audit"
             result.checks += [Check("kernels", SKIP, reason),

@@ -67,6 +67,7 @@ class Entry:
     one_of: bool = False
     chosen_by: str = ""
     only_if_unlinked: bool = False
+    features: tuple[str, ...] = ()  # loaded only when the cell's launch enables one of these
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "Entry":
@@ -77,7 +78,8 @@ class Entry:
                    mapped=raw.get("mapped"), loaded=bool(raw.get("loaded", False)),
                    cuda_major=raw.get("cuda_major"), one_of=bool(raw.get("one_of", False)),
                    chosen_by=raw.get("chosen_by", ""),
-                   only_if_unlinked=bool(raw.get("only_if_unlinked", False)))
+                   only_if_unlinked=bool(raw.get("only_if_unlinked", False)),
+                   features=tuple(raw.get("features", ())))
 
     def matches_path(self, path: str) -> bool:
         return any(fnmatchcase(path, p) for p in self.paths)
@@ -100,7 +102,8 @@ class Entry:
         if not self.cuda_major:
             return None
         regex = re.escape(self.cuda_major).replace(re.escape("{major}"), r"(\d+)")
-        match = re.fullmatch(regex.replace(r"\*", ".*"), Path(path).name)
+        subject = path if "/" in self.cuda_major else Path(path).name
+        match = re.fullmatch(regex.replace(r"\*", "[^/]*"), subject)
         return int(match.group(1)) if match else None
 
     def cite(self) -> str:
@@ -150,6 +153,7 @@ class Context:
     traits: tuple[str, ...] | None  # None: unknown model
     linked: set[str] = field(default_factory=set)  # sonames some object of the image links
     entries: list[Entry] = field(default_factory=list)
+    features: tuple[str, ...] = ()  # optional engine features the cell's launch enables
 
 
 def _used_on(entry: Entry, target: Arch | None) -> bool:
@@ -183,6 +187,9 @@ def _entry_verdict(entry: Entry, path: str, target: Arch | None,
     def not_loaded(why: str, mapped: bool | None = entry.mapped, **extra: Any) -> LoadVerdict:
         return LoadVerdict(NOT_LOADED, entry.id, why, entry.source, mapped, **extra)
 
+    if entry.features and not set(entry.features) & set(ctx.features):
+        return not_loaded(f"loaded only with {' or '.join(entry.features)}, which this cell "
+                          f"does not enable: {entry.reason}")
     if entry.cuda_major:
         major = entry.cuda_major_of(path)
         if major is not None and ctx.cuda_major is not None and major == ctx.cuda_major:
