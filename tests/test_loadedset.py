@@ -222,3 +222,40 @@ def test_every_entry_has_a_reason_and_a_source() -> None:
         assert entry.reason and entry.source, entry.id
     ids = [e.id for e in loadedset.entries()]
     assert len(ids) == len(set(ids))
+
+
+# --- the attention backend rule for hybrid GDN models ------------------------------------------
+
+def gated_choice(engine: str, version: str, arch: str, preferences: list[str],
+                 explicit: str | None = None, model: str = MODEL):
+    from types import SimpleNamespace
+
+    from infermatrix.model import Cell
+    from infermatrix.rules import choose_attention_backend
+
+    engine_data = {"attention_backends": preferences,
+                   "arch": {arch: {"attention_backend": explicit}} if explicit else {}}
+    matrix = SimpleNamespace(model={"name": model}, engines={engine: engine_data})
+    return choose_attention_backend(Cell("13.0", "2.14.1", engine, version, arch), matrix)
+
+
+def test_hybrid_gdn_gate_follows_the_engine_version_on_the_arch() -> None:
+    # 0.5.23 on SM 12.x: {triton, trtllm_mha, flashinfer}; fa4 (allowed on SM100) is not
+    assert gated_choice("sglang", "0.5.23", "sm_120", ["fa4", "flashinfer"])[0] == "flashinfer"
+    backend, verdicts = gated_choice("sglang", "0.5.23", "sm_120", ["triton"], explicit="fa4")
+    assert backend is None and "accepts only triton, trtllm_mha, flashinfer" in \
+        verdicts[-1].reason and "attention_registry.py" in verdicts[-1].source
+    # 0.5.11 allowed fa4 on every Blackwell (the arch rule still rules fa4 out on sm_120)
+    backend, verdicts = gated_choice("sglang", "0.5.11", "sm_120", ["fa3"], explicit="fa3")
+    assert backend is None and [v.reason.split(":")[0] for v in verdicts][0].startswith(
+        "attention backend fa3 cannot run")
+    assert "accepts only triton, trtllm_mha, fa4, flashinfer" in verdicts[1].reason
+    # a model without the hybrid trait is not gated
+    assert gated_choice("sglang", "0.5.23", "sm_120", ["fa4", "flashinfer"],
+                        model="other/model")[0] == "flashinfer"
+
+
+def test_the_rule_chosen_triton_backend_is_the_one_the_triton_check_compiles() -> None:
+    backend, _ = gated_choice("sglang", "0.5.23", "sm_120", ["triton", "flashinfer"])
+    args = audit.triton_smem_args("sglang", backend, [Arch(12, 0)], MODEL)
+    assert backend == "triton" and args[args.index("--backend") + 1] == "triton"
