@@ -49,7 +49,7 @@ def run_harness(python: str, tmp_path: Path, *args: str) -> dict:
     if not link.exists():
         link.symlink_to(HARNESS_PARENT / "harness")
     done = subprocess.run([python, "-m", "harness.triton_smem", *args], capture_output=True,
-                          text=True, timeout=900, cwd=tmp_path,
+                          text=True, timeout=900, cwd=tmp_path, check=False,
                           env={"PATH": os.environ["PATH"], "PYTHONPATH": str(root),
                                "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")})
     parsed = _result.parse(done.stdout)
@@ -69,7 +69,7 @@ def test_a_kernel_tuned_too_large_fails_on_sm120_and_passes_on_sm90(triton_pytho
     [sm120] = by_arch["sm_120"]["families"][0]["kernels"]
     [sm90] = by_arch["sm_90"]["families"][0]["kernels"]
     assert sm120["kernel"] == "tuned_for_hopper_matmul" and sm120["num_stages"] == 5
-    assert sm120["shared"] > 101376 >= 0 and not sm120["fits"]
+    assert sm120["shared"] > 101376 and not sm120["fits"]
     assert 101376 < sm90["shared"] <= 232448 and sm90["fits"]
     assert by_arch["sm_120"]["status"] == "fail" and by_arch["sm_90"]["status"] == "pass"
     reason = by_arch["sm_120"]["reason"]

@@ -16,10 +16,15 @@ How it works:
    with the cell: one CUDA major, torch's CUDA, installed versions against the lock and the
    cell's pins, `pip check`, the engine against the model card's floor.
 
-Any failing check fails the audit (exit 1); the cell is then not eligible for a tag. An
-uncovered object fails it unless a `not_loaded` rule (matrix.yaml `audit.not_loaded`, or the
-built-in DEFAULT_NOT_LOADED) says the engine never loads it on that arch; such objects stay
-in the report, marked.
+Any failing check fails the audit (exit 1); the cell is then not eligible for a tag. Which
+objects must cover the arch comes from the loaded set (loadedset.py, data/loaded.yaml, plus the
+matrix's `audit.not_loaded`): an object the engine never loads for the cell's model on the arch
+is listed as "not loaded" with its entry's reason and source; every other one must be covered
+(PTX-JIT ones are flagged). Builds for another CUDA major that a package picks at run time are
+no evidence of a mixed image. Two more checks: `triton-smem` compiles the engine's own Triton
+attention kernels for the arch in a container of the image (harness/triton_smem.py, no GPU) and
+compares their shared memory with the arch's limit; `loaded-set` judges what the live server
+mapped, once the `model` smoke level recorded it (server_mapped_objects).
 """
 
 from __future__ import annotations
@@ -36,10 +41,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from . import journal, loadedset, proc
-from .coverage import (Arch, Coverage, Decision, DeviceCode, decide, device_code_from_listings,
-                       scan_fatbins, union)
-from .loadedset import LoadVerdict
+from .coverage import (
+    Arch,
+    Coverage,
+    Decision,
+    DeviceCode,
+    decide,
+    device_code_from_listings,
+    scan_fatbins,
+    union,
+)
 from .errors import CommandFailed, StageFailure, UsageError
+from .loadedset import LoadVerdict
 from .model import CellPlan
 from .state import StatePaths, write_json_atomic
 
@@ -974,7 +987,7 @@ def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str
         return Check("triton-smem", SKIP, str(result.get("reason")), data)
     reason = str(result.get("reason"))
     if status == SKIP:
-        reason = f"the cell's attention backend is triton but its kernels were not verified: " \
+        reason = "the cell's attention backend is triton but its kernels were not verified: " \
             + reason
     return Check("triton-smem", FAIL, reason, data)
 
@@ -1087,9 +1100,8 @@ _STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", "exact": "green",
 def render(result: AuditResult, console: Any = None, all_objects: bool = False) -> None:
     """Two rich tables: the checks, then the objects (uncovered and PTX-JIT ones first)."""
     from rich.console import Console
-    from rich.table import Table
-
     from rich.markup import escape
+    from rich.table import Table
 
     console = console or Console()
     checks = Table(title=f"audit {result.cell_id} ({result.image}): {result.status.upper()}",

@@ -14,11 +14,12 @@ Pure code: data in, verdicts out (no Docker, no files but the packaged data).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .coverage import Arch
 
@@ -70,7 +71,7 @@ class Entry:
     features: tuple[str, ...] = ()  # loaded only when the cell's launch enables one of these
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "Entry":
+    def from_dict(cls, raw: dict[str, Any]) -> Entry:
         return cls(id=raw["id"], paths=tuple(raw.get("paths") or [raw["path"]]),
                    reason=" ".join(str(raw["reason"]).split()), source=raw.get("source", ""),
                    package=raw.get("package"), versions=raw.get("versions"),

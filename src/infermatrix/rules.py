@@ -176,8 +176,6 @@ def backend_runs_on(backend: str, arch: str) -> bool:
 def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
     """(backends, source) an engine version accepts for a hybrid Gated DeltaNet model on the
     cell's arch (rules.yaml attention-backend-arch.hybrid_gdn); None: no gate applies."""
-    from packaging.specifiers import SpecifierSet
-
     from .loadedset import model_traits
 
     traits = model_traits(m.model.get("name")) or {}

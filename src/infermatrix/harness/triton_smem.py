@@ -106,7 +106,7 @@ def compile_only(cc: tuple[int, int], compiled: list[dict[str, Any]]) -> Iterato
 
     original = JITFunction.run
 
-    def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001 - Triton's own signature
+    def run(self, *args, grid, warmup, **kwargs):
         self.device_caches.clear()  # a binder made for another target must not be reused
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         if kernel is not None:
@@ -247,7 +247,7 @@ def vllm_banks(cc: tuple[int, int], head_dim: int, q_heads: int, kv_heads: int,
     try:
         from vllm.v1.attention.backends.triton_attn import MIN_LAUNCH_GRID_SIZE_2D
     except ImportError:
-        MIN_LAUNCH_GRID_SIZE_2D = 128  # noqa: N806 - the backend's own name
+        MIN_LAUNCH_GRID_SIZE_2D = 128
     segments = 64 if cc == (12, 0) else 16
     padded = 1 << (head_dim - 1).bit_length()
 
@@ -277,7 +277,7 @@ VLLM_TRITON = [("unified", ["vllm.v1.attention.ops.triton_unified_attention",
 def pretend_vllm_platform(cc: tuple[int, int]) -> None:
     """vLLM's current_platform as a CUDA device of `cc` (its CUDA platform module needs the
     driver library, which a GPU-less host lacks)."""
-    import vllm.platforms as platforms
+    from vllm import platforms
     from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
 
     class CompileOnlyCuda(Platform):
