@@ -317,40 +317,47 @@ def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
     assert "pyyaml" in image.distributions  # this venv's own packages, canonical names
 
 
-def test_not_loaded_rules_waive_objects_the_engine_never_loads_on_that_arch() -> None:
-    rules = audit.not_loaded_rules({"audit": {"not_loaded": [
-        {"path": "sgl_kernel/sm90/*", "arch": ["sm_120", "sm_121"],
-         "reason": "sgl_kernel imports sm90/ only on SM 9.x",
-         "source": "sgl_kernel/load_utils.py"}]}})
+def load_ctx(image: ImageFacts, matrix_data: dict | None = None, cuda: str | None = "13.0",
+             model: str | None = "Qwen/Qwen3.6-27B"):
+    return audit.load_context(matrix_data or {}, image, cuda, model)
+
+
+def test_matrix_not_loaded_rules_waive_objects_the_engine_never_loads_on_that_arch() -> None:
+    data = {"audit": {"not_loaded": [
+        {"path": "kern/sm90/*", "arch": ["sm_120", "sm_121"],
+         "reason": "kern imports sm90/ only on SM 9.x", "source": "kern/load_utils.py"}]}}
     image = facts(objects=[
-        {**so("sgl_kernel/sm90/common_ops.so", gpu=True), "sha256": "a" * 64},
-        {**so("sgl_kernel/sm100/common_ops.so", gpu=True), "sha256": "b" * 64}])
+        {**so("kern/sm90/common_ops.so", gpu=True), "sha256": "a" * 64},
+        {**so("kern/sm100/common_ops.so", gpu=True), "sha256": "b" * 64}])
     codes = {"a" * 64: DeviceCode((Arch(9, 0, "a"),)), "b" * 64: DeviceCode((Arch(10, 0, "a"),))}
-    objects = audit.audited_objects(image, codes, [Arch(12, 0)], rules)
+    objects = audit.audited_objects(image, codes, [Arch(12, 0)], load_ctx(image, data))
     waived, other = objects
-    assert waived.covered and waived.waivers == {
-        "sm_120": "sgl_kernel imports sm90/ only on SM 9.x (sgl_kernel/load_utils.py)"}
-    assert waived.row()["sm_120"].startswith("uncovered (not loaded: sgl_kernel imports")
+    assert waived.covered and waived.waivers["sm_120"].startswith(
+        "not used on sm_120: kern imports sm90/ only on SM 9.x")
+    assert "kern/load_utils.py" in waived.waivers["sm_120"]
+    assert waived.row()["sm_120"].startswith("uncovered (not loaded: not used on sm_120")
+    assert waived.row()["group"] == "not-loaded (matrix audit.not_loaded[0])"
     assert not other.covered  # no rule for sm100/: still a failure
     check = check_kernels(objects, [Arch(12, 0)])
-    assert check.status == FAIL and check.data["uncovered"] == ["sgl_kernel/sm100/common_ops.so"]
+    assert check.status == FAIL and check.data["uncovered"] == ["kern/sm100/common_ops.so"]
     assert check_kernels([waived], [Arch(12, 0)]).status == PASS
     # a rule limited to other archs does not apply
-    on_sm90 = audit.audited_objects(image, codes, [Arch(10, 0)], rules)
-    assert on_sm90[0].waivers == {} and not on_sm90[0].covered
+    on_sm100 = audit.audited_objects(image, codes, [Arch(10, 0)], load_ctx(image, data))
+    assert on_sm100[0].waivers == {} and not on_sm100[0].covered
 
 
 def test_matrix_audit_section_is_validated(tmp_path: Path) -> None:
     from infermatrix.config import load_matrix
     from infermatrix.errors import ConfigError
+    from infermatrix.loadedset import entries
 
     source = (Path(__file__).parent / "matrix" / "matrix.yaml").read_text()
-    good = source + ("audit:\n  not_loaded:\n    - {path: 'sgl_kernel/sm90/*', arch: [sm_120],\n"
+    good = source + ("audit:\n  not_loaded:\n    - {path: 'kern/sm90/*', arch: [sm_120],\n"
                      "       reason: loaded on SM 9.x only}\n")
     (tmp_path / "good.yaml").write_text(good)
-    rules = audit.not_loaded_rules(load_matrix(tmp_path / "good.yaml").data)
-    assert rules[len(audit.DEFAULT_NOT_LOADED):] == [
-        audit.NotLoaded("sgl_kernel/sm90/*", "loaded on SM 9.x only", (Arch(12, 0),))]
+    rule = entries(load_matrix(tmp_path / "good.yaml").data)[-1]
+    assert (rule.paths, rule.reason, rule.used_on) == (("kern/sm90/*",), "loaded on SM 9.x only",
+                                                       ("!12.0",))
     bad = source + "audit:\n  not_loaded:\n    - {path: 'x/*.so'}\n"
     (tmp_path / "bad.yaml").write_text(bad)
     with pytest.raises(ConfigError, match="reason") as error:
@@ -386,13 +393,14 @@ def test_embedded_fatbin_of_a_library_data_section(tmp_path: Path) -> None:
 
 
 def test_built_in_waiver_for_cufftw_holds_only_while_nothing_links_it() -> None:
-    rules = audit.not_loaded_rules({})
     stub = {**so("nvidia/cu13/lib/libcufftw.so.12", gpu=True), "sha256": "c" * 64}
     codes = {"c" * 64: DeviceCode((Arch(7, 5),))}
-    [obj] = audit.audited_objects(facts(objects=[stub]), codes, [Arch(12, 1)], rules)
+    image = facts(objects=[stub])
+    [obj] = audit.audited_objects(image, codes, [Arch(12, 1)], load_ctx(image))
     assert obj.covered and "FFTW" in obj.waivers["sm_121"]
     user = so("x/_ext.so", needed=["libcufftw.so.12"])
-    [obj] = audit.audited_objects(facts(objects=[stub, user]), codes, [Arch(12, 1)], rules)
+    image = facts(objects=[stub, user])
+    [obj] = audit.audited_objects(image, codes, [Arch(12, 1)], load_ctx(image))
     assert not obj.covered and obj.waivers == {}
 
 

