@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 from ..errors import InfermatrixError
 
@@ -22,6 +23,9 @@ def common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline", action="store_true",
                         help="never reach a package index: use cached metadata only")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every command run")
+    # main() reads --debug from argv itself; SUPPRESS keeps this from resetting the top level's
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the Python traceback of an error")
 
 
 def selection_options(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +49,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="infermatrix",
                      description="Build, verify and publish a matrix of LLM-inference images.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (also after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:
@@ -59,16 +65,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command. Whatever the input, the user sees one `infermatrix: error:` line (and
+    a fix) and an exit code, never a traceback, unless --debug asks for one."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except InfermatrixError as exc:
+        _show_traceback(debug)
         print(f"infermatrix: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        _show_traceback(debug)
         print("infermatrix: interrupted; finished cells are kept, rerun to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `infermatrix plan | head`: the reader left, nothing to say
+        sys.stderr.close()
+        return 1
+    except OSError as exc:  # a disk that filled up, a path that vanished: name it plainly
+        _show_traceback(debug)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"infermatrix: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a bug: say so in one line, the trace on request
+        _show_traceback(debug)
+        print(f"infermatrix: internal error: {type(exc).__name__}: {exc}"
+              + ("" if debug else " (rerun with --debug for the traceback)"), file=sys.stderr)
+        return 1
+
+
+def _show_traceback(debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

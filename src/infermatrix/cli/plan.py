@@ -13,7 +13,8 @@ from ..context import Context, setup_command_log
 from ..model import CellPlan
 from ..lock import prune_unsatisfiable
 from ..plan import plan_matrix
-from . import common_options, selection_options
+from ..state import run_lock
+from . import common_options, selection_options, wait_option
 
 STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta"}
 
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     selection_options(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--planned", action="store_true", help="list planned cells only")
+    wait_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -55,7 +57,9 @@ def plan_table(plans: list[CellPlan]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx, plans = load_plans(args)
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)  # bad input writes nothing
+    with run_lock(ctx.state, wait=args.wait):  # planning writes the metadata cache
+        ctx, plans = load_plans(args)
     prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
     if args.planned:
         plans = [p for p in plans if p.planned]
