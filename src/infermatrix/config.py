@@ -121,6 +121,10 @@ def read_config_text(path: Path) -> str:
             raise ConfigError(f"the file is {name} (byte-order mark); matrix files are UTF-8",
                               path, 1, RESAVE_FIX)
     raw = raw.removeprefix(UTF8_BOM)
+    if b"\x00" in raw:
+        line = raw.count(b"\n", 0, raw.index(b"\x00")) + 1
+        raise ConfigError("NUL bytes in the file: binary, or UTF-16 without a byte-order mark",
+                          path, line, RESAVE_FIX)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -128,10 +132,6 @@ def read_config_text(path: Path) -> str:
         raise ConfigError(f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
                           "cannot be decoded (a binary file, or Latin-1/UTF-16 text?)",
                           path, line, RESAVE_FIX) from None
-    if "\x00" in text:
-        line = text.count("\n", 0, text.index("\x00")) + 1
-        raise ConfigError("NUL bytes in the file: binary, or UTF-16 without a byte-order mark",
-                          path, line, RESAVE_FIX)
     return text
 
 
@@ -400,6 +400,8 @@ def _check_references(m: Matrix, found: list[ConfigError]) -> None:
 
 def _check_version(m: Matrix, found: list[ConfigError], version: str,
                    where: tuple[Any, ...]) -> None:
+    if not isinstance(version, str):
+        return  # the schema error names it (an unquoted number, ...)
     try:
         Version(version)
     except InvalidVersion:

@@ -3,10 +3,25 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
-import traceback
+
+import _signal  # the C module: `signal` imports enum first, a window for Ctrl-C
+
+
+def _interrupted_at_start(signum: int, frame: object) -> None:
+    print("infermatrix: interrupted", file=sys.stderr)
+    raise SystemExit(130)
+
+
+# Started as the command (not imported by a library user): Ctrl-C while the modules load is a
+# clean exit 130, not a KeyboardInterrupt traceback. main() puts Python's handler back.
+if sys.argv[:1] == ["-m"] or sys.argv[0].endswith(("infermatrix", "infermatrix/__main__.py")):
+    _signal.signal(_signal.SIGINT, _interrupted_at_start)
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import importlib  # noqa: E402
+import traceback  # noqa: E402
 
 from ..errors import InfermatrixError
 
@@ -70,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         parser = build_parser()
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
