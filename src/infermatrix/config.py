@@ -144,10 +144,14 @@ def _parse(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
         line = mark.line + 1 if mark else None
         raise ConfigError(f"malformed YAML: {exc.problem or exc}", path, line,
                           "check indentation, brackets and quotes on this line") from None
+    except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"character {exc.character!r} is not allowed in YAML", path, line,
+                          "remove it (a binary file, or a stray control character?)") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"malformed YAML: {exc}", path) from None
+        raise ConfigError(f"malformed YAML: {exc}", path, 1) from None
     except RecursionError:
-        raise ConfigError("malformed YAML: nested too deeply", path) from None
+        raise ConfigError("malformed YAML: nested too deeply", path, 1) from None
     duplicates = _duplicate_keys(node, path)
     if duplicates:
         raise ConfigErrors(duplicates)
