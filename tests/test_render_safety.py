@@ -148,6 +148,9 @@ def test_sigkill_during_writes_leaves_one_whole_version(tmp_path: Path) -> None:
     target = images / "cell"
     rng = random.Random(17)
     seen = set()
+    subprocess.run([sys.executable, "-c", WRITER.replace("while True:", "for _ in [0]:"),
+                    str(target)], check=True, capture_output=True)  # committed before
+    assert _version_of(target) == "B"
     for _ in range(20):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)],
                                 stdout=subprocess.PIPE, text=True)
