@@ -3,7 +3,7 @@ a SIGKILLed dockerd, a registry killed mid-push, a disk that fills during a buil
 
 The cells are the fault matrix of tests/fault_support.py (tiny, on the test matrix's base).
 The dockerd and disk tests run a second, private dockerd of their own (own data root on a
-tmpfs, own socket, exec root and pidfile, no bridge, no iptables) reached through DOCKER_HOST:
+tmpfs, own socket, exec root and pidfile, own bridge, no iptables) reached through DOCKER_HOST:
 only that one is killed, never the machine's engine. Needs root (dockerd, mount).
 """
 
@@ -232,7 +232,7 @@ def test_registry_killed_mid_push(built_base, registry: Registry, tmp_path: Path
 
 class PrivateDockerd:
     """A second dockerd owned by the test: data root on a tmpfs of `size_mb`, its own socket,
-    exec root, pidfile; no bridge, no iptables. Only this one is ever killed."""
+    exec root, pidfile, bridge; no iptables. Only this one is ever killed."""
 
     def __init__(self, size_mb: int) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="im17-", dir="/tmp"))  # short: socket paths
@@ -246,6 +246,11 @@ class PrivateDockerd:
         self.proc: subprocess.Popen[bytes] | None = None
         self.containerd: subprocess.Popen[bytes] | None = None
         self.containerd_socket = self.root / "containerd.sock"
+        # A bridge of its own (never docker0): RUN steps need one; no iptables rules at all.
+        self.bridge = f"im17br{self.root.name[-6:]}".replace("_", "x")[:15]
+        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", "10.217.17.1/24", "dev", self.bridge], check=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
 
     def start(self) -> None:
         """dockerd over a containerd of its own, started apart as a service manager would: a
@@ -257,7 +262,7 @@ class PrivateDockerd:
             ["dockerd", "--data-root", str(self.data / "docker"), "--exec-root",
              str(self.root / "x"), "--pidfile", str(self.root / "dockerd.pid"),
              "--containerd", str(self.containerd_socket),
-             "-H", self.host, "--bridge=none", "--iptables=false", "--ip-masq=false",
+             "-H", self.host, f"--bridge={self.bridge}", "--iptables=false", "--ip-masq=false",
              "--log-level=warn"], stdout=log, stderr=subprocess.STDOUT)
         wait_for(self._answers, 120, "the private dockerd to answer", interval=0.5)
 
@@ -309,6 +314,7 @@ class PrivateDockerd:
                     == 0 or not os.path.ismount(self.data):
                 break
             time.sleep(0.5)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def free_mb(self) -> float:
@@ -345,9 +351,10 @@ def test_dockerd_killed_mid_build_then_restarted(private_dockerd: PrivateDockerd
     assert infermatrix("render", *common, env=env).returncode == 0
     build = start("build", *common, env=env)
     log = state / "logs" / cell_id(name) / "build.log"
-    wait_for(lambda: log.is_file() and "sleep 20" in log.read_text(), 180,
+    wait_for(lambda: log.is_file() and "sleep 20 && echo built" in log.read_text(), 180,
              "the build to reach its slow RUN step")
-    time.sleep(2)
+    time.sleep(4)
+    assert build.poll() is None and "ERROR" not in log.read_text(), log.read_text()[-2000:]
     private_dockerd.kill()
     out, err = build.communicate(timeout=300)
     assert build.returncode == 1, err[-3000:]
