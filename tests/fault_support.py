@@ -38,16 +38,17 @@ tag_policy:
   allow_static_only: true
 publish:
   registry: {registry}
-  repository: im17-fault
+  repository: {repository}
   tag: "{{cell_id}}"
   aliases: []
 """
 
 
 def write_fault_matrix(root: Path, engines: dict[str, dict[str, str]],
-                       registry: str | None = None) -> Path:
+                       registry: str | None = None, repository: str = "im17-fault") -> Path:
     """matrix.yaml + templates/ under `root`; `engines`: name -> env (FAULT_SLEEP, ...).
-    Each engine has one cell, `cpu-torch2.13.0-<name>1.0-cpu`."""
+    Each engine has one cell, `cpu-torch2.13.0-<name>1.0-cpu`, tagged `<repository>:<cell>`
+    (tags are never moved: a test that changes a cell's image changes the repository)."""
     from infermatrix.config import load_matrix
 
     base = load_matrix(TEST_MATRIX).bases["definitions"]["bookworm"]
@@ -57,10 +58,18 @@ def write_fault_matrix(root: Path, engines: dict[str, dict[str, str]],
     root.mkdir(parents=True, exist_ok=True)
     (root / "matrix.yaml").write_text(MATRIX.format(
         engines=", ".join(f'"{n}==1.0"' for n in engines), definitions=definitions,
-        base=json.dumps(base), registry=json.dumps(registry)))
+        base=json.dumps(base), registry=json.dumps(registry), repository=repository))
     shutil.copytree(TEMPLATES, root / "templates", dirs_exist_ok=True)
     return root / "matrix.yaml"
 
 
 def cell_id(name: str) -> str:
     return f"cpu-torch2.13.0-{name}1.0-cpu"
+
+
+def remove_images(engine_module, cells: list[str], repositories: list[str]) -> None:
+    """Untag what a fault test made on the machine's engine (its build refs and tags)."""
+    for cell in cells:
+        engine_module.remove_image(f"infermatrix-local/{cell}:build", force=True)
+        for repository in repositories:
+            engine_module.remove_image(f"{repository}:{cell}", force=True)

@@ -29,7 +29,7 @@ import yaml
 
 from infermatrix import engine
 
-from .fault_support import cell_id, write_fault_matrix
+from .fault_support import cell_id, remove_images, write_fault_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -74,9 +74,10 @@ def _lock_held(state: Path) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def test_two_pipelines_on_one_state_dir(built_base, tmp_path: Path) -> None:
-    name = "busy"
+    name, repository = "busy", f"im17-fault-{uuid.uuid4().hex[:8]}"
     matrix = write_fault_matrix(tmp_path / "m", {name: {"FAULT_SLEEP": "8",
-                                                        "FAULT_TOKEN": uuid.uuid4().hex}})
+                                                        "FAULT_TOKEN": uuid.uuid4().hex}},
+                                repository=repository)
     state = tmp_path / "state"
     args = ["pipeline", "--matrix", str(matrix), "--state-dir", str(state), "--no-publish"]
     first = start(*args)
@@ -98,7 +99,7 @@ def test_two_pipelines_on_one_state_dir(built_base, tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
     assert stage(state, cell_id(name), "tag") == "pass"
-    engine.remove_image(f"infermatrix-local/{cell_id(name)}:build", force=True)
+    remove_images(engine, [cell_id(name)], [repository])
 
 
 def test_sigkill_at_random_points_20_times(built_base, tmp_path: Path) -> None:
@@ -109,29 +110,49 @@ def test_sigkill_at_random_points_20_times(built_base, tmp_path: Path) -> None:
     state = tmp_path / "state"
     rng = random.Random(1717)
     root = tmp_path / "m"
-    matrix = write_fault_matrix(root, {name: {"FAULT_SLEEP": "3",
-                                              "FAULT_TOKEN": uuid.uuid4().hex}})
+    matrix = root / "matrix.yaml"
     args = ["pipeline", "--matrix", str(matrix), "--state-dir", str(state), "--no-publish"]
     killed_in: list[str] = []
+    repositories: list[str] = []
+    last_run_s = 30.0  # a first run builds; later ones take what the last rerun took
     for round_ in range(20):
-        if round_ % 5 == 0:  # a new token: a new Dockerfile, a real rebuild
-            write_fault_matrix(root, {name: {"FAULT_SLEEP": "3", "FAULT_TOKEN": uuid.uuid4().hex}})
+        if round_ % 5 == 0:  # a new token: a new Dockerfile, a real rebuild (and a new tag)
+            repositories.append(f"im17-fault-{uuid.uuid4().hex[:8]}")
+            write_fault_matrix(root, {name: {"FAULT_SLEEP": "3", "FAULT_TOKEN": uuid.uuid4().hex}},
+                               repository=repositories[-1])
         victim = start(*args)
-        time.sleep(rng.uniform(0.3, 12.0))
+        time.sleep(rng.uniform(0.2, 0.9 * last_run_s))  # somewhere inside the run
         running = [s for s, r in records(state).get(cell_id(name), {}).get("stages", {}).items()
                    if r.get("status") == "running"]
         victim.send_signal(signal.SIGKILL)
         victim.communicate()
         killed_in.append(f"{round_}: rc {victim.returncode} running {running}")
         records(state)  # every record parses: none half-written
+        started = time.monotonic()
         rerun = infermatrix(*args)
+        last_run_s = time.monotonic() - started
         assert rerun.returncode == 0, f"round {round_}: {rerun.stderr[-3000:]}"
         record = records(state)[cell_id(name)]
         assert record["stages"]["build"]["status"] == "pass"
         assert record["stages"]["tag"]["status"] == "pass", record["stages"]["tag"]
         assert not [p for p in (root / "images").iterdir() if p.name.startswith(".")]
     print("\n".join(killed_in))
-    engine.remove_image(f"infermatrix-local/{cell_id(name)}:build", force=True)
+    assert sum(" rc -9 " in line for line in killed_in) >= 15  # the kills landed mid-run
+    _remove_containers_of(state)  # a SIGKILLed smoke cannot remove its container itself
+    remove_images(engine, [cell_id(name)], repositories)
+
+
+def _remove_containers_of(state: Path) -> None:
+    """Containers left by killed runs, of the images this test's journal names."""
+    images = {r.get("image_id") for r in records(state).values()} - {None}
+    listing = subprocess.run(["docker", "ps", "-a", "--format", "{{.ID}} {{.Image}}"],
+                             capture_output=True, text=True).stdout.split("\n")
+    for line in filter(None, listing):
+        container, image = line.split(" ", 1)
+        full = subprocess.run(["docker", "inspect", "--format", "{{.Image}}", container],
+                              capture_output=True, text=True).stdout.strip()
+        if full in images or image in images:
+            subprocess.run(["docker", "rm", "-f", container], capture_output=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,10 +218,10 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
 
 
 def test_registry_killed_mid_push(built_base, registry: Registry, tmp_path: Path) -> None:
-    name = "pushed"
+    name, repository = "pushed", f"im17-fault-{uuid.uuid4().hex[:8]}"
     matrix = write_fault_matrix(tmp_path / "m", {name: {"FAULT_TOKEN": uuid.uuid4().hex,
                                                         "FAULT_FILL_MB": "64"}},
-                                registry=registry.host)
+                                registry=registry.host, repository=repository)
     state = tmp_path / "state"
     common = ["--matrix", str(matrix), "--state-dir", str(state)]
     built = infermatrix("pipeline", *common, "--no-publish")
@@ -217,13 +238,13 @@ def test_registry_killed_mid_push(built_base, registry: Registry, tmp_path: Path
     lock = yaml.safe_load(images_lock.read_text()) if images_lock.is_file() else {}
     assert cell_id(name) not in (lock or {}).get("images", {})  # nothing recorded that did not land
     registry.start()
-    assert cell_id(name) not in registry.tags("im17-fault")
+    assert cell_id(name) not in registry.tags(repository)
     again = infermatrix("publish", *common)
     assert again.returncode == 0, again.stderr[-3000:]
     entry = yaml.safe_load(images_lock.read_text())["images"][cell_id(name)]
-    assert entry["reference"].startswith(f"{registry.host}/im17-fault@sha256:")
-    assert cell_id(name) in registry.tags("im17-fault")
-    engine.remove_image(f"infermatrix-local/{cell_id(name)}:build", force=True)
+    assert entry["reference"].startswith(f"{registry.host}/{repository}@sha256:")
+    assert cell_id(name) in registry.tags(repository)
+    remove_images(engine, [cell_id(name)], [repository, f"{registry.host}/{repository}"])
 
 
 # --------------------------------------------------------------------------------------------
