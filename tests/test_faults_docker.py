@@ -115,6 +115,7 @@ def test_sigkill_at_random_points_20_times(built_base, tmp_path: Path) -> None:
     killed_in: list[str] = []
     repositories: list[str] = []
     last_run_s = 30.0  # a first run builds; later ones take what the last rerun took
+    image_ids: set[str] = set()
     for round_ in range(20):
         if round_ % 5 == 0:  # a new token: a new Dockerfile, a real rebuild (and a new tag)
             repositories.append(f"im17-fault-{uuid.uuid4().hex[:8]}")
@@ -135,16 +136,16 @@ def test_sigkill_at_random_points_20_times(built_base, tmp_path: Path) -> None:
         record = records(state)[cell_id(name)]
         assert record["stages"]["build"]["status"] == "pass"
         assert record["stages"]["tag"]["status"] == "pass", record["stages"]["tag"]
+        image_ids.add(record["image_id"])
         assert not [p for p in (root / "images").iterdir() if p.name.startswith(".")]
     print("\n".join(killed_in))
     assert sum(" rc -9 " in line for line in killed_in) >= 15  # the kills landed mid-run
-    _remove_containers_of(state)  # a SIGKILLed smoke cannot remove its container itself
+    _remove_containers_of(image_ids)  # a SIGKILLed smoke cannot remove its container itself
     remove_images(engine, [cell_id(name)], repositories)
 
 
-def _remove_containers_of(state: Path) -> None:
-    """Containers left by killed runs, of the images this test's journal names."""
-    images = {r.get("image_id") for r in records(state).values()} - {None}
+def _remove_containers_of(images: set[str]) -> None:
+    """Containers that killed runs left, of the images this test built."""
     listing = subprocess.run(["docker", "ps", "-a", "--format", "{{.ID}} {{.Image}}"],
                              capture_output=True, text=True).stdout.split("\n")
     for line in filter(None, listing):
@@ -233,6 +234,7 @@ def test_registry_killed_mid_push(built_base, registry: Registry, tmp_path: Path
     assert push.poll() is None, "the push finished before the registry could be killed"
     registry.kill()
     out, err = push.communicate(timeout=300)
+    print(f"publish, registry killed: rc {push.returncode}\n{(out + err)[-800:]}")
     assert push.returncode == 1, err[-3000:]
     assert "Traceback" not in err
     lock = yaml.safe_load(images_lock.read_text()) if images_lock.is_file() else {}
@@ -378,6 +380,7 @@ def test_dockerd_killed_mid_build_then_restarted(private_dockerd: PrivateDockerd
     assert build.poll() is None and "ERROR" not in log.read_text(), log.read_text()[-2000:]
     private_dockerd.kill()
     out, err = build.communicate(timeout=300)
+    print(f"build, dockerd killed: rc {build.returncode}\n{(out + err)[-800:]}")
     assert build.returncode == 1, err[-3000:]
     assert "Traceback" not in err
     _journal_files_whole(state)
@@ -414,6 +417,7 @@ def test_disk_fills_during_a_build(private_dockerd: PrivateDockerd, tmp_path: Pa
     full = infermatrix("build", *common, "--select", f"*{big}*", env=env)
     assert full.returncode == 1, full.stderr[-3000:]
     output = full.stdout + full.stderr
+    print(f"build, disk full: rc {full.returncode}\n{output[-800:]}")
     assert "Traceback" not in output
     assert "no space left on device" in output.lower(), output[-3000:]
     _journal_files_whole(state)

@@ -19,8 +19,10 @@ if sys.argv[:1] == ["-m"] or sys.argv[0].endswith(("infermatrix", "infermatrix/_
     _signal.signal(_signal.SIGINT, _interrupted_at_start)
 
 import argparse  # noqa: E402
-import signal  # noqa: E402
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
 import traceback  # noqa: E402
 
 from ..errors import InfermatrixError
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with contextlib.suppress(ValueError):  # ValueError: called outside the main thread
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         parser = build_parser()
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print("infermatrix: interrupted; finished cells are kept, rerun to resume", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `infermatrix plan | head`: the reader left, nothing to say
-        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
         return 1
     except OSError as exc:  # a disk that filled up, a path that vanished: name it plainly
         _show_traceback(debug)
