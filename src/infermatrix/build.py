@@ -380,6 +380,9 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
                                           no_cache=options.no_cache, platform=platform)
     except CommandFailed as exc:
         reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
+        if "no space left on device" in (exc.log_tail or "").lower():
+            reason += (": no space left on device (free space under Docker's data root and "
+                       f"{ctx.state.root}, then rerun)")
         return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
                                exc.command, exc.log_tail, kernels, digest)
     except InfermatrixError as exc:

@@ -7,6 +7,7 @@ defined, floors must be valid specifiers, ...). YAML node marks give the lines.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,11 +19,18 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .errors import ConfigError
+from .errors import ConfigError, ConfigErrors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "schema" / "matrix.schema.json"
 DATA_DIR = Path(__file__).resolve().parent / "data"
+ARCHES_PATH = DATA_DIR / "arches.yaml"
+# Byte-order marks of encodings other than UTF-8, named in the error (longest first).
+FOREIGN_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32-BE"), (b"\xff\xfe\x00\x00", "UTF-32-LE"),
+                (b"\xfe\xff", "UTF-16-BE"), (b"\xff\xfe", "UTF-16-LE"))
+COMBINATORS = ("oneOf", "anyOf", "allOf", "not", "if", "then", "else")
+UTF8_BOM = b"\xef\xbb\xbf"
+RESAVE_FIX = "save the file as UTF-8 (with or without BOM), e.g. `iconv -t UTF-8`"
 
 
 def load_schema() -> dict[str, Any]:
@@ -37,6 +45,19 @@ class _Locator:
 
     def __init__(self, root: yaml.Node | None) -> None:
         self.root = root
+
+    def node(self, path: Iterable[Any]) -> yaml.Node | None:
+        """The node at a key path, or None when the path leaves the document."""
+        node = self.root
+        for part in path:
+            if isinstance(node, yaml.MappingNode):
+                node = next((v for k, v in node.value if k.value == str(part)), None)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
+                    and part < len(node.value):
+                node = node.value[part]
+            else:
+                return None
+        return node
 
     def line(self, path: Iterable[Any], key_line: bool = True) -> int | None:
         node = self.root
@@ -59,19 +80,59 @@ class _Locator:
         return best
 
 
-def _check_duplicate_keys(node: yaml.Node | None, path: Path) -> None:
+def _duplicate_keys(node: yaml.Node | None, path: Path) -> list[ConfigError]:
+    found: list[ConfigError] = []
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key, value in node.value:
             line = key.start_mark.line + 1
+            if not isinstance(key, yaml.ScalarNode):
+                continue  # a complex key: the schema reports it
             if key.value in seen:
-                raise ConfigError(f"duplicate key {key.value!r} (first at line {seen[key.value]})",
-                                  path, line, "keep one of the two entries")
+                found.append(ConfigError(
+                    f"duplicate key {key.value!r} (first at line {seen[key.value]})",
+                    path, line, "keep one of the two entries"))
             seen[key.value] = line
-            _check_duplicate_keys(value, path)
+            found += _duplicate_keys(value, path)
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            _check_duplicate_keys(item, path)
+            found += _duplicate_keys(item, path)
+    return found
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a config file: UTF-8 (a BOM is accepted); anything else is a ConfigError
+    naming what the file is instead (a directory, unreadable, UTF-16, binary...)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", path, fix="pass --matrix PATH or run from the "
+                          "directory that holds matrix.yaml") from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a matrix file", path,
+                          fix=f"pass the file itself, e.g. --matrix {path / 'matrix.yaml'}") from None
+    except PermissionError:
+        raise ConfigError("permission denied: the file cannot be read", path,
+                          fix="make it readable by this user (chmod u+r)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot be read: {exc.strerror or exc}", path) from None
+    for bom, name in FOREIGN_BOMS:
+        if raw.startswith(bom):
+            raise ConfigError(f"the file is {name} (byte-order mark); matrix files are UTF-8",
+                              path, 1, RESAVE_FIX)
+    raw = raw.removeprefix(UTF8_BOM)
+    if b"\x00" in raw:
+        line = raw.count(b"\n", 0, raw.index(b"\x00")) + 1
+        raise ConfigError("NUL bytes in the file: binary, or UTF-16 without a byte-order mark",
+                          path, line, RESAVE_FIX)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+                          "cannot be decoded (a binary file, or Latin-1/UTF-16 text?)",
+                          path, line, RESAVE_FIX) from None
+    return text
 
 
 def _parse(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
@@ -81,30 +142,98 @@ def _parse(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        raise ConfigError(f"malformed YAML: {exc.problem or exc}", path, line) from None
+        raise ConfigError(f"malformed YAML: {exc.problem or exc}", path, line,
+                          "check indentation, brackets and quotes on this line") from None
+    except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"character {exc.character!r} is not allowed in YAML", path, line,
+                          "remove it (a binary file, or a stray control character?)") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"malformed YAML: {exc}", path) from None
-    _check_duplicate_keys(node, path)
+        raise ConfigError(f"malformed YAML: {exc}", path, 1) from None
+    except RecursionError:
+        raise ConfigError("malformed YAML: nested too deeply", path, 1) from None
+    duplicates = _duplicate_keys(node, path)
+    if duplicates:
+        raise ConfigErrors(duplicates)
     return data, node
 
 
-def _describe_schema_error(error: jsonschema.ValidationError) -> tuple[list[Any], str, str | None]:
-    """(path to the offending node, message, fix) for the most useful schema error."""
+def _describe_schema_error(error: jsonschema.ValidationError,
+                           locator: "_Locator") -> tuple[list[Any], str, str | None]:
+    """(path to the offending node, message, fix) of one schema error."""
     where = list(error.absolute_path)
+    unquoted = _unquoted_number(error, locator.node(where))
+    if unquoted:
+        return where, *unquoted
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
         key = extra[0] if extra else "?"
-        fix = f"allowed keys here: {', '.join(allowed)}" if allowed else None
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        fix = (f"did you mean {close[0]!r}? " if close else "") + \
+            (f"allowed keys here: {', '.join(allowed)}" if allowed else "remove it")
         return where + [key], f"unknown key {key!r}", fix
     if error.validator == "required":
-        return where, error.message.replace("is a required property", "is required here"), None
+        missing = error.message.split(" is a required property")[0]
+        return where, f"{missing} is required here", f"add {missing.strip(chr(39))}: at this level"
     if error.validator == "pattern":
         return where, f"{error.instance!r} is not a valid value here", \
             f"expected a value matching {error.validator_value}"
     if error.validator == "enum":
         return where, f"{error.instance!r} is not one of {error.validator_value}", None
     return where, error.message, None
+
+
+def _unquoted_number(error: jsonschema.ValidationError,
+                     node: yaml.Node | None) -> tuple[str, str] | None:
+    """A string written as a plain number: YAML made it a float or int (`12.10` -> 12.1), so
+    the message quotes the text as written, never the number."""
+    if error.validator != "type" or isinstance(error.instance, bool) \
+            or not isinstance(error.instance, (int, float)) \
+            or "string" not in _as_list(error.validator_value):
+        return None
+    if not isinstance(node, yaml.ScalarNode) or node.style is not None:
+        return None
+    written = node.value
+    return (f"{written} is unquoted, so YAML reads it as the number {error.instance!r}, not "
+            "the text", f'quote it: "{written}"')
+
+
+def _deepest(context: list[jsonschema.ValidationError]) -> jsonschema.ValidationError | None:
+    """Of a oneOf/anyOf's alternatives, the one that got furthest into the value (an item of the
+    list form rather than "not the string form"); ties go to jsonschema's best match."""
+    if not context:
+        return None
+    depth = max(len(e.absolute_path) for e in context)
+    return jsonschema.exceptions.best_match([e for e in context if len(e.absolute_path) == depth])
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _schema_errors(data: Any, path: Path, locator: "_Locator") -> list[ConfigError]:
+    """Every schema violation, without the ones a more specific error below them explains."""
+    validator = jsonschema.Draft202012Validator(load_schema())
+    errors = list(validator.iter_errors(data))
+    paths = [tuple(e.absolute_path) for e in errors]
+    found: dict[tuple[int | None, str], ConfigError] = {}
+    for error, where in zip(errors, paths):
+        if error.validator in COMBINATORS:
+            if any(len(other) > len(where) and other[:len(where)] == where for other in paths):
+                continue  # the deeper error says what is wrong
+            error = _deepest(error.context) or error
+        key_path, message, fix = _describe_schema_error(error, locator)
+        dotted = ".".join(str(p) for p in key_path)
+        line = locator.line(key_path)
+        text = f"{dotted}: {message}" if dotted else message
+        found.setdefault((line, text), ConfigError(text, path, line, fix))
+    return sorted(found.values(), key=lambda e: (e.line or 0, e.message))
+
+
+def load_arches() -> dict[str, dict[str, Any]]:
+    """Known GPU arches (data/arches.yaml): sm_XX -> capability and allowed suffixes."""
+    return yaml.safe_load(ARCHES_PATH.read_text(encoding="utf-8"))["arches"]
 
 
 @dataclass
@@ -123,6 +252,18 @@ class Matrix:
         return self.locator.line(key_path)
 
     def error(self, message: str, *key_path: Any, fix: str | None = None) -> ConfigError:
+        return ConfigError(message, self.path, self.line_of(*key_path), fix)
+
+    def value_error(self, message: str, key_path: Iterable[Any], value: str,
+                    fix: str | None = None) -> ConfigError:
+        """An error about one value of a list (an axis entry such as a torch version that is
+        not on the index), located at the line where that value is written."""
+        key_path = tuple(key_path)
+        node = self.locator.node(key_path)
+        if isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                if isinstance(item, yaml.ScalarNode) and item.value == str(value):
+                    return ConfigError(message, self.path, item.start_mark.line + 1, fix)
         return ConfigError(message, self.path, self.line_of(*key_path), fix)
 
     # Convenient views -------------------------------------------------------------------
@@ -165,84 +306,123 @@ class Matrix:
 
 
 def load_matrix(path: Path | str) -> Matrix:
-    """Read, parse and validate a matrix file; raise ConfigError (exit 2) on any mistake."""
+    """Read, parse and validate a matrix file; raise ConfigError (exit 2) on any mistake,
+    with every problem found in the file (ConfigErrors) rather than only the first."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", path, fix="pass --matrix PATH or run from the "
-                          "directory that holds matrix.yaml") from None
-    data, node = _parse(text, path)
+    data, node = _parse(read_config_text(path), path)
     locator = _Locator(node)
     if not isinstance(data, dict):
-        raise ConfigError("the top level must be a mapping", path, 1)
-    validator = jsonschema.Draft202012Validator(load_schema())
-    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), str(e.path)))
-    if errors:
-        # The deepest error is the most specific one; report it first.
-        error = max(errors, key=lambda e: len(e.absolute_path))
-        where, message, fix = _describe_schema_error(error)
-        dotted = ".".join(str(p) for p in where)
-        raise ConfigError(f"{dotted}: {message}" if dotted else message, path,
-                          locator.line(where), fix)
+        raise ConfigError("the top level must be a mapping (key: value lines)", path, 1,
+                          "start from the shipped matrix.yaml")
+    problems = _schema_errors(data, path, locator)
     matrix = Matrix(path=path, data=data, locator=locator)
-    _check_references(matrix)
+    problems += _reference_errors(matrix, schema_valid=not problems)
+    if problems:
+        raise ConfigErrors(problems)
     return matrix
 
 
-def _check_references(m: Matrix) -> None:
+def _reference_errors(m: Matrix, schema_valid: bool) -> list[ConfigError]:
+    """Cross-field problems; after schema errors the data may be any shape, so a check that
+    trips over it is left out (the schema error already names the place)."""
+    found: list[ConfigError] = []
+    for check in (_check_arches, _check_references):
+        try:
+            check(m, found)
+        except ConfigError as exc:
+            found.append(exc)
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+            if schema_valid:
+                raise
+    return found
+
+
+def _arch_entries(m: Matrix) -> list[tuple[tuple[Any, ...], Any]]:
+    entries = [(("axes", "arch", i), a) for i, a in enumerate(m.data["axes"]["arch"])]
+    entries += [(("include", i, "arch"), inc["arch"])
+                for i, inc in enumerate(m.data.get("include", []))]
+    return entries
+
+
+def _check_arches(m: Matrix, found: list[ConfigError]) -> None:
+    """Every arch is `cpu` or a known GPU arch (data/arches.yaml) with a suffix it has."""
+    known = load_arches()
+    for where, arch in _arch_entries(m):
+        if not isinstance(arch, str) or arch == "cpu":
+            continue
+        base, suffix = (arch[:-1], arch[-1]) if arch[-1:] in ("a", "f") else (arch, "")
+        if base in known and (not suffix or suffix in known[base].get("suffixes", [])):
+            continue
+        if base in known:
+            allowed = ", ".join(base + s for s in known[base].get("suffixes", [])) or "none"
+            found.append(m.error(f"{arch!r}: NVIDIA defines no {suffix!r} target for {base}",
+                                 *where, fix=f"use {base} (suffixed forms: {allowed})"))
+            continue
+        close = difflib.get_close_matches(base, list(known), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        found.append(m.error(
+            f"unknown GPU arch {arch!r}", *where,
+            fix=f"{hint}known arches (src/infermatrix/data/arches.yaml): "
+                f"{', '.join(known)}, or cpu"))
+
+
+def _check_references(m: Matrix, found: list[ConfigError]) -> None:
     """Cross-field checks the schema cannot express."""
     for name, spec in m.model["floors"].items():
         try:
             SpecifierSet(spec)
         except InvalidSpecifier:
-            raise m.error(f"bad version specifier {spec!r} for {name}", "model", "floors", name,
-                          fix="use a PEP 440 specifier such as '>=0.5.10'") from None
+            found.append(m.error(f"bad version specifier {spec!r} for {name}", "model", "floors",
+                                 name, fix="use a PEP 440 specifier such as '>=0.5.10'"))
     axis = m.data["axes"]["engine"]
     engine_entries: list[tuple[tuple[Any, ...], str]] = []
     if isinstance(axis, list):
         engine_entries += [(("axes", "engine", i), e) for i, e in enumerate(axis)]
     else:
         for name, value in axis.items():
-            _check_engine_name(m, name, name, ("axes", "engine", name))
+            _check_engine_name(m, found, name, name, ("axes", "engine", name))
             for where, selector in _selectors(value, ("axes", "engine", name)):
-                _check_selector(m, selector, where)
+                _check_selector(m, found, selector, where)
     engine_entries += [(("include", i, "engine"), inc["engine"])
                        for i, inc in enumerate(m.data.get("include", []))]
     for where, spec in engine_entries:
         name, _, version = spec.partition("==")
-        _check_engine_name(m, name, spec, where)
-        _check_version(m, version, where)
+        _check_engine_name(m, found, name, spec, where)
+        _check_version(m, found, version, where)
     torch_axis = m.data["axes"].get("torch", "from-engine")
     for i, version in enumerate(torch_axis if isinstance(torch_axis, list) else []):
-        _check_version(m, version, ("axes", "torch", i))
+        _check_version(m, found, version, ("axes", "torch", i))
     for i, inc in enumerate(m.data.get("include", [])):
-        _check_version(m, inc["torch"], ("include", i, "torch"))
+        _check_version(m, found, inc["torch"], ("include", i, "torch"))
     kernels = m.build.get("kernels", {})
     for name, engine in m.engines.items():
         for i, kernel in enumerate(engine.get("kernels", [])):
             if kernel not in kernels:
-                raise m.error(f"engine {name!r} names unknown kernel package {kernel!r}",
-                              "engines", name, "kernels", i,
-                              fix=f"define it under build.kernels (known: {', '.join(sorted(kernels)) or 'none'})")
+                known = ", ".join(sorted(kernels)) or "none"
+                found.append(m.error(f"engine {name!r} names unknown kernel package {kernel!r}",
+                                     "engines", name, "kernels", i,
+                                     fix=f"define it under build.kernels (known: {known})"))
     definitions = m.bases["definitions"]
+    names = ", ".join(sorted(definitions))
     if m.bases["default"] not in definitions:
-        raise m.error(f"default base {m.bases['default']!r} is not defined", "bases", "default",
-                      fix=f"one of: {', '.join(sorted(definitions))}")
+        found.append(m.error(f"default base {m.bases['default']!r} is not defined", "bases",
+                             "default", fix=f"one of: {names}"))
     for i, entry in enumerate(m.bases.get("select", [])):
         if entry["base"] not in definitions:
-            raise m.error(f"bases.select names undefined base {entry['base']!r}",
-                          "bases", "select", i, "base", fix=f"one of: {', '.join(sorted(definitions))}")
+            found.append(m.error(f"bases.select names undefined base {entry['base']!r}",
+                                 "bases", "select", i, "base", fix=f"one of: {names}"))
     for name, base in definitions.items():
         if base["strategy"] == "wheels" and base.get("from") not in definitions:
-            raise m.error(f"base {name!r} (strategy wheels) needs `from:` naming another base",
-                          "bases", "definitions", name)
+            found.append(m.error(f"base {name!r} (strategy wheels) needs `from:` naming another "
+                                 "base", "bases", "definitions", name, fix=f"from: one of {names}"))
 
 
-def _check_engine_name(m: Matrix, name: str, spec: str, where: tuple[Any, ...]) -> None:
+def _check_engine_name(m: Matrix, found: list[ConfigError], name: str, spec: str,
+                       where: tuple[Any, ...]) -> None:
     if name not in m.engines:
-        raise m.error(f"unknown engine {name!r} in {spec!r}", *where,
-                      fix=f"define it under `engines:` (known: {', '.join(sorted(m.engines))})")
+        found.append(m.error(
+            f"unknown engine {name!r} in {spec!r}", *where,
+            fix=f"define it under `engines:` (known: {', '.join(sorted(m.engines))})"))
 
 
 def _selectors(value: Any, where: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], Any]]:
@@ -251,24 +431,29 @@ def _selectors(value: Any, where: tuple[Any, ...]) -> list[tuple[tuple[Any, ...]
     return [(where, value)]
 
 
-def _check_selector(m: Matrix, selector: Any, where: tuple[Any, ...]) -> None:
+def _check_selector(m: Matrix, found: list[ConfigError], selector: Any,
+                    where: tuple[Any, ...]) -> None:
     """`latest`, `floor`, an exact version, a specifier, or {versions: SPEC, newest: N}."""
     text = selector.get("versions", "") if isinstance(selector, dict) else str(selector).strip()
     if not isinstance(selector, dict) and text in ("latest", "floor"):
         return
     if not isinstance(selector, dict) and (text.startswith("==") or text[:1].isdigit()):
-        _check_version(m, text.lstrip("="), where)
+        _check_version(m, found, text.lstrip("="), where)
         return
     try:
         SpecifierSet(text)
     except InvalidSpecifier:
-        raise m.error(f"bad release selector {text!r}", *where,
-                      fix="use latest, floor, an exact version, a PEP 440 specifier such as "
-                      "'>=0.5.10', or {versions: '>=0.5.10', newest: 3}") from None
+        found.append(m.error(f"bad release selector {text!r}", *where,
+                             fix="use latest, floor, an exact version, a PEP 440 specifier such "
+                             "as '>=0.5.10', or {versions: '>=0.5.10', newest: 3}"))
 
 
-def _check_version(m: Matrix, version: str, where: tuple[Any, ...]) -> None:
+def _check_version(m: Matrix, found: list[ConfigError], version: str,
+                   where: tuple[Any, ...]) -> None:
+    if not isinstance(version, str):
+        return  # the schema error names it (an unquoted number, ...)
     try:
         Version(version)
     except InvalidVersion:
-        raise m.error(f"{version!r} is not a valid version", *where) from None
+        found.append(m.error(f"{version!r} is not a valid version", *where,
+                             fix="a PEP 440 version such as 2.11.0"))

@@ -28,6 +28,20 @@ class ConfigError(UsageError):
         super().__init__(text)
 
 
+class ConfigErrors(ConfigError):
+    """Every mistake found in one file, reported together (the first one gives path and line)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        first = errors[0]
+        super().__init__(first.message, first.path, first.line, first.fix)
+        self.errors = errors
+        if len(errors) > 1:
+            self.args = (f"{len(errors)} problems:\n" + "\n".join(str(e) for e in errors),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class StageFailure(InfermatrixError):
     """A pipeline stage failed for one or more cells: exit code 1."""
 

@@ -27,6 +27,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from .state import write_json_atomic
+
 log = logging.getLogger(__name__)
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -182,11 +184,8 @@ class MetadataCache:
             raise IndexUnavailable(
                 f"offline: no cached metadata for {name}=={version} (run once online to fill {self.root})")
         meta = self._fetch(name, version, machine)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta.__dict__ | {"requires_dist": list(meta.requires_dist)},
-                                  indent=1, sort_keys=True))
-        tmp.replace(path)
+        # A unique temp name per writer, renamed over: two plans filling one cache never meet.
+        write_json_atomic(path, meta.__dict__ | {"requires_dist": list(meta.requires_dist)})
         return meta
 
     def _fetch(self, name: str, version: str, machine: str) -> ReleaseMetadata:

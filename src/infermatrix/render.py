@@ -11,12 +11,16 @@ same bytes on any machine (sorted mappings, no timestamps, no absolute paths), a
 from __future__ import annotations
 
 import calendar
+import ctypes
+import errno
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import shlex
 import shutil
+import tempfile
 import time
 import tomllib
 import traceback
@@ -27,6 +31,7 @@ from typing import Any
 
 import jinja2
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from . import base as base_images
 from . import lock as locks
@@ -34,6 +39,7 @@ from .config import REPO_ROOT, Matrix
 from .context import Context
 from .errors import ConfigError, StageFailure, UsageError
 from .model import Cell, CellPlan, CellSettings
+from .state import run_lock
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -641,49 +647,181 @@ def render_all(ctx: Context, plans: Iterable[CellPlan]) -> list[RenderedCell]:
     return [render_cell(ctx, plan) for plan in planned(plans)]
 
 
-def write_cell(directory: Path, rendered: RenderedCell) -> None:
-    """Make `directory` hold exactly the rendered files (modes 0644/0755)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    wanted = set(rendered.files)
-    for existing in sorted(directory.rglob("*"), reverse=True):
-        relative = existing.relative_to(directory).as_posix()
-        if existing.is_file() or existing.is_symlink():
-            if relative not in wanted:
-                existing.unlink()
-        elif existing.is_dir() and not any(existing.iterdir()):
-            existing.rmdir()
-    for relative, (data, executable) in sorted(rendered.files.items()):
-        path = directory / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file() or path.read_bytes() != data:
-            path.write_bytes(data)
-        path.chmod(0o755 if executable else 0o644)
+def write_cell(directory: Path, rendered: RenderedCell) -> bool:
+    """Make `directory` hold exactly the rendered files (modes 0644/0755), atomically: the
+    files are written into a sibling staging directory, then swapped in whole, so a reader
+    (or an interrupted render) sees the old cell or the new one, never a half-written file.
+    Returns whether anything changed."""
+    if _matches(directory, rendered):
+        return False
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}{STAGING}"))
+    try:
+        for relative, (data, executable) in sorted(rendered.files.items()):
+            _write_file_atomic(staging / relative, data, executable)
+        staging.chmod(0o755)
+        _fsync_dir(staging)
+        _swap_in(staging, directory)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return True
+
+
+# Hidden siblings of a cell directory while it is replaced; render removes leftovers of an
+# interrupted run (a SIGKILL between two renames) before it writes.
+STAGING, RETIRED = ".new-", ".old-"
+
+
+def _write_file_atomic(path: Path, data: bytes, executable: bool) -> None:
+    """Temp file in the same directory, fsync, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o755 if executable else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _matches(directory: Path, rendered: RenderedCell) -> bool:
+    """Whether `directory` already holds exactly these files with these modes."""
+    if not directory.is_dir():
+        return False
+    on_disk = {p.relative_to(directory).as_posix(): p for p in directory.rglob("*")
+               if p.is_file() or p.is_symlink()}
+    if set(on_disk) != set(rendered.files):
+        return False
+    return all(not path.is_symlink() and path.read_bytes() == rendered.files[rel][0]
+               and bool(path.stat().st_mode & 0o100) == rendered.files[rel][1]
+               for rel, path in on_disk.items())
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EXDEV):
+        return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+
+
+def _swap_in(staging: Path, directory: Path) -> None:
+    """Put `staging` at `directory`; the old contents end up in `staging` (removed after)."""
+    if not directory.exists():
+        os.rename(staging, directory)
+    elif not _exchange(staging, directory):
+        # Two renames: an interruption between them leaves only the retired copy, which
+        # recover_interrupted() puts back.
+        retired = directory.parent / f".{directory.name}{RETIRED}{os.getpid()}"
+        os.rename(directory, retired)
+        os.rename(staging, directory)
+        os.rename(retired, staging)
+    _fsync_dir(directory.parent)
+
+
+def recover_interrupted(images_dir: Path) -> None:
+    """Undo what an interrupted render left: staging directories are dropped, and a retired
+    cell directory whose replacement never landed is put back."""
+    if not images_dir.is_dir():
+        return
+    for path in sorted(images_dir.iterdir()):
+        name = path.name
+        if not name.startswith(".") or not path.is_dir():
+            continue
+        if RETIRED in name:
+            original = images_dir / name[1:name.index(RETIRED)]
+            if not original.exists():
+                os.rename(path, original)
+                continue
+        if RETIRED in name or STAGING in name:
+            shutil.rmtree(path)
 
 
 def stale_cell_dirs(images_dir: Path, keep: set[str]) -> list[Path]:
+    """Cell directories of cells the matrix no longer lists (hidden staging dirs aside)."""
     if not images_dir.is_dir():
         return []
-    return sorted(p for p in images_dir.iterdir() if p.is_dir() and p.name not in keep)
+    return sorted(p for p in images_dir.iterdir()
+                  if p.is_dir() and not p.name.startswith(".") and p.name not in keep)
+
+
+def stale_cells_known(plans: Iterable[CellPlan]) -> bool:
+    """Whether the cells the matrix lists are known: an unresolved release selector (`latest`
+    offline without a cache) hides which cells exist, so nothing may be deleted as stale."""
+    return not any(p.status == "unresolved" and not _concrete(p.cell) for p in plans)
+
+
+def _concrete(cell: Cell) -> bool:
+    """A cell whose versions are releases, not selectors still to resolve (`latest`,
+    `from-engine`): only such an id can name a committed directory."""
+    try:
+        Version(cell.torch), Version(cell.engine_version)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def kept_cells(plans: Iterable[CellPlan]) -> set[str]:
+    """Cells whose directories stay: the planned ones, and the unresolved ones (the index
+    could not be read: missing knowledge never deletes committed files)."""
+    return {p.id for p in plans if p.planned or p.status == "unresolved"}
+
+
+def unrendered(plans: Iterable[CellPlan]) -> list[tuple[str, str]]:
+    """(cell id, why) of the cells that could not be rendered for lack of facts."""
+    return [(p.id, "; ".join(v.reason for v in p.verdicts) or "unresolved")
+            for p in sorted(plans, key=lambda p: p.id) if p.status == "unresolved"]
 
 
 def render_cells(ctx: Context, plans: list[CellPlan], prune: bool = False) -> list[Path]:
-    """Write `images/<cell-id>/` for every planned cell; with `prune`, remove cell directories
-    of cells no longer planned. Returns the Dockerfiles written."""
-    rendered = render_all(ctx, plans)
+    """Write `images/<cell-id>/` for every planned cell; with `prune`, remove the directories
+    of cells no longer planned. Unresolved cells (no facts: offline without a cache, index
+    unreachable) keep their committed files; `unrendered(plans)` says why. Holds the state
+    lock (re-entrant: the pipeline already holds it). Returns the Dockerfiles written."""
+    rendered = render_all(ctx, plans)  # in memory first: a mistake writes nothing
     images = ctx.images_dir
     written = []
-    for cell in rendered:
-        write_cell(images / cell.cell_id, cell)
-        written.append(images / cell.cell_id / "Dockerfile")
-    if prune:
-        for stale in stale_cell_dirs(images, {c.cell_id for c in rendered}):
-            shutil.rmtree(stale)
+    with run_lock(ctx.state):
+        recover_interrupted(images)
+        for cell in rendered:
+            write_cell(images / cell.cell_id, cell)
+            written.append(images / cell.cell_id / "Dockerfile")
+        if prune and stale_cells_known(plans):
+            for stale in stale_cell_dirs(images, kept_cells(plans)):
+                retired = images / f".{stale.name}{RETIRED}{os.getpid()}"
+                os.rename(stale, retired)  # gone at once; removed at leisure
+                shutil.rmtree(retired)
     return written
 
 
 def check(ctx: Context, plans: list[CellPlan], prune: bool = False) -> list[str]:
     """Files under images/ that differ from a fresh render (missing, changed, extra), as paths
-    relative to the matrix directory; with `prune`, whole stale cell directories too."""
+    relative to the matrix directory; unresolved cells as not checked (with why); with
+    `prune`, whole stale cell directories too."""
     rendered = render_all(ctx, plans)
     images = ctx.images_dir
     differ: list[str] = []
@@ -704,9 +842,11 @@ def check(ctx: Context, plans: list[CellPlan], prune: bool = False) -> list[str]
                     differ.append(f"{shown} (differs)")
                 elif bool(path.stat().st_mode & 0o100) != executable:
                     differ.append(f"{shown} (mode differs)")
-    if prune:
+    differ += [f"images/{cell_id}/ (not checked, committed files kept: {why})"
+               for cell_id, why in unrendered(plans)]
+    if prune and stale_cells_known(plans):
         differ += [f"images/{p.name}/ (cell no longer planned)"
-                   for p in stale_cell_dirs(images, {c.cell_id for c in rendered})]
+                   for p in stale_cell_dirs(images, kept_cells(plans))]
     return differ
 
 

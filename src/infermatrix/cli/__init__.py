@@ -3,9 +3,27 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
+
+import _signal  # the C module: `signal` imports enum first, a window for Ctrl-C
+
+
+def _interrupted_at_start(signum: int, frame: object) -> None:
+    print("infermatrix: interrupted", file=sys.stderr)
+    raise SystemExit(130)
+
+
+# Started as the command (not imported by a library user): Ctrl-C while the modules load is a
+# clean exit 130, not a KeyboardInterrupt traceback. main() puts Python's handler back.
+if sys.argv[:1] == ["-m"] or sys.argv[0].endswith(("infermatrix", "infermatrix/__main__.py")):
+    _signal.signal(_signal.SIGINT, _interrupted_at_start)
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import traceback  # noqa: E402
 
 from ..errors import InfermatrixError
 
@@ -22,6 +40,9 @@ def common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline", action="store_true",
                         help="never reach a package index: use cached metadata only")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every command run")
+    # main() reads --debug from argv itself; SUPPRESS keeps this from resetting the top level's
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the Python traceback of an error")
 
 
 def selection_options(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +66,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="infermatrix",
                      description="Build, verify and publish a matrix of LLM-inference images.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (also after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:
@@ -59,16 +82,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command. Whatever the input, the user sees one `infermatrix: error:` line (and
+    a fix) and an exit code, never a traceback, unless --debug asks for one."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
     try:
+        with contextlib.suppress(ValueError):  # ValueError: called outside the main thread
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except InfermatrixError as exc:
+        _show_traceback(debug)
         print(f"infermatrix: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        _show_traceback(debug)
         print("infermatrix: interrupted; finished cells are kept, rerun to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `infermatrix plan | head`: the reader left, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 1
+    except OSError as exc:  # a disk that filled up, a path that vanished: name it plainly
+        _show_traceback(debug)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"infermatrix: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a bug: say so in one line, the trace on request
+        _show_traceback(debug)
+        print(f"infermatrix: internal error: {type(exc).__name__}: {exc}"
+              + ("" if debug else " (rerun with --debug for the traceback)"), file=sys.stderr)
+        return 1
+
+
+def _show_traceback(debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from ..context import Context, setup_command_log
 from ..lock import prune_unsatisfiable
 from ..model import CellPlan
 from ..plan import Plan, plan_full
-from . import common_options, selection_options
+from ..state import run_lock
+from . import common_options, selection_options, wait_option
 
 STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta",
                 "unverified": "cyan"}
@@ -36,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="what changed since the committed plan (locks/plan.json, written "
                         "by `infermatrix lock`): cells that appear or go away, and why; exit 1 "
                         "when something changed")
+    wait_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -87,7 +89,9 @@ def plan_table(plans: list[CellPlan], every_row: bool = False) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx, full = load_full_plan(args)
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)  # bad input writes nothing
+    with run_lock(ctx.state, wait=args.wait):  # planning writes the metadata cache
+        ctx, full = load_full_plan(args)
     plans = full.cells
     prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
     if args.diff:

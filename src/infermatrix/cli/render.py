@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from .. import render
-from . import common_options, selection_options
+from ..context import Context
+from ..model import CellPlan
+from . import common_options, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,27 +21,50 @@ def register(sub: argparse._SubParsersAction) -> None:
     selection_options(parser)
     parser.add_argument("--check", action="store_true",
                         help="compare images/ with a fresh render; exit 1 on any difference")
+    wait_option(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..state import run_lock
     from .plan import load_plans
 
-    ctx, plans = load_plans(args)
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)  # bad input writes nothing
+    with run_lock(ctx.state, wait=args.wait):  # plan fills the cache, render writes images/
+        return _render(args, *load_plans(args))
+
+
+def _render(args: argparse.Namespace, ctx: Context, plans: list[CellPlan]) -> int:
     prune = not args.select and not args.skip
     planned = render.planned(plans)
+    missing = render.unrendered(plans)
     if args.check:
-        differ = render.check(ctx, planned, prune=prune)
+        differ = render.check(ctx, plans, prune=prune)
         if differ:
-            print(f"images/ differs from a fresh render ({len(differ)} files):", file=sys.stderr)
+            print(f"images/ differs from a fresh render ({len(differ)} entries):", file=sys.stderr)
             for line in differ:
                 print(f"  {line}", file=sys.stderr)
-            print("  fix: run `infermatrix render` and commit images/", file=sys.stderr)
+            print("  fix: " + (_unresolved_fix(args) if missing and len(missing) == len(differ)
+                               else "run `infermatrix render` and commit images/"), file=sys.stderr)
             return 1
         print(f"images/ is up to date ({len(planned)} cells)")
         return 0
-    written = render.render_cells(ctx, planned, prune=prune)
+    written = render.render_cells(ctx, plans, prune=prune)
     for path in written:
         print(path.relative_to(ctx.root))
     print(f"rendered {len(written)} cells into {ctx.images_dir.relative_to(ctx.root)}/")
+    if missing:
+        print(f"infermatrix: error: {len(missing)} cells could not be rendered; their committed "
+              "files under images/ are kept as they were:", file=sys.stderr)
+        for cell_id, why in missing:
+            print(f"  {cell_id}: {why}", file=sys.stderr)
+        print(f"  fix: {_unresolved_fix(args)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _unresolved_fix(args: argparse.Namespace) -> str:
+    if args.offline:
+        return "run `infermatrix plan` once online to fill the metadata cache, then render again"
+    return "the package index could not be reached: check the network (or INFERMATRIX_INDEX_URL) " \
+           "and render again"
