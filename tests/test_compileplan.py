@@ -294,3 +294,35 @@ def test_read_host_of_this_machine_gives_a_usable_plan():
     assert memory > 0 and source != "unknown"
     plan = cp.plan_from_reading(reading, [cp.Need("flash-attn", "2.8.3", "13.0")])
     assert plan.max_jobs >= 1 and plan.nvcc_threads == 1
+
+
+def test_build_records_a_kernel_compile_and_the_next_plan_of_that_key_uses_it(tmp_path):
+    """build.py's wiring, without Docker: the sampler around a real nvcc compile of the
+    fixture kernel, recorded under its cache key in the state directory; the next
+    compile_plan_for that key (and `build --explain`) names the recorded figure."""
+    import os
+    import subprocess
+
+    from infermatrix import build, kernelcache
+    from infermatrix.context import Context
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    ctx = Context.load(str(Path(__file__).parent / "matrix" / "matrix.yaml"), str(tmp_path),
+                       True)
+    spec = ctx.matrix.build["kernels"]["cudakern"]
+    key = kernelcache.make_key(spec, torch="2.11.0", cuda="13.0", python="3.12",
+                               archs=["sm_120"], source_root=ctx.root)
+    reading = HostReading(mem_available=64 * GIB, cpus_affinity=16)
+    first = build.compile_plan_for(ctx, [[key]], build.BuildOptions(), reading)
+    assert first.figures[0].origin != "recorded"
+    source = Path(__file__).parent / "fixtures" / "cudakern" / "src" / "reduce.cu"
+    with cp.JobSampler(interval=0.1, root_pid=os.getpid()) as sampler:
+        subprocess.run([nvcc, "-gencode", "arch=compute_120,code=sm_120", "-c", str(source),
+                        "-o", str(tmp_path / "reduce.o")], check=True)
+    stats = build._record_compile(ctx, key, sampler, {"MAX_JOBS": "1", "NVCC_THREADS": "1"})
+    second = build.compile_plan_for(ctx, [[key]], build.BuildOptions(), reading)
+    assert second.figures[0].origin == "recorded" and key.slug in second.figures[0].source
+    assert second.job_gib == pytest.approx(stats["job_peak_max_gib"] * 1.15, abs=1e-3)
+    assert "[recorded]" in second.explain()
