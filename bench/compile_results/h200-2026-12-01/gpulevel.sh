@@ -12,7 +12,9 @@ for A in 90 120; do
   echo "== build cudakern for sm_$A: CUDAKERN_ARCHS=$A MAX_JOBS=4 python3 -m pip wheel --no-build-isolation --no-deps"
   CUDAKERN_ARCHS=$A MAX_JOBS=4 python3 -m pip wheel -q --no-build-isolation --no-deps -w /tmp/ckw$A . 2>&1 | tail -3
   python3 -m pip install -q --no-deps --no-index --target /tmp/cksite$A /tmp/ckw$A/*.whl 2>&1 | tail -2
-  cd $/tmp/h
+  # run as the image does, from a folder holding only harness/ (src/infermatrix/selectors.py
+  # would shadow the stdlib module)
+  mkdir -p /tmp/h && cp -r $ROOT/src/infermatrix/harness /tmp/h/ && cd /tmp/h
   echo "== PYTHONPATH=/tmp/cksite$A python3 -m harness.gpu_check --arch sm_90 --kernels cudakern"
   PYTHONPATH=/tmp/cksite$A python3 -m harness.gpu_check --arch sm_90 --kernels cudakern; echo "exit code: $?"
   cd $ROOT
