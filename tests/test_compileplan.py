@@ -45,37 +45,38 @@ def test_cpus_from_affinity_and_quota():
 
 # ---- the plan ------------------------------------------------------------------------------
 
-def test_flash_attn_on_a_64_gb_box_with_many_cores():
-    # 64 GB - 2 GB margin, 5 GB per nvcc thread, 4 threads: 20 GB per job -> 3 jobs.
-    plan = cp.plan_compile(64 * GIB, 64, 5.0, safety_margin_gb=2, default_nvcc_threads=4)
-    assert (plan.max_jobs, plan.nvcc_threads, plan.parallel_cells) == (3, 4, 1)
-    assert plan.cell_budget_gb == 60 <= 62
-    assert not plan.warnings
+def test_one_target_means_one_nvcc_thread_and_the_memory_goes_to_max_jobs():
+    # The issue's case: a 16-CPU, 125 GB host. The old model planned 6 x 4; per job, one
+    # target, the CPUs are the limit.
+    plan = cp.plan_compile(125 * GIB, 16, 6.6, safety_margin_gb=2)
+    assert (plan.max_jobs, plan.nvcc_threads, plan.parallel_cells) == (16, 1, 1)
+    assert plan.total_budget_gb == pytest.approx(16 * 6.6) and not plan.warnings
 
 
-def test_jobs_capped_by_cpus():
-    plan = cp.plan_compile(512 * GIB, 2, 0.5, safety_margin_gb=2, default_nvcc_threads=2)
-    assert plan.max_jobs == 2 and plan.nvcc_threads == 2
+def test_threads_follow_the_targets_and_jobs_share_the_cpus():
+    plan = cp.plan_compile(512 * GIB, 64, 5.0, targets=4, safety_margin_gb=2)
+    assert plan.nvcc_threads == 4 and plan.targets_in_flight == 4
+    assert plan.job_gib == 20 and plan.max_jobs == 16  # 64 CPUs / 4 targets in flight
+    more_threads_than_targets = cp.plan_compile(512 * GIB, 64, 5.0, nvcc_threads=4)
+    assert more_threads_than_targets.job_gib == 5.0  # idle threads take no memory
 
 
-def test_tight_memory_lowers_threads_then_jobs_to_one():
-    plan = cp.plan_compile(9 * GIB, 32, 5.0, safety_margin_gb=2, default_nvcc_threads=4)
-    assert (plan.max_jobs, plan.nvcc_threads) == (1, 1)
-    assert plan.cell_budget_gb <= 7
+def test_memory_caps_jobs():
+    plan = cp.plan_compile(64 * GIB, 64, 6.6, safety_margin_gb=2)
+    assert plan.max_jobs == 9 and plan.total_budget_gb <= 62  # 62 // 6.6
 
 
-def test_not_even_one_thread_fits_warns():
+def test_not_even_one_job_fits_warns_with_the_expected_peak():
     plan = cp.plan_compile(4 * GIB, 8, 5.0, safety_margin_gb=2)
     assert (plan.max_jobs, plan.nvcc_threads) == (1, 1)
-    assert plan.warnings and "OOM" in plan.warnings[0]
+    assert plan.warnings and "expected peak 5.0 GiB" in plan.warnings[0]
+    assert "OOM" in plan.warnings[0]
 
 
 def test_parallel_cells_budgets_sum_under_the_limit():
-    plan = cp.plan_compile(48 * GIB, 32, 5.0, safety_margin_gb=2, default_nvcc_threads=4,
-                           max_parallel_cells=4, cells_to_compile=6)
-    assert plan.parallel_cells == 4
-    assert plan.total_budget_gb <= 46
-    # Memory for only two cells at one thread each: the cap drops to 2.
+    plan = cp.plan_compile(48 * GIB, 32, 5.0, safety_margin_gb=2, max_parallel_cells=4,
+                           cells_to_compile=6)
+    assert plan.parallel_cells == 4 and plan.total_budget_gb <= 46
     small = cp.plan_compile(13 * GIB, 32, 5.0, safety_margin_gb=2, max_parallel_cells=4,
                             cells_to_compile=6)
     assert small.parallel_cells == 2 and small.total_budget_gb <= 11
@@ -86,33 +87,160 @@ def test_parallel_cells_never_more_than_cells_compiling():
     assert plan.parallel_cells == 3
 
 
-def test_overrides_are_kept_recorded_and_warned_when_too_big():
+def test_overrides_are_accepted_recorded_and_warned_with_the_expected_peak():
     plan = cp.plan_compile(16 * GIB, 16, 5.0, safety_margin_gb=2, max_jobs=8, nvcc_threads=4)
     assert (plan.max_jobs, plan.nvcc_threads) == (8, 4)
     assert plan.overrides == ["MAX_JOBS=8", "NVCC_THREADS=4"]
-    assert plan.warnings
+    assert plan.warnings and "expected peak 40.0 GiB exceeds the budget of 14.0 GiB" \
+        in plan.warnings[0]
     assert plan.build_args() == {"MAX_JOBS": "8", "NVCC_THREADS": "4"}
     assert "overridden" in plan.describe()
+    fits = cp.plan_compile(64 * GIB, 16, 5.0, max_jobs=4)
+    assert fits.overrides == ["MAX_JOBS=4"] and not fits.warnings
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4"])
+def test_overrides_must_be_positive_integers(bad):
+    with pytest.raises(ValueError, match="positive integer"):
+        cp.plan_compile(16 * GIB, 16, 5.0, max_jobs=bad)
+    with pytest.raises(ValueError, match="positive integer"):
+        cp.plan_compile(16 * GIB, 16, 5.0, nvcc_threads=bad)
 
 
 def test_plan_is_serialisable_for_the_journal():
     import json
 
-    plan = cp.plan_from_reading(HostReading(mem_available=24 * GIB, cpus_affinity=2), 0.5)
+    plan = cp.plan_from_reading(HostReading(mem_available=24 * GIB, cpus_affinity=2),
+                                [cp.Need("cudakern", "0.1.0", "13.0")])
     data = json.loads(json.dumps(plan.as_dict()))
     assert data["memory_source"] == "MemAvailable" and data["cell_budget_gb"] > 0
-
-
-def test_gb_per_thread_is_the_largest_of_the_kernels_compiled():
-    kernels = {"flash-attn": {"gb_per_nvcc_thread": 5.0}, "flashinfer": {"gb_per_nvcc_thread": 4}}
-    assert cp.gb_per_thread_for(kernels, ["flashinfer"]) == 4
-    assert cp.gb_per_thread_for(kernels, ["flashinfer", "flash-attn"]) == 5
-    assert cp.gb_per_thread_for(kernels, [], default=1.0) == 1.0
+    assert data["figures"][0]["origin"] == "measured"
 
 
 def test_bad_model_rejected():
     with pytest.raises(ValueError):
         cp.plan_compile(GIB, 1, 0)
+
+
+def test_parse_size():
+    assert cp.parse_size("512G") == 512 * GIB == cp.parse_size("512GiB") == cp.parse_size("512")
+    assert cp.parse_size("1.5T") == int(1.5 * 1024 * GIB) and cp.parse_size("2048m") == 2 * GIB
+    for bad in ("lots", "-4G", "0"):
+        with pytest.raises(ValueError):
+            cp.parse_size(bad)
+
+
+# ---- the memory model: data, then what builds recorded -------------------------------------
+
+def test_model_data_cites_where_and_when_each_measurement_was_made():
+    model = cp.load_model()
+    for name, package in model["packages"].items():
+        assert package["default"]["source"], name
+        for entry in package["measured"]:
+            assert entry["when"] and entry["host"] and entry["job_peak_max_gib"] > 0, name
+    flash = model["packages"]["flash-attn"]["measured"][0]
+    assert (flash["version"], flash["cuda"], flash["targets"]) == ("2.8.3", "13.0", 1)
+
+
+def test_figure_precedence_measured_then_other_version_then_default():
+    model = cp.load_model()
+    exact = cp.job_figure(cp.Need("flash-attn", "2.8.3", "13.0"), model)
+    assert exact.origin == "measured"
+    assert exact.gib_per_target == pytest.approx(6.598 * model["margin"], abs=1e-3)
+    other = cp.job_figure(cp.Need("flash-attn", "2.8.3", "12.8"), model)
+    assert other.origin == "measured-other" and "not 2.8.3 CUDA 12.8" in other.source
+    unmeasured = cp.job_figure(cp.Need("flashinfer-python", "0.6.8", "13.0"), model)
+    assert unmeasured.origin == "default" and "unmeasured" in unmeasured.source
+    legacy = cp.job_figure(cp.Need("newkern", "1", "13.0", legacy_gb=3.0), model)
+    assert (legacy.origin, legacy.gib_per_target) == ("default", 3.0)
+
+
+def test_a_recorded_build_of_the_same_key_wins_with_margin(tmp_path):
+    history = cp.history_path(tmp_path)
+    need = cp.Need("flash-attn", "2.8.3", "13.0.2", 1)
+    cp.record_build(cp.history_path(tmp_path), cp.Need("flash-attn", "2.8.3", "12.8", 1),
+                    {"job_peak_max_gib": 9.0}, key="other-cuda")
+    cp.record_build(history, need, {"job_peak_max_gib": 3.0, "wall_s": 100}, key="k1")
+    with history.open("a") as handle:
+        handle.write('{"torn')  # a crash mid-write: ignored
+    figure = cp.job_figure(need, history=cp.read_history(history))
+    assert figure.origin == "recorded" and "k1" in figure.source
+    assert figure.gib_per_target == pytest.approx(3.0 * cp.load_model()["margin"], abs=1e-3)
+    plan = cp.plan_for_needs(64 * GIB, 64, [need], history=cp.read_history(history))
+    assert plan.max_jobs == int(62 // figure.gib_per_target)
+    assert "[recorded]" in plan.explain()
+
+
+def test_seeds_128_cpu_box_plan_for_a_host_we_are_not_on():
+    """The seeds' box: 128 CPUs. One flash-attn cell for sm_120 on CUDA 13."""
+    need = cp.Need("flash-attn", "2.8.3", "13.0", 1)
+    plan = cp.plan_for_needs(512 * GIB, 128, [need], memory_source="--memory")
+    assert plan.nvcc_threads == 1 and plan.max_jobs == int(510 // plan.job_gib) == 67
+    assert plan.total_budget_gb <= 510 and not plan.warnings
+    tight = cp.plan_for_needs(128 * GIB, 128, [need])
+    assert tight.max_jobs == 16 and tight.total_budget_gb <= 126  # far below 128 jobs
+
+
+# ---- the sampler, on a real nvcc compile of the CI fixture kernel ------------------------------
+
+def _nvcc() -> str | None:
+    from tests.cuda_tools import NVCC
+
+    return NVCC
+
+
+def test_sampler_measures_a_real_compile_and_the_next_plan_uses_it(tmp_path):
+    import subprocess
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    source = Path(__file__).parent / "fixtures" / "cudakern" / "src" / "saxpy.cu"
+    import os
+
+    with cp.JobSampler(interval=0.1, root_pid=os.getpid()) as sampler:
+        subprocess.run([nvcc, "-O2", "--threads", "1", "-gencode",
+                        "arch=compute_120,code=sm_120", "-c", str(source), "-o",
+                        str(tmp_path / "saxpy.o")], check=True)
+    stats = sampler.stats()
+    assert stats["job_peak_max_gib"] > 0.01 and stats["heaviest_tu"] == "saxpy.cu"
+    need = cp.Need("cudakern", "src-test", "13.0", 1)
+    before = cp.job_figure(need)
+    cp.record_build(cp.history_path(tmp_path), need, stats, key="cudakern-test")
+    after = cp.job_figure(need, history=cp.read_history(cp.history_path(tmp_path)))
+    assert before.origin == "measured-other" and after.origin == "recorded"
+    assert after.gib_per_target == pytest.approx(stats["job_peak_max_gib"] * 1.15, abs=1e-3)
+
+
+# ---- the commands ----------------------------------------------------------------------------
+
+def test_max_jobs_and_nvcc_threads_are_validated_alike_in_every_command(capsys):
+    from infermatrix.cli import main
+
+    for command in (["build"], ["pipeline"], ["compile-plan"]):
+        for flag in ("--max-jobs", "--nvcc-threads"):
+            for bad in ("0", "-3", "two"):
+                with pytest.raises(SystemExit) as exit_info:
+                    main([*command, flag, bad])
+                assert exit_info.value.code == 2
+                assert flag in capsys.readouterr().err
+
+
+def test_compile_plan_command_for_another_host_as_json(tmp_path, capsys):
+    import json
+
+    from infermatrix.cli import main
+
+    matrix = Path(__file__).parent / "matrix" / "matrix.yaml"
+    code = main(["compile-plan", "--matrix", str(matrix), "--state-dir", str(tmp_path),
+                 "--offline", "--memory", "512G", "--cpus", "128", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["cpus"] == 128 and data["memory_source"] == "--memory"
+    assert data["nvcc_threads"] == 1 and data["expected_peak_gib"] <= data["budget_gib"]
+    code = main(["compile-plan", "--matrix", str(matrix), "--state-dir", str(tmp_path),
+                 "--offline", "--memory", "4G", "--cpus", "8", "--max-jobs", "64"])
+    out = capsys.readouterr().out
+    assert code == 0 and "expected peak" in out and "warning" in out
 
 
 # ---- parsing real files -----------------------------------------------------------------------
@@ -172,7 +300,39 @@ def test_read_host_of_this_machine_gives_a_usable_plan():
     assert abs(reading.mem_available - own) < 0.25 * own  # memory moves between two reads
     memory, source = cp.effective_memory(reading)
     assert 0 < memory <= reading.mem_available and source != "unknown"
-    plan = cp.plan_from_reading(reading, 0.5)
+    plan = cp.plan_from_reading(reading, [cp.Need("flash-attn", "2.8.3", "13.0")])
     assert plan.memory_gb == memory / cp.GIB and plan.cpus == cp.effective_cpus(reading)
-    assert plan.max_jobs <= plan.cpus and plan.nvcc_threads <= plan.cpus
-    assert plan.total_budget_gb <= plan.memory_gb - plan.safety_margin_gb and not plan.warnings
+    assert plan.max_jobs <= plan.cpus and plan.nvcc_threads == 1
+    assert plan.total_budget_gb <= plan.usable_gb and not plan.warnings
+
+
+def test_build_records_a_kernel_compile_and_the_next_plan_of_that_key_uses_it(tmp_path):
+    """build.py's wiring, without Docker: the sampler around a real nvcc compile of the
+    fixture kernel, recorded under its cache key in the state directory; the next
+    compile_plan_for that key (and `build --explain`) names the recorded figure."""
+    import os
+    import subprocess
+
+    from infermatrix import build, kernelcache
+    from infermatrix.context import Context
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    ctx = Context.load(str(Path(__file__).parent / "matrix" / "matrix.yaml"), str(tmp_path),
+                       True)
+    spec = ctx.matrix.build["kernels"]["cudakern"]
+    key = kernelcache.make_key(spec, torch="2.11.0", cuda="13.0", python="3.12",
+                               archs=["sm_120"], source_root=ctx.root)
+    reading = HostReading(mem_available=64 * GIB, cpus_affinity=16)
+    first = build.compile_plan_for(ctx, [[key]], build.BuildOptions(), reading)
+    assert first.figures[0].origin != "recorded"
+    source = Path(__file__).parent / "fixtures" / "cudakern" / "src" / "reduce.cu"
+    with cp.JobSampler(interval=0.1, root_pid=os.getpid()) as sampler:
+        subprocess.run([nvcc, "-gencode", "arch=compute_120,code=sm_120", "-c", str(source),
+                        "-o", str(tmp_path / "reduce.o")], check=True)
+    stats = build._record_compile(ctx, key, sampler, {"MAX_JOBS": "1", "NVCC_THREADS": "1"})
+    second = build.compile_plan_for(ctx, [[key]], build.BuildOptions(), reading)
+    assert second.figures[0].origin == "recorded" and key.slug in second.figures[0].source
+    assert second.job_gib == pytest.approx(stats["job_peak_max_gib"] * 1.15, abs=1e-3)
+    assert "[recorded]" in second.explain()

@@ -198,20 +198,35 @@ def secrets_for(options: BuildOptions) -> dict[str, Path]:
 # The compile plan for this run
 # --------------------------------------------------------------------------------------------
 
-def compile_plan_for(ctx: Context, kernels_needed: list[list[str]], options: BuildOptions,
+def compile_plan_for(ctx: Context, kernels_needed: list[list[Any]], options: BuildOptions,
                      reading: compileplan.HostReading | None = None) -> compileplan.CompilePlan:
-    """Size MAX_JOBS/NVCC_THREADS for the kernels the selected cells compile."""
+    """Size MAX_JOBS/NVCC_THREADS for the kernels the selected cells compile.
+
+    `kernels_needed`: per cell, the kernel cache keys (or bare `build.kernels` names) to
+    compile; a key's earlier build, recorded in the state directory, sets its figure.
+    """
     settings = ctx.matrix.build
-    specs = settings.get("kernels", {})
-    names = sorted({n for cell in kernels_needed for n in cell})
+    needs = [kernel_need(settings.get("kernels", {}), item)
+             for cell in kernels_needed for item in cell]
     return compileplan.plan_from_reading(
-        reading or compileplan.read_host(),
-        compileplan.gb_per_thread_for(specs, names),
+        reading or compileplan.read_host(), needs,
+        history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
         safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
-        default_nvcc_threads=int(settings.get("nvcc_threads", 4)),
         max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
         cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
         max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
+
+
+def kernel_need(specs: dict[str, dict[str, Any]], item: Any) -> compileplan.Need:
+    """The memory model's key for a kernel cache key, or for a bare build.kernels name."""
+    if isinstance(item, kernelcache.KernelKey):
+        legacy = next((s.get("gb_per_nvcc_thread") for s in specs.values()
+                       if s.get("package") == item.package), None)
+        return compileplan.Need(item.package, item.version, item.cuda, len(item.archs), legacy)
+    spec = specs.get(item, {"package": item})
+    version = str(spec.get("version", "")) or None
+    return compileplan.Need(spec["package"], version if version != "match-engine" else None,
+                            legacy_gb=spec.get("gb_per_nvcc_thread"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,20 +301,38 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
         echo(f"{cell_id}: compiling kernel {name} ({key.slug})")
         with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
                                          dir=_tmp_root(ctx)) as out:
-            engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
-                               secrets=secrets, output_dir=Path(out), log_path=log_path,
-                               timeout=deadline.remaining(), no_cache=no_cache,
-                           platform=platform)
+            with compileplan.JobSampler() as sampler:
+                engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
+                                   secrets=secrets, output_dir=Path(out), log_path=log_path,
+                                   timeout=deadline.remaining(), no_cache=no_cache,
+                                   platform=platform)
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+            stats = _record_compile(ctx, key, sampler, build_args)
             entry = kernelcache.store(ctx.state, key, wheels,
-                                      details={"compiled_by": cell_id, **build_args})
+                                      details={"compiled_by": cell_id, **build_args,
+                                               "compile_stats": stats})
         cache = "miss"
     else:
         echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
         cache = "hit"
     return entry, cache, started
+
+
+def _record_compile(ctx: Context, key: kernelcache.KernelKey,
+                    sampler: compileplan.JobSampler, build_args: dict[str, str]
+                    ) -> dict[str, Any]:
+    """Append the compile's measured peak and wall time to the planner's history (the next plan
+    for the same package, version, CUDA and targets uses it). A compile whose jobs the sampler
+    never saw (too short, or a builder on another host) records no peak."""
+    stats = sampler.stats()
+    if stats["job_peak_max_gib"] > 0:
+        compileplan.record_build(compileplan.history_path(ctx.state.root),
+                                 kernel_need({}, key), stats, key=key.slug,
+                                 max_jobs=int(build_args.get("MAX_JOBS", 0)),
+                                 nvcc_threads=int(build_args.get("NVCC_THREADS", 0)))
+    return stats
 
 
 def _tmp_root(ctx: Context) -> Path:
@@ -441,8 +474,8 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
 # All selected cells
 # --------------------------------------------------------------------------------------------
 
-def _kernels_to_compile(ctx: Context, plan: CellPlan) -> list[str]:
-    """The kernel stages of a cell whose wheels are not in the cache yet."""
+def _kernels_to_compile(ctx: Context, plan: CellPlan) -> list[kernelcache.KernelKey]:
+    """The kernel keys of a cell whose wheels are not in the cache yet."""
     dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
     if not dockerfile.is_file():
         return []
@@ -450,7 +483,15 @@ def _kernels_to_compile(ctx: Context, plan: CellPlan) -> list[str]:
         keys = kernel_keys_for(ctx, plan, dockerfile.read_text(encoding="utf-8"))
     except (InfermatrixError, ValueError):
         return []  # build_cell reports it
-    return [name for name, key in keys.items() if kernelcache.lookup(ctx.state, key) is None]
+    return [key for key in keys.values() if kernelcache.lookup(ctx.state, key) is None]
+
+
+def compile_plan_for_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions,
+                           reading: compileplan.HostReading | None = None
+                           ) -> compileplan.CompilePlan:
+    """The compile plan for the kernels the planned cells still have to compile."""
+    return compile_plan_for(ctx, [_kernels_to_compile(ctx, p) for p in plans if p.planned],
+                            options, reading)
 
 
 def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | None = None
@@ -463,7 +504,7 @@ def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | Non
     options = options or BuildOptions()
     planned = [p for p in plans if p.planned]
     results: dict[str, CellResult] = {}
-    compile = compile_plan_for(ctx, [_kernels_to_compile(ctx, p) for p in planned], options)
+    compile = compile_plan_for_cells(ctx, planned, options)
     options.echo(compile.describe())
     with run_lock(ctx.state, wait=options.wait):
         if compile.parallel_cells <= 1 or len(planned) <= 1:

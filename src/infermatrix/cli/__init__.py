@@ -29,7 +29,7 @@ from ..errors import InfermatrixError
 
 # Modules under infermatrix.cli, in the order `--help` lists them.
 COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
-                   "report", "pipeline", "doctor"]
+                   "report", "pipeline", "doctor", "compile_plan"]
 
 
 def common_options(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +55,27 @@ def selection_options(parser: argparse.ArgumentParser) -> None:
 def wait_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="wait for another run holding the state directory instead of refusing")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (exit 2 with the usage otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 1 or more")
+    return value
+
+
+def compile_options(parser: argparse.ArgumentParser) -> None:
+    """--max-jobs / --nvcc-threads, the same in every command that compiles or plans."""
+    parser.add_argument("--max-jobs", type=positive_int, default=None, metavar="N",
+                        help="override the planned MAX_JOBS (a plan over the memory budget "
+                             "is accepted with a warning giving the expected peak)")
+    parser.add_argument("--nvcc-threads", type=positive_int, default=None, metavar="N",
+                        help="override the planned NVCC_THREADS (default: the number of "
+                             "gencode targets, 1 for a cell)")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import common_options, selection_options, wait_option
+from . import common_options, compile_options, selection_options, wait_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,10 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="stop at the first failed cell (default: build the others)")
     parser.add_argument("--timeout-min", type=float, default=None, metavar="N",
                         help="per-cell time limit in minutes (default: build.timeout_minutes)")
-    parser.add_argument("--max-jobs", type=_positive, default=None, metavar="N",
-                        help="override the planned MAX_JOBS")
-    parser.add_argument("--nvcc-threads", type=_positive, default=None, metavar="N",
-                        help="override the planned NVCC_THREADS")
+    compile_options(parser)
+    parser.add_argument("--explain", action="store_true",
+                        help="print the compile plan with where each figure came from; "
+                             "build nothing")
     wait_option(parser)
     parser.add_argument("--force", action="store_true",
                         help="rebuild even the cells whose inputs did not change")
@@ -26,13 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="CA bundle passed to builds as the `ca_bundle` secret "
                              "(default: $SSL_CERT_FILE or the system bundle)")
     parser.set_defaults(func=run)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be 1 or more")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
                            max_jobs=args.max_jobs, nvcc_threads=args.nvcc_threads,
                            wait=args.wait, force=args.force,
                            ca_bundle=Path(args.ca_bundle) if args.ca_bundle else None)
+    if args.explain:
+        from ..build import compile_plan_for_cells
+
+        print(compile_plan_for_cells(ctx, plans, options).explain())
+        return 0
     results = build_cells(ctx, plans, options)
     built = [r for r in results.values() if r.status != "skip"]
     failed = [r for r in built if r.status == "fail"]

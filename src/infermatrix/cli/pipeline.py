@@ -7,7 +7,7 @@ import argparse
 from ..context import Context, setup_command_log
 from ..pipeline import PipelineOptions, run_pipeline
 from ..state import run_lock
-from . import common_options, selection_options, wait_option
+from . import common_options, compile_options, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--levels", default=None,
                         help="smoke levels, comma-separated (default: matrix.yaml smoke.levels)")
     parser.add_argument("--no-publish", action="store_true", help="skip the publish step")
-    parser.add_argument("--max-jobs", type=int, default=None, help="override the compile planner")
-    parser.add_argument("--nvcc-threads", type=int, default=None, help="override NVCC_THREADS")
+    compile_options(parser)
     parser.add_argument("--timeout-min", type=float, default=None, help="per-cell build timeout")
     wait_option(parser)
     parser.set_defaults(func=run)

@@ -1,0 +1,80 @@
+"""`infermatrix compile-plan`: MAX_JOBS, NVCC_THREADS, cells in parallel and the expected peak,
+for this host or one you are not on (what to check before starting a multi-hour build)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from . import common_options, compile_options, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "compile-plan", help="plan the kernel compile for a host (this one or another)",
+        description="Size MAX_JOBS / NVCC_THREADS / cells in parallel from the memory model "
+        "(data/compile_model.yaml and what earlier builds recorded) for the given memory and "
+        "CPUs, or this host's when they are left out. Prints where each figure came from.")
+    common_options(parser)
+    parser.add_argument("--memory", default=None, metavar="SIZE",
+                        help="memory of the target host, e.g. 512G (default: this host's)")
+    parser.add_argument("--cpus", type=positive_int, default=None, metavar="N",
+                        help="CPUs of the target host (default: this host's)")
+    parser.add_argument("--cell", action="append", default=[], metavar="ID",
+                        help="plan for this cell's kernels only (fnmatch pattern; repeatable); "
+                             "default: every planned cell that compiles kernels")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    compile_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import compileplan
+    from ..build import kernel_need
+    from ..context import Context, setup_command_log
+    from ..errors import UsageError
+    from ..plan import plan_matrix
+
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    setup_command_log(ctx.state, args.verbose)
+    try:
+        memory = compileplan.parse_size(args.memory) if args.memory else None
+    except ValueError as exc:
+        raise UsageError(f"--memory: {exc}") from None
+    plans = [p for p in plan_matrix(ctx, select=args.cell) if p.planned and p.settings]
+    needs_per_cell = [cell_needs(ctx, p, kernel_need) for p in plans]
+    needs = [n for cell in needs_per_cell for n in cell]
+    reading = compileplan.read_host()
+    here_memory, here_source = compileplan.effective_memory(reading)
+    settings = ctx.matrix.build
+    plan = compileplan.plan_for_needs(
+        memory if memory is not None else here_memory,
+        args.cpus or compileplan.effective_cpus(reading), needs,
+        history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
+        memory_source="--memory" if memory is not None else here_source,
+        safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
+        max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
+        cells_to_compile=max(1, sum(1 for cell in needs_per_cell if cell)),
+        max_jobs=args.max_jobs, nvcc_threads=args.nvcc_threads)
+    cells = [p.id for p, cell in zip(plans, needs_per_cell) if cell]
+    if args.json:
+        print(json.dumps({**plan.as_dict(), "cells": cells}, indent=2, default=str))
+    else:
+        print(plan.explain())
+        print(f"  cells compiling kernels: {len(cells)}" + (f" ({', '.join(cells[:6])}"
+              + (", ..." if len(cells) > 6 else "") + ")" if cells else ""))
+    return 0
+
+
+def cell_needs(ctx, plan, kernel_need) -> list:
+    """The memory model's keys of a cell's kernels: its CUDA, one target (its own arch), the
+    version its lock pins when the matrix says `match-engine`."""
+    from ..build import _locked_version
+
+    specs = ctx.matrix.build.get("kernels", {})
+    needs = []
+    for name in plan.settings.kernels:
+        need = kernel_need(specs, name)
+        version = need.version or _locked_version(ctx, plan.id, need.package)
+        needs.append(type(need)(need.package, version, plan.cell.cuda, 1, need.legacy_gb))
+    return needs
