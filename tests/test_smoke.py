@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
@@ -40,10 +39,16 @@ def test_vllm_cpu_launch_command_comes_from_data(ctx):
     assert spec.shm_size == "1g"  # Docker's default 64 MB /dev/shm kills the engine
 
 
-def test_launch_command_without_a_plan_uses_the_matrix(ctx):
-    plan = dataclasses.replace(plan_of(ctx, CPU_ID), settings=None)
+def test_smoke_and_images_lock_launch_the_same_command(ctx):
+    """One launch per cell (spec.Launch): smoke runs what images.lock tells consumers to run."""
+    from infermatrix import publish
+
+    plan = plan_of(ctx, CPU_ID)
     spec = smoke.launch_spec(ctx, plan)
+    run = publish.run_spec(ctx.matrix, plan.cell)
     assert spec.command[-3:] == ["--reasoning-parser", "qwen3", "--enforce-eager"]
+    assert [p.format(port=8000, model="/model") for p in run["command"]] == spec.command
+    assert (run["env"], run["shm_size"], run["gpu"]) == (spec.env, spec.shm_size, spec.gpu)
 
 
 def test_engine_without_a_server_has_no_model_level(ctx):

@@ -19,12 +19,10 @@ from .model import CPU, Cell, CellPlan, CellSettings, Verdict
 from .rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, evaluate,
                     exact_pin, load_rules, torch_variant)
 from .selectors import Selection, matches
+from .spec import machine_of
 
 # (name, version, machine) -> metadata of that release's Linux wheel for the machine
 MetadataSource = Callable[..., ReleaseMetadata]
-
-MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
-
 
 def _parse_engine(spec: str) -> tuple[str, str]:
     name, _, version = spec.partition("==")
@@ -144,7 +142,7 @@ def plan_cell(cell: Cell, origin: str, m: Matrix, gatherer: FactGatherer) -> Cel
     facts: EngineFacts | None = None
     unresolved: str | None = None
     verdicts: list[Verdict] = []
-    machine = MACHINES[platform_for(cell, m)]
+    machine = machine_of(platform_for(cell, m))
     if engine.get("package"):
         try:
             facts = gatherer.facts(engine["package"], cell.engine_version, machine)

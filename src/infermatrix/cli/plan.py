@@ -9,11 +9,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ..context import Context, setup_command_log
 from ..model import CellPlan
-from ..lock import prune_unsatisfiable
-from ..plan import plan_matrix
-from . import common_options, selection_options
+from . import common_options, load_run, selection_options
 
 STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta"}
 
@@ -27,13 +24,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--planned", action="store_true", help="list planned cells only")
     parser.set_defaults(func=run)
-
-
-def load_plans(args: argparse.Namespace) -> tuple[Context, list[CellPlan]]:
-    """The context and plan every command that takes --select/--skip starts from."""
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, getattr(args, "verbose", False))
-    return ctx, plan_matrix(ctx, args.select, args.skip)
 
 
 def plan_table(plans: list[CellPlan]) -> Table:
@@ -55,8 +45,7 @@ def plan_table(plans: list[CellPlan]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx, plans = load_plans(args)
-    prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
+    plans = load_run(args).plans  # the lock's verdicts included
     if args.planned:
         plans = [p for p in plans if p.planned]
     if args.json:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .. import render
-from . import common_options, selection_options
+from . import common_options, load_run, selection_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,9 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .plan import load_plans
-
-    ctx, plans = load_plans(args)
+    run = load_run(args)
+    ctx, plans = run.ctx, run.plans
     prune = not args.select and not args.skip
     planned = render.planned(plans)
     if args.check:
