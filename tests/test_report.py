@@ -132,6 +132,7 @@ def test_interrupted_and_unjournaled_cells(report):
 @pytest.mark.parametrize("stages, plan_status, expected", [
     ({}, "planned", ("not-built", None)),
     ({}, "pruned", ("pruned", None)),
+    ({"lock": "fail"}, "pruned", ("pruned", None)),  # the lock found no solution: a verdict
     ({"plan": "skip"}, "unknown", ("pruned", None)),
     ({"build": "pass"}, "planned", ("built", None)),
     ({"build": "pass", "smoke": "pass"}, "planned", ("verified", None)),

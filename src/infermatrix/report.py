@@ -229,13 +229,15 @@ def stage_results(record: CellRecord) -> list[StageResult]:
 
 
 def classify(plan_status: str, stages: list[StageResult]) -> tuple[str, str | None]:
-    """(outcome, failed stage): the first failure wins; then how far the cell got."""
+    """(outcome, failed stage): a pruned cell is pruned; else the first failure wins; then
+    how far the cell got."""
     by_name = {s.name: s.status for s in stages}
+    if plan_status == "pruned":  # a verdict, the lock's included: not a failure of the run
+        return "pruned", None
     for stage in stages:
         if stage.status == "fail":
             return "failed", stage.name
-    if plan_status == "pruned" or (plan_status == "unknown" and by_name.get("plan") == "skip"
-                                   and len(by_name) == 1):
+    if plan_status == "unknown" and by_name.get("plan") == "skip" and len(by_name) == 1:
         return "pruned", None
     if by_name.get("tag") == "pass" or by_name.get("publish") == "pass":
         return "tagged", None
@@ -540,8 +542,8 @@ def fill_image_sizes(records: Mapping[str, CellRecord]) -> int:
                if r.image_id and not image_size(r, stage_results(r))}
     if not wanting:
         return 0
-    from .engine import default_engine
-    docker = default_engine()
+    from .engine import current
+    docker = current()
     if not docker.available():
         return 0
     filled = 0

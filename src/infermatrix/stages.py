@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from rich.console import Console
 
@@ -78,13 +78,15 @@ def _record(name: str, passed: list[str], failed: list[str], note: str = "",
     return StepRecord(name, status, passed, failed, dropped or [], note=note)
 
 
-def plan_cells(ctx: Context, select: list[str] = (), skip: list[str] = ()) -> list[CellPlan]:
+def plan_cells(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
+               source: Any = None) -> list[CellPlan]:
     """The plan every command works from: the matrix's rules, then the lock's verdicts (a
-    cell whose last `infermatrix lock` found no solution is pruned)."""
+    cell whose last `infermatrix lock` found no solution is pruned). `source`: the package
+    metadata reader (default: the index through the state directory's cache)."""
     from .lock import prune_unsatisfiable
     from .plan import plan_matrix
 
-    return prune_unsatisfiable(ctx, plan_matrix(ctx, select, skip))
+    return prune_unsatisfiable(ctx, plan_matrix(ctx, select, skip, source=source))
 
 
 def step_plan(run: Run, alive: list[CellPlan]) -> StepRecord:
