@@ -61,16 +61,13 @@ class RecordingEngine(Engine):
         return True
 
     # -- builds ------------------------------------------------------------------------------
-    def build_image(self, context_dir: Path, dockerfile: Path | None = None,
-                    tag: str | None = None, target: str | None = None,
-                    build_args: dict[str, str] | None = None,
-                    secrets: dict[str, Path] | None = None, output_dir: Path | None = None,
-                    log_path: Path | None = None, timeout: float | None = None,
-                    labels: dict[str, str] | None = None, no_cache: bool = False,
-                    platform: str | None = None) -> str:
+    def build_image(self, context_dir: Path, **options: Any) -> str:
+        tag, target, output_dir = options.get("tag"), options.get("target"), \
+            options.get("output_dir")
         self._record("build_image", context=str(context_dir), tag=tag, target=target,
-                     build_args=dict(build_args or {}), secrets=sorted(secrets or {}),
-                     output_dir=output_dir, no_cache=no_cache, platform=platform)
+                     build_args=dict(options.get("build_args") or {}),
+                     secrets=sorted(options.get("secrets") or {}), output_dir=output_dir,
+                     no_cache=options.get("no_cache", False), platform=options.get("platform"))
         if output_dir is not None:  # a kernel stage: leave the wheel it would export
             Path(output_dir).mkdir(parents=True, exist_ok=True)
             package = (target or "kernel-x").removeprefix("kernel-").replace("-", "_")
@@ -78,9 +75,10 @@ class RecordingEngine(Engine):
             return ""
         cell_id = (tag or "").split("/")[-1].split(":")[0]
         if cell_id in self.fail_builds:
-            raise CommandFailed(f"docker build {context_dir}", 1, "broken on purpose", log_path)
+            raise CommandFailed(f"docker build {context_dir}", 1, "broken on purpose",
+                                options.get("log_path"))
         image_id = "sha256:" + hashlib.sha256(f"{tag}{next(self._ids)}".encode()).hexdigest()
-        cell_labels = {"io.infermatrix.cell": cell_id, **(labels or {})}
+        cell_labels = {"io.infermatrix.cell": cell_id, **(options.get("labels") or {})}
         self.images[image_id] = {"Id": image_id, "Size": 1_000_000,
                                  "Config": {"Labels": cell_labels}, "RepoTags": [tag]}
         if tag:

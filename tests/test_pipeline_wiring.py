@@ -36,7 +36,8 @@ SELECTED = [CPU, GPU, BROKEN, LOCK_PRUNED]
 @pytest.fixture
 def ctx(tmp_path: Path) -> Context:
     """The test matrix and its locks in a temp dir (render writes images/ beside them)."""
-    shutil.copytree(TESTS / "matrix", tmp_path / "matrix")
+    shutil.copytree(TESTS / "matrix", tmp_path / "matrix",
+                    ignore=shutil.ignore_patterns("images"))  # what another run rendered
     (tmp_path / "fixtures").symlink_to(TESTS / "fixtures")  # kernel `path: ../fixtures/...`
     return Context.load(tmp_path / "matrix" / "matrix.yaml", tmp_path / "state")
 

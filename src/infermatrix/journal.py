@@ -42,13 +42,15 @@ def _status(value: Any) -> Status:
         return Status.UNKNOWN
 
 
-def _text(value: Any) -> str | None:
+def text_of(value: Any) -> str | None:
+    """A recorded value as text (JSON for anything that is not a string)."""
     if value is None:
         return None
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def _number(value: Any) -> float | None:
+def number_of(value: Any) -> float | None:
+    """A recorded value as a number, or None (a bool is not a number here)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
@@ -75,9 +77,9 @@ class StageRecord:
             return cls(str(name), _status(data))
         details = data.get("details")
         return cls(name=str(name), status=_status(data.get("status")),
-                   finished=_text(data.get("finished") or data.get("started")),
-                   duration_s=_number(data.get("duration_s")), log=_text(data.get("log")),
-                   reason=_text(data.get("reason")),
+                   finished=text_of(data.get("finished") or data.get("started")),
+                   duration_s=number_of(data.get("duration_s")), log=text_of(data.get("log")),
+                   reason=text_of(data.get("reason")),
                    details=details if isinstance(details, dict) else {})
 
     def to_json(self) -> dict[str, Any]:
@@ -105,8 +107,9 @@ class CellRecord:
         stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
         known = {"cell", "input_hash", "image_id", "updated", "stages", "problems"}
         problems = data.get("problems") if isinstance(data.get("problems"), list) else []
-        return cls(cell=str(data.get("cell") or cell_id), input_hash=_text(data.get("input_hash")),
-                   image_id=_text(data.get("image_id")), updated=_text(data.get("updated")),
+        return cls(cell=str(data.get("cell") or cell_id),
+                   input_hash=text_of(data.get("input_hash")),
+                   image_id=text_of(data.get("image_id")), updated=text_of(data.get("updated")),
                    stages={str(k): StageRecord.from_json(k, v) for k, v in stages.items()},
                    extra={k: v for k, v in data.items() if k not in known},
                    problems=[str(p) for p in problems])

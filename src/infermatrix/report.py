@@ -34,6 +34,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .journal import CellRecord, StageRecord, load_records, records_of
+from .journal import number_of as _number
+from .journal import text_of as _text
 from .errors import InfermatrixError
 from .state import StatePaths
 
@@ -160,25 +162,6 @@ class ReportFiles:
 
 def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
 
 
 def _version_key(text: str) -> tuple[int, Any, str]:
