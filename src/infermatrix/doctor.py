@@ -21,7 +21,7 @@ from .compileplan import parse_limit
 from .coverage import Arch, cubin_runs_on
 from .errors import InfermatrixError
 from .model import CPU
-from .publish import min_driver_for
+from .spec import min_driver_for
 
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version",
                     "--format=csv"]

@@ -47,7 +47,9 @@ from .context import Context
 from .errors import CommandFailed, StageFailure
 from .index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get, index_url
 from .model import CellPlan, Verdict
-from .spec import LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base, pinned_packages
+from .spec import LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base
+from .spec import header_lines as _header_lines
+from .spec import kernel_pins_from_lock, pinned_packages  # noqa: F401  (the lock's readers)
 
 log = logging.getLogger(__name__)
 
@@ -396,20 +398,6 @@ def _fill_matching_kernels(inputs: LockInputs, pins: dict[str, str]) -> LockInpu
     return replace(inputs, kernels=tuple(kernels))
 
 
-def kernel_pins_from_lock(text: str) -> dict[str, dict[str, str]]:
-    """package -> {"version", "sdist", "sha256"} of the kernel pins in a lock header (render
-    can turn them into `pkg==v --hash=sha256:...` lines for a hash-checked kernel build)."""
-    pins: dict[str, dict[str, str]] = {}
-    for line in _header_lines(text):
-        match = re.match(r"^# kernel [^:]*: ([A-Za-z0-9._-]+)==(\S+)(?: sdist (\S+) "
-                         r"sha256:([0-9a-f]{64}))?", line)
-        if match:
-            name, version, sdist, sha = match.groups()
-            pins[canonicalize_name(name)] = {"version": version, "sdist": sdist or "",
-                                             "sha256": sha or ""}
-    return pins
-
-
 def header(inputs: LockInputs) -> str:
     lines = [f"# infermatrix lock for cell {inputs.cell_id}",
              f"# regenerate: infermatrix lock --select {inputs.cell_id}",
@@ -530,15 +518,6 @@ def drift(committed: str, fresh: str) -> list[str]:
     lines += [f"header: + {ln}" for ln in new_h if ln not in old_h]
     if not lines:
         lines.append("same pins, different hashes or annotations")
-    return lines
-
-
-def _header_lines(text: str) -> list[str]:
-    lines = []
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line)
     return lines
 
 

@@ -20,7 +20,6 @@ import shlex
 import string
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,13 +27,14 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from . import engine, journal
-from .config import DATA_DIR, Matrix
+from .config import Matrix
 from .context import Context
 from .errors import ConfigError, StageFailure, UsageError
 from .model import CPU, Cell
 from .selectors import Selection, matches
 from .state import StatePaths
-from .spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM
+from .spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM, driver_table
+from .spec import min_driver_for
 
 LOCK_NAME = "images.lock"
 LOCK_VERSION = 1
@@ -43,20 +43,6 @@ LOCK_HEADER = ("# images.lock: written by `infermatrix publish`, read by `inferm
 LABEL_PREFIX = "io.infermatrix."
 TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's tag grammar
 CONTAINER_MODEL_DIR = CONTAINER_MODEL
-
-
-# --- data: minimum drivers ------------------------------------------------------------------
-
-@lru_cache(maxsize=1)
-def driver_table() -> dict[str, Any]:
-    return yaml.safe_load((DATA_DIR / "drivers.yaml").read_text(encoding="utf-8"))
-
-
-def min_driver_for(cuda: str) -> str | None:
-    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
-    if cuda == CPU:
-        return None
-    return driver_table()["min_driver"].get(cuda)
 
 
 # --- cells from images ----------------------------------------------------------------------

@@ -34,7 +34,8 @@ from .config import REPO_ROOT, Matrix
 from .context import Context
 from .errors import ConfigError, StageFailure, UsageError
 from .model import Cell, CellPlan, CellSettings
-from .spec import kernel_version, launch_of, lock_path, os_base, pinned_packages
+from .spec import (kernel_pins_from_lock, kernel_version, launch_of, lock_path, os_base,
+                   pinned_packages)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -98,7 +99,7 @@ class KernelSpec:
     env: dict[str, str]
     build_requires: tuple[str, ...]
     wheel_glob: str  # the file the runtime stage installs from /tmp/kernel-wheels/
-    # The lock header's pin of the PyPI sdist (lock.kernel_pins_from_lock): the kernel stage
+    # The lock header's pin of the PyPI sdist (spec.kernel_pins_from_lock): the kernel stage
     # downloads exactly that file, hash-checked. None: no lock, or a local source tree.
     sdist: str | None = None
     sdist_sha256: str | None = None
@@ -328,7 +329,7 @@ def flashinfer_arch(cell: Cell) -> str:
 def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[KernelSpec]:
     matrix, cell = ctx.matrix, plan.cell
     known = matrix.build.get("kernels", {})
-    pins = locks.kernel_pins_from_lock(lock_text) if lock_text else {}
+    pins = kernel_pins_from_lock(lock_text) if lock_text else {}
     locked = pinned_packages(lock_text)
     specs = []
     for name in _settings(plan).kernels:

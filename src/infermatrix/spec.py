@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
 from packaging.utils import canonicalize_name
 
-from .config import Matrix
-from .model import Cell, CellPlan
+from .config import DATA_DIR, Matrix
+from .errors import UsageError
+from .model import CPU, Cell, CellPlan
 
 LOCKS_DIR = "locks"
 MATCH_ENGINE = "match-engine"  # build.kernels.<k>.version: the version the lock resolves
@@ -63,6 +65,48 @@ def pinned_packages(text: str | None) -> dict[str, str]:
 
 def pinned_version(pins: Mapping[str, str], package: str) -> str | None:
     return pins.get(canonicalize_name(package))
+
+
+def header_lines(text: str) -> list[str]:
+    """The comment lines a lock file starts with (lock.header wrote them)."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return lines
+
+
+_KERNEL_PIN = re.compile(r"^# kernel [^:]*: ([A-Za-z0-9._-]+)==(\S+)(?: sdist (\S+) "
+                         r"sha256:([0-9a-f]{64}))?")
+
+
+def kernel_pins_from_lock(text: str) -> dict[str, dict[str, str]]:
+    """package -> {"version", "sdist", "sha256"} of the kernel pins in a lock header (render
+    can turn them into `pkg==v --hash=sha256:...` lines for a hash-checked kernel build)."""
+    pins: dict[str, dict[str, str]] = {}
+    for line in header_lines(text):
+        match = _KERNEL_PIN.match(line)
+        if match:
+            name, version, sdist, sha = match.groups()
+            pins[canonicalize_name(name)] = {"version": version, "sdist": sdist or "",
+                                             "sha256": sha or ""}
+    return pins
+
+
+# --- the driver floor ------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def driver_table() -> dict[str, Any]:
+    """data/drivers.yaml: the minimum Linux driver of each CUDA version, with its source."""
+    return yaml.safe_load((DATA_DIR / "drivers.yaml").read_text(encoding="utf-8"))
+
+
+def min_driver_for(cuda: str) -> str | None:
+    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
+    if cuda == CPU:
+        return None
+    return driver_table()["min_driver"].get(cuda)
 
 
 # --- bases -----------------------------------------------------------------------------------
@@ -215,12 +259,8 @@ class CellSpec:
 
 def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
     """The CellSpec of a planned cell (reads its lock once)."""
-    from .lock import kernel_pins_from_lock
-    from .publish import min_driver_for
-
     settings = plan.settings
     if settings is None:
-        from .errors import UsageError
         raise UsageError(f"cell {plan.id} is {plan.status}, not planned")
     matrix = ctx.matrix
     path = lock_path(ctx, plan.id)
