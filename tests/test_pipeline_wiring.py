@@ -170,10 +170,12 @@ def test_verify_repro_builds_for_the_cells_platform(ctx):
 @pytest.mark.parametrize("command", ["pipeline", "build"])
 @pytest.mark.parametrize("value", ["-3", "0", "x"])
 def test_max_jobs_must_be_a_positive_int_in_every_command(command, value, tmp_path, capsys):
+    state = tmp_path / "state"
     code = main([command, "--matrix", str(TESTS / "matrix" / "matrix.yaml"), "--state-dir",
-                 str(tmp_path), "--max-jobs", value])
+                 str(state), "--max-jobs", value])
     assert code == 2
     assert "--max-jobs" in capsys.readouterr().err
+    assert not state.exists()  # a usage error writes nothing
 
 
 def test_options_come_from_flag_then_env_then_matrix_then_default():

@@ -42,18 +42,30 @@ def run_options(parser: argparse.ArgumentParser, *names: str) -> None:
     add(parser, *names)
 
 
+def load_context(args: argparse.Namespace, log: bool = True):  # -> context.Context
+    """The context of a command (matrix, state directory, offline); with `log`, its
+    external commands are logged from here on (which creates the state directory)."""
+    from ..context import Context, setup_command_log
+
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    if log:
+        setup_command_log(ctx.state, getattr(args, "verbose", False))
+    return ctx
+
+
 def load_run(args: argparse.Namespace, *, extra_select: list[str] | None = None,
              quiet: bool = False, lock_verdicts: bool = True):  # -> stages.Run
     """What every command starts from: the context, the plan (the lock's verdicts included,
     so no command works on a cell `plan` shows as pruned) and the resolved run options; prints
     a one-line preamble of them on stderr. Only `lock` itself plans without the verdicts of
     the last lock run (`lock_verdicts=False`): it is the step that decides them again."""
-    from ..context import Context, setup_command_log
     from ..options import resolve
     from ..stages import Run, plan_cells
 
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    options = resolve(args, ctx.matrix.data)
+    from ..context import setup_command_log
+
+    ctx = load_context(args, log=False)
+    options = resolve(args, ctx.matrix.data)  # a bad option: exit 2, nothing written
     setup_command_log(ctx.state, getattr(args, "verbose", False))
     select = [*(extra_select or []), *getattr(args, "select", [])]
     skip = list(getattr(args, "skip", []))

@@ -6,13 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..context import Context, setup_command_log
+from ..options import resolve
 from ..errors import StageFailure, UsageError
 from ..publish import (LOCK_NAME, docker_run_line, publish, pull_entry, read_lock,
                        select_entries)
 from ..selectors import Selection
 from ..state import run_lock
-from . import common_options, selection_options, wait_option
+from . import common_options, load_context, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,9 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, args.verbose)
-    with run_lock(ctx.state, wait=args.wait):  # the journal is written per cell
+    ctx = load_context(args)
+    with run_lock(ctx.state, wait=resolve(args, ctx.matrix.data).wait):  # the journal is written per cell
         result = publish(ctx, Selection(args.select, args.skip), registry=args.registry,
                          allow_retag=args.allow_retag, lock_path=args.lock)
     for cell_id, why in sorted(result.refused.items()):
