@@ -6,9 +6,8 @@ import pytest
 
 import struct
 
-from infermatrix.coverage import (FATBIN_MAGIC, Arch, Coverage, DeviceCode, assess, decide,
-                                  device_code_from_listings, parse_listing, scan_fatbins, union,
-                                  worst)
+from infermatrix.coverage import (FATBIN_MAGIC, Arch, Coverage, DeviceCode, decide,
+                                  device_code_from_listings, parse_listing, scan_fatbins, union)
 
 
 def code(cubins: str = "", ptx: str = "") -> DeviceCode:
@@ -151,16 +150,6 @@ def test_parse_listing_rejects_unknown_format() -> None:
     with pytest.raises(ValueError, match="without an architecture"):
         parse_listing("ELF file    1: something.cubin\n")
 
-
-def test_assess_and_worst() -> None:
-    result = assess("lib.so", code("sm_120a"), ["sm_120", "sm_121"])
-    assert [d.coverage for d in result.decisions] == [Coverage.EXACT, Coverage.UNCOVERED]
-    assert result.uncovered_targets == [Arch(12, 1)]
-    assert worst(result.decisions) is Coverage.UNCOVERED
-    assert worst([]) is Coverage.EXACT
-
-
-# --- fat binary containers read from their headers -------------------------------------------
 
 def container(*entries: tuple[int, int, int], payload: bytes = b"\xaa" * 32) -> bytes:
     """A fat binary container: entries of (kind 1 PTX / 2 ELF, SM arch, flags)."""

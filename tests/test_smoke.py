@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
 from infermatrix import smoke, tagging
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
-from infermatrix.model import Cell, CellPlan
+from infermatrix.model import Cell, CellPlan, CellSettings
 from infermatrix.plan import plan_matrix
 from tests.conftest import TEST_MATRIX
 from tests.planning_support import recorded_metadata
@@ -41,10 +40,16 @@ def test_vllm_cpu_launch_command_comes_from_data(ctx):
     assert spec.shm_size == "1g"  # Docker's default 64 MB /dev/shm kills the engine
 
 
-def test_launch_command_without_a_plan_uses_the_matrix(ctx):
-    plan = dataclasses.replace(plan_of(ctx, CPU_ID), settings=None)
+def test_smoke_and_images_lock_launch_the_same_command(ctx):
+    """One launch per cell (spec.Launch): smoke runs what images.lock tells consumers to run."""
+    from infermatrix import publish
+
+    plan = plan_of(ctx, CPU_ID)
     spec = smoke.launch_spec(ctx, plan)
+    run = publish.run_spec(ctx.matrix, plan.cell)
     assert spec.command[-3:] == ["--reasoning-parser", "qwen3", "--enforce-eager"]
+    assert [p.format(port=8000, model="/model") for p in run["command"]] == spec.command
+    assert (run["env"], run["shm_size"], run["gpu"]) == (spec.env, spec.shm_size, spec.gpu)
 
 
 def test_engine_without_a_server_has_no_model_level(ctx):
@@ -123,7 +128,7 @@ def shipped(tmp_path):
 
 def test_gpu_cell_model_level_without_real_weights_is_not_verified_never_pass(shipped):
     assert shipped.matrix.smoke["model_source"] == "fixture"
-    plan = CellPlan(GPU_CELL, "planned")
+    plan = CellPlan(GPU_CELL, "planned", settings=CellSettings("3.11", "bookworm", "sglang"))
     result = smoke.run_model(shipped, plan, None, 30.0, True, smoke.SmokeOptions())
     assert result.status == "skip" and result.reason.startswith("not verified: ")
     assert "real weights" in result.reason and result.details["needs_weights"] is True
@@ -139,7 +144,7 @@ def test_gpu_cell_model_level_without_real_weights_is_not_verified_never_pass(sh
 
 
 def test_gpu_cell_with_weights_needs_an_expected_answer(shipped, tmp_path):
-    plan = CellPlan(GPU_CELL, "planned")
+    plan = CellPlan(GPU_CELL, "planned", settings=CellSettings("3.11", "bookworm", "sglang"))
     assert smoke.correctness_unverifiable(shipped, plan, real_model=True) is None
     shipped.matrix.smoke["probe"] = {**shipped.matrix.smoke["probe"], "expect": None}
     reason = smoke.correctness_unverifiable(shipped, plan, real_model=True)

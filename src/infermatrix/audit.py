@@ -350,21 +350,16 @@ def probe_args() -> list[str]:
 def probe_image(image: str, log_path: Path | None = None,
                 timeout: float = PROBE_TIMEOUT_S) -> ImageFacts:
     """Run the probe in a throw-away container of `image` (no GPU, no network needed)."""
-    import docker
-
     from . import engine
 
     try:
-        container = engine.run_container(
-            image, probe_args(), entrypoint=["python3"],
-            mounts=host_tool_mounts(), network="none", labels={"io.infermatrix.stage": "audit"})
-    except docker.errors.DockerException as exc:  # no such image, no python3 in it, ...
+        with engine.container(image, probe_args(), entrypoint=["python3"],
+                              mounts=host_tool_mounts(), network="none", prefix="infermatrix-audit",
+                              labels={"io.infermatrix.stage": "audit"}) as container:
+            code = engine.wait_container(container, timeout=timeout)
+            output = engine.container_logs(container)
+    except engine.EngineError as exc:  # no such image, no python3 in it, ...
         raise StageFailure(f"cannot start the audit probe in {image}: {exc}") from None
-    try:
-        code = engine.wait_container(container, timeout=timeout)
-        output = engine.container_logs(container)
-    finally:
-        engine.remove_container(container)
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as sink:
@@ -677,24 +672,21 @@ def expected_pins(ctx: "Context", plan: CellPlan) -> dict[str, tuple[str, str]]:
     """canonical name -> (version, where the pin comes from): the lock, then the cell."""
     from packaging.utils import canonicalize_name
 
-    from .lock import lock_path, pinned_packages
+    from .spec import MATCH_ENGINE, resolve
 
     pins: dict[str, tuple[str, str]] = {}
-    path = lock_path(ctx, plan.id)
-    if path.is_file():
-        for name, version in pinned_packages(path.read_text(encoding="utf-8")).items():
-            pins[name] = (version, f"lock {path.name}")
     cell = plan.cell
+    spec = resolve(ctx, plan) if plan.settings is not None else None
+    if spec is not None:
+        for name, version in spec.lock_pins.items():
+            pins[name] = (version, f"lock {spec.lock_path.name}")
     pins["torch"] = (cell.torch, "cell axis torch")
-    settings = plan.settings
-    if settings is not None and settings.engine_package:
-        pins[canonicalize_name(settings.engine_package)] = (cell.engine_version,
-                                                            "cell axis engine")
-    kernels = ctx.matrix.build.get("kernels", {})
-    for name in (settings.kernels if settings else []):
-        spec = kernels.get(name, {})
-        if spec.get("version") and spec["version"] != "match-engine":
-            pins[canonicalize_name(spec["package"])] = (spec["version"], f"build.kernels.{name}")
+    if spec is not None and spec.engine_package:
+        pins[canonicalize_name(spec.engine_package)] = (cell.engine_version, "cell axis engine")
+    for kernel in (spec.kernels if spec else ()):
+        if kernel.declared and kernel.scope != MATCH_ENGINE:
+            pins[canonicalize_name(kernel.package)] = (kernel.declared,
+                                                       f"build.kernels.{kernel.name}")
     return pins
 
 
@@ -1087,6 +1079,48 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
                              duration_s=result.duration_s, log=log_path, reason=result.reason,
                              details=result.as_dict())
     return result
+
+
+def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
+                    select: list[str]) -> list[tuple[CellPlan, str]]:
+    """(plan, image) pairs to audit, from cell ids, image references or the journal."""
+    from . import engine
+
+    by_id = {p.id: p for p in plans}
+    pairs = []
+    if not refs:
+        for plan in plans:
+            if not plan.planned:
+                continue
+            image = journal.load(ctx.state, plan.id).get("image_id")
+            if image:
+                pairs.append((plan, image))
+        if not pairs:
+            raise UsageError("no built cell to audit" + (f" among {', '.join(select)}" if select
+                             else "") + "\n  fix: run `infermatrix build` first, or name an "
+                             "image")
+        return pairs
+    for ref in refs:
+        if ref in by_id:
+            plan = by_id[ref]
+            image = journal.load(ctx.state, ref).get("image_id")
+            if not image:
+                raise StageFailure(f"{ref} has no built image in the journal\n  fix: "
+                                   f"infermatrix build --select {ref}")
+        else:
+            if not engine.image_exists(ref):
+                raise UsageError(f"{ref!r} is neither a cell of {ctx.matrix.path} nor a local "
+                                 "image")
+            cell_id = engine.image_labels(ref).get("io.infermatrix.cell")
+            if not cell_id or cell_id not in by_id:
+                raise UsageError(f"image {ref} has no io.infermatrix.cell label naming a cell of "
+                                 f"{ctx.matrix.path} (label: {cell_id!r})")
+            plan, image = by_id[cell_id], ref
+        if not plan.planned:
+            raise UsageError(f"{plan.id} is pruned: "
+                             + "; ".join(v.reason for v in plan.verdicts))
+        pairs.append((plan, image))
+    return pairs
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Iterator
 from . import engine, proc
 from .config import Matrix
 from .errors import ConfigError, UsageError
+from .spec import os_base
 from .state import StatePaths
 
 log = logging.getLogger(__name__)
@@ -175,10 +176,8 @@ class BaseRecipe:
 
 def host_architecture() -> str:
     """The Debian architecture name of this host (amd64, arm64)."""
-    import platform
-
-    machine = platform.machine()
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+    host = engine.host_platform()
+    return DEBIAN_ARCHITECTURES.get(host, host.split("/")[-1])
 
 
 def definition(matrix: Matrix, base_name: str) -> dict:
@@ -226,7 +225,7 @@ def image_ref(matrix: Matrix, base_name: str, platform: str | None = None) -> st
     `platform` (linux/arm64) picks the base of that architecture; None: this host's."""
     spec = definition(matrix, base_name)
     if spec["strategy"] == "wheels":
-        return image_ref(matrix, spec["from"], platform)
+        return image_ref(matrix, os_base(matrix, base_name), platform)
     if spec["strategy"] != "debootstrap":
         raise ConfigError(f"base {base_name!r} is a registry image ({spec.get('image')}); "
                           "it is not built here", matrix.path,

@@ -36,6 +36,7 @@ from . import lock as locks
 from .context import Context
 from .errors import CommandFailed, InfermatrixError, StageFailure
 from .model import CellPlan
+from .spec import resolve
 from .state import run_lock
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
     """The cache key of every kernel stage in the cell's Dockerfile."""
     assert plan.settings is not None
     specs = ctx.matrix.build.get("kernels", {})
+    resolved = {k.name: k.version for k in resolve(ctx, plan).kernels}
     keys = {}
     for name in kernel_stages(dockerfile_text):
         if name not in specs:
@@ -157,23 +159,10 @@ def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
         keys[name] = kernelcache.make_key(
             spec, torch=plan.cell.torch, cuda=plan.cell.cuda, python=plan.settings.python,
             archs=[plan.cell.arch], source_root=ctx.root,
-            resolved_version=_locked_version(ctx, plan.id, spec["package"]),
+            resolved_version=resolved.get(name),
             stage_text=stage_text(dockerfile_text, f"kernel-{name}"),
             platform=plan.settings.platform)
     return keys
-
-
-def _locked_version(ctx: Context, cell_id: str, package: str) -> str | None:
-    """The version the cell's lock pins for `package` (for `version: match-engine`)."""
-    lock = ctx.root / "locks" / f"{cell_id}.txt"
-    if not lock.is_file():
-        return None
-    wanted = re.sub(r"[-_.]+", "-", package).lower()
-    for line in lock.read_text(encoding="utf-8").splitlines():
-        match = re.match(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)", line.strip())
-        if match and re.sub(r"[-_.]+", "-", match.group(1)).lower() == wanted:
-            return match.group(2)
-    return None
 
 
 def build_platform(plan: CellPlan) -> str | None:

@@ -36,7 +36,7 @@ translation units were built for different arch lists is judged on the union.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
@@ -309,24 +309,3 @@ def union(*codes: DeviceCode) -> DeviceCode:
     return DeviceCode(tuple(sorted({a for c in codes for a in c.cubins})),
                       tuple(sorted({a for c in codes for a in c.ptx})))
 
-
-def worst(decisions: Iterable[Decision]) -> Coverage:
-    """The weakest coverage among several decisions (UNCOVERED if any is)."""
-    return max((d.coverage for d in decisions), key=lambda c: c.rank, default=Coverage.EXACT)
-
-
-@dataclass
-class ObjectCoverage:
-    """One object's code and its decision per target."""
-
-    path: str
-    code: DeviceCode
-    decisions: list[Decision] = field(default_factory=list)
-
-    @property
-    def uncovered_targets(self) -> list[Arch]:
-        return [d.target for d in self.decisions if not d.covered]
-
-
-def assess(path: str, code: DeviceCode, targets: Iterable[Arch | str]) -> ObjectCoverage:
-    return ObjectCoverage(path, code, [decide(code, t) for t in targets])

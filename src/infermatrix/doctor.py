@@ -17,15 +17,15 @@ from typing import Any, Callable
 from packaging.version import InvalidVersion, Version
 
 from . import engine, proc
+from .compileplan import parse_limit
 from .coverage import Arch, cubin_runs_on
 from .errors import InfermatrixError
 from .model import CPU
-from .publish import min_driver_for
+from .spec import min_driver_for
 
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version",
                     "--format=csv"]
 NO_DRIVER_HINT = "no NVIDIA driver reachable (nvidia-smi not found)"
-UNLIMITED_V1 = 1 << 62  # cgroup v1 reports "no limit" as a huge page-rounded number
 
 
 # --- readers --------------------------------------------------------------------------------
@@ -119,14 +119,13 @@ def detect_lxc(readers: HostReaders) -> str | None:
 
 def cgroup_memory_limit(readers: HostReaders) -> int | None:
     """The memory limit of this cgroup in bytes (v2 memory.max, v1 limit_in_bytes); None: none."""
-    v2 = readers.read("sys/fs/cgroup/memory.max")
-    if v2 is not None:
-        value = v2.strip()
-        return None if value == "max" or not value.isdigit() else int(value)
-    v1 = readers.read("sys/fs/cgroup/memory/memory.limit_in_bytes")
-    if v1 is not None and v1.strip().isdigit():
-        value = int(v1.strip())
-        return None if value >= UNLIMITED_V1 else value
+    for path in ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        text = readers.read(path)
+        if text is not None:
+            try:
+                return parse_limit(text)
+            except ValueError:  # not a number: no limit we can read
+                return None
     return None
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import json
 import logging
 import os
 import re
@@ -127,8 +129,9 @@ def host_platform() -> str:
     """The engine host's platform in OCI form (linux/amd64, linux/arm64)."""
     import platform
 
-    machine = platform.machine()
-    return "linux/" + {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+    from .spec import platform_of_machine
+
+    return platform_of_machine(platform.machine())
 
 
 def docker_cli() -> str:
@@ -193,56 +196,16 @@ def check_secrets(secrets: dict[str, Path]) -> None:
             raise UsageError(f"secret {secret_id!r}: file {path} does not exist",)
 
 
-def build_image(context_dir: Path, dockerfile: Path | None = None, tag: str | None = None,
-                target: str | None = None, build_args: dict[str, str] | None = None,
-                secrets: dict[str, Path] | None = None, output_dir: Path | None = None,
-                log_path: Path | None = None, timeout: float | None = None,
-                labels: dict[str, str] | None = None, no_cache: bool = False,
-                platform: str | None = None) -> str:
-    """Run one BuildKit build; return the image id ("" when exporting to `output_dir`).
-
-    Raises CommandFailed (exact command + log tail) when the build fails or times out.
-    """
-    client = build_client()
-    secrets = {k: Path(v) for k, v in (secrets or {}).items()}
-    check_secrets(secrets)
-    with tempfile.TemporaryDirectory(prefix="infermatrix-iid-") as tmp:
-        request = BuildRequest(
-            context_dir=Path(context_dir), dockerfile=Path(dockerfile) if dockerfile else None,
-            tag=tag, target=target, build_args=dict(build_args or {}), secrets=secrets,
-            labels=dict(labels or {}), output_dir=Path(output_dir) if output_dir else None,
-            iidfile=None if output_dir else Path(tmp) / "iid", no_cache=no_cache,
-            platform=platform)
-        if request.output_dir is not None:
-            request.output_dir.mkdir(parents=True, exist_ok=True)
-        proc.run(request.argv(client), env=client.env(), log_path=log_path, timeout=timeout)
-        if request.output_dir is not None:
-            return ""
-        assert request.iidfile is not None
-        image_id = request.iidfile.read_text().strip() if request.iidfile.is_file() else ""
-    if not image_id and tag:
-        image_id = image_id_of(tag) or ""
-    if not image_id:
-        raise StageFailure(f"build of {context_dir} finished without an image id")
-    return image_id
-
-
 # --------------------------------------------------------------------------------------------
-# The SDK side: images
+# The engine object: the SDK client, images, containers, files
 # --------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
-def client():  # -> docker.DockerClient
-    """The SDK client: DOCKER_HOST, else DOCKER_CONTEXT / the CLI's current context."""
-    import docker
+class EngineError(StageFailure):
+    """The Docker engine refused or failed a request (an SDK error, translated): exit 1."""
 
-    try:
-        sdk = docker.from_env(timeout=600)
-        sdk.ping()
-    except docker.errors.DockerException as exc:
-        raise UsageError(f"cannot reach the Docker engine at {engine_address()}: {exc}\n"
-                         "  fix: start dockerd, or set DOCKER_HOST / DOCKER_CONTEXT") from None
-    return sdk
+
+def _sdk_log(line: str) -> None:
+    log.info("# sdk: %s", line)
 
 
 def engine_address() -> str:
@@ -260,47 +223,6 @@ def engine_address() -> str:
     return "unix:///var/run/docker.sock (default)"
 
 
-def engine_available() -> bool:
-    try:
-        client()
-        return True
-    except UsageError:
-        client.cache_clear()
-        return False
-
-
-def _sdk_log(line: str) -> None:
-    log.info("# sdk: %s", line)
-
-
-def inspect_image(ref: str) -> dict[str, Any] | None:
-    """`docker image inspect` as a dict, or None when there is no such image."""
-    import docker
-
-    try:
-        return client().api.inspect_image(ref)
-    except docker.errors.ImageNotFound:
-        return None
-    except docker.errors.NotFound:
-        return None
-
-
-def image_id_of(ref: str) -> str | None:
-    info = inspect_image(ref)
-    return info["Id"] if info else None
-
-
-def image_exists(ref: str) -> bool:
-    return inspect_image(ref) is not None
-
-
-def image_labels(ref: str) -> dict[str, str]:
-    info = inspect_image(ref)
-    if info is None:
-        raise StageFailure(f"no image {ref}")
-    return dict((info.get("Config") or {}).get("Labels") or {})
-
-
 def split_ref(ref: str) -> tuple[str, str]:
     """`repo/name:tag` -> (`repo/name`, `tag`); a registry port is not a tag."""
     name, sep, tag = ref.rpartition(":")
@@ -308,33 +230,6 @@ def split_ref(ref: str) -> tuple[str, str]:
         return ref, "latest"
     return name, tag
 
-
-def tag_image(image: str, ref: str) -> None:
-    repository, tag = split_ref(ref)
-    _sdk_log(f"docker tag {shlex.quote(image)} {shlex.quote(ref)}")
-    if not client().api.tag(image, repository, tag, force=True):
-        raise StageFailure(f"could not tag {image} as {ref}")
-
-
-def remove_image(ref: str, force: bool = False) -> bool:
-    """Remove an image reference; False when there was none."""
-    import docker
-
-    _sdk_log(f"docker rmi {'--force ' if force else ''}{shlex.quote(ref)}")
-    try:
-        client().api.remove_image(ref, force=force, noprune=False)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
-def images_with_label(label: str) -> list[dict[str, Any]]:
-    return client().api.images(filters={"label": label})
-
-
-# --------------------------------------------------------------------------------------------
-# Containers
-# --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Mount:
@@ -348,19 +243,6 @@ class Mount:
         if self.kind != "tmpfs":
             text = f"type={self.kind},source={self.source},target={self.target}"
         return text + (",readonly" if self.read_only else "")
-
-    def sdk(self):
-        import docker
-
-        return docker.types.Mount(target=self.target, source=self.source or None,
-                                  type=self.kind, read_only=self.read_only)
-
-
-def gpu_request(count: int = -1):
-    """A device request for NVIDIA GPUs (`--gpus all` when count is -1)."""
-    import docker
-
-    return docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])
 
 
 def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
@@ -390,121 +272,347 @@ def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
     return shlex.join(argv)
 
 
-def run_container(image: str, command: list[str] | None = None, *,
-                  env: dict[str, str] | None = None, mounts: Iterable[Mount] = (),
-                  shm_size: str | None = None, ports: dict[str, Any] | None = None,
-                  device_requests: list[Any] | None = None, name: str | None = None,
-                  entrypoint: list[str] | None = None, labels: dict[str, str] | None = None,
-                  network: str | None = None, user: str | None = None) -> str:
-    """Start a detached container; return its id. `ports`: {"8000/tcp": ("127.0.0.1", None)}."""
-    mounts = list(mounts)
-    env = dict(env or {})
-    ports = dict(ports or {})
-    _sdk_log(run_command_line(image, command, env, mounts, shm_size, ports,
-                              bool(device_requests), name, entrypoint))
-    container = client().containers.run(
-        image, command=command, detach=True, environment=env,
-        mounts=[m.sdk() for m in mounts], shm_size=shm_size, ports=ports or None,
-        device_requests=device_requests or None, name=name, entrypoint=entrypoint,
-        labels={OWNER_LABEL: "infermatrix", **(labels or {})}, network=network, user=user)
-    return container.id
-
-
-def container_status(container_id: str) -> dict[str, Any]:
-    """State of a container: {"Status": "running"|"exited"|..., "ExitCode": int, ...}."""
-    return client().api.inspect_container(container_id)["State"]
-
-
-def container_port(container_id: str, port: str) -> tuple[str, int] | None:
-    """The host address a published container port landed on."""
-    ports = client().api.inspect_container(container_id)["NetworkSettings"]["Ports"] or {}
-    bindings = ports.get(port) or []
-    if not bindings:
-        return None
-    return bindings[0]["HostIp"] or "127.0.0.1", int(bindings[0]["HostPort"])
-
-
-def wait_container(container_id: str, timeout: float | None = None) -> int:
-    """Wait for a container to exit; return its exit code (StageFailure past the timeout)."""
-    import requests
-
-    try:
-        result = client().api.wait(container_id, timeout=timeout)
-    except requests.exceptions.ConnectionError as exc:  # read timeout surfaces here
-        raise StageFailure(f"container {container_id[:12]} still running after {timeout} s") \
-            from exc
-    return int(result.get("StatusCode", -1))
-
-
-def container_logs(container_id: str, tail: int | str = "all") -> str:
-    raw = client().api.logs(container_id, stdout=True, stderr=True, tail=tail)
-    return raw.decode("utf-8", "replace")
-
-
-def container_memory(container_id: str) -> tuple[int | None, int | None]:
-    """(current, peak) memory of a running container in bytes, from the engine's stats
-    (cgroup v1 reports the peak as max_usage; v2 has none there: None)."""
-    stats = client().api.stats(container_id, stream=False)
-    memory = stats.get("memory_stats") or {}
-    return memory.get("usage"), memory.get("max_usage")
-
-
-def stop_container(container_id: str, timeout: int = 10) -> None:
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """SDK errors as EngineError (the project's), with what was being done."""
     import docker
 
-    _sdk_log(f"docker stop --time {timeout} {container_id[:12]}")
     try:
-        client().api.stop(container_id, timeout=timeout)
-    except docker.errors.NotFound:
-        pass
+        yield
+    except docker.errors.DockerException as exc:
+        raise EngineError(f"{what}: {exc}") from None
 
 
-def remove_container(container_id: str, force: bool = True) -> None:
-    import docker
-
-    _sdk_log(f"docker rm {'--force ' if force else ''}{container_id[:12]}")
-    try:
-        client().api.remove_container(container_id, force=force, v=True)
-    except docker.errors.NotFound:
-        pass
+_names = itertools.count(1)
 
 
-def exec_in_container(container_id: str, command: list[str],
-                      env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run a command in a running container; (exit code, output)."""
-    _sdk_log(f"docker exec {container_id[:12]} {shlex.join(command)}")
-    result = client().containers.get(container_id).exec_run(command, environment=env or None)
-    return int(result.exit_code), result.output.decode("utf-8", "replace")
+class Engine:
+    """The Docker engine of this run: owns the SDK client (made on first use) and the BuildKit
+    CLI; every SDK error comes out as EngineError. The stages use the module-level functions
+    below, which call the current engine (`current()`; tests may `use(...)` another)."""
 
+    def __init__(self) -> None:
+        self._sdk: Any = None
 
-# --------------------------------------------------------------------------------------------
-# Files out of an image, a rootfs into one
-# --------------------------------------------------------------------------------------------
+    # -- the clients -----------------------------------------------------------------------
+    def sdk(self) -> Any:  # docker.DockerClient
+        """The SDK client: DOCKER_HOST, else DOCKER_CONTEXT / the CLI's current context."""
+        if self._sdk is None:
+            import docker
 
-def copy_from_image(image: str, paths: Iterable[str], dest_dir: Path) -> dict[str, Path]:
-    """Copy paths out of an image without running it (create a container, read archives).
-
-    Returns {path in image: where it landed under dest_dir}; missing paths are left out.
-    """
-    import docker
-
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    _sdk_log(f"docker create {shlex.quote(image)}  # then docker cp for each path")
-    container = client().api.create_container(image, command=["/bin/true"],
-                                              labels={OWNER_LABEL: "infermatrix"})
-    copied: dict[str, Path] = {}
-    try:
-        for path in paths:
-            _sdk_log(f"docker cp {container['Id'][:12]}:{shlex.quote(path)} {dest_dir}")
             try:
-                stream, _stat = client().api.get_archive(container["Id"], path)
-            except docker.errors.NotFound:
-                continue
-            copied[path] = _extract_archive(stream, dest_dir, path)
-    finally:
-        client().api.remove_container(container["Id"], force=True, v=True)
-    return copied
+                sdk = docker.from_env(timeout=600)
+                sdk.ping()
+            except docker.errors.DockerException as exc:
+                raise UsageError(f"cannot reach the Docker engine at {engine_address()}: "
+                                 f"{exc}\n  fix: start dockerd, or set DOCKER_HOST / "
+                                 "DOCKER_CONTEXT") from None
+            self._sdk = sdk
+        return self._sdk
+
+    def available(self) -> bool:
+        try:
+            self.sdk()
+            return True
+        except UsageError:
+            return False
+
+    def host_info(self) -> dict[str, Any]:
+        """What `docker info` says about storage and runtimes (for `infermatrix doctor`)."""
+        with _translated("docker info"):
+            info = self.sdk().info()
+        return {"storage_driver": info.get("Driver"),
+                "runtimes": sorted((info.get("Runtimes") or {}).keys()),
+                "default_runtime": info.get("DefaultRuntime"),
+                "cgroup_version": info.get("CgroupVersion"),
+                "server_version": info.get("ServerVersion")}
+
+    # -- builds (BuildKit through a CLI) ---------------------------------------------------
+    def build_image(self, context_dir: Path, dockerfile: Path | None = None,
+                    tag: str | None = None, target: str | None = None,
+                    build_args: dict[str, str] | None = None,
+                    secrets: dict[str, Path] | None = None, output_dir: Path | None = None,
+                    log_path: Path | None = None, timeout: float | None = None,
+                    labels: dict[str, str] | None = None, no_cache: bool = False,
+                    platform: str | None = None) -> str:
+        """Run one BuildKit build; return the image id ("" when exporting to `output_dir`).
+
+        Raises CommandFailed (exact command + log tail) when the build fails or times out.
+        """
+        client = build_client()
+        secrets = {k: Path(v) for k, v in (secrets or {}).items()}
+        check_secrets(secrets)
+        with tempfile.TemporaryDirectory(prefix="infermatrix-iid-") as tmp:
+            request = BuildRequest(
+                context_dir=Path(context_dir),
+                dockerfile=Path(dockerfile) if dockerfile else None, tag=tag, target=target,
+                build_args=dict(build_args or {}), secrets=secrets, labels=dict(labels or {}),
+                output_dir=Path(output_dir) if output_dir else None,
+                iidfile=None if output_dir else Path(tmp) / "iid", no_cache=no_cache,
+                platform=platform)
+            if request.output_dir is not None:
+                request.output_dir.mkdir(parents=True, exist_ok=True)
+            proc.run(request.argv(client), env=client.env(), log_path=log_path, timeout=timeout)
+            if request.output_dir is not None:
+                return ""
+            assert request.iidfile is not None
+            image_id = request.iidfile.read_text().strip() if request.iidfile.is_file() else ""
+        if not image_id and tag:
+            image_id = self.image_id_of(tag) or ""
+        if not image_id:
+            raise StageFailure(f"build of {context_dir} finished without an image id")
+        return image_id
+
+    def import_rootfs(self, tar_path: Path, ref: str, changes: list[str] | None = None,
+                      log_path: Path | None = None, timeout: float | None = 1800) -> str:
+        """`docker import` a rootfs tarball under `ref`; returns the image id."""
+        argv = [docker_cli(), "import"]
+        for change in changes or []:
+            argv += ["--change", change]
+        argv += [str(tar_path), ref]
+        proc.run(argv, log_path=log_path, timeout=timeout)
+        image_id = self.image_id_of(ref)
+        if not image_id:
+            raise StageFailure(f"docker import finished but {ref} is not there")
+        return image_id
+
+    # -- images ----------------------------------------------------------------------------
+    def inspect_image(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect` as a dict, or None when there is no such image."""
+        import docker
+
+        try:
+            return self.sdk().api.inspect_image(ref)
+        except docker.errors.NotFound:  # ImageNotFound included
+            return None
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"docker image inspect {ref}: {exc}") from None
+
+    def image_id_of(self, ref: str) -> str | None:
+        info = self.inspect_image(ref)
+        return info["Id"] if info else None
+
+    def image_exists(self, ref: str) -> bool:
+        return self.inspect_image(ref) is not None
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        info = self.inspect_image(ref)
+        if info is None:
+            raise StageFailure(f"no image {ref}")
+        return dict((info.get("Config") or {}).get("Labels") or {})
+
+    def tag_image(self, image: str, ref: str) -> None:
+        repository, tag = split_ref(ref)
+        _sdk_log(f"docker tag {shlex.quote(image)} {shlex.quote(ref)}")
+        with _translated(f"docker tag {image} {ref}"):
+            done = self.sdk().api.tag(image, repository, tag, force=True)
+        if not done:
+            raise StageFailure(f"could not tag {image} as {ref}")
+
+    def remove_image(self, ref: str, force: bool = False) -> bool:
+        """Remove an image reference; False when there was none."""
+        import docker
+
+        _sdk_log(f"docker rmi {'--force ' if force else ''}{shlex.quote(ref)}")
+        try:
+            self.sdk().api.remove_image(ref, force=force, noprune=False)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"docker rmi {ref}: {exc}") from None
+
+    def commit_with_labels(self, image: str, ref: str, labels: dict[str, str]) -> str:
+        """A new image = `image` plus `labels`, nothing else changed (its parent is `image`,
+        its layers, command and environment are the same), tagged `ref`; returns its id.
+
+        `docker create` (never started, no label or command of our own: commit copies the
+        container's config) then `docker commit --change LABEL ...`, then the container is
+        removed.
+        """
+        import docker
+
+        changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items())]
+        _sdk_log(f"docker create {shlex.quote(image)} && docker commit "
+                 + " ".join(f"--change {shlex.quote(c)}" for c in changes) + f" <container> {ref}")
+        api = self.sdk().api
+        with _translated(f"docker create {image}"):
+            try:
+                created = api.create_container(image)
+            except docker.errors.APIError:  # an image with neither CMD nor ENTRYPOINT
+                created = api.create_container(image, command=["/bin/true"])
+                changes.append("CMD []")
+        try:
+            repository, tag = split_ref(ref)
+            with _translated(f"docker commit {ref}"):
+                result = api.commit(created["Id"], repository=repository, tag=tag,
+                                    changes=changes)
+        finally:
+            api.remove_container(created["Id"], force=True, v=True)
+        return result["Id"]
+
+    # -- containers ------------------------------------------------------------------------
+    def run_container(self, image: str, command: list[str] | None = None, *,
+                      env: dict[str, str] | None = None, mounts: Iterable[Mount] = (),
+                      shm_size: str | None = None, ports: dict[str, Any] | None = None,
+                      gpus: bool = False, name: str | None = None,
+                      entrypoint: list[str] | None = None, labels: dict[str, str] | None = None,
+                      network: str | None = None, user: str | None = None) -> str:
+        """Start a detached container; return its id. `ports`: {"8000/tcp": ("127.0.0.1",
+        None)}; `gpus`: every NVIDIA GPU (`--gpus all`)."""
+        import docker
+
+        mounts = list(mounts)
+        env = dict(env or {})
+        ports = dict(ports or {})
+        _sdk_log(run_command_line(image, command, env, mounts, shm_size, ports, gpus, name,
+                                  entrypoint))
+        requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus \
+            else None
+        with _translated(f"cannot start a container of {image}"):
+            container = self.sdk().containers.run(
+                image, command=command, detach=True, environment=env,
+                mounts=[docker.types.Mount(target=m.target, source=m.source or None,
+                                           type=m.kind, read_only=m.read_only) for m in mounts],
+                shm_size=shm_size, ports=ports or None, device_requests=requests, name=name,
+                entrypoint=entrypoint, labels={OWNER_LABEL: "infermatrix", **(labels or {})},
+                network=network, user=user)
+        return container.id
+
+    @contextlib.contextmanager
+    def container(self, image: str, command: list[str] | None = None, *,
+                  name: str | None = None, prefix: str = "infermatrix",
+                  **kwargs: Any) -> Iterator[str]:
+        """A detached container that is always stopped and removed afterwards (an interrupt
+        included). It is named up front, so an interrupt that lands while Docker is still
+        creating or starting it (before its id came back) still finds it by name."""
+        name = name or f"{prefix}-{os.getpid()}-{next(_names)}"
+        try:
+            container_id = self.run_container(image, command, name=name, **kwargs)
+        except BaseException:
+            self.remove_container(name, force=True)
+            raise
+        try:
+            yield container_id
+        finally:
+            with contextlib.suppress(Exception):
+                self.stop_container(container_id, timeout=10)
+            self.remove_container(container_id, force=True)
+
+    def container_status(self, container_id: str) -> dict[str, Any]:
+        """State of a container: {"Status": "running"|"exited"|..., "ExitCode": int, ...}."""
+        with _translated(f"docker inspect {container_id[:12]}"):
+            return self.sdk().api.inspect_container(container_id)["State"]
+
+    def container_port(self, container_id: str, port: str) -> tuple[str, int] | None:
+        """The host address a published container port landed on."""
+        with _translated(f"docker port {container_id[:12]}"):
+            settings = self.sdk().api.inspect_container(container_id)["NetworkSettings"]
+        bindings = (settings["Ports"] or {}).get(port) or []
+        if not bindings:
+            return None
+        return bindings[0]["HostIp"] or "127.0.0.1", int(bindings[0]["HostPort"])
+
+    def wait_container(self, container_id: str, timeout: float | None = None) -> int:
+        """Wait for a container to exit; return its exit code (StageFailure past the
+        timeout)."""
+        import requests
+
+        try:
+            with _translated(f"docker wait {container_id[:12]}"):
+                result = self.sdk().api.wait(container_id, timeout=timeout)
+        except requests.exceptions.ConnectionError as exc:  # read timeout surfaces here
+            raise StageFailure(f"container {container_id[:12]} still running after "
+                               f"{timeout} s") from exc
+        return int(result.get("StatusCode", -1))
+
+    def container_logs(self, container_id: str, tail: int | str = "all") -> str:
+        with _translated(f"docker logs {container_id[:12]}"):
+            raw = self.sdk().api.logs(container_id, stdout=True, stderr=True, tail=tail)
+        return raw.decode("utf-8", "replace")
+
+    def container_memory(self, container_id: str) -> tuple[int | None, int | None]:
+        """(current, peak) memory of a running container in bytes, from the engine's stats
+        (cgroup v1 reports the peak as max_usage; v2 has none there: None)."""
+        with _translated(f"docker stats {container_id[:12]}"):
+            stats = self.sdk().api.stats(container_id, stream=False)
+        memory = stats.get("memory_stats") or {}
+        return memory.get("usage"), memory.get("max_usage")
+
+    def stop_container(self, container_id: str, timeout: int = 10) -> None:
+        import docker
+
+        _sdk_log(f"docker stop --time {timeout} {container_id[:12]}")
+        try:
+            self.sdk().api.stop(container_id, timeout=timeout)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"docker stop {container_id[:12]}: {exc}") from None
+
+    def remove_container(self, container_id: str, force: bool = True) -> None:
+        import docker
+
+        _sdk_log(f"docker rm {'--force ' if force else ''}{container_id[:12]}")
+        try:
+            self.sdk().api.remove_container(container_id, force=force, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"docker rm {container_id[:12]}: {exc}") from None
+
+    def exec_in_container(self, container_id: str, command: list[str],
+                          env: dict[str, str] | None = None) -> tuple[int, str]:
+        """Run a command in a running container; (exit code, output)."""
+        _sdk_log(f"docker exec {container_id[:12]} {shlex.join(command)}")
+        with _translated(f"docker exec {container_id[:12]}"):
+            result = self.sdk().containers.get(container_id).exec_run(
+                command, environment=env or None)
+        return int(result.exit_code), result.output.decode("utf-8", "replace")
+
+    # -- files out of an image -------------------------------------------------------------
+    def copy_from_image(self, image: str, paths: Iterable[str],
+                        dest_dir: Path) -> dict[str, Path]:
+        """Copy paths out of an image without running it (create a container, read archives).
+
+        Returns {path in image: where it landed under dest_dir}; missing paths are left out.
+        """
+        import docker
+
+        dest_dir = Path(dest_dir)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        api = self.sdk().api
+        _sdk_log(f"docker create {shlex.quote(image)}  # then docker cp for each path")
+        with _translated(f"docker create {image}"):
+            container = api.create_container(image, command=["/bin/true"],
+                                             labels={OWNER_LABEL: "infermatrix"})
+        copied: dict[str, Path] = {}
+        try:
+            for path in paths:
+                _sdk_log(f"docker cp {container['Id'][:12]}:{shlex.quote(path)} {dest_dir}")
+                try:
+                    stream, _stat = api.get_archive(container["Id"], path)
+                except docker.errors.NotFound:
+                    continue
+                with _translated(f"docker cp {path}"):
+                    copied[path] = _extract_archive(stream, dest_dir, path)
+        finally:
+            api.remove_container(container["Id"], force=True, v=True)
+        return copied
+
+    @contextlib.contextmanager
+    def exported_filesystem(self, image: str) -> Iterator[Iterator[bytes]]:
+        """The filesystem of an image as a tar stream (`docker create` + `docker export`),
+        read without running the image; the container is removed afterwards."""
+        api = self.sdk().api
+        _sdk_log(f"docker create {shlex.quote(image)} && docker export <container>")
+        with _translated(f"docker create {image}"):
+            container = api.create_container(image, command=["/bin/true"],
+                                             labels={OWNER_LABEL: "infermatrix"})
+        try:
+            yield api.export(container["Id"])
+        finally:
+            api.remove_container(container["Id"], force=True, v=True)
 
 
 def _extract_archive(stream: Iterable[bytes], dest_dir: Path, path: str) -> Path:
@@ -518,73 +626,125 @@ def _extract_archive(stream: Iterable[bytes], dest_dir: Path, path: str) -> Path
     return dest_dir / Path(path.rstrip("/")).name
 
 
+_current: Engine | None = None
+
+
+def current() -> Engine:
+    """The engine this process talks to (made on first use)."""
+    global _current
+    if _current is None:
+        _current = Engine()
+    return _current
+
+
 @contextlib.contextmanager
-def exported_filesystem(image: str) -> Iterator[Iterator[bytes]]:
-    """The filesystem of an image as a tar stream (`docker create` + `docker export`), read
-    without running the image; the container is removed afterwards. (lock/repro stage)"""
-    _sdk_log(f"docker create {shlex.quote(image)} && docker export <container>")
-    container = client().api.create_container(image, command=["/bin/true"],
-                                              labels={OWNER_LABEL: "infermatrix"})
+def use(engine: Engine) -> Iterator[Engine]:
+    """Talk to `engine` inside the block (a wiring test's recording engine, say)."""
+    global _current
+    previous, _current = _current, engine
     try:
-        yield client().api.export(container["Id"])
+        yield engine
     finally:
-        client().api.remove_container(container["Id"], force=True, v=True)
+        _current = previous
 
 
-def import_rootfs(tar_path: Path, ref: str, changes: list[str] | None = None,
-                  log_path: Path | None = None, timeout: float | None = 1800) -> str:
-    """`docker import` a rootfs tarball under `ref`; returns the image id."""
-    argv = [docker_cli(), "import"]
-    for change in changes or []:
-        argv += ["--change", change]
-    argv += [str(tar_path), ref]
-    proc.run(argv, log_path=log_path, timeout=timeout)
-    image_id = image_id_of(ref)
-    if not image_id:
-        raise StageFailure(f"docker import finished but {ref} is not there")
-    return image_id
+def client() -> Any:  # docker.DockerClient
+    return current().sdk()
 
 
-# Registries (credentials, HTTP API v2, push and pull): registry.py.
+def engine_available() -> bool:
+    return current().available()
+
+
+# The stages call these; each is the current engine's method of the same name.
+def build_image(*args: Any, **kwargs: Any) -> str:
+    return current().build_image(*args, **kwargs)
+
+
+def import_rootfs(*args: Any, **kwargs: Any) -> str:
+    return current().import_rootfs(*args, **kwargs)
+
+
+def inspect_image(ref: str) -> dict[str, Any] | None:
+    return current().inspect_image(ref)
+
+
+def image_id_of(ref: str) -> str | None:
+    return current().image_id_of(ref)
+
+
+def image_exists(ref: str) -> bool:
+    return current().image_exists(ref)
+
+
+def image_labels(ref: str) -> dict[str, str]:
+    return current().image_labels(ref)
+
+
+def tag_image(image: str, ref: str) -> None:
+    current().tag_image(image, ref)
+
+
+def remove_image(ref: str, force: bool = False) -> bool:
+    return current().remove_image(ref, force)
+
+
+def commit_with_labels(image: str, ref: str, labels: dict[str, str]) -> str:
+    return current().commit_with_labels(image, ref, labels)
+
+
+def run_container(image: str, command: list[str] | None = None, **kwargs: Any) -> str:
+    return current().run_container(image, command, **kwargs)
+
+
+def container(image: str, command: list[str] | None = None,
+              **kwargs: Any) -> contextlib.AbstractContextManager[str]:
+    return current().container(image, command, **kwargs)
+
+
+def container_status(container_id: str) -> dict[str, Any]:
+    return current().container_status(container_id)
+
+
+def container_port(container_id: str, port: str) -> tuple[str, int] | None:
+    return current().container_port(container_id, port)
+
+
+def wait_container(container_id: str, timeout: float | None = None) -> int:
+    return current().wait_container(container_id, timeout)
+
+
+def container_logs(container_id: str, tail: int | str = "all") -> str:
+    return current().container_logs(container_id, tail)
+
+
+def container_memory(container_id: str) -> tuple[int | None, int | None]:
+    return current().container_memory(container_id)
+
+
+def stop_container(container_id: str, timeout: int = 10) -> None:
+    current().stop_container(container_id, timeout)
+
+
+def remove_container(container_id: str, force: bool = True) -> None:
+    current().remove_container(container_id, force)
+
+
+def exec_in_container(container_id: str, command: list[str],
+                      env: dict[str, str] | None = None) -> tuple[int, str]:
+    return current().exec_in_container(container_id, command, env)
+
+
+def copy_from_image(image: str, paths: Iterable[str], dest_dir: Path) -> dict[str, Path]:
+    return current().copy_from_image(image, paths, dest_dir)
+
+
+def exported_filesystem(image: str) -> contextlib.AbstractContextManager[Iterator[bytes]]:
+    return current().exported_filesystem(image)
 
 
 def docker_host_info() -> dict[str, Any]:
-    """What `docker info` says about storage and runtimes (for `infermatrix doctor`)."""
-    info = client().info()
-    return {"storage_driver": info.get("Driver"),
-            "runtimes": sorted((info.get("Runtimes") or {}).keys()),
-            "default_runtime": info.get("DefaultRuntime"),
-            "cgroup_version": info.get("CgroupVersion"),
-            "server_version": info.get("ServerVersion")}
+    return current().host_info()
 
 
-# --------------------------------------------------------------------------------------------
-# Derived images (tag stage: static-only marks) — added by the smoke/tag engineer.
-# --------------------------------------------------------------------------------------------
-
-def commit_with_labels(image: str, ref: str, labels: dict[str, str]) -> str:
-    """A new image = `image` plus `labels`, nothing else changed (its parent is `image`, its
-    layers, command and environment are the same), tagged `ref`; returns its id.
-
-    `docker create` (never started, no label or command of our own: commit copies the
-    container's config) then `docker commit --change LABEL ...`, then the container is removed.
-    """
-    import json as _json
-
-    import docker
-
-    changes = [f"LABEL {_json.dumps(k)}={_json.dumps(v)}" for k, v in sorted(labels.items())]
-    _sdk_log(f"docker create {shlex.quote(image)} && docker commit "
-             + " ".join(f"--change {shlex.quote(c)}" for c in changes) + f" <container> {ref}")
-    try:
-        created = client().api.create_container(image)
-    except docker.errors.APIError:  # an image with neither CMD nor ENTRYPOINT
-        created = client().api.create_container(image, command=["/bin/true"])
-        changes.append("CMD []")
-    try:
-        repository, tag = split_ref(ref)
-        result = client().api.commit(created["Id"], repository=repository, tag=tag,
-                                     changes=changes)
-    finally:
-        client().api.remove_container(created["Id"], force=True, v=True)
-    return result["Id"]
+# Registries (credentials, HTTP API v2, push and pull): registry.py.

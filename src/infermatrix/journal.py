@@ -2,24 +2,136 @@
 
 One JSON file per cell under <state>/journal/, rewritten atomically on every change, so an
 interrupted run leaves each record either before or after a stage, never half-written.
-Layout of a record:
+A record is a `CellRecord` with one `StageRecord` per stage; on disk:
     {"cell": id, "input_hash": str|None, "image_id": str|None, "updated": iso,
      "stages": {stage: {"status": "pass"|"fail"|"skip"|"running", "duration_s": float,
-                        "started": iso, "log": path|None, "reason": str|None,
+                        "finished": iso, "log": path|None, "reason": str|None,
                         "details": {...}}}}
-Stages: plan, lock, render, build, audit, smoke, tag, publish.
+The stage names are `STAGES`, the pipeline's step list (stages.STEP_NAMES is the same tuple).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .state import StatePaths, write_json_atomic
 
-STAGES = ("plan", "lock", "render", "build", "audit", "smoke", "tag", "publish")
+STAGES = ("plan", "lock", "render", "base", "build", "audit", "smoke", "tag", "publish",
+          "report")
+
+
+class Status(StrEnum):
+    """What a stage says about a cell. `running`: started, not finished (a killed run)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+    RUNNING = "running"
+    UNKNOWN = "unknown"  # a record written by something this code does not know
+
+
+def _status(value: Any) -> Status:
+    try:
+        return Status(str(value))
+    except ValueError:
+        return Status.UNKNOWN
+
+
+def text_of(value: Any) -> str | None:
+    """A recorded value as text (JSON for anything that is not a string)."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def number_of(value: Any) -> float | None:
+    """A recorded value as a number, or None (a bool is not a number here)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class StageRecord:
+    name: str
+    status: Status
+    finished: str | None = None
+    duration_s: float | None = None
+    log: str | None = None
+    reason: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, name: str, data: Any) -> "StageRecord":
+        if not isinstance(data, dict):  # a journal from elsewhere: keep what it says
+            return cls(str(name), _status(data))
+        details = data.get("details")
+        return cls(name=str(name), status=_status(data.get("status")),
+                   finished=text_of(data.get("finished") or data.get("started")),
+                   duration_s=number_of(data.get("duration_s")), log=text_of(data.get("log")),
+                   reason=text_of(data.get("reason")),
+                   details=details if isinstance(details, dict) else {})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": str(self.status), "finished": self.finished,
+                "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
+                "log": self.log, "reason": self.reason, "details": self.details}
+
+
+@dataclass
+class CellRecord:
+    """One cell's journal record, typed; `extra` keeps top-level fields other stages added."""
+
+    cell: str
+    input_hash: str | None = None
+    image_id: str | None = None
+    updated: str | None = None
+    stages: dict[str, StageRecord] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, cell_id: str, data: Any) -> "CellRecord":
+        if not isinstance(data, dict):
+            return cls(cell_id, problems=[f"journal record of {cell_id} is not an object"])
+        stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
+        known = {"cell", "input_hash", "image_id", "updated", "stages", "problems"}
+        problems = data.get("problems") if isinstance(data.get("problems"), list) else []
+        return cls(cell=str(data.get("cell") or cell_id),
+                   input_hash=text_of(data.get("input_hash")),
+                   image_id=text_of(data.get("image_id")), updated=text_of(data.get("updated")),
+                   stages={str(k): StageRecord.from_json(k, v) for k, v in stages.items()},
+                   extra={k: v for k, v in data.items() if k not in known},
+                   problems=[str(p) for p in problems])
+
+    def ordered_stages(self) -> list[StageRecord]:
+        """Stages in pipeline order, then any stage this code does not know."""
+        names = [s for s in STAGES if s in self.stages] + \
+            [s for s in self.stages if s not in STAGES]
+        return [self.stages[n] for n in names]
+
+    def stage(self, name: str) -> StageRecord | None:
+        return self.stages.get(name)
+
+    def status_of(self, name: str) -> Status | None:
+        stage = self.stages.get(name)
+        return stage.status if stage else None
+
+    @property
+    def recorded_plan(self) -> dict[str, Any] | None:
+        """The plan the plan step recorded (its details are `CellPlan.as_dict()`)."""
+        plan = self.stages.get("plan")
+        return plan.details if plan and plan.details.get("status") else None
 
 
 def _now() -> str:
@@ -44,6 +156,29 @@ def load_all(state: StatePaths) -> dict[str, dict[str, Any]]:
             for p in sorted(state.journal.glob("*.json"))}
 
 
+def load_records(state: StatePaths) -> dict[str, CellRecord]:
+    """Every record, typed; an unreadable file becomes a record with a `problems` note (the
+    report shows it, never crashes on it)."""
+    records: dict[str, CellRecord] = {}
+    if not state.journal.is_dir():
+        return records
+    for path in sorted(state.journal.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            records[path.stem] = CellRecord(path.stem, problems=[
+                f"unreadable journal record {path}: {exc}"])
+            continue
+        records[path.stem] = CellRecord.from_json(path.stem, data)
+    return records
+
+
+def records_of(raw: Mapping[str, Any]) -> dict[str, CellRecord]:
+    """Typed records from `load_all`-shaped data (or records already typed)."""
+    return {str(k): v if isinstance(v, CellRecord) else CellRecord.from_json(str(k), v)
+            for k, v in raw.items()}
+
+
 def save(state: StatePaths, record: dict[str, Any]) -> None:
     record["updated"] = _now()
     write_json_atomic(record_path(state, record["cell"]), record)
@@ -57,21 +192,19 @@ def update(state: StatePaths, cell_id: str, **fields: Any) -> dict[str, Any]:
     return record
 
 
-def record_stage(state: StatePaths, cell_id: str, stage: str, status: str, *,
+def record_stage(state: StatePaths, cell_id: str, stage: str, status: str | Status, *,
                  duration_s: float | None = None, log: Path | str | None = None,
                  reason: str | None = None, details: dict[str, Any] | None = None,
                  **fields: Any) -> dict[str, Any]:
     """Record a stage result for a cell (and optional top-level fields) in one atomic write."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}")
+    entry = StageRecord(stage, Status(status), finished=_now(), duration_s=duration_s,
+                        log=None if log is None else str(log), reason=reason,
+                        details=details or {})
     record = load(state, cell_id)
     record.update(fields)
-    record.setdefault("stages", {})[stage] = {
-        "status": status, "finished": _now(),
-        "duration_s": None if duration_s is None else round(duration_s, 3),
-        "log": None if log is None else str(log), "reason": reason,
-        "details": details or {},
-    }
+    record.setdefault("stages", {})[stage] = entry.to_json()
     save(state, record)
     return record
 

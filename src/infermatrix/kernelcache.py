@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .spec import MATCH_ENGINE
 from .state import StatePaths, write_json_atomic
 
 ENTRY_FILE = "entry.json"
@@ -91,7 +92,7 @@ def make_key(spec: dict[str, Any], *, torch: str, cuda: str, python: str, archs:
     if spec.get("path"):
         root = (Path(source_root or ".") / spec["path"]).resolve()
         version = f"src-{tree_hash(root)}"
-    elif version == "match-engine":
+    elif version == MATCH_ENGINE:
         if not resolved_version:
             raise ValueError(f"kernel {spec['package']}: version match-engine needs the lock's "
                              "resolved version")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import tempfile
 import time
@@ -48,13 +47,14 @@ from .context import Context
 from .errors import CommandFailed, StageFailure
 from .index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get, index_url
 from .model import CellPlan, Verdict
+from .spec import LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base
+from .spec import header_lines as _header_lines
+from .spec import kernel_pins_from_lock, pinned_packages  # noqa: F401  (the lock's readers)
 
 log = logging.getLogger(__name__)
 
 LockStatus = Literal["locked", "unsatisfiable", "unreachable"]
-LOCKS_DIR = "locks"
 UNSATISFIABLE_RULE = "lock-unsatisfiable"
-MATCH_ENGINE = "match-engine"  # build.kernels.<k>.version: the version the lock resolves
 
 # glibc of the distributions a base can be made from; the manylinux tag of a lock is the
 # base's glibc (wheels for a newer glibc would not load in the image).
@@ -66,8 +66,6 @@ GLIBC_BY_DISTRIBUTION = {
 }
 # manylinux minors uv accepts for --python-platform (`uv pip compile --help`, uv 0.13).
 UV_MANYLINUX_MINORS = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
-# The image platform of a cell (plan: sm_121 cells are linux/arm64) -> uv's machine name.
-MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
 # uv's messages: a network failure vs a resolution that has no solution.
 _NETWORK_MARKERS = (
@@ -140,22 +138,13 @@ def uv_env() -> dict[str, str]:
 
 
 # Inputs ---------------------------------------------------------------------------------
-def lock_path(ctx: Context, cell_id: str) -> Path:
-    return ctx.root / LOCKS_DIR / f"{cell_id}.txt"
-
-
 def platform_for_base(ctx: Context, base_name: str,
                       image_platform: str = "linux/amd64") -> tuple[str, str]:
     """(uv platform, reason) for a base: the manylinux tag of the base's glibc, for the
     machine of the cell's image platform."""
     m = ctx.matrix
-    definitions = m.bases["definitions"]
-    base = definitions.get(base_name)
-    seen: list[str] = []
-    while base is not None and base.get("strategy") == "wheels" and base_name not in seen:
-        seen.append(base_name)  # a wheels base runs on the OS of its `from` base
-        base_name = base["from"]
-        base = definitions.get(base_name)
+    base_name = os_base(m, base_name)  # a wheels base runs on the OS of its `from` base
+    base = m.bases["definitions"].get(base_name)
     if base is None:
         raise m.error(f"base {base_name!r} is not defined", "bases", "definitions")
     glibc = _glibc_of(base)
@@ -166,7 +155,7 @@ def platform_for_base(ctx: Context, base_name: str,
                       fix="use a known suite or image, or extend lock.GLIBC_BY_DISTRIBUTION")
     minor = int(glibc.split(".")[1])
     tag = max(v for v in UV_MANYLINUX_MINORS if v <= minor)
-    return f"{MACHINES[image_platform]}-manylinux_2_{tag}", f"base {base_name}: glibc {glibc}"
+    return f"{machine_of(image_platform)}-manylinux_2_{tag}", f"base {base_name}: glibc {glibc}"
 
 
 def _glibc_of(base: dict[str, Any]) -> str | None:
@@ -409,20 +398,6 @@ def _fill_matching_kernels(inputs: LockInputs, pins: dict[str, str]) -> LockInpu
     return replace(inputs, kernels=tuple(kernels))
 
 
-def kernel_pins_from_lock(text: str) -> dict[str, dict[str, str]]:
-    """package -> {"version", "sdist", "sha256"} of the kernel pins in a lock header (render
-    can turn them into `pkg==v --hash=sha256:...` lines for a hash-checked kernel build)."""
-    pins: dict[str, dict[str, str]] = {}
-    for line in _header_lines(text):
-        match = re.match(r"^# kernel [^:]*: ([A-Za-z0-9._-]+)==(\S+)(?: sdist (\S+) "
-                         r"sha256:([0-9a-f]{64}))?", line)
-        if match:
-            name, version, sdist, sha = match.groups()
-            pins[canonicalize_name(name)] = {"version": version, "sdist": sdist or "",
-                                             "sha256": sha or ""}
-    return pins
-
-
 def header(inputs: LockInputs) -> str:
     lines = [f"# infermatrix lock for cell {inputs.cell_id}",
              f"# regenerate: infermatrix lock --select {inputs.cell_id}",
@@ -510,16 +485,6 @@ def lock_digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def pinned_packages(text: str) -> dict[str, str]:
-    """name -> version of every pin in a lock file."""
-    pins = {}
-    for line in text.splitlines():
-        match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", line)
-        if match:
-            pins[canonicalize_name(match.group(1))] = match.group(2)
-    return pins
-
-
 def record(ctx: Context, result: LockResult, written: Path | None = None) -> None:
     """The lock stage in the cell's journal: pass (locked), fail (unsatisfiable, reason
     `lock-unsatisfiable`), skip (index unreachable: says nothing about the cell)."""
@@ -553,15 +518,6 @@ def drift(committed: str, fresh: str) -> list[str]:
     lines += [f"header: + {ln}" for ln in new_h if ln not in old_h]
     if not lines:
         lines.append("same pins, different hashes or annotations")
-    return lines
-
-
-def _header_lines(text: str) -> list[str]:
-    lines = []
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line)
     return lines
 
 
@@ -638,10 +594,3 @@ def require_lock(ctx: Context, cell_id: str) -> Path:
         raise StageFailure(f"{cell_id}: no lock file {path}; run `infermatrix lock --select "
                            f"{cell_id}` (needs the package index) and commit it")
     return path
-
-
-def environment_note() -> str:
-    """For error messages: which index the lock step talks to."""
-    return f"index {index_url()} (set INFERMATRIX_INDEX_URL for a mirror)" + (
-        "" if not os.environ.get("INFERMATRIX_TORCH_INDEX")
-        else f", torch index {os.environ['INFERMATRIX_TORCH_INDEX']}")

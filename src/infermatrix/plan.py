@@ -30,6 +30,7 @@ from .model import CPU, Cell, CellPlan, CellSettings, Verdict
 from .rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
                     evaluate, exact_pin, load_rules, torch_satisfies)
 from .selectors import Selection, matches
+from .spec import machine_of
 from .wheelcode import WheelCodeCache
 
 # (name, version, machine) -> metadata of that release's Linux wheel for the machine
@@ -39,7 +40,6 @@ ReleaseSource = Callable[[str], ReleaseList]
 # url -> True (exists) / False (404) / None (cannot be reached)
 ExistsCheck = Callable[[str], "bool | None"]
 
-MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 FROM_ENGINE = "from-engine"
 FORBIDDEN_TORCH = "torch the engine's pin forbids (engine-torch-pin)"
 
@@ -323,7 +323,7 @@ def expand(m: Matrix, gatherer: FactGatherer | None = None,
     candidates: list[Candidate] = []
     memo: dict[tuple[str, str, str], tuple[list[str], list[Verdict], str | None]] = {}
     for choice, arch in itertools.product(resolve_engines(m, releases), axes["arch"]):
-        machine = MACHINES[_platform_of_arch(m, arch)]
+        machine = machine_of(_platform_of_arch(m, arch))
         key = (choice.engine, choice.version, machine)
         if key not in memo:
             memo[key] = _torches_for(m, gatherer, releases, choice, machine)
@@ -501,7 +501,7 @@ def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
     cell, origin = cand.cell, cand.origin
     resolution = cand.choice.record() if cand.choice else None
     engine = m.engines[cell.engine]
-    machine = MACHINES[platform_for(cell, m)]
+    machine = machine_of(platform_for(cell, m))
     facts: EngineFacts | None = None
     unresolved = cand.unresolved
     verdicts: list[Verdict] = list(cand.verdicts)

@@ -20,7 +20,6 @@ import shlex
 import string
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,12 +28,14 @@ from packaging.version import InvalidVersion, Version
 
 from . import engine, journal
 from . import registry as registries
-from .config import DATA_DIR, Matrix
+from .config import Matrix
 from .context import Context
 from .errors import ConfigError, StageFailure, UsageError
 from .model import CPU, Cell
 from .selectors import Selection, matches
 from .state import StatePaths
+from .spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM, driver_table
+from .spec import min_driver_for
 
 LOCK_NAME = "images.lock"
 LOCK_VERSION = 1
@@ -42,23 +43,7 @@ LOCK_HEADER = ("# images.lock: written by `infermatrix publish`, read by `inferm
                "# `infermatrix doctor`. Every image is pinned by its registry digest.\n")
 LABEL_PREFIX = "io.infermatrix."
 TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's tag grammar
-DEFAULT_PORT = 8000
-CONTAINER_MODEL_DIR = "/model"
-SHM_SIZE = {"gpu": "16g", "cpu": "1g"}  # vLLM/SGLang need far more than Docker's 64 MB
-
-
-# --- data: minimum drivers ------------------------------------------------------------------
-
-@lru_cache(maxsize=1)
-def driver_table() -> dict[str, Any]:
-    return yaml.safe_load((DATA_DIR / "drivers.yaml").read_text(encoding="utf-8"))
-
-
-def min_driver_for(cuda: str) -> str | None:
-    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
-    if cuda == CPU:
-        return None
-    return driver_table()["min_driver"].get(cuda)
+CONTAINER_MODEL_DIR = CONTAINER_MODEL
 
 
 # --- cells from images ----------------------------------------------------------------------
@@ -188,21 +173,23 @@ def write_lock(path: Path, lock: dict[str, Any]) -> None:
 
 
 def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
-    """How to serve the model from this image: the engine command, its env, GPU and shm needs.
+    """How to serve the model from this image: the engine command, its env, GPU and shm needs
+    (spec.Launch of the cell as the planner resolves it).
 
     `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
     """
+    from .model import CellPlan
     from .plan import settings_for
     from .rules import choose_attention_backend
+    from .spec import launch_of
 
     if cell.engine not in matrix.engines:
         raise StageFailure(f"engine {cell.engine!r} of {cell.id} is not in {matrix.path}")
     backend, _ = choose_attention_backend(cell, matrix)
-    settings = settings_for(cell, matrix, None, backend)
-    serve = list(matrix.engines[cell.engine].get("serve", []))
-    return {"command": serve + list(settings.engine_args), "env": dict(settings.env),
-            "gpu": cell.is_gpu, "shm_size": SHM_SIZE["gpu" if cell.is_gpu else "cpu"],
-            "port": DEFAULT_PORT}
+    launch = launch_of(matrix, CellPlan(cell, "planned",
+                                        settings=settings_for(cell, matrix, None, backend)))
+    return {"command": launch.template(), "env": dict(launch.env), "gpu": launch.gpu,
+            "shm_size": launch.shm_size, "port": launch.port}
 
 
 def smoke_summary(smoke: dict[str, Any]) -> dict[str, Any]:
@@ -481,7 +468,7 @@ def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = No
         argv += ["--gpus", "all"]
     for device in devices or []:
         argv += ["--device", device]
-    argv += ["--shm-size", run.get("shm_size", SHM_SIZE["gpu"]), "-p", f"{port}:{port}",
+    argv += ["--shm-size", run.get("shm_size", DEFAULT_SHM["gpu"]), "-p", f"{port}:{port}",
              "-v", f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"]
     for key, value in sorted(run.get("env", {}).items()):
         argv += ["-e", f"{key}={value}"]

@@ -39,6 +39,8 @@ from .config import REPO_ROOT, Matrix
 from .context import Context
 from .errors import ConfigError, StageFailure, UsageError
 from .model import Cell, CellPlan, CellSettings
+from .spec import (kernel_pins_from_lock, kernel_version, launch_of, lock_path, os_base,
+                   pinned_packages)
 from .state import run_lock
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -103,7 +105,7 @@ class KernelSpec:
     env: dict[str, str]
     build_requires: tuple[str, ...]
     wheel_glob: str  # the file the runtime stage installs from /tmp/kernel-wheels/
-    # The lock header's pin of the PyPI sdist (lock.kernel_pins_from_lock): the kernel stage
+    # The lock header's pin of the PyPI sdist (spec.kernel_pins_from_lock): the kernel stage
     # downloads exactly that file, hash-checked. None: no lock, or a local source tree.
     sdist: str | None = None
     sdist_sha256: str | None = None
@@ -245,7 +247,7 @@ def os_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | Non
     if spec["strategy"] == "registry":
         image, digest, unpinned = registry_image(matrix, base_name, cell)
         return image, digest, unpinned, tuple(spec.get("packages", [])), spec.get("suite")
-    return os_image(matrix, spec["from"], cell)  # wheels: the OS of its `from:` base
+    return os_image(matrix, os_base(matrix, base_name), cell)  # wheels: its `from:` OS
 
 
 def choose_base(matrix: Matrix, plan: CellPlan, compiles: bool) -> BaseChoice:
@@ -313,26 +315,6 @@ def _settings(plan: CellPlan) -> CellSettings:
     return plan.settings
 
 
-def lock_path(ctx: Context, cell_id: str) -> Path:
-    return ctx.root / "locks" / f"{cell_id}.txt"
-
-
-def pinned_in_lock(lock_text: str | None, package: str) -> str | None:
-    """The `name==version` pin of a package in a uv lock, or None."""
-    if not lock_text:
-        return None
-    wanted = _normalize(package)
-    for line in lock_text.splitlines():
-        match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", line)
-        if match and _normalize(match.group(1)) == wanted:
-            return match.group(2)
-    return None
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def wheel_prefix(package: str) -> str:
     """The file-name form of a distribution name (PEP 427): flash-attn -> flash_attn."""
     return re.sub(r"[-_.]+", "_", package).lower()
@@ -353,7 +335,8 @@ def flashinfer_arch(cell: Cell) -> str:
 def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[KernelSpec]:
     matrix, cell = ctx.matrix, plan.cell
     known = matrix.build.get("kernels", {})
-    pins = locks.kernel_pins_from_lock(lock_text) if lock_text else {}
+    pins = kernel_pins_from_lock(lock_text) if lock_text else {}
+    locked = pinned_packages(lock_text)
     specs = []
     for name in _settings(plan).kernels:
         if name not in known:
@@ -370,9 +353,7 @@ def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[Ke
                                    "build", "kernels", name, "path")
             source_dir = f"kernels/{name}"
             build_requires = _build_requires(source)
-        version = data["version"]
-        if version == "match-engine":
-            version = pinned_in_lock(lock_text, package)
+        version = kernel_version(data, locked)
         if package == "flash-attn" and not data.get("path"):
             recipe = "flash-attn"
         elif package == "flashinfer-python" and not data.get("path"):
@@ -437,9 +418,7 @@ def _base_snapshot(matrix: Matrix, base_name: str) -> str | None:
     """The snapshot time (20250520T000000Z) of the debootstrap base under a cell's OS, when
     matrix.yaml names a snapshot mirror (never the host's apt sources: renders must not depend
     on the machine)."""
-    spec = matrix.bases["definitions"][base_name]
-    if spec["strategy"] == "wheels":
-        return _base_snapshot(matrix, spec["from"])
+    spec = matrix.bases["definitions"][os_base(matrix, base_name)]
     if spec["strategy"] != "debootstrap":
         return None
     return base_images.snapshot_in(spec.get("mirror") or "")
@@ -452,7 +431,7 @@ def _build_requires(source: Path) -> tuple[str, ...]:
         return ()
     requires = tomllib.loads(pyproject.read_text(encoding="utf-8")).get(
         "build-system", {}).get("requires", [])
-    return tuple(sorted(r for r in requires if _normalize(re.split(r"[<>=!~; \[]", r)[0]) != "torch"))
+    return tuple(sorted(r for r in requires if canonicalize_name(re.split(r"[<>=!~; \[]", r)[0]) != "torch"))
 
 
 def engine_requirement(plan: CellPlan) -> tuple[str | None, list[str]]:
@@ -490,9 +469,9 @@ def engine_install(ctx: Context, plan: CellPlan) -> dict[str, Any]:
 
 def serve_script_argv(ctx: Context, plan: CellPlan) -> tuple[list[str], bool]:
     """The serve command as shell words ($PORT/$MODEL substituted) and whether it needs MODEL."""
-    engine = ctx.matrix.engines[plan.cell.engine]
     words, needs_model = [], False
-    for token in list(engine["serve"]) + list(_settings(plan).engine_args):
+    _settings(plan)
+    for token in launch_of(ctx.matrix, plan).template():
         if "{port}" in token or "{model}" in token:
             needs_model |= "{model}" in token
             escaped = re.sub(r'(["\\`$])', r"\\\1", token)

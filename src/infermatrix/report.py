@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .journal import STAGES
+from .journal import CellRecord, StageRecord, load_records, records_of
+from .journal import number_of as _number
+from .journal import text_of as _text
+from .errors import InfermatrixError
 from .state import StatePaths
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "report"
@@ -54,9 +58,6 @@ OUTCOME_ICONS = {"tagged": "✅", "verified": "🔵", "built": "🟡", "failed":
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_CHARS = 8000
-_ID_PATTERN = re.compile(
-    r"^(?P<cuda>cpu|cu\d+)-torch(?P<torch>[^-]+)-(?P<engine>[A-Za-z][A-Za-z0-9_-]*?)"
-    r"(?P<version>\d[^-]*)-(?P<arch>cpu|sm\d+[a-z]?)$")
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
 _SIZE_KEYS = ("image_size_bytes", "image_size")
 _TOKENS_KEY = re.compile(r"(tok(en)?s?_?(per_?s(ec(ond)?)?|/s|_s)$)|(throughput)", re.I)
@@ -64,15 +65,9 @@ _NAME_KEYS = ("object", "path", "file", "name", "library", "so")
 _COVERAGE_KEYS = ("coverage", "objects", "shared_objects", "kernels", "files")
 
 
-@dataclass
-class StageResult:
-    name: str
-    status: str
-    duration_s: float | None = None
-    finished: str | None = None
-    reason: str | None = None
-    log: str | None = None
-    details: Any = None
+# A stage row of the report is the journal's typed stage record.
+StageResult = StageRecord
+UNKNOWN_AXES = {"cuda": "?", "torch": "?", "engine": "?", "arch": "?"}
 
 
 @dataclass
@@ -169,25 +164,6 @@ def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def _version_key(text: str) -> tuple[int, Any, str]:
     """Sort versions numerically, non-versions ("cpu", "?") after them."""
     try:
@@ -205,21 +181,10 @@ def _row_key(cell: CellReport) -> tuple[str, str]:
 
 
 def _column_key(cell: CellReport) -> tuple[str, str]:
+    """(engine spec, arch); a cell whose axes nobody recorded gets a column of its own."""
+    if cell.axes.get("engine", "?") == "?" and cell.axes.get("arch", "?") == "?":
+        return ("?", cell.id)
     return (cell.axes.get("engine", "?"), cell.axes.get("arch", "?"))
-
-
-def axes_from_id(cell_id: str) -> dict[str, str]:
-    """Axes of a cell id (`cu130-torch2.11.0-sglang0.5.11-sm120`) for journal-only cells."""
-    match = _ID_PATTERN.match(cell_id)
-    if not match:
-        return {"cuda": "?", "torch": "?", "engine": "?", "arch": "?"}
-    cuda = match["cuda"]
-    if cuda != "cpu":
-        digits = cuda[2:]
-        cuda = f"{digits[:-1]}.{digits[-1]}"
-    arch = match["arch"] if match["arch"] == "cpu" else "sm_" + match["arch"][2:]
-    return {"cuda": cuda, "torch": match["torch"],
-            "engine": f"{match['engine']}=={match['version']}", "arch": arch}
 
 
 def redact(text: str) -> str:
@@ -241,32 +206,21 @@ def safe_url(value: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Journal record → stage results, outcome, facts.
 
-def stage_results(record: Mapping[str, Any]) -> list[StageResult]:
-    """Stage results in pipeline order, then any stage this code does not know, in record order."""
-    stages = _mapping(record.get("stages"))
-    names = [s for s in STAGES if s in stages] + [s for s in stages if s not in STAGES]
-    results = []
-    for name in names:
-        entry = stages[name]
-        if not isinstance(entry, dict):
-            entry = {"status": _text(entry) or "unknown"}
-        results.append(StageResult(
-            name=str(name), status=str(entry.get("status") or "unknown"),
-            duration_s=_number(entry.get("duration_s")),
-            finished=_text(entry.get("finished") or entry.get("started")),
-            reason=_text(entry.get("reason")), log=_text(entry.get("log")),
-            details=entry.get("details")))
-    return results
+def stage_results(record: CellRecord) -> list[StageResult]:
+    """Stage results in pipeline order, then any stage this code does not know."""
+    return record.ordered_stages()
 
 
 def classify(plan_status: str, stages: list[StageResult]) -> tuple[str, str | None]:
-    """(outcome, failed stage): the first failure wins; then how far the cell got."""
+    """(outcome, failed stage): a pruned cell is pruned; else the first failure wins; then
+    how far the cell got."""
     by_name = {s.name: s.status for s in stages}
+    if plan_status == "pruned":  # a verdict, the lock's included: not a failure of the run
+        return "pruned", None
     for stage in stages:
         if stage.status == "fail":
             return "failed", stage.name
-    if plan_status == "pruned" or (plan_status == "unknown" and by_name.get("plan") == "skip"
-                                   and len(by_name) == 1):
+    if plan_status == "unknown" and by_name.get("plan") == "skip" and len(by_name) == 1:
         return "pruned", None
     if by_name.get("tag") == "pass" or by_name.get("publish") == "pass":
         return "tagged", None
@@ -315,11 +269,11 @@ def _figures_text(figures: dict[str, float]) -> str:
     return ", ".join(f"{key} {number:.1f}" for key, number in ranked)
 
 
-def image_size(record: Mapping[str, Any], stages: list[StageResult]) -> int | None:
+def image_size(record: CellRecord, stages: list[StageResult]) -> int | None:
     """The image size in bytes: a top-level field of the record, or of a stage's details
     (never searched deeper: audited objects and kernel wheels have sizes of their own)."""
     build_first = sorted(stages, key=lambda s: s.name != "build")
-    for source in [record] + [_mapping(s.details) for s in build_first]:
+    for source in [record.extra] + [s.details for s in build_first]:
         for key in _SIZE_KEYS:
             number = _number(source.get(key))
             if number is not None and number > 0:
@@ -327,10 +281,10 @@ def image_size(record: Mapping[str, Any], stages: list[StageResult]) -> int | No
     return None
 
 
-def versions(record: Mapping[str, Any], stages: list[StageResult]) -> dict[str, str]:
+def versions(record: CellRecord, stages: list[StageResult]) -> dict[str, str]:
     """Installed versions any stage recorded under `versions` (later stages win)."""
     found: dict[str, str] = {}
-    for source in [record] + [s.details for s in stages]:
+    for source in [record.extra] + [s.details for s in stages]:
         value = _mapping(source).get("versions")
         if isinstance(value, dict):
             found.update({str(k): _text(v) or "" for k, v in value.items()})
@@ -482,14 +436,14 @@ def log_tail(stage: StageResult, cell_id: str, state: StatePaths | None) -> str 
     return redact(tail[-LOG_TAIL_CHARS:])
 
 
-def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: Mapping[str, Any] | None,
+def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: CellRecord | None,
                 state: StatePaths | None = None) -> CellReport:
     plan = _mapping(plan)
-    record = _mapping(record)
+    record = record or CellRecord(cell_id)
     stages = stage_results(record)
     plan_status = str(plan.get("status") or "unknown")
     outcome, failed = classify(plan_status, stages)
-    axes = {k: str(v) for k, v in _mapping(plan.get("axes")).items()} or axes_from_id(cell_id)
+    axes = {k: str(v) for k, v in _mapping(plan.get("axes")).items()} or dict(UNKNOWN_AXES)
     reasons = [_mapping(r) if isinstance(r, dict) else {"reason": _text(r)}
                for r in (plan.get("reasons") or []) if r is not None] \
         if isinstance(plan.get("reasons"), list) else []
@@ -507,14 +461,13 @@ def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: Mapping[st
         id=cell_id, axes=axes, plan_status=plan_status, outcome=outcome, failed_stage=failed,
         interrupted_stage=running.name if running else None, reasons=reasons,
         settings=_mapping(plan.get("settings")), stages=stages,
-        image_id=_text(record.get("image_id")), image_size=image_size(record, stages),
+        image_id=record.image_id, image_size=image_size(record, stages),
         versions=versions(record, stages), coverage_columns=columns, coverage_rows=rows,
         uncovered=uncovered, smoke_levels=levels,
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
         audit_checks=audit_checks(stages),
         log_tail=log_tail(failed_stage, cell_id, state) if failed_stage else None,
-        in_plan=bool(plan), problems=[str(p) for p in record.get("problems") or []
-                                      if isinstance(record.get("problems"), list)])
+        in_plan=bool(plan), problems=list(record.problems))
 
 
 def _plan_dicts(plans: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -531,22 +484,19 @@ def _plan_dicts(plans: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, di
     return found
 
 
-def _recorded_plan(record: Any) -> dict[str, Any] | None:
-    """The plan the pipeline recorded in the journal (plan stage details = CellPlan.as_dict())."""
-    plan_stage = _mapping(_mapping(_mapping(record).get("stages")).get("plan"))
-    details = _mapping(plan_stage.get("details"))
-    return details if details.get("status") else None
-
-
 def build_report(journal: Mapping[str, Any], plans: Iterable[Any] | Mapping[str, Any] | None,
                  state: StatePaths | None = None) -> Report:
     """The report of every cell of the plan and of the journal (a journal-only cell is one the
-    current plan no longer has; it is kept, marked as such)."""
+    current plan no longer has; it is kept, marked as such, placed by the plan it recorded).
+    `journal`: typed records (`journal.load_records`) or their JSON form."""
     by_id = _plan_dicts(plans)
-    journal = journal if isinstance(journal, Mapping) else {}
-    ids = list(by_id) + [i for i in journal if i not in by_id]
-    cells = [cell_report(str(i), by_id.get(i) or _recorded_plan(journal.get(i)), journal.get(i),
-                         state) for i in ids]
+    records = records_of(journal if isinstance(journal, Mapping) else {})
+    ids = list(by_id) + [i for i in records if i not in by_id]
+    cells = []
+    for i in ids:
+        record = records.get(i)
+        plan = by_id.get(i) or (record.recorded_plan if record else None)
+        cells.append(cell_report(str(i), plan, record, state))
     for c in cells:
         c.in_plan = c.id in by_id or not by_id  # without a current plan, nothing is stale
     cells.sort(key=lambda c: (_version_key(c.axes.get("cuda", "?")),
@@ -563,21 +513,34 @@ def _engine_column_key(column: tuple[str, str]) -> tuple[Any, ...]:
     return (name == "?", name, _version_key(version), _arch_key(column[1]))
 
 
-def load_journal(state: StatePaths) -> dict[str, dict[str, Any]]:
-    """Every journal record, like `journal.load_all`, but an unreadable file becomes a record
-    with a `problems` note instead of an exception: the report shows it, never crashes on it."""
-    records: dict[str, dict[str, Any]] = {}
-    if not state.journal.is_dir():
-        return records
-    for path in sorted(state.journal.glob("*.json")):
+def load_journal(state: StatePaths) -> dict[str, CellRecord]:
+    """Every journal record, typed (an unreadable file is a record with a `problems` note)."""
+    return load_records(state)
+
+
+def fill_image_sizes(records: Mapping[str, CellRecord]) -> int:
+    """Set `image_size_bytes` (in memory) from the engine for built cells whose journal has no
+    size; without a Docker engine, nothing. Returns how many were filled."""
+    wanting = {cid: r.image_id for cid, r in records.items()
+               if r.image_id and not image_size(r, stage_results(r))}
+    if not wanting:
+        return 0
+    from .engine import current
+    docker = current()
+    if not docker.available():
+        return 0
+    filled = 0
+    for cell_id, image_id in wanting.items():
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            data = {"cell": path.stem, "stages": {},
-                    "problems": [f"unreadable journal record {path}: {exc}"]}
-        records[path.stem] = data if isinstance(data, dict) else {
-            "cell": path.stem, "problems": [f"journal record {path} is not an object"]}
-    return records
+            info = docker.inspect_image(image_id)
+        except InfermatrixError as exc:  # a size is a nicety, never a reason to fail
+            print(f"infermatrix report: warning: cannot inspect {image_id}: {exc}",
+                  file=sys.stderr)
+            continue
+        if info and isinstance(info.get("Size"), int):
+            records[cell_id].extra["image_size_bytes"] = info["Size"]
+            filled += 1
+    return filled
 
 
 # ---------------------------------------------------------------------------------------------

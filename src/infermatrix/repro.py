@@ -408,7 +408,8 @@ def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: d
     for name in build.kernel_stages((directory / "Dockerfile").read_text(encoding="utf-8")):
         out = tmp / f"kernel-{name}-{run}"
         engine.build_image(context, target=f"kernel-{name}", build_args=build_args,
-                           secrets=secrets, output_dir=out, log_path=log_path, no_cache=True)
+                           secrets=secrets, output_dir=out, log_path=log_path, no_cache=True,
+                           platform=build.build_platform(plan))
         wheels = kernelcache.find_wheels(out)
         if not wheels:
             raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -440,7 +441,8 @@ def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
                                             log_path, run)
             images.append(engine.build_image(
                 context, tag=f"{REPRO_REPOSITORY}/{plan.id}:{run}", build_args=build_args,
-                secrets=secrets, log_path=log_path, no_cache=True))
+                secrets=secrets, log_path=log_path, no_cache=True,
+                platform=build.build_platform(plan)))
             durations.append(time.monotonic() - started)
     return images, durations, build_args
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import itertools
 import logging
 import os
 import signal
@@ -41,16 +40,15 @@ from .errors import InfermatrixError, StageFailure, UsageError
 from .harness import _result as harness_result
 from .harness import probe as harness_probe
 from .model import CellPlan
+from .spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
 
 log = logging.getLogger(__name__)
 
 LEVELS = ("static", "gpu", "model")
 DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0}
-DEFAULT_SHM = {"gpu": "16g", "cpu": "1g"}  # the engines need more than Docker's 64 MB /dev/shm
 HARNESS_IN_IMAGE = "/opt/infermatrix/harness"
 HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent
-CONTAINER_PORT = 8000
-CONTAINER_MODEL = "/model"
+CONTAINER_PORT = DEFAULT_PORT
 NO_GPU = "no GPU on this host"
 SMOKE_LABEL = "io.infermatrix.smoke"
 LOG_TAIL_LINES = 80
@@ -130,20 +128,11 @@ def level_timeout(ctx: Context, level: str) -> float:
 
 def kernel_distributions(ctx: Context, plan: CellPlan) -> list[str]:
     """`package==version` of the cell's compiled kernel packages (no pin for match-engine)."""
-    kernels = ctx.matrix.build.get("kernels", {})
-    specs = []
-    for key in (plan.settings.kernels if plan.settings else
-                ctx.matrix.engines[plan.cell.engine].get("kernels", [])):
-        entry = kernels[key]
-        version = entry.get("version", "")
-        pinned = version and version[0].isdigit()
-        specs.append(f"{entry['package']}=={version}" if pinned else entry["package"])
-    return specs
+    return [k.requirement if k.pinned else k.package for k in resolve(ctx, plan).kernels]
 
 
 def engine_distribution(ctx: Context, plan: CellPlan) -> str | None:
-    package = ctx.matrix.engines[plan.cell.engine].get("package")
-    return f"{package}=={plan.cell.engine_version}" if package else None
+    return resolve(ctx, plan).engine_requirement
 
 
 @dataclass
@@ -159,21 +148,12 @@ class LaunchSpec:
 
 def launch_spec(ctx: Context, plan: CellPlan, port: int = CONTAINER_PORT,
                 model: str = CONTAINER_MODEL) -> LaunchSpec | None:
-    """The cell's launch command from data; None when its engine serves nothing (no health)."""
-    m = ctx.matrix
-    engine_data = m.engines[plan.cell.engine]
-    if not engine_data.get("health"):
+    """The cell's launch command (spec.Launch); None when its engine serves nothing."""
+    launch = resolve(ctx, plan).launch
+    if launch is None or not launch.health:
         return None
-    per_arch = engine_data.get("arch", {}).get(plan.cell.arch, {})
-    if plan.settings is not None:  # the planner resolved card flags, per-arch flags, backend
-        args, env = list(plan.settings.engine_args), dict(plan.settings.env)
-    else:
-        args = list(m.model["launch"].get(plan.cell.engine, [])) + list(per_arch.get("args", []))
-        env = {**engine_data.get("env", {}), **per_arch.get("env", {})}
-    serve = [part.format(port=port, model=model) for part in engine_data["serve"]]
-    shm = smoke_settings(ctx).get("shm_size") or DEFAULT_SHM["gpu" if plan.cell.is_gpu else "cpu"]
-    return LaunchSpec(command=serve + args, env=env, shm_size=shm, health=engine_data["health"],
-                      gpu=plan.cell.is_gpu)
+    return LaunchSpec(command=launch.command(port, model), env=dict(launch.env),
+                      shm_size=launch.shm_size, health=launch.health, gpu=launch.gpu)
 
 
 def model_source(ctx: Context, options: SmokeOptions) -> Path | None:
@@ -237,27 +217,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-_names = itertools.count(1)
-
-
-@contextlib.contextmanager
-def container(image_id: str, name: str | None = None, **kwargs: Any) -> Iterator[str]:
-    """A detached container that is always stopped and removed afterwards.
-
-    It is named up front, so an interrupt that lands while Docker is still creating or starting
-    it (before its id came back) still finds it by name."""
-    name = name or f"infermatrix-smoke-{os.getpid()}-{next(_names)}"
-    try:
-        container_id = engine.run_container(image_id, name=name, **kwargs)
-    except BaseException:
-        engine.remove_container(name, force=True)
-        raise
-    try:
-        yield container_id
-    finally:
-        with contextlib.suppress(Exception):
-            engine.stop_container(container_id, timeout=10)
-        engine.remove_container(container_id, force=True)
+def container(image_id: str, name: str | None = None,
+              **kwargs: Any) -> contextlib.AbstractContextManager[str]:
+    """A smoke container (engine.container: always stopped and removed afterwards)."""
+    return engine.container(image_id, name=name, prefix="infermatrix-smoke", **kwargs)
 
 
 def append_log(path: Path, title: str, text: str) -> None:
@@ -295,7 +258,7 @@ class Harness:
         env = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
         with container(self.image_id, entrypoint=["python3", "-m", f"harness.{program}"],
                        command=args, env=env, mounts=[*self.mounts, *mounts],
-                       device_requests=[engine.gpu_request()] if gpu else None,
+                       gpus=gpu,
                        labels=labels) as cid:
             try:
                 code: int | None = engine.wait_container(cid, timeout=timeout_s)
@@ -358,7 +321,8 @@ def recorded_audit(record: dict[str, Any], image_id: str) -> dict[str, Any] | No
 
 
 def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, Any]) -> str:
-    """audit.audit_cell (it records its own stage); any failure to run it fails the level."""
+    """The audit of this image: the one the audit step recorded, else audit.audit_cell (which
+    records its own stage); any failure to run it fails the level."""
     done = recorded_audit(journal.load(ctx.state, plan.id), image_id)
     if done is not None:
         details["audit"] = {"status": done["status"], "reason": done.get("reason"),
@@ -481,7 +445,7 @@ def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: Launch
     with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
                    mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
                    ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
-                   device_requests=[engine.gpu_request()] if spec.gpu else None,
+                   gpus=spec.gpu,
                    labels={SMOKE_LABEL: plan.id}, name=name) as cid:
         host, port = published_port(cid)
         client = harness_probe.Client(f"http://{host}:{port}",

@@ -1,21 +1,27 @@
-"""The pipeline's steps: thin adapters from `pipeline.run_pipeline` to each stage module.
+"""The pipeline's steps, one list: plan → lock → render → base → build → audit → smoke → tag →
+publish → report.
 
-Each step takes the cells still alive and returns which passed and which failed; the journal
-(written by the stage modules) is the record, these outcomes only steer the next step.
+Every step has the same interface: `step(run, alive) -> StepRecord`. `run` is what the loader
+resolved once (context, every planned or pruned cell, run options); `alive` are the cells the
+earlier steps let through. The per-cell facts go to the journal (written by each stage module,
+under the same stage names: `journal.STAGES` is `STEP_NAMES`); the `StepRecord` only steers
+the next step and is what the pipeline prints and keeps in <state>/run.json.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Callable, Iterable
 
 from rich.console import Console
 
+from . import journal
 from .context import Context
 from .model import CellPlan
+from .options import RunOptions
 from .selectors import Selection
-
-if TYPE_CHECKING:
-    from .pipeline import PipelineOptions, StepOutcome
 
 console = Console(stderr=True)
 
@@ -25,124 +31,237 @@ def echo(line: str) -> None:
     console.print(line, markup=False, highlight=False)
 
 
-def _outcome(name: str, passed: list[str], failed: list[str], note: str = "") -> "StepOutcome":
-    from .pipeline import StepOutcome
-    return StepOutcome(name, "ran" if passed or failed else "nothing to do", passed, failed,
-                       note=note)
+class StepStatus(StrEnum):
+    RAN = "ran"
+    NOTHING_TO_DO = "nothing to do"
+    NOT_CONFIGURED = "not configured"
 
 
-def step_lock(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
+@dataclass
+class StepRecord:
+    """What one step did over the cells it was given."""
+
+    name: str
+    status: StepStatus
+    passed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # left out of later steps, not failures
+    seconds: float = 0.0
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": str(self.status), "passed": self.passed,
+                "failed": self.failed, "dropped": self.dropped,
+                "seconds": round(self.seconds, 3), "note": self.note}
+
+    def summary(self) -> str:
+        detail = f"{len(self.passed)} passed, {len(self.failed)} failed" \
+            if self.passed or self.failed else str(self.status)
+        return f"{self.name}: {detail} ({self.seconds:.1f} s)" + \
+            (f" — {self.note}" if self.note else "")
+
+
+@dataclass
+class Run:
+    """What every step reads: resolved once by the loader (cli.load_run or the pipeline)."""
+
+    ctx: Context
+    plans: list[CellPlan]  # every selected cell, planned, pruned or unresolved
+    options: RunOptions
+    select: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+
+
+def _record(name: str, passed: list[str], failed: list[str], note: str = "",
+            dropped: list[str] | None = None) -> StepRecord:
+    status = StepStatus.RAN if passed or failed else StepStatus.NOTHING_TO_DO
+    return StepRecord(name, status, passed, failed, dropped or [], note=note)
+
+
+def plan_cells(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
+               source: Any = None) -> list[CellPlan]:
+    """The plan every command works from: the matrix's rules, then the lock's verdicts (a
+    cell whose last `infermatrix lock` found no solution is pruned). `source`: the package
+    metadata reader (default: the index through the state directory's cache)."""
+    from .lock import prune_unsatisfiable
+    from .plan import plan_matrix
+
+    return prune_unsatisfiable(ctx, plan_matrix(ctx, select, skip, source=source))
+
+
+def step_plan(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """Every cell's plan outcome in the journal (the report shows pruned cells too)."""
+    for plan in alive:
+        status = journal.Status.PASS if plan.planned else journal.Status.SKIP
+        reason = "; ".join(v.reason for v in plan.verdicts) or None
+        journal.record_stage(run.ctx.state, plan.id, "plan", status, reason=reason,
+                             details=plan.as_dict())
+    pruned = [p.id for p in alive if p.status == "pruned"]
+    return _record("plan", [p.id for p in alive if p.planned],
+                   [p.id for p in alive if p.status == "unresolved"],
+                   note=f"{len(pruned)} pruned", dropped=pruned)
+
+
+def step_lock(run: Run, alive: list[CellPlan]) -> StepRecord:
     """Builds install from the committed locks; say which cells have none (build refuses
     them until `infermatrix lock` is run for them and the lock committed)."""
-    from .lock import lock_path
-    missing = [p.id for p in plans if not lock_path(ctx, p.id).is_file()]
+    from .spec import lock_path
+    missing = [p.id for p in alive if not lock_path(run.ctx, p.id).is_file()]
     note = (f"no lock for {len(missing)} cell(s), their build is refused: run `infermatrix "
             "lock`" if missing else "")
-    return _outcome("lock", [p.id for p in plans if p.id not in missing], [], note)
+    return _record("lock", [p.id for p in alive if p.id not in missing], [], note)
 
 
-def step_render(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
+def step_render(run: Run, alive: list[CellPlan]) -> StepRecord:
     from .render import render_cells
-    render_cells(ctx, plans)
-    return _outcome("render", [p.id for p in plans], [])
+    render_cells(run.ctx, alive)
+    return _record("render", [p.id for p in alive], [])
 
 
-def step_base(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
+def step_base(run: Run, alive: list[CellPlan]) -> StepRecord:
     """Build (or find) the debootstrap bases the cells stand on, for each image platform. A
     base that cannot be made here (an arm64 base on an x86_64 host without an emulator) fails
     the cells that need it, with the fix, and not the others."""
     from .base import build_base, debootstrap_bases
     from .errors import InfermatrixError
-    debootstrap = set(debootstrap_bases(ctx.matrix))
+    from .spec import base_chain
+    debootstrap = set(debootstrap_bases(run.ctx.matrix))
     needs: dict[tuple[str, str], list[str]] = {}
-    for plan in plans:
+    for plan in alive:
         if plan.settings:
-            for name in _with_parents(ctx, {plan.settings.base}) & debootstrap:
+            for name in set(base_chain(run.ctx.matrix, plan.settings.base)) & debootstrap:
                 needs.setdefault((name, plan.settings.platform), []).append(plan.id)
-    made, failed = [], []
+    made: list[str] = []
+    failed: dict[str, str] = {}  # cell -> why
+    refs: dict[str, list[str]] = {}
     for (name, platform), cells in sorted(needs.items()):
         try:
-            result = build_base(ctx.matrix, name, ctx.state, platform=platform)
+            result = build_base(run.ctx.matrix, name, run.ctx.state, platform=platform)
             echo(f"base {name} ({platform}): {result.ref}")
             made.append(name)
+            for cell_id in cells:
+                refs.setdefault(cell_id, []).append(result.ref)
         except InfermatrixError as exc:
             echo(f"base {name} ({platform}): {exc}")
-            failed += cells
-    alive = [p.id for p in plans if p.id not in failed]
-    return _outcome("base", alive, sorted(set(failed)), note=", ".join(sorted(set(made))))
+            failed.update({cell_id: f"base {name} ({platform}): {exc}" for cell_id in cells})
+    for plan in alive:
+        if plan.id in failed:
+            journal.record_stage(run.ctx.state, plan.id, "base", journal.Status.FAIL,
+                                 reason=failed[plan.id])
+        elif plan.id in refs:
+            journal.record_stage(run.ctx.state, plan.id, "base", journal.Status.PASS,
+                                 details={"images": refs[plan.id]})
+    passed = [p.id for p in alive if p.id not in failed]
+    return _record("base", passed, sorted(failed), note=", ".join(sorted(set(made))))
 
 
-def _with_parents(ctx: Context, names: set[str]) -> set[str]:
-    definitions = ctx.matrix.bases["definitions"]
-    result = set(names)
-    for name in names:
-        parent = definitions.get(name, {}).get("from")
-        while parent and parent not in result:
-            result.add(parent)
-            parent = definitions.get(parent, {}).get("from")
-    return result
-
-
-def step_build(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
+def step_build(run: Run, alive: list[CellPlan]) -> StepRecord:
     from .build import BuildOptions, build_cells
-    results = build_cells(ctx, plans, BuildOptions(
-        fail_fast=options.fail_fast, timeout_min=options.timeout_min, max_jobs=options.max_jobs,
-        nvcc_threads=options.nvcc_threads, wait=options.wait, echo=echo))
+    o = run.options
+    results = build_cells(run.ctx, alive, BuildOptions(
+        fail_fast=o.fail_fast, timeout_min=o.timeout_min, max_jobs=o.max_jobs,
+        nvcc_threads=o.nvcc_threads, wait=o.wait, force=o.force, ca_bundle=o.ca_bundle,
+        echo=echo))
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
-    return _outcome("build", passed, failed)
+    return _record("build", passed, failed)
 
 
-def step_smoke(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
-    """static (the audit + imports) → gpu → model, per matrix.yaml or --levels."""
+def step_audit(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """Kernel coverage, CUDA major, pins, pip check and the engine floor of each built image,
+    without a GPU (smoke's static level then reuses this record for the same image)."""
+    from .audit import audit_cell
+    from .errors import InfermatrixError
+    passed, failed = [], []
+    for plan in alive:
+        image = journal.load(run.ctx.state, plan.id).get("image_id")
+        try:
+            result = audit_cell(run.ctx, plan, image)
+            ok = result.passed
+            echo(f"{plan.id}: audit {result.status}" +
+                 (f": {result.reason}" if result.reason else ""))
+        except InfermatrixError as exc:
+            ok = False
+            echo(f"{plan.id}: audit failed: {exc}")
+        (passed if ok else failed).append(plan.id)
+    return _record("audit", passed, failed)
+
+
+def step_smoke(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """static (imports; the audit of the step before) → gpu → model, per matrix.yaml or
+    --levels."""
     from .smoke import SmokeOptions, smoke_cells
-    results = smoke_cells(ctx, plans, SmokeOptions(levels=options.levels))
+    results = smoke_cells(run.ctx, alive, SmokeOptions(levels=run.options.levels))
     passed = [r.cell_id for r in results if r.status != "fail"]
     failed = [r.cell_id for r in results if r.status == "fail"]
-    return _outcome("smoke", passed, failed)
+    return _record("smoke", passed, failed)
 
 
-def step_tag(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
+def step_tag(run: Run, alive: list[CellPlan]) -> StepRecord:
     """Tag the exact tested image of each cell the policy allows; refusals are not failures
     of the run (a CUDA cell on a GPU-less host is "built, not verified")."""
     from .tagging import tag_cell
     tagged, refused = [], []
-    for plan in plans:
-        decision = tag_cell(ctx, plan.cell)
+    for plan in alive:
+        decision = tag_cell(run.ctx, plan.cell)
         (tagged if decision.allowed else refused).append(plan.id)
         verdict = f"tagged ({decision.kind})" if decision.allowed else "not tagged"
         echo(f"{plan.id}: {verdict}: {decision.reason}")
-    return _outcome("tag", tagged, [], note=f"{len(refused)} not tagged" if refused else "")
+    return _record("tag", tagged, [], note=f"{len(refused)} not tagged" if refused else "")
 
 
-def step_publish(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
-    from .pipeline import StepOutcome
+def step_publish(run: Run, alive: list[CellPlan]) -> StepRecord:
     from .publish import publish, registry_configured
-    if not options.publish or not registry_configured(ctx.matrix):
-        return StepOutcome("publish", "not configured",
-                           note="no publish.registry in matrix.yaml (or --no-publish)")
-    result = publish(ctx, Selection([p.id for p in plans]), say=echo)
-    return _outcome("publish", [*result.pushed, *result.unchanged],
-                    [*result.refused, *result.failed])
+    if not run.options.publish or not registry_configured(run.ctx.matrix):
+        return StepRecord("publish", StepStatus.NOT_CONFIGURED,
+                          note="no publish.registry in matrix.yaml (or --no-publish)")
+    if not alive:  # an empty selection would mean every cell
+        return _record("publish", [], [])
+    result = publish(run.ctx, Selection([p.id for p in alive]), say=echo)
+    return _record("publish", [*result.pushed, *result.unchanged],
+                   [*result.refused, *result.failed])
 
 
-def step_report(ctx: Context, plans: list[CellPlan], options: "PipelineOptions") -> "StepOutcome":
-    """The HTML/Markdown/JSON report over every cell of the plan, pruned ones included."""
-    from .cli.report import fill_image_sizes
-    from .plan import plan_matrix
-    from .report import build_report, load_journal, print_summary, write_report
-    records = load_journal(ctx.state)
+def step_report(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """The HTML/Markdown/JSON report over every cell of the plan, pruned ones included (the
+    plan of this run: the lock's verdicts are in it)."""
+    from .report import build_report, fill_image_sizes, print_summary, write_report
+    records = journal.load_records(run.ctx.state)
     fill_image_sizes(records)
-    report = build_report(records, plan_matrix(ctx, options.select, options.skip), ctx.state)
-    files = write_report(report, ctx.state.reports)
+    report = build_report(records, run.plans, run.ctx.state)
+    files = write_report(report, run.ctx.state.reports)
     print_summary(report, files.html)
-    from .pipeline import StepOutcome
-    return StepOutcome("report", "written", note=str(files.html))
+    return StepRecord("report", StepStatus.RAN, note=str(files.html))
 
 
-Step = Callable[[Context, list[CellPlan], "PipelineOptions"], "StepOutcome"]
+Step = Callable[[Run, list[CellPlan]], StepRecord]
 
-STEPS: list[tuple[str, Step]] = [
-    ("lock", step_lock), ("render", step_render), ("base", step_base), ("build", step_build),
-    ("smoke", step_smoke), ("tag", step_tag), ("publish", step_publish), ("report", step_report),
-]
+STEPS: tuple[tuple[str, Step], ...] = (
+    ("plan", step_plan), ("lock", step_lock), ("render", step_render), ("base", step_base),
+    ("build", step_build), ("audit", step_audit), ("smoke", step_smoke), ("tag", step_tag),
+    ("publish", step_publish), ("report", step_report),
+)
+STEP_NAMES = tuple(name for name, _ in STEPS)
+if STEP_NAMES != journal.STAGES:  # the journal's stage names are this list
+    raise RuntimeError(f"journal.STAGES {journal.STAGES} differ from the steps {STEP_NAMES}")
+
+
+def run_steps(run: Run, steps: tuple[tuple[str, Step], ...] = STEPS,
+              announce: Callable[[str], None] | None = None) -> list[StepRecord]:
+    """Run the steps in order; a cell a step failed or dropped is left out of the later ones."""
+    records: list[StepRecord] = []
+    alive = list(run.plans)
+    for name, step in steps:
+        if announce:
+            announce(name)
+        started = time.monotonic()
+        record = step(run, alive)
+        record.seconds = time.monotonic() - started
+        records.append(record)
+        echo(record.summary())
+        gone = set(record.failed) | set(record.dropped)
+        alive = [p for p in alive if p.id not in gone]
+        if record.failed and run.options.fail_fast:
+            echo(f"--fail-fast: stopping after {name}")
+            break
+    return records

@@ -53,29 +53,61 @@ def selection_options(parser: argparse.ArgumentParser) -> None:
 
 
 def wait_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait", action="store_true",
-                        help="wait for another run holding the state directory instead of refusing")
+    run_options(parser, "wait")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of 1 or more (exit 2 with the usage otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 1 or more")
-    return value
+def run_options(parser: argparse.ArgumentParser, *names: str) -> None:
+    """Run options (options.OPTIONS: one declaration each, the same in every command)."""
+    from ..options import add
+
+    add(parser, *names)
+
+
+def load_context(args: argparse.Namespace, log: bool = True):  # -> context.Context
+    """The context of a command (matrix, state directory, offline); with `log`, its
+    external commands are logged from here on (which creates the state directory)."""
+    from ..context import Context, setup_command_log
+
+    ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    if log:
+        setup_command_log(ctx.state, getattr(args, "verbose", False))
+    return ctx
+
+
+def load_run(args: argparse.Namespace, *, extra_select: list[str] | None = None,
+             quiet: bool = False, lock_verdicts: bool = True):  # -> stages.Run
+    """What every command starts from: the context, the plan (the lock's verdicts included,
+    so no command works on a cell `plan` shows as pruned) and the resolved run options; prints
+    a one-line preamble of them on stderr. Only `lock` itself plans without the verdicts of
+    the last lock run (`lock_verdicts=False`): it is the step that decides them again."""
+    from ..options import resolve
+    from ..stages import Run, plan_cells
+
+    from ..context import setup_command_log
+
+    ctx = load_context(args, log=False)
+    options = resolve(args, ctx.matrix.data)  # a bad option: exit 2, nothing written
+    setup_command_log(ctx.state, getattr(args, "verbose", False))
+    select = [*(extra_select or []), *getattr(args, "select", [])]
+    skip = list(getattr(args, "skip", []))
+    if lock_verdicts:
+        plans = plan_cells(ctx, select, skip)
+    else:
+        from ..plan import plan_matrix
+        plans = plan_matrix(ctx, select, skip)
+    run = Run(ctx, plans, options, select, skip)
+    if not quiet:
+        counts = {s: sum(p.status == s for p in run.plans) for s in ("planned", "pruned",
+                                                                        "unresolved")}
+        print(f"infermatrix {getattr(args, 'command', '')}: {ctx.matrix.path}, state "
+              f"{ctx.state.root}; " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+              + f"; {options.preamble()}", file=sys.stderr)
+    return run
 
 
 def compile_options(parser: argparse.ArgumentParser) -> None:
     """--max-jobs / --nvcc-threads, the same in every command that compiles or plans."""
-    parser.add_argument("--max-jobs", type=positive_int, default=None, metavar="N",
-                        help="override the planned MAX_JOBS (a plan over the memory budget "
-                             "is accepted with a warning giving the expected peak)")
-    parser.add_argument("--nvcc-threads", type=positive_int, default=None, metavar="N",
-                        help="override the planned NVCC_THREADS (default: the number of "
-                             "gencode targets, 1 for a cell)")
+    run_options(parser, "max_jobs", "nvcc_threads")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,13 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__name__}.{name}":
-                continue  # command not written yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from . import common_options, selection_options
+from . import common_options, load_run, selection_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,61 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def resolve(ctx, plans, refs: list[str], select: list[str]) -> list[tuple[object, str]]:
-    """(plan, image) pairs to audit, from cell ids, image references or the journal."""
-    from .. import engine, journal
-    from ..errors import StageFailure, UsageError
-
-    by_id = {p.id: p for p in plans}
-    pairs = []
-    if not refs:
-        for plan in plans:
-            if not plan.planned:
-                continue
-            image = journal.load(ctx.state, plan.id).get("image_id")
-            if image:
-                pairs.append((plan, image))
-        if not pairs:
-            raise UsageError("no built cell to audit" + (f" among {', '.join(select)}" if select
-                             else "") + "\n  fix: run `infermatrix build` first, or name an "
-                             "image")
-        return pairs
-    for ref in refs:
-        if ref in by_id:
-            plan = by_id[ref]
-            image = journal.load(ctx.state, ref).get("image_id")
-            if not image:
-                raise StageFailure(f"{ref} has no built image in the journal\n  fix: "
-                                   f"infermatrix build --select {ref}")
-        else:
-            if not engine.image_exists(ref):
-                raise UsageError(f"{ref!r} is neither a cell of {ctx.matrix.path} nor a local "
-                                 "image")
-            cell_id = engine.image_labels(ref).get("io.infermatrix.cell")
-            if not cell_id or cell_id not in by_id:
-                raise UsageError(f"image {ref} has no io.infermatrix.cell label naming a cell of "
-                                 f"{ctx.matrix.path} (label: {cell_id!r})")
-            plan, image = by_id[cell_id], ref
-        if not plan.planned:
-            raise UsageError(f"{plan.id} is pruned: "
-                             + "; ".join(v.reason for v in plan.verdicts))
-        pairs.append((plan, image))
-    return pairs
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..audit import audit_cell, parse_targets, render
-    from ..context import Context, setup_command_log
-    from ..plan import plan_matrix
+    from ..audit import audit_cell, images_to_audit, parse_targets, render
 
     targets = parse_targets(args.target)  # bad arch names: exit 2 before any work
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, args.verbose)
-    plans = plan_matrix(ctx, select=args.select, skip=args.skip)
+    audit_run = load_run(args, quiet=args.json)
+    ctx = audit_run.ctx
     results = [audit_cell(ctx, plan, image, targets, record=not args.no_record)
-               for plan, image in resolve(ctx, plans, args.refs, args.select)]
+               for plan, image in images_to_audit(ctx, audit_run.plans, args.refs, args.select)]
     if args.json:
         json.dump([r.as_dict() for r in results], sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import common_options, compile_options, positive_int
+from ..options import positive_int
+from . import common_options, compile_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,9 +34,11 @@ def run(args: argparse.Namespace) -> int:
     from ..build import kernel_need
     from ..context import Context, setup_command_log
     from ..errors import UsageError
+    from ..options import resolve
     from ..plan import plan_matrix
 
     ctx = Context.load(args.matrix, args.state_dir, args.offline)
+    options = resolve(args, ctx.matrix.data)  # --max-jobs/--nvcc-threads validated as everywhere
     setup_command_log(ctx.state, args.verbose)
     try:
         memory = compileplan.parse_size(args.memory) if args.memory else None
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
         max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
         cells_to_compile=max(1, sum(1 for cell in needs_per_cell if cell)),
-        max_jobs=args.max_jobs, nvcc_threads=args.nvcc_threads)
+        max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
     cells = [p.id for p, cell in zip(plans, needs_per_cell) if cell]
     if args.json:
         print(json.dumps({**plan.as_dict(), "cells": cells}, indent=2, default=str))
@@ -68,13 +71,14 @@ def run(args: argparse.Namespace) -> int:
 
 def cell_needs(ctx, plan, kernel_need) -> list:
     """The memory model's keys of a cell's kernels: its CUDA, one target (its own arch), the
-    version its lock pins when the matrix says `match-engine`."""
-    from ..build import _locked_version
+    version its lock pins when the matrix says `match-engine` (spec.resolve reads it)."""
+    from .. import spec
 
     specs = ctx.matrix.build.get("kernels", {})
+    resolved = {k.name: k.version for k in spec.resolve(ctx, plan).kernels}
     needs = []
     for name in plan.settings.kernels:
         need = kernel_need(specs, name)
-        version = need.version or _locked_version(ctx, plan.id, need.package)
+        version = need.version or resolved.get(name)
         needs.append(type(need)(need.package, version, plan.cell.cuda, 1, need.legacy_gb))
     return needs

@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from ..context import Context, setup_command_log
+from ..context import Context
 from ..errors import UsageError
-from ..plan import plan_matrix
+from ..options import positive_int
 from ..state import run_lock
-from . import common_options, selection_options, wait_option
+from . import common_options, load_run, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="package index (default: INFERMATRIX_INDEX_URL, UV_INDEX_URL, "
                         "PIP_INDEX_URL or PyPI); the torch variant index follows "
                         "INFERMATRIX_TORCH_INDEX")
-    parser.add_argument("--jobs", type=int, default=4, metavar="N",
+    parser.add_argument("--jobs", type=positive_int, default=4, metavar="N",
                         help="cells resolved at once (default 4)")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     wait_option(parser)
@@ -58,9 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_lock_command(args: argparse.Namespace) -> int:
     from .. import lock
 
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, args.verbose)
-    plans = plan_matrix(ctx, args.select, args.skip)
+    lock_run = load_run(args, lock_verdicts=False)  # this step decides them again
+    ctx, plans = lock_run.ctx, lock_run.plans
     all_planned = None
     if not args.select and not args.skip:
         all_planned = [p.id for p in plans if p.planned]
@@ -70,7 +69,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
         run = lock.lock_cells(ctx, plans, check=True, index=args.index_url, jobs=args.jobs,
                               all_planned=all_planned)
     else:
-        with run_lock(ctx.state, wait=args.wait):
+        with run_lock(ctx.state, wait=lock_run.options.wait):
             run = lock.lock_cells(ctx, plans, index=args.index_url, jobs=args.jobs,
                                   all_planned=all_planned)
             if all_planned is not None:  # the whole matrix: commit what its selectors resolved
@@ -132,13 +131,12 @@ def _as_json(run) -> dict:  # type: ignore[no-untyped-def]
 def run_verify_repro(args: argparse.Namespace) -> int:
     from .. import repro
 
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, args.verbose)
-    plans = plan_matrix(ctx, [args.cell])
-    plan = next((p for p in plans if p.id == args.cell), None)
+    repro_run = load_run(args, extra_select=[args.cell])
+    ctx = repro_run.ctx
+    plan = next((p for p in repro_run.plans if p.id == args.cell), None)
     if plan is None or not plan.planned:
         raise UsageError(f"{args.cell} is not a planned cell (see `infermatrix plan`)")
-    with run_lock(ctx.state, wait=args.wait):
+    with run_lock(ctx.state, wait=repro_run.options.wait):
         report = repro.verify_repro(ctx, plan, keep=args.keep)
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)

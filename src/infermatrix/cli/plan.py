@@ -10,12 +10,12 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from ..context import Context, setup_command_log
+from ..context import Context
 from ..lock import prune_unsatisfiable
 from ..model import CellPlan
 from ..plan import Plan, plan_full
 from ..state import run_lock
-from . import common_options, selection_options, wait_option
+from . import common_options, load_context, selection_options, wait_option
 
 STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta",
                 "unverified": "cyan"}
@@ -41,15 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def load_plans(args: argparse.Namespace) -> tuple[Context, list[CellPlan]]:
-    """The context and plan every command that takes --select/--skip starts from."""
-    ctx, plan = load_full_plan(args)
-    return ctx, plan.cells
-
-
 def load_full_plan(args: argparse.Namespace) -> tuple[Context, Plan]:
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, getattr(args, "verbose", False))
+    """The plan with what was never generated (`plan` shows it); other commands take
+    cli.load_run's cells, planned the same way."""
+    ctx = load_context(args)
     return ctx, plan_full(ctx, args.select, args.skip)
 
 
@@ -89,7 +84,7 @@ def plan_table(plans: list[CellPlan], every_row: bool = False) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)  # bad input writes nothing
+    ctx = load_context(args, log=False)  # bad input writes nothing
     with run_lock(ctx.state, wait=args.wait):  # planning writes the metadata cache
         ctx, full = load_full_plan(args)
     plans = full.cells

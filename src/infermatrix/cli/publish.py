@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 from .. import doctor, hostcheck
-from ..context import Context, setup_command_log
 from ..errors import StageFailure, UsageError
+from ..options import resolve
 from ..publish import (LOCK_NAME, docker_run_line, publish, pull_entry, read_lock,
                        select_entries)
 from ..registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..selectors import Selection
 from ..state import run_lock
-from . import common_options, selection_options, wait_option
+from . import common_options, load_context, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,9 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, args.verbose)
-    with run_lock(ctx.state, wait=args.wait):  # the journal is written per cell
+    ctx = load_context(args)
+    with run_lock(ctx.state, wait=resolve(args, ctx.matrix.data).wait):  # the journal is written per cell
         result = publish(ctx, Selection(args.select, args.skip), registry=args.registry,
                          allow_retag=args.allow_retag, lock_path=args.lock)
     for cell_id, why in sorted(result.refused.items()):

@@ -8,7 +8,7 @@ import sys
 from .. import render
 from ..context import Context
 from ..model import CellPlan
-from . import common_options, selection_options, wait_option
+from . import common_options, load_context, load_run, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,11 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..state import run_lock
-    from .plan import load_plans
 
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)  # bad input writes nothing
+    ctx = load_context(args, log=False)  # bad input writes nothing
     with run_lock(ctx.state, wait=args.wait):  # plan fills the cache, render writes images/
-        return _render(args, *load_plans(args))
+        run = load_run(args)
+        return _render(args, run.ctx, run.plans)
 
 
 def _render(args: argparse.Namespace, ctx: Context, plans: list[CellPlan]) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -12,8 +11,8 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import ConfigError, InfermatrixError, UsageError
-from ..report import (build_report, image_size, load_journal, load_plan_file, print_summary,
-                      stage_results, write_report)
+from ..report import (build_report, fill_image_sizes, load_journal, load_plan_file,
+                      print_summary, write_report)
 from ..state import DEFAULT_STATE_DIR, StatePaths
 from . import common_options
 
@@ -50,15 +49,12 @@ def _read_plan_file(path: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"not a plan JSON file: {exc}", path) from None
 
 
-def _plan_from_matrix(args: argparse.Namespace) -> list[Any] | None:
-    """Plan the matrix (plan.plan_matrix); None when the planner is not available here."""
-    try:
-        plan = importlib.import_module("infermatrix.plan")
-    except ModuleNotFoundError:
-        return None
+def _plan_from_matrix(args: argparse.Namespace) -> list[Any]:
+    """The plan every command works from (stages.plan_cells: the lock's verdicts included)."""
     from ..context import Context
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    return list(plan.plan_matrix(ctx))
+    from ..stages import plan_cells
+
+    return list(plan_cells(Context.load(args.matrix, args.state_dir, args.offline)))
 
 
 def resolve_plans(args: argparse.Namespace, state: StatePaths) -> list[Any]:
@@ -69,47 +65,16 @@ def resolve_plans(args: argparse.Namespace, state: StatePaths) -> list[Any]:
     saved = state.root / PLAN_FILE
     if Path(args.matrix).is_file():
         try:
-            plans = _plan_from_matrix(args)
+            return _plan_from_matrix(args)
         except ConfigError:
             raise
         except InfermatrixError as exc:  # e.g. offline without cached metadata
             print(f"infermatrix report: warning: could not plan the matrix ({exc}); "
                   f"{'using ' + str(saved) if saved.is_file() else 'journal cells only'}",
                   file=sys.stderr)
-            plans = None
-        if plans is not None:
-            return plans
     if saved.is_file():
         return _read_plan_file(saved)
     return []
-
-
-def fill_image_sizes(records: dict[str, dict[str, Any]]) -> int:
-    """Set `image_size_bytes` (in memory) from `docker image inspect` for built cells whose
-    journal has no size; without a Docker engine, nothing. Returns how many were filled."""
-    wanting = {cid: r["image_id"] for cid, r in records.items()
-               if isinstance(r.get("image_id"), str) and not report_image_size(r)}
-    if not wanting:
-        return 0
-    from .. import engine  # the only module that talks to Docker
-    if not engine.engine_available():
-        return 0
-    filled = 0
-    for cell_id, image_id in wanting.items():
-        try:
-            info = engine.inspect_image(image_id)
-        except Exception as exc:  # noqa: BLE001 - a size is a nicety, never a reason to fail
-            print(f"infermatrix report: warning: cannot inspect {image_id}: {exc}",
-                  file=sys.stderr)
-            continue
-        if info and isinstance(info.get("Size"), int):
-            records[cell_id]["image_size_bytes"] = info["Size"]
-            filled += 1
-    return filled
-
-
-def report_image_size(record: dict[str, Any]) -> int | None:
-    return image_size(record, stage_results(record))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import common_options, selection_options, wait_option
+from . import common_options, load_run, run_options, selection_options, wait_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,8 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     selection_options(smoke)
     smoke.add_argument("cells", nargs="*", metavar="CELL_ID",
                        help="cells to test (default: every planned cell with a passed build)")
-    smoke.add_argument("--levels", default=None, metavar="LIST",
-                       help="comma-separated subset of static,gpu,model (default: smoke.levels)")
+    run_options(smoke, "levels")
     smoke.add_argument("--model-path", default=None, metavar="HOST_DIR",
                        help="real weights on this host, mounted read-only (default: "
                             "smoke.model_source; `fixture` generates a tiny model in the image)")
@@ -36,14 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tag.set_defaults(func=run_tag)
 
 
-def _plans(ctx, args: argparse.Namespace, stage: str):
-    """Planned cells named by ids/selectors; by default those with a journal `stage` record."""
+def _plans(args: argparse.Namespace, stage: str):
+    """The run, and its planned cells named by ids/selectors; by default those with a journal
+    `stage` record."""
     from .. import journal
     from ..errors import UsageError
-    from ..plan import plan_matrix
 
     explicit = bool(args.cells or args.select)
-    plans = plan_matrix(ctx, select=[*args.cells, *args.select], skip=args.skip)
+    run = load_run(args, extra_select=args.cells)
+    ctx, plans = run.ctx, run.plans
     not_planned = [p for p in plans if not p.planned]
     if args.cells and not_planned:
         named = [p for p in not_planned if p.id in args.cells]
@@ -57,7 +57,7 @@ def _plans(ctx, args: argparse.Namespace, stage: str):
     if not plans:
         raise UsageError(f"no cell to {'test' if stage == 'build' else 'tag'} "
                          f"(nothing with a passed {stage} in {ctx.state.journal})")
-    return plans
+    return run, plans
 
 
 def _print_smoke(result) -> None:
@@ -76,18 +76,15 @@ def _print_smoke(result) -> None:
 
 
 def run_smoke(args: argparse.Namespace) -> int:
-    from ..context import Context, setup_command_log
     from ..smoke import SmokeOptions, levels_to_run, model_source, smoke_cells
     from ..state import run_lock
 
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()] if args.levels else None
-    options = SmokeOptions(levels=levels_to_run(ctx, levels), fixture=args.fixture,
+    run, plans = _plans(args, "build")
+    ctx = run.ctx
+    options = SmokeOptions(levels=levels_to_run(ctx, run.options.levels), fixture=args.fixture,
                            model_path=Path(args.model_path) if args.model_path else None)
     model_source(ctx, options)  # a bad --model-path is a usage error before anything runs
-    setup_command_log(ctx.state, args.verbose)
-    plans = _plans(ctx, args, "build")
-    with run_lock(ctx.state, wait=args.wait):
+    with run_lock(ctx.state, wait=run.options.wait):
         results = smoke_cells(ctx, plans, options, on_result=_print_smoke)
     failed = [r.cell_id for r in results if r.status == "fail"]
     print(f"smoke: {len(results) - len(failed)} without failure, {len(failed)} failed"
@@ -96,15 +93,13 @@ def run_smoke(args: argparse.Namespace) -> int:
 
 
 def run_tag(args: argparse.Namespace) -> int:
-    from ..context import Context, setup_command_log
     from ..state import run_lock
     from ..tagging import tag_cell, tag_ref
 
-    ctx = Context.load(args.matrix, args.state_dir, args.offline)
-    setup_command_log(ctx.state, args.verbose)
-    plans = _plans(ctx, args, "smoke")
+    run, plans = _plans(args, "smoke")
+    ctx = run.ctx
     refused = []
-    with run_lock(ctx.state, wait=args.wait):
+    with run_lock(ctx.state, wait=run.options.wait):
         for plan in plans:
             decision = tag_cell(ctx, plan.cell, args.repository)
             if decision.allowed:

@@ -1,0 +1,277 @@
+"""The resolved cell: every per-cell fact, computed once from the plan and the cell's lock.
+
+`resolve(ctx, plan)` gives a `CellSpec`: platform and machine, the base and its `from:` chain,
+the kernels with the versions the lock resolved (for `version: match-engine`), their sdist
+pins and how each is pinned (scope), the lock path and its pins, the launch (command, env,
+shm, port, health, attention backend) and the driver floor. The stages read these fields;
+the helpers below are the one place each fact is derived (lock path, lock pins, platform ->
+machine, base chain, kernel versions).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from packaging.utils import canonicalize_name
+
+from .config import DATA_DIR, Matrix
+from .errors import UsageError
+from .model import CPU, Cell, CellPlan
+
+LOCKS_DIR = "locks"
+MATCH_ENGINE = "match-engine"  # build.kernels.<k>.version: the version the lock resolves
+DEFAULT_PORT = 8000
+CONTAINER_MODEL = "/model"
+DEFAULT_SHM = {"gpu": "16g", "cpu": "1g"}  # the engines need more than Docker's 64 MB /dev/shm
+
+# Image platform (OCI) -> machine (uname -m, wheel tags); the inverse names this host's platform.
+MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+PLATFORMS = {machine: platform for platform, machine in MACHINES.items()}
+
+
+def machine_of(platform: str) -> str:
+    return MACHINES[platform]
+
+
+def platform_of_machine(machine: str) -> str:
+    """`x86_64` -> `linux/amd64`; an unknown machine keeps its own name."""
+    return PLATFORMS.get(machine, f"linux/{machine}")
+
+
+# --- the lock --------------------------------------------------------------------------------
+
+def lock_path(ctx: Any, cell_id: str) -> Path:
+    """locks/<cell-id>.txt beside the matrix (ctx: anything with a `root`)."""
+    return Path(ctx.root) / LOCKS_DIR / f"{cell_id}.txt"
+
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
+
+
+def pinned_packages(text: str | None) -> dict[str, str]:
+    """canonical name -> version of every `name==version` pin of a lock file."""
+    pins: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        match = _PIN.match(line.strip())
+        if match:
+            pins[canonicalize_name(match.group(1))] = match.group(2)
+    return pins
+
+
+def pinned_version(pins: Mapping[str, str], package: str) -> str | None:
+    return pins.get(canonicalize_name(package))
+
+
+def header_lines(text: str) -> list[str]:
+    """The comment lines a lock file starts with (lock.header wrote them)."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return lines
+
+
+_KERNEL_PIN = re.compile(r"^# kernel [^:]*: ([A-Za-z0-9._-]+)==(\S+)(?: sdist (\S+) "
+                         r"sha256:([0-9a-f]{64}))?")
+
+
+def kernel_pins_from_lock(text: str) -> dict[str, dict[str, str]]:
+    """package -> {"version", "sdist", "sha256"} of the kernel pins in a lock header (render
+    can turn them into `pkg==v --hash=sha256:...` lines for a hash-checked kernel build)."""
+    pins: dict[str, dict[str, str]] = {}
+    for line in header_lines(text):
+        match = _KERNEL_PIN.match(line)
+        if match:
+            name, version, sdist, sha = match.groups()
+            pins[canonicalize_name(name)] = {"version": version, "sdist": sdist or "",
+                                             "sha256": sha or ""}
+    return pins
+
+
+# --- the driver floor ------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def driver_table() -> dict[str, Any]:
+    """data/drivers.yaml: the minimum Linux driver of each CUDA version, with its source."""
+    return yaml.safe_load((DATA_DIR / "drivers.yaml").read_text(encoding="utf-8"))
+
+
+def min_driver_for(cuda: str) -> str | None:
+    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
+    if cuda == CPU:
+        return None
+    return driver_table()["min_driver"].get(cuda)
+
+
+# --- bases -----------------------------------------------------------------------------------
+
+def base_chain(matrix: Matrix, name: str) -> list[str]:
+    """The base and the bases it stands on through `from:` (a `wheels` base runs on the OS of
+    its `from` base), nearest first; stops at a cycle or an undefined name."""
+    definitions = matrix.bases["definitions"]
+    chain: list[str] = []
+    while name and name not in chain:
+        chain.append(name)
+        name = (definitions.get(name) or {}).get("from")
+    return chain
+
+
+def os_base(matrix: Matrix, name: str) -> str:
+    """The base of the chain that gives the OS: the first that is not a `wheels` base."""
+    definitions = matrix.bases["definitions"]
+    for base in base_chain(matrix, name):
+        if (definitions.get(base) or {}).get("strategy") != "wheels":
+            return base
+    return base_chain(matrix, name)[-1]
+
+
+# --- kernels ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelPin:
+    """One compiled kernel package of a cell, its version resolved."""
+
+    name: str  # key of build.kernels
+    package: str
+    declared: str  # the version matrix.yaml gives ("0.2.6", "match-engine")
+    version: str | None  # the version built: declared, or the lock's for match-engine
+    scope: str  # "pypi" (an sdist), "source-tree" (build.kernels.<k>.path), "match-engine"
+    path: str | None = None
+    sdist: str | None = None  # the sdist file the lock header pins
+    sdist_sha256: str | None = None
+
+    @property
+    def requirement(self) -> str:
+        """`package==version`, or the bare package when no version is known."""
+        return f"{self.package}=={self.version}" if self.version else self.package
+
+    @property
+    def pinned(self) -> bool:
+        """Whether matrix.yaml itself pins the version (not a match-engine one)."""
+        return self.scope != MATCH_ENGINE and bool(self.declared) and self.declared[0].isdigit()
+
+
+def kernel_version(entry: Mapping[str, Any], pins: Mapping[str, str]) -> str | None:
+    """The version a build.kernels entry builds: its own, or for match-engine the lock's."""
+    declared = str(entry.get("version", ""))
+    if declared == MATCH_ENGINE:
+        return pinned_version(pins, entry["package"])
+    return declared or None
+
+
+def kernel_pins(matrix: Matrix, names: list[str], pins: Mapping[str, str],
+                header_pins: Mapping[str, Mapping[str, str]] | None = None) -> list[KernelPin]:
+    known = matrix.build.get("kernels", {})
+    result = []
+    for name in names:
+        entry = known.get(name) or {}
+        declared = str(entry.get("version", ""))
+        scope = "source-tree" if entry.get("path") else (
+            MATCH_ENGINE if declared == MATCH_ENGINE else "pypi")
+        sdist = (header_pins or {}).get(canonicalize_name(entry.get("package", name))) or {}
+        result.append(KernelPin(name=name, package=entry.get("package", name), declared=declared,
+                                version=kernel_version(entry, pins) if entry else None,
+                                scope=scope, path=entry.get("path"),
+                                sdist=sdist.get("sdist") or None,
+                                sdist_sha256=sdist.get("sha256") or None))
+    return result
+
+
+# --- the launch ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    """How the engine server is started; `{port}` and `{model}` are filled by `command`."""
+
+    serve: tuple[str, ...]
+    args: tuple[str, ...]  # model card flags + per-arch flags + the attention flag (plan)
+    env: dict[str, str]
+    shm_size: str
+    port: int
+    health: str | None
+    attention_backend: str | None
+    gpu: bool
+
+    def command(self, port: int | None = None, model: str = CONTAINER_MODEL) -> list[str]:
+        port = self.port if port is None else port
+        return [part.format(port=port, model=model) for part in self.serve] + list(self.args)
+
+    def template(self) -> list[str]:
+        """The command with `{port}` and `{model}` left in (images.lock, `pull` fills them)."""
+        return list(self.serve) + list(self.args)
+
+
+def launch_of(matrix: Matrix, plan: CellPlan) -> Launch:
+    assert plan.settings is not None, f"{plan.id} is not planned"
+    engine = matrix.engines[plan.cell.engine]
+    smoke = matrix.smoke or {}
+    shm = smoke.get("shm_size") or DEFAULT_SHM["gpu" if plan.cell.is_gpu else "cpu"]
+    return Launch(serve=tuple(engine.get("serve", [])), args=tuple(plan.settings.engine_args),
+                  env=dict(plan.settings.env), shm_size=shm, port=DEFAULT_PORT,
+                  health=engine.get("health"),
+                  attention_backend=plan.settings.attention_backend, gpu=plan.cell.is_gpu)
+
+
+# --- the spec --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CellSpec:
+    plan: CellPlan
+    platform: str
+    machine: str
+    python: str
+    base: str
+    base_chain: tuple[str, ...]
+    engine_package: str | None
+    kernels: tuple[KernelPin, ...]
+    lock_path: Path
+    lock_pins: dict[str, str] = field(default_factory=dict)  # empty: no committed lock
+    launch: Launch | None = None
+    driver_floor: str | None = None  # the minimum Linux driver of the cell's CUDA
+
+    @property
+    def cell(self) -> Cell:
+        return self.plan.cell
+
+    @property
+    def id(self) -> str:
+        return self.plan.id
+
+    @property
+    def has_lock(self) -> bool:
+        return self.lock_path.is_file()
+
+    @cached_property
+    def lock_text(self) -> str | None:
+        return self.lock_path.read_text(encoding="utf-8") if self.has_lock else None
+
+    @property
+    def engine_requirement(self) -> str | None:
+        return f"{self.engine_package}=={self.cell.engine_version}" \
+            if self.engine_package else None
+
+
+def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
+    """The CellSpec of a planned cell (reads its lock once)."""
+    settings = plan.settings
+    if settings is None:
+        raise UsageError(f"cell {plan.id} is {plan.status}, not planned")
+    matrix = ctx.matrix
+    path = lock_path(ctx, plan.id)
+    text = path.read_text(encoding="utf-8") if path.is_file() else None
+    pins = pinned_packages(text)
+    return CellSpec(
+        plan=plan, platform=settings.platform, machine=machine_of(settings.platform),
+        python=settings.python, base=settings.base,
+        base_chain=tuple(base_chain(matrix, settings.base)),
+        engine_package=settings.engine_package,
+        kernels=tuple(kernel_pins(matrix, list(settings.kernels), pins,
+                                  kernel_pins_from_lock(text) if text else {})),
+        lock_path=path, lock_pins=pins, launch=launch_of(matrix, plan),
+        driver_floor=min_driver_for(plan.cell.cuda))

@@ -1,0 +1,196 @@
+"""The pipeline's wiring, fast: every step of `stages.STEPS` over cells of the test matrix,
+with the real plan, lock, render, build, audit, smoke, tag and report code and a FAKE engine
+(tests/recording_engine.py, a recording engine: no Docker). What it proves is the wiring —
+step order, the journal's stage names, which cells drop out where, what reaches the engine.
+tests/test_pipeline.py runs the same job for real, end to end on Docker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infermatrix import engine, journal, lock, stages
+from infermatrix.audit import MARKER, expected_pins
+from infermatrix.cli import main
+from infermatrix.context import Context
+from infermatrix.options import RunOptions, resolve
+from infermatrix.pipeline import run_pipeline
+from infermatrix.stages import Run, StepStatus, plan_cells
+
+from .planning_support import recorded_metadata
+from .recording_engine import RecordingEngine, result_line
+
+TESTS = Path(__file__).resolve().parent
+CPU = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
+GPU = "cu130-torch2.13.0-kernel-fixture1.0-sm120"  # its audit probe fails (scripted)
+BROKEN = "cu130-torch2.13.0-broken-fixture1.0-sm120"  # its build fails (scripted)
+LOCK_PRUNED = "cu130-torch2.13.0-kernel-fixture2.0-sm120"  # the last lock found no solution
+SELECTED = [CPU, GPU, BROKEN, LOCK_PRUNED]
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Context:
+    """The test matrix and its locks in a temp dir (render writes images/ beside them)."""
+    shutil.copytree(TESTS / "matrix", tmp_path / "matrix",
+                    ignore=shutil.ignore_patterns("images"))  # what another run rendered
+    (tmp_path / "fixtures").symlink_to(TESTS / "fixtures")  # kernel `path: ../fixtures/...`
+    return Context.load(tmp_path / "matrix" / "matrix.yaml", tmp_path / "state")
+
+
+def unsatisfiable(ctx: Context, cell_id: str) -> None:
+    lock.record(ctx, lock.LockResult(cell_id, "unsatisfiable", explanation="no solution: x"))
+
+
+def probe_facts(ctx: Context, plan) -> str:
+    """What the audit probe prints for an image that has exactly the cell's pins."""
+    facts = {"python": "3.11.2", "site_dirs": ["/opt/venv/lib/python3.11/site-packages"],
+             "distributions": {name: version
+                               for name, (version, _) in expected_pins(ctx, plan).items()},
+             "objects": [], "torch": {"version": "2.13.0+cpu", "cuda": None},
+             "pip_check": {"tool": "uv", "command": "uv pip check", "returncode": 0,
+                           "output": ""}}
+    return MARKER + json.dumps(facts)
+
+
+def scripted(ctx: Context, plans_by_id: dict, fake: RecordingEngine):
+    def script(image: str, entrypoint: list[str], command: list[str]) -> tuple[int, str]:
+        cell_id = fake.images[image]["Config"]["Labels"]["io.infermatrix.cell"]
+        if entrypoint == ["python3"] and command[:1] == ["-c"]:  # the audit probe
+            if cell_id == GPU:
+                return 1, "Traceback: the probe exploded"
+            return 0, probe_facts(ctx, plans_by_id[cell_id])
+        if entrypoint[-1:] == ["harness.static_check"]:
+            return 0, result_line(status="pass", reason=None, check="static")
+        raise AssertionError(f"unexpected container {entrypoint} {command}")
+    return script
+
+
+def run_wired(ctx: Context) -> tuple[RecordingEngine, int, list, Run]:
+    unsatisfiable(ctx, LOCK_PRUNED)
+    plans = plan_cells(ctx, SELECTED, source=recorded_metadata)
+    fake = RecordingEngine(fail_builds={BROKEN})
+    fake.script = scripted(ctx, {p.id: p for p in plans}, fake)
+    base_refs = []
+    for name in ("bookworm",):
+        from infermatrix.base import image_ref
+        base_refs.append(image_ref(ctx.matrix, name, "linux/amd64"))
+    fake.present.update(base_refs)
+    run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), SELECTED, [])
+    with engine.use(fake):
+        code, records = run_pipeline(run)
+    return fake, code, records, run
+
+
+def test_every_step_runs_in_order_and_cells_drop_out_where_they_fail(ctx):
+    fake, code, records, _ = run_wired(ctx)
+    assert [r.name for r in records] == list(journal.STAGES) == list(stages.STEP_NAMES)
+    by_step = {r.name: r for r in records}
+    assert by_step["plan"].dropped == [LOCK_PRUNED]
+    assert BROKEN in by_step["build"].failed
+    assert by_step["audit"].failed == [GPU] and by_step["audit"].passed == [CPU]
+    assert by_step["smoke"].passed == [CPU]  # neither the broken build nor the failed audit
+    assert by_step["publish"].status is StepStatus.NOT_CONFIGURED
+    assert code == 1  # a cell failed
+    records_on_disk = journal.load_records(ctx.state)
+    assert records_on_disk[BROKEN].status_of("build") == journal.Status.FAIL
+    assert records_on_disk[BROKEN].stage("audit") is None
+    assert records_on_disk[GPU].status_of("audit") == journal.Status.FAIL
+    assert records_on_disk[GPU].stage("smoke") is None
+    assert records_on_disk[CPU].status_of("smoke") == journal.Status.PASS
+    run_json = json.loads((ctx.state.root / "run.json").read_text())
+    assert [s["name"] for s in run_json["steps"]] == list(journal.STAGES)
+
+
+def test_what_reaches_the_engine(ctx):
+    fake, _, _, _ = run_wired(ctx)
+    builds = fake.named("build_image")
+    kernel = [b for b in builds if b.args["target"] == "kernel-cudakern"]
+    assert kernel and kernel[0].args["output_dir"] is not None
+    assert {b.args["tag"].split("/")[-1].split(":")[0] for b in builds if b.args["tag"]} \
+        == {CPU, GPU, BROKEN}
+    assert all(b.args["platform"] is None for b in builds)  # amd64 cells on an amd64 engine
+    assert all(b.args["build_args"]["MAX_JOBS"].isdigit() for b in builds)
+    # The audit step probes each built image once; smoke's static level reuses that record.
+    probes = [c for c in fake.named("run_container") if c.args["entrypoint"] == ["python3"]]
+    assert len(probes) == 2 and all(c.args["network"] == "none" for c in probes)
+    static = journal.load(ctx.state, CPU)["stages"]["smoke"]["details"]["levels"]["static"]
+    assert static["audit"]["reused"].startswith("audit stage of")
+    # Every container the stages started was removed.
+    names = [c.args["name"] for c in fake.named("run_container")]
+    assert len(set(names)) == len(names) == 3 and all(names)
+    removed = {c.args["container"] for c in fake.named("remove_container")}
+    assert removed == set(fake._containers)
+
+
+def test_the_report_step_shows_cells_the_lock_pruned(ctx):
+    run_wired(ctx)
+    report = json.loads((ctx.state.reports / "report.json").read_text())
+    cells = {c["id"]: c for c in report["cells"]}
+    assert cells[LOCK_PRUNED]["outcome"] == "pruned"
+    assert cells[LOCK_PRUNED]["reasons"][0]["rule"] == lock.UNSATISFIABLE_RULE
+    assert cells[BROKEN]["label"] == "failed at build"
+    assert cells[GPU]["label"] == "failed at audit"
+
+
+def test_publish_of_no_cell_publishes_nothing(ctx, monkeypatch):
+    """An empty cell list is not a selection of every cell (Selection([]) matches all)."""
+    from infermatrix import publish
+
+    monkeypatch.setattr(publish, "registry_configured", lambda matrix: True)
+    monkeypatch.setattr(publish, "publish", lambda *a, **k: pytest.fail("publish was called"))
+    run = Run(ctx, [], RunOptions())
+    record = stages.step_publish(run, [])
+    assert record.status is StepStatus.NOTHING_TO_DO and not record.passed
+
+
+def test_verify_repro_builds_for_the_cells_platform(ctx):
+    from infermatrix import build, repro
+
+    (plan,) = plan_cells(ctx, [CPU], source=recorded_metadata)
+    arm = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings,
+                                                                 platform="linux/arm64"))
+    directory = build.cell_dir(ctx, CPU)
+    directory.mkdir(parents=True)
+    (directory / "Dockerfile").write_text("FROM scratch\n")
+    fake = RecordingEngine()
+    with engine.use(fake):
+        repro.build_twice(ctx, arm, ctx.state.root / "repro.log", build_args={}, secrets={})
+    platforms = [c.args["platform"] for c in fake.named("build_image")]
+    wanted = None if engine.host_platform() == "linux/arm64" else "linux/arm64"
+    assert platforms == [wanted, wanted]
+
+
+# -- run options: declared once, validated the same in every command ---------------------------
+
+@pytest.mark.parametrize("command", ["pipeline", "build"])
+@pytest.mark.parametrize("value", ["-3", "0", "x"])
+def test_max_jobs_must_be_a_positive_int_in_every_command(command, value, tmp_path, capsys):
+    state = tmp_path / "state"
+    code = main([command, "--matrix", str(TESTS / "matrix" / "matrix.yaml"), "--state-dir",
+                 str(state), "--max-jobs", value])
+    assert code == 2
+    assert "--max-jobs" in capsys.readouterr().err
+    assert not state.exists()  # a usage error writes nothing
+
+
+def test_options_come_from_flag_then_env_then_matrix_then_default():
+    import argparse
+
+    matrix = {"build": {"timeout_minutes": 30}, "smoke": {"levels": ["static", "gpu"]}}
+    args = argparse.Namespace(max_jobs="2", timeout_min=None, levels=None, nvcc_threads=None,
+                              ca_bundle=None, fail_fast=False, wait=True, force=False)
+    options = resolve(args, matrix, env={"INFERMATRIX_NVCC_THREADS": "3"})
+    assert (options.max_jobs, options.nvcc_threads, options.timeout_min, options.levels) == \
+        (2, 3, 30.0, ["static", "gpu"])
+    assert options.sources == {"max_jobs": "--max-jobs", "nvcc_threads": "INFERMATRIX_NVCC_THREADS",
+                               "timeout_min": "build.timeout_minutes", "levels": "smoke.levels",
+                               "wait": "--wait"}
+    assert "max_jobs=2 (--max-jobs)" in options.preamble()
+    assert resolve(None, {}, env={}).timeout_min == 180.0
+    with pytest.raises(Exception, match="INFERMATRIX_MAX_JOBS"):
+        resolve(None, {}, env={"INFERMATRIX_MAX_JOBS": "0"})
