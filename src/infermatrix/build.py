@@ -81,7 +81,10 @@ class CellResult:
     def summary(self) -> str:
         if self.status == "pass":
             how = "unchanged, reused" if self.reused else f"built in {self.duration_s:.0f} s"
-            return f"{self.cell_id}: pass ({how}) {self.image_id and self.image_id[:19]}"
+            return (f"{self.cell_id}: pass ({how}) {self.image_id and self.image_id[:19]}"
+                    + "".join(f"\n  kernel {name} (cache {k.get('cache')}): compiled in "
+                              f"{kernelcache.describe_stats(k['compile'])}"
+                              for name, k in self.kernels.items() if k.get("compile")))
         text = f"{self.cell_id}: {self.status}: {self.reason}"
         if self.command:
             text += f"\n  command: {self.command}"
@@ -256,7 +259,9 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                 echo, no_cache, platform)
         entries.append(entry)
         report[name] = {"key": key.slug, "cache": cache, "wheels": [w.name for w in entry.wheels],
-                        "duration_s": round(time.monotonic() - started, 3)}
+                        "duration_s": round(time.monotonic() - started, 3),
+                        # the compile's own figures (measure), also on a hit: when it was built
+                        "compile": entry.details.get("stats") or {}}
     return entries, report
 
 
@@ -289,8 +294,12 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+            stats = kernelcache.read_build_stats(Path(out)).get(name, {})
+            if stats:
+                echo(f"{cell_id}: kernel {name} compiled: {kernelcache.describe_stats(stats)}")
             entry = kernelcache.store(ctx.state, key, wheels,
-                                      details={"compiled_by": cell_id, **build_args})
+                                      details={"compiled_by": cell_id, **build_args,
+                                               "stats": stats})
         cache = "miss"
     else:
         echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
