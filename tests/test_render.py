@@ -235,7 +235,9 @@ def test_kernel_stages_target_exactly_the_cells_arch(golden_rendered) -> None:
     assert 'FLASH_ATTN_CUDA_ARCHS="120"' in fa and 'TORCH_CUDA_ARCH_LIST="12.0"' in fa
     fi = by_id["cu130-torch2.11.0-sglang0.5.11-sm121"]
     assert 'FLASHINFER_CUDA_ARCH_LIST="12.1a"' in fi
-    assert "flashinfer-python==0.6.8.post1" in fi and "--branch v0.6.8.post1" in fi  # from the lock
+    # FlashInfer from its PyPI sdist, checked against the lock's hashes: no git clone
+    assert "fetch-sdist flashinfer-python 0.6.8.post1 /tmp/sdist " in fi and "git clone" not in fi
+    assert "flashinfer.lock.txt" in fi and "flashinfer-aot /src/flashinfer /wheels" in fi
     fixture = by_id["cu130-torch2.13.0-kernel-fixture1.0-sm121"]
     assert 'TORCH_CUDA_ARCH_LIST="12.1"' in fixture
     assert "COPY kernels/cudakern/ /src/cudakern/" in fixture

@@ -18,6 +18,7 @@ finished and the interrupted one `running` (not `pass`), so a rerun resumes wher
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import shutil
@@ -194,6 +195,66 @@ def secrets_for(options: BuildOptions) -> dict[str, Path]:
 
 
 # --------------------------------------------------------------------------------------------
+# Kernel compiles under emulation (linux/arm64 cells on an x86_64 host)
+# --------------------------------------------------------------------------------------------
+
+def native_compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey
+                           ) -> tuple[float, str] | None:
+    """(seconds, where the figure comes from) a compile of `key` takes natively on this host:
+    the slowest measured compile of the same package in the kernel cache, else
+    build.kernels.<name>.estimate_minutes. None: nothing to go by."""
+    measured = []
+    for entry_json in ctx.state.kernels.glob(f"*/{kernelcache.ENTRY_FILE}"):
+        try:
+            meta = json.loads(entry_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        other = meta.get("key", {})
+        seconds = (meta.get("details", {}).get("stats") or {}).get("seconds")
+        # Another arch of the same package costs about the same (one target per compile).
+        if (seconds and other.get("package") == key.package
+                and other.get("platform", "linux/amd64") == engine.host_platform()):
+            measured.append((float(seconds), f"measured here ({other.get('slug')})"))
+    if measured:
+        return max(measured)
+    minutes = ctx.matrix.build.get("kernels", {}).get(name, {}).get("estimate_minutes")
+    if minutes:
+        return float(minutes) * 60, f"build.kernels.{name}.estimate_minutes"
+    return None
+
+
+def emulated_compile_refusal(ctx: Context, plan: CellPlan,
+                             keys: dict[str, kernelcache.KernelKey], platform: str | None
+                             ) -> str | None:
+    """Why the cell is not built, when it would compile a kernel under emulation (QEMU) for
+    longer than build.emulation.max_compile_minutes; said before starting, with the estimate
+    and the alternatives. None: nothing to compile under emulation, or it is short enough."""
+    if not platform:
+        return None
+    settings = ctx.matrix.build.get("emulation", {})
+    slowdown = float(settings.get("slowdown", 10.0))
+    limit_min = float(settings.get("max_compile_minutes", 60))
+    too_long = []
+    for name, key in keys.items():
+        if kernelcache.lookup(ctx.state, key) is not None:
+            continue  # in the cache: nothing to compile
+        native = native_compile_seconds(ctx, name, key)
+        if native is None:
+            continue
+        emulated_min = native[0] * slowdown / 60
+        if emulated_min > limit_min:
+            too_long.append(f"{name} ~{emulated_min / 60:.1f} h ({native[0] / 60:.0f} min "
+                            f"natively, {native[1]}, x{slowdown:g} under QEMU)")
+    if not too_long:
+        return None
+    return (f"compiling {', '.join(too_long)} for {platform} under emulation exceeds "
+            f"build.emulation.max_compile_minutes={limit_min:g}; build it on a native "
+            f"{platform} builder (an Arm host or the GB10 itself: DOCKER_HOST=ssh://... or "
+            f"`docker buildx create --driver remote tcp://ARM-HOST:1234`), put its wheel in the "
+            f"kernel cache, or raise the limit")
+
+
+# --------------------------------------------------------------------------------------------
 # The compile plan for this run
 # --------------------------------------------------------------------------------------------
 
@@ -349,6 +410,11 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     secrets = secrets_for(options)
     platform = build_platform(plan)
     kernels: dict[str, dict[str, Any]] = {}
+    refusal = emulated_compile_refusal(ctx, plan, keys, platform)
+    if refusal:
+        journal.record_stage(ctx.state, cell_id, "build", "skip", log=log_path, reason=refusal,
+                             details={"input_hash": digest})
+        return CellResult(cell_id, "skip", reason=refusal)
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
                                            log_path, deadline, options.echo, options.no_cache,
@@ -397,6 +463,18 @@ def first_error_lines(log_text: str, limit: int = 8) -> list[str]:
     return found
 
 
+# Printed by a RUN line (BuildKit prefixes its output with "#<step> <seconds> "), not the
+# command itself, which BuildKit echoes too.
+_STATED_FAILURE = re.compile(r"^(?:#\d+ [\d.]+ )?INFERMATRIX-FAIL: (.+)$", re.MULTILINE)
+
+
+def stated_failure(log_text: str) -> str | None:
+    """The one-line reason a template's RUN line printed (`INFERMATRIX-FAIL: ...`), if any:
+    what could not be done and what to do, instead of the long log of what followed."""
+    match = _STATED_FAILURE.search(log_text)
+    return match.group(1).strip() if match else None
+
+
 def _read_log(path: Path | None) -> str:
     if path is None or not path.is_file():
         return ""
@@ -407,15 +485,19 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
                     reason: str, command: str | None, log_tail: str | None,
                     kernels: dict[str, dict[str, Any]] | None = None,
                     digest: str | None = None) -> CellResult:
-    errors = first_error_lines(_read_log(log_path))
+    log_text = _read_log(log_path)
+    errors = first_error_lines(log_text)
+    stated = stated_failure(log_text)
+    reason = stated or reason
     journal.record_stage(ctx.state, cell_id, "build", "fail", duration_s=duration, log=log_path,
                          reason=reason, details={"command": command, "log_tail": log_tail,
                                                  "error_lines": errors,
                                                  "kernels": kernels or {},
                                                  "input_hash": digest})
+    # A stated reason is the whole story on screen; the journal and the log keep the tail.
     return CellResult(cell_id, "fail", duration_s=duration, log=log_path, reason=reason,
-                      command=command, log_tail=log_tail, error_lines=errors,
-                      kernels=kernels or {})
+                      command=command, log_tail=None if stated else log_tail,
+                      error_lines=[] if stated else errors, kernels=kernels or {})
 
 
 # --------------------------------------------------------------------------------------------

@@ -134,7 +134,8 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
             version=cell.engine_version)
     return CellSettings(
         python=m.python, base=base_for(cell, m), platform=platform_for(cell, m), engine_package=engine.get("package"),
-        kernels=list(engine.get("kernels", [])), attention_backend=backend, engine_args=args,
+        kernels=list(per_arch.get("kernels", engine.get("kernels", []))),
+        attention_backend=backend, engine_args=args,
         env=dict(sorted(env.items())), torch_index=torch_index, engine_index=engine_index,
         engine_cuda=facts.torch_cuda if facts else None, source_urls=sources)
 
