@@ -5,14 +5,12 @@
   compiled, so the build takes minutes; other shapes JIT-compile at serve time.
 - Each kernel names its consumer in the image (matrix.yaml `build.kernels.<name>.consumer`): the
   engine, or a profile such as training with transformers for flash-attn.
-- The compile stage installs flashinfer-python's own requirements from the cell's lock: the
-  subset of the lock that `# via` comments connect to the package.
+- The FlashInfer sdist is checked against the hashes the cell's lock pins for flashinfer-python.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
@@ -28,75 +26,21 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-@dataclass
-class LockEntry:
-    name: str  # normalized
-    version: str
-    lines: list[str] = field(default_factory=list)
-    hashes: list[str] = field(default_factory=list)
-    via: set[str] = field(default_factory=set)  # normalized names of the packages needing it
-
-
-def lock_entries(lock_text: str) -> dict[str, LockEntry]:
-    """The `name==version` blocks of a uv lock (hash lines and `# via` comments included)."""
-    entries: dict[str, LockEntry] = {}
-    current: LockEntry | None = None
-    in_via = False
-    for line in lock_text.splitlines():
-        match = _PIN.match(line)
-        if match:
-            current = LockEntry(normalize(match.group(1)), match.group(2), [line])
-            entries[current.name] = current
-            in_via = False
-            continue
-        if current is None or not line.startswith("    "):
-            current, in_via = None, False
-            continue
-        current.lines.append(line)
-        current.hashes += _HASH.findall(line)
-        comment = line.strip()
-        if comment.startswith("# via"):
-            rest = comment[len("# via"):].strip()
-            in_via = not rest
-            if rest:
-                current.via.add(normalize(rest.split()[0]))
-        elif in_via and comment.startswith("#   "):
-            current.via.add(normalize(comment[4:].split()[0]))
-        else:
-            in_via = False
-    return entries
-
-
-def requirements_of(lock_text: str, package: str) -> list[LockEntry]:
-    """Every entry of the lock that `package` needs, directly or not (not `package` itself)."""
-    entries = lock_entries(lock_text)
-    wanted = {normalize(package)}
-    changed = True
-    while changed:
-        changed = False
-        for entry in entries.values():
-            if entry.name not in wanted and entry.via & wanted:
-                wanted.add(entry.name)
-                changed = True
-    wanted.discard(normalize(package))
-    return [entries[name] for name in sorted(wanted)]
-
-
-def lock_subset_text(lock_text: str, package: str, cell_id: str) -> str:
-    """A hash-checked requirements file of what `package` needs, cut from the cell's lock."""
-    lines = [f"# {package}'s requirements, cut from locks/{cell_id}.txt by infermatrix render",
-             "# (the entries that the lock's `# via` comments connect to it)", ""]
-    for entry in requirements_of(lock_text, package):
-        lines += entry.lines
-    return "\n".join(lines) + "\n"
-
-
 def locked_hashes(lock_text: str | None, package: str) -> list[str]:
     """The sha256 hashes the lock pins for `package` (its wheels and its sdist)."""
     if not lock_text:
         return []
-    entry = lock_entries(lock_text).get(normalize(package))
-    return list(entry.hashes) if entry else []
+    hashes: list[str] = []
+    inside = False
+    for line in lock_text.splitlines():
+        match = _PIN.match(line)
+        if match:
+            inside = normalize(match.group(1)) == normalize(package)
+        elif inside and line.startswith("    "):
+            hashes += _HASH.findall(line)
+        else:
+            inside = False
+    return hashes
 
 
 def flashinfer_scope(model: dict[str, Any], version: str | None, platform: str) -> dict[str, Any]:

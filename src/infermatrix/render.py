@@ -424,10 +424,15 @@ def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
     Only pins and hashes: uv's `# via` comments name the cell's other packages, and the
     toolchain must be the same text for every cell with the same torch, so that they share its
     layers and their kernel-cache keys."""
+    return package_lock(ctx, cell_id, lock_text, "torch")
+
+
+def package_lock(ctx: Context, cell_id: str, lock_text: str, package: str) -> str:
+    """The lock's pins and hashes of `package` and everything it needs (lock.subset)."""
     try:
-        subset = locks.subset(lock_text, "torch")
+        subset = locks.subset(lock_text, package)
     except StageFailure:
-        raise ConfigError(f"torch is not pinned in the lock of {cell_id}",
+        raise ConfigError(f"{package} is not pinned in the lock of {cell_id}",
                           _shown(lock_path(ctx, cell_id)),
                           fix=f"infermatrix lock --select {cell_id}") from None
     return "\n".join(line for line in subset.splitlines()
@@ -607,6 +612,17 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
         torch_file = render_template(env, "files/torch.lock.txt.j2", **variables)
         out.add_text("torch.lock.txt", torch_file)
         variables["torch_lock_sha256"] = hashlib.sha256(torch_file.encode()).hexdigest()
+    if any(k.recipe == "flashinfer" for k in kernels):
+        for name in ("fetch-sdist", "flashinfer-aot"):
+            script = render_template(env, f"files/{name}.py.j2", **variables)
+            out.add_text(name, script, executable=True)
+        variables["flashinfer_aot_sha256"] = hashlib.sha256(script.encode()).hexdigest()
+    if lock_text is not None and any(k.recipe == "flashinfer" for k in kernels):
+        # Rendered before the Dockerfile, whose FlashInfer stage names its sha256.
+        variables["flashinfer_lock"] = package_lock(ctx, cell.id, lock_text, "flashinfer-python")
+        flashinfer_file = render_template(env, "files/flashinfer.lock.txt.j2", **variables)
+        out.add_text("flashinfer.lock.txt", flashinfer_file)
+        variables["flashinfer_lock_sha256"] = hashlib.sha256(flashinfer_file.encode()).hexdigest()
     out.add_text("Dockerfile", render_template(env, ENTRY_TEMPLATE, **variables))
     out.add_text(".dockerignore", render_template(env, "files/dockerignore.j2", **variables))
     out.add_text("with-secrets", render_template(env, "files/with-secrets.sh.j2", **variables),
@@ -614,13 +630,6 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
     if kernels:
         out.add_text("measure", render_template(env, "files/measure.sh.j2", **variables),
                      executable=True)
-    if any(k.recipe == "flashinfer" for k in kernels):
-        for name in ("fetch-sdist", "flashinfer-aot"):
-            out.add_text(name, render_template(env, f"files/{name}.py.j2", **variables),
-                         executable=True)
-        if lock_text is not None:
-            out.add_text("flashinfer.lock.txt", kernelscope.lock_subset_text(
-                lock_text, "flashinfer-python", cell.id))
     out.add_text("serve", render_template(env, "files/serve.sh.j2", **variables),
                  executable=True)
     if install["overrides"] and lock_text is None:
