@@ -714,7 +714,8 @@ def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Pa
     stage = render.kernel_stage_text(texts[1], "flash-attn")
     compile_run = [ins for ins in instructions(stage) if "pip wheel" in ins][0]
     assert f'echo "flash-attn==2.8.3 --hash=sha256:{sha}" > /tmp/flash-attn.sdist.txt' in compile_run
-    assert "--require-hashes --no-binary flash-attn -r /tmp/flash-attn.sdist.txt" in compile_run
+    # pip downloads exactly the pinned file (hash-checked), then builds its tree
+    assert "--require-hashes -d /tmp/sdist -r /tmp/flash-attn.sdist.txt" in compile_run
     assert "--no-deps" in compile_run and "flash_attn-2.8.3.tar.gz" in stage
     # without a lock: the version only; the recipe hash (kernel-cache key) tells them apart
     plain_stage = render.kernel_stage_text(texts[0], "flash-attn")
