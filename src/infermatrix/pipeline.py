@@ -88,5 +88,9 @@ def run_pipeline(ctx: Context, options: PipelineOptions) -> tuple[int, list[Step
         if failed and options.fail_fast:
             console.print(f"[red]--fail-fast: stopping after {name}")
             break
+    from .build import closing_summary
+    console.rule("[bold]summary")
+    for line in closing_summary(ctx, plans):
+        console.print(line, markup=False, highlight=False)
     failed_any = any(o.failed for o in outcomes)
     return (1 if failed_any else 0), outcomes
