@@ -94,3 +94,99 @@ def test_platform_flag_only_for_another_cpu():
     request = engine.BuildRequest(context_dir=".", platform=other)
     argv = request.argv(engine.BuildClient("/usr/bin/docker", "buildkit", "20.10.24"))
     assert argv[argv.index("--platform") + 1] == other
+
+
+def test_a_stated_failure_is_the_reason_not_the_echoed_command():
+    log = ("#9 [toolchain 5/6] RUN python3 ... || { echo \"INFERMATRIX-FAIL: cannot reach X ($(tail"
+           " -n 1 /tmp/e)); do Y\"; exit 1; }\n"
+           "#9 5.997 INFERMATRIX-FAIL: cannot reach X (Name or service not known); do Y\n"
+           "#9 ERROR: executor failed running\n")
+    assert build.stated_failure(log) == "cannot reach X (Name or service not known); do Y"
+    assert build.stated_failure("#9 5.9 error: something else\n") is None
+
+
+def test_measure_stats_are_read_and_described(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "flash-attn.build-stats.json").write_text(
+        '{"name": "flash-attn", "exit": 0, "seconds": 3600, "peak_rss_bytes": 8589934592,'
+        ' "cgroup_peak_bytes": null, "max_jobs": "2", "nvcc_threads": "1"}')
+    (tmp_path / "wheels" / "broken.build-stats.json").write_text("{")
+    stats = kernelcache.read_build_stats(tmp_path)
+    assert list(stats) == ["flash-attn"]
+    assert kernelcache.describe_stats(stats["flash-attn"]) == (
+        "3600 s, peak RSS 8.0 GiB, MAX_JOBS=2 NVCC_THREADS=1")
+
+
+def _emulation_context(tmp_path, build_section: dict):
+    from types import SimpleNamespace
+
+    from infermatrix.state import StatePaths
+
+    state = StatePaths(tmp_path / "state")
+    matrix = SimpleNamespace(build=build_section)
+    return SimpleNamespace(state=state, matrix=matrix)
+
+
+def _arm_plan():
+    from infermatrix.model import Cell, CellPlan, CellSettings
+
+    cell = Cell("13.0", "2.14.1", "sglang", "0.5.23", "sm_121")
+    return CellPlan(cell, "planned", settings=CellSettings(
+        python="3.11", base="b", engine_package="sglang", platform="linux/arm64"))
+
+
+def test_emulated_compile_is_refused_before_starting_with_estimate_and_alternatives(tmp_path):
+    ctx = _emulation_context(tmp_path, {
+        "kernels": {"flash-attn": {"estimate_minutes": 60}},
+        "emulation": {"slowdown": 12, "max_compile_minutes": 60}})
+    key = kernelcache.KernelKey("flash-attn", "2.8.3", "2.14.1", "13.0", "3.11", ("sm_121",),
+                                platform="linux/arm64")
+    reason = build.emulated_compile_refusal(ctx, _arm_plan(), {"flash-attn": key},
+                                            "linux/arm64")
+    assert reason is not None
+    assert "flash-attn ~12.0 h (60 min natively, build.kernels.flash-attn.estimate_minutes" in reason
+    assert "native linux/arm64 builder" in reason and "--driver remote" in reason
+    assert build.emulated_compile_refusal(ctx, _arm_plan(), {"flash-attn": key}, None) is None
+
+
+def test_emulated_compile_uses_the_measured_native_time_and_the_cache(tmp_path):
+    ctx = _emulation_context(tmp_path, {"emulation": {"slowdown": 10, "max_compile_minutes": 60}})
+    native = kernelcache.KernelKey("flashinfer-python", "0.7.2", "2.14.1", "13.0", "3.11",
+                                   ("sm_120",))
+    wheel = tmp_path / "x-1-py3-none-any.whl"
+    wheel.write_bytes(b"w")
+    kernelcache.store(ctx.state, native, [wheel], details={"stats": {"seconds": 300}})
+    arm = kernelcache.KernelKey("flashinfer-python", "0.7.2", "2.14.1", "13.0", "3.11",
+                                ("sm_121",), platform="linux/arm64")
+    # 300 s natively x10 = 50 min: under the limit, so it compiles
+    assert build.emulated_compile_refusal(ctx, _arm_plan(), {"flashinfer": arm},
+                                          "linux/arm64") is None
+    ctx.matrix.build["emulation"]["max_compile_minutes"] = 30
+    reason = build.emulated_compile_refusal(ctx, _arm_plan(), {"flashinfer": arm}, "linux/arm64")
+    assert reason and "flashinfer ~0.8 h (5 min natively, measured here" in reason
+    kernelcache.store(ctx.state, arm, [wheel])  # in the cache: nothing to compile
+    assert build.emulated_compile_refusal(ctx, _arm_plan(), {"flashinfer": arm},
+                                          "linux/arm64") is None
+
+
+def test_closing_summary_gives_every_cell_not_built_its_one_line_reason(tmp_path):
+    from types import SimpleNamespace
+
+    from infermatrix import journal
+    from infermatrix.model import Cell, CellPlan
+    from infermatrix.state import StatePaths
+
+    state = StatePaths(tmp_path / "state")
+    cells = [Cell("12.8", "2.10.0", "vllm", "0.19.1", "sm_120"),
+             Cell("13.0", "2.14.1", "sglang", "0.5.23", "sm_121"),
+             Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_121")]
+    plans = [CellPlan(c, "planned") for c in cells]
+    journal.record_stage(state, plans[0].id, "build", "fail", log=tmp_path / "b.log",
+                         reason="cannot reach NVIDIA's CUDA apt repository X; do Y")
+    journal.record_stage(state, plans[1].id, "build", "skip", reason="compiling flashinfer ~1.7 h")
+    lines = build.closing_summary(SimpleNamespace(state=state), plans)
+    assert lines[:2] == ["built (0):", "audited (0):"] and lines[2] == "not built (3):"
+    assert lines[3] == (f"  {plans[0].id}: cannot reach NVIDIA's CUDA apt repository X; do Y"
+                        f" [log: {tmp_path / 'b.log'}]")
+    assert lines[4] == f"  {plans[1].id}: compiling flashinfer ~1.7 h"
+    assert lines[5].endswith("not reached (an earlier step stopped it)")

@@ -259,7 +259,9 @@ def test_kernel_stages_target_exactly_the_cells_arch(golden_rendered) -> None:
     assert 'FLASH_ATTN_CUDA_ARCHS="120"' in fa and 'TORCH_CUDA_ARCH_LIST="12.0"' in fa
     fi = by_id["cu130-torch2.11.0-sglang0.5.11-sm121"]
     assert 'FLASHINFER_CUDA_ARCH_LIST="12.1a"' in fi
-    assert "flashinfer-python==0.6.8.post1" in fi and "--branch v0.6.8.post1" in fi  # from the lock
+    # FlashInfer from its PyPI sdist, checked against the lock's hashes: no git clone
+    assert "fetch-sdist flashinfer-python 0.6.8.post1 /tmp/sdist " in fi and "git clone" not in fi
+    assert "flashinfer.lock.txt" in fi and "flashinfer-aot /src/flashinfer /wheels" in fi
     fixture = by_id["cu130-torch2.13.0-kernel-fixture1.0-sm121"]
     assert 'TORCH_CUDA_ARCH_LIST="12.1"' in fixture
     assert "COPY kernels/cudakern/ /src/cudakern/" in fixture
@@ -741,7 +743,8 @@ def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Pa
     stage = render.kernel_stage_text(texts[1], "flash-attn")
     compile_run = [ins for ins in instructions(stage) if "pip wheel" in ins][0]
     assert f'echo "flash-attn==2.8.3 --hash=sha256:{sha}" > /tmp/flash-attn.sdist.txt' in compile_run
-    assert "--require-hashes --no-binary flash-attn -r /tmp/flash-attn.sdist.txt" in compile_run
+    # pip downloads exactly the pinned file (hash-checked), then builds its tree
+    assert "--require-hashes -d /tmp/sdist -r /tmp/flash-attn.sdist.txt" in compile_run
     assert "--no-deps" in compile_run and "flash_attn-2.8.3.tar.gz" in stage
     # without a lock: the version only; the recipe hash (kernel-cache key) tells them apart
     plain_stage = render.kernel_stage_text(texts[0], "flash-attn")

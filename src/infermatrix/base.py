@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import logging
 import re
 import shutil
@@ -317,7 +318,24 @@ def _debootstrap_and_import(recipe: BaseRecipe, log_path: Path, timeout: float) 
         changes = [f"LABEL {key}={json.dumps(value)}" for key, value in
                    sorted(recipe.labels(built).items())]
         changes += ['ENV LANG=C.UTF-8', 'CMD ["/bin/bash"]']
+        if recipe.architecture != host_architecture():
+            return _import_foreign(tarball, recipe, changes, log_path, timeout)
         return engine.import_rootfs(tarball, recipe.ref, changes=changes, log_path=log_path)
+
+
+def _import_foreign(tarball: Path, recipe: BaseRecipe, changes: list[str],
+                    log_path: Path | None, timeout: float) -> str:
+    """A rootfs of another architecture as an image whose config names that architecture:
+    BuildKit resolves `--platform linux/arm64` builds only to a local image of that platform,
+    and `docker import` (engine 20.10) records the engine's own. A `FROM scratch` build with
+    `--platform` records it, from the same tarball, without a registry."""
+    context = tarball.parent / "import-context"
+    context.mkdir()
+    os.link(tarball, context / "rootfs.tar")
+    (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n" + "\n".join(changes)
+                                        + "\n", encoding="utf-8")
+    return engine.build_image(context, tag=recipe.ref, log_path=log_path, timeout=timeout,
+                              platform=f"linux/{recipe.architecture}")
 
 
 def _trim_rootfs(rootfs: Path) -> None:

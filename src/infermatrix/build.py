@@ -21,6 +21,7 @@ finished and the interrupted one `running` (not `pass`), so a rerun resumes wher
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import shutil
@@ -86,7 +87,10 @@ class CellResult:
     def summary(self) -> str:
         if self.status == "pass":
             how = "unchanged, reused" if self.reused else f"built in {self.duration_s:.0f} s"
-            return f"{self.cell_id}: pass ({how}) {self.image_id and self.image_id[:19]}"
+            return (f"{self.cell_id}: pass ({how}) {self.image_id and self.image_id[:19]}"
+                    + "".join(f"\n  kernel {name} (cache {k.get('cache')}): compiled in "
+                              f"{kernelcache.describe_stats(k['compile'])}"
+                              for name, k in self.kernels.items() if k.get("compile")))
         text = f"{self.cell_id}: {self.status}: {self.reason}"
         if self.command:
             text += f"\n  command: {self.command}"
@@ -184,6 +188,66 @@ def secrets_for(options: BuildOptions) -> dict[str, Path]:
 
 
 # --------------------------------------------------------------------------------------------
+# Kernel compiles under emulation (linux/arm64 cells on an x86_64 host)
+# --------------------------------------------------------------------------------------------
+
+def native_compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey
+                           ) -> tuple[float, str] | None:
+    """(seconds, where the figure comes from) a compile of `key` takes natively on this host:
+    the slowest measured compile of the same package in the kernel cache, else
+    build.kernels.<name>.estimate_minutes. None: nothing to go by."""
+    measured = []
+    for entry_json in ctx.state.kernels.glob(f"*/{kernelcache.ENTRY_FILE}"):
+        try:
+            meta = json.loads(entry_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        other = meta.get("key", {})
+        seconds = (meta.get("details", {}).get("stats") or {}).get("seconds")
+        # Another arch of the same package costs about the same (one target per compile).
+        if (seconds and other.get("package") == key.package
+                and other.get("platform", "linux/amd64") == engine.host_platform()):
+            measured.append((float(seconds), f"measured here ({other.get('slug')})"))
+    if measured:
+        return max(measured)
+    minutes = ctx.matrix.build.get("kernels", {}).get(name, {}).get("estimate_minutes")
+    if minutes:
+        return float(minutes) * 60, f"build.kernels.{name}.estimate_minutes"
+    return None
+
+
+def emulated_compile_refusal(ctx: Context, plan: CellPlan,
+                             keys: dict[str, kernelcache.KernelKey], platform: str | None
+                             ) -> str | None:
+    """Why the cell is not built, when it would compile a kernel under emulation (QEMU) for
+    longer than build.emulation.max_compile_minutes; said before starting, with the estimate
+    and the alternatives. None: nothing to compile under emulation, or it is short enough."""
+    if not platform:
+        return None
+    settings = ctx.matrix.build.get("emulation", {})
+    slowdown = float(settings.get("slowdown", 10.0))
+    limit_min = float(settings.get("max_compile_minutes", 60))
+    too_long = []
+    for name, key in keys.items():
+        if kernelcache.lookup(ctx.state, key) is not None:
+            continue  # in the cache: nothing to compile
+        native = native_compile_seconds(ctx, name, key)
+        if native is None:
+            continue
+        emulated_min = native[0] * slowdown / 60
+        if emulated_min > limit_min:
+            too_long.append(f"{name} ~{emulated_min / 60:.1f} h ({native[0] / 60:.0f} min "
+                            f"natively, {native[1]}, x{slowdown:g} under QEMU)")
+    if not too_long:
+        return None
+    return (f"compiling {', '.join(too_long)} for {platform} under emulation exceeds "
+            f"build.emulation.max_compile_minutes={limit_min:g}; build it on a native "
+            f"{platform} builder (an Arm host or the GB10 itself: DOCKER_HOST=ssh://... or "
+            f"`docker buildx create --driver remote tcp://ARM-HOST:1234`), put its wheel in the "
+            f"kernel cache, or raise the limit")
+
+
+# --------------------------------------------------------------------------------------------
 # The compile plan for this run
 # --------------------------------------------------------------------------------------------
 
@@ -264,7 +328,9 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                 echo, no_cache, platform)
         entries.append(entry)
         report[name] = {"key": key.slug, "cache": cache, "wheels": [w.name for w in entry.wheels],
-                        "duration_s": round(time.monotonic() - started, 3)}
+                        "duration_s": round(time.monotonic() - started, 3),
+                        # the compile's own figures (measure), also on a hit: when it was built
+                        "compile": entry.details.get("stats") or {}}
     return entries, report
 
 
@@ -298,10 +364,13 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
-            stats = _record_compile(ctx, key, sampler, build_args)
+            sampled = _record_compile(ctx, key, sampler, build_args)  # per job, for the planner
+            stats = kernelcache.read_build_stats(Path(out)).get(name, {})  # the RUN's own figure
+            if stats:
+                echo(f"{cell_id}: kernel {name} compiled: {kernelcache.describe_stats(stats)}")
             entry = kernelcache.store(ctx.state, key, wheels,
                                       details={"compiled_by": cell_id, **build_args,
-                                               "compile_stats": stats})
+                                               "compile_stats": sampled, "stats": stats})
         cache = "miss"
     else:
         echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
@@ -387,6 +456,11 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     secrets = secrets_for(options)
     platform = build_platform(plan)
     kernels: dict[str, dict[str, Any]] = {}
+    refusal = emulated_compile_refusal(ctx, plan, keys, platform)
+    if refusal:
+        journal.record_stage(ctx.state, cell_id, "build", "skip", log=log_path, reason=refusal,
+                             details={"input_hash": digest})
+        return CellResult(cell_id, "skip", reason=refusal)
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
                                            log_path, deadline, options.echo, options.no_cache,
@@ -438,6 +512,18 @@ def first_error_lines(log_text: str, limit: int = 8) -> list[str]:
     return found
 
 
+# Printed by a RUN line (BuildKit prefixes its output with "#<step> <seconds> "), not the
+# command itself, which BuildKit echoes too.
+_STATED_FAILURE = re.compile(r"^(?:#\d+ [\d.]+ )?INFERMATRIX-FAIL: (.+)$", re.MULTILINE)
+
+
+def stated_failure(log_text: str) -> str | None:
+    """The one-line reason a template's RUN line printed (`INFERMATRIX-FAIL: ...`), if any:
+    what could not be done and what to do, instead of the long log of what followed."""
+    match = _STATED_FAILURE.search(log_text)
+    return match.group(1).strip() if match else None
+
+
 def _read_log(path: Path | None) -> str:
     if path is None or not path.is_file():
         return ""
@@ -448,15 +534,53 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
                     reason: str, command: str | None, log_tail: str | None,
                     kernels: dict[str, dict[str, Any]] | None = None,
                     digest: str | None = None) -> CellResult:
-    errors = first_error_lines(_read_log(log_path))
+    log_text = _read_log(log_path)
+    errors = first_error_lines(log_text)
+    stated = stated_failure(log_text)
+    reason = stated or reason
     journal.record_stage(ctx.state, cell_id, "build", "fail", duration_s=duration, log=log_path,
                          reason=reason, details={"command": command, "log_tail": log_tail,
                                                  "error_lines": errors,
                                                  "kernels": kernels or {},
                                                  "input_hash": digest})
+    # A stated reason is the whole story on screen; the journal and the log keep the tail.
     return CellResult(cell_id, "fail", duration_s=duration, log=log_path, reason=reason,
-                      command=command, log_tail=log_tail, error_lines=errors,
-                      kernels=kernels or {})
+                      command=command, log_tail=None if stated else log_tail,
+                      error_lines=[] if stated else errors, kernels=kernels or {})
+
+
+# --------------------------------------------------------------------------------------------
+# The closing summary of the main job
+# --------------------------------------------------------------------------------------------
+
+def closing_summary(ctx: Context, plans: list[CellPlan]) -> list[str]:
+    """What was built and audited, and for every planned cell that was not built its one-line
+    reason (which carries the fix), from the journal."""
+    built, audited, not_built = [], [], []
+    for plan in (p for p in plans if p.planned):
+        record = journal.load(ctx.state, plan.id)
+        stage = record.get("stages", {}).get("build", {})
+        if stage.get("status") == "pass":
+            image = engine.inspect_image(record.get("image_id") or local_ref(plan.id)) or {}
+            size = f"{image['Size'] / 1e9:.1f} GB, " if image.get("Size") else ""
+            compiled = "".join(
+                f"; {name} {kernelcache.describe_stats(k['compile'])}"
+                for name, k in (stage.get("details", {}).get("kernels") or {}).items()
+                if k.get("compile"))
+            took = f"{stage['duration_s']:.0f} s" if stage.get("duration_s") else "reused"
+            built.append(f"  {plan.id} ({size}{took}{compiled})")
+        else:
+            reason = stage.get("reason") or "not reached (an earlier step stopped it)"
+            log = f" [log: {stage['log']}]" if stage.get("log") and stage.get("status") == "fail" else ""
+            not_built.append(f"  {plan.id}: {reason.splitlines()[0]}{log}")
+        checked = record.get("stages", {}).get("audit") or {}
+        if checked.get("status"):
+            why = f": {checked['reason'].splitlines()[0]}" if checked.get("reason") else ""
+            audited.append(f"  {plan.id}: {checked['status']}{why}")
+    lines = [f"built ({len(built)}):", *built, f"audited ({len(audited)}):", *audited]
+    if not_built:
+        lines += [f"not built ({len(not_built)}):", *not_built]
+    return lines
 
 
 # --------------------------------------------------------------------------------------------

@@ -113,6 +113,7 @@ class Entry:
     key: KernelKey
     directory: Path
     wheels: list[Path] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)  # what store() was told (stats ...)
 
 
 def entry_dir(state: StatePaths, key: KernelKey) -> Path:
@@ -129,7 +130,7 @@ def lookup(state: StatePaths, key: KernelKey) -> Entry | None:
     wheels = [directory / name for name in meta.get("wheels", [])]
     if not wheels or not all(w.is_file() for w in wheels):
         return None
-    return Entry(key, directory, wheels)
+    return Entry(key, directory, wheels, meta.get("details") or {})
 
 
 def store(state: StatePaths, key: KernelKey, wheels: list[Path],
@@ -176,3 +177,31 @@ def stage_into(entries: list[Entry], kernel_wheels_dir: Path) -> list[Path]:
 def find_wheels(directory: Path) -> list[Path]:
     """Wheels an `--output type=local` export left (the stage puts them in /wheels/)."""
     return sorted(Path(directory).rglob("*.whl"))
+
+
+STATS_SUFFIX = ".build-stats.json"
+
+
+def read_build_stats(directory: Path) -> dict[str, Any]:
+    """What `measure` (templates/files/measure.sh.j2) left beside the wheels: the compile's
+    wall time and peak memory, by kernel name. Unreadable files are skipped."""
+    stats: dict[str, Any] = {}
+    for path in sorted(Path(directory).rglob("*" + STATS_SUFFIX)):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        stats[str(data.get("name") or path.name[:-len(STATS_SUFFIX)])] = data
+    return stats
+
+
+def describe_stats(stats: dict[str, Any]) -> str:
+    """`3412 s, peak RSS 7.1 GiB, cgroup peak 9.8 GiB` for one kernel's measure record."""
+    parts = [f"{stats.get('seconds', '?')} s"]
+    if stats.get("peak_rss_bytes"):
+        parts.append(f"peak RSS {stats['peak_rss_bytes'] / 2**30:.1f} GiB")
+    if stats.get("cgroup_peak_bytes"):
+        parts.append(f"cgroup peak {stats['cgroup_peak_bytes'] / 2**30:.1f} GiB")
+    if stats.get("max_jobs"):
+        parts.append(f"MAX_JOBS={stats['max_jobs']} NVCC_THREADS={stats.get('nvcc_threads')}")
+    return ", ".join(parts)

@@ -409,7 +409,8 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     floor, floor_reason = driver_floor(cell, facts) if facts is not None else (None, None)
     return CellSettings(
         python=m.python, base=base_for(cell, m), platform=platform_for(cell, m),
-        engine_package=engine.get("package"), kernels=list(engine.get("kernels", [])),
+        engine_package=engine.get("package"),
+        kernels=list(per_arch.get("kernels", engine.get("kernels", []))),
         attention_backend=backend, engine_args=args, env=dict(sorted(env.items())),
         torch_index=torch_index, engine_index=engine_index,
         engine_cuda=facts.torch_cuda if facts else None, source_urls=sources,

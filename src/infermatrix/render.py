@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import base as base_images
+from . import kernelscope
 from . import lock as locks
 from .config import REPO_ROOT, Matrix
 from .context import Context
@@ -55,6 +56,8 @@ UV_VERSION = "0.13.9"
 KERNEL_BUILD_TOOLS = ("pip==26.3", "setuptools==80.9.0", "wheel==0.45.1", "ninja==1.13.0",
                       "packaging==25.0", "psutil==7.0.0")
 FLASH_ATTN_EXTRA = ("einops==0.8.1",)
+# The wheel templates/files/flashinfer-aot.py.j2 makes of the AOT-compiled FlashInfer modules.
+FLASHINFER_AOT_DIST = "infermatrix-flashinfer-aot"
 # CUDA minor -> the full toolkit release used for image tags, wheel and apt pins.
 # Overridable per matrix in `bases.cuda_versions`.
 DEFAULT_CUDA_FULL = {"12.8": "12.8.1", "12.9": "12.9.1", "13.0": "13.0.2"}
@@ -66,7 +69,9 @@ NVIDIA_APT_ROOT = "https://developer.download.nvidia.com/compute/cuda/repos"
 SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13", "jammy": "3.10", "noble": "3.12"}
 # Everything the toolchain stage needs from the OS; a debootstrap base already carries these.
 OS_PACKAGES = ("ca-certificates", "python3", "python3-venv")
-GPU_OS_PACKAGES = ("g++",)  # nvcc's host compiler
+# g++: nvcc's host compiler; python3-dev: Python.h, which torch extensions (flash-attn) and
+# Triton's launcher (compiled at the engine's first kernel launch) include.
+GPU_OS_PACKAGES = ("g++", "python3-dev")
 # SOURCE_DATE_EPOCH when neither build.source_date_epoch nor a base snapshot gives one:
 # 1980-01-01, the earliest time a ZIP (a wheel built in a kernel stage) can hold.
 DEFAULT_SOURCE_DATE_EPOCH = 315532800
@@ -109,6 +114,9 @@ class KernelSpec:
     # downloads exactly that file, hash-checked. None: no lock, or a local source tree.
     sdist: str | None = None
     sdist_sha256: str | None = None
+    # Every sha256 the lock pins for the package (flashinfer: the sdist is one of them).
+    sdist_hashes: tuple[str, ...] = ()
+    consumer: str = ""  # who loads it in the image (kernelscope.consumer)
 
     @property
     def label(self) -> str:
@@ -261,7 +269,7 @@ def choose_base(matrix: Matrix, plan: CellPlan, compiles: bool) -> BaseChoice:
     strategy = spec["strategy"]
     image, digest, unpinned, carried, suite = os_image(matrix, settings.base, cell)
     toolkit = _toolkit_source(matrix, settings.base, strategy, cell)
-    wanted = set(OS_PACKAGES) | (set(GPU_OS_PACKAGES) if cell.is_gpu and compiles else set())
+    wanted = set(OS_PACKAGES) | (set(GPU_OS_PACKAGES) if cell.is_gpu else set())
     apt_repo = None
     if toolkit == "apt":
         distro = spec.get("cuda_repo") or NVIDIA_APT_DISTROS.get(suite or "")
@@ -360,15 +368,26 @@ def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[Ke
             recipe = "flashinfer"
         else:
             recipe = "wheel"
-        built = "flashinfer-jit-cache" if recipe == "flashinfer" else package
+        built = FLASHINFER_AOT_DIST if recipe == "flashinfer" else package
         sdist, sdist_sha256 = None, None
         if recipe != "flashinfer" and not source_dir:
             sdist, sdist_sha256 = _sdist_pin(ctx, cell.id, package, version, pins)
         specs.append(KernelSpec(name=name, package=package, version=version, recipe=recipe,
                                 source_dir=source_dir, env=env, build_requires=build_requires,
                                 wheel_glob=f"{wheel_prefix(built)}-*.whl", sdist=sdist,
-                                sdist_sha256=sdist_sha256))
+                                sdist_sha256=sdist_sha256,
+                                sdist_hashes=tuple(kernelscope.locked_hashes(lock_text, package))
+                                if recipe == "flashinfer" else (),
+                                consumer=kernelscope.consumer(data, cell.engine)))
     return specs
+
+
+def _flashinfer_scope(ctx: Context, plan: CellPlan, kernels: list[KernelSpec]
+                      ) -> dict[str, Any]:
+    """The FlashInfer AOT scope of the cell (kernelscope.flashinfer_scope)."""
+    version = next((k.version for k in kernels if k.recipe == "flashinfer"), None)
+    platform = plan.settings.platform if plan.settings else "linux/amd64"
+    return kernelscope.flashinfer_scope(ctx.matrix.model, version, platform)
 
 
 def _sdist_pin(ctx: Context, cell_id: str, package: str, version: str | None,
@@ -392,10 +411,15 @@ def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
     Only pins and hashes: uv's `# via` comments name the cell's other packages, and the
     toolchain must be the same text for every cell with the same torch, so that they share its
     layers and their kernel-cache keys."""
+    return package_lock(ctx, cell_id, lock_text, "torch")
+
+
+def package_lock(ctx: Context, cell_id: str, lock_text: str, package: str) -> str:
+    """The lock's pins and hashes of `package` and everything it needs (lock.subset)."""
     try:
-        subset = locks.subset(lock_text, "torch")
+        subset = locks.subset(lock_text, package)
     except StageFailure:
-        raise ConfigError(f"torch is not pinned in the lock of {cell_id}",
+        raise ConfigError(f"{package} is not pinned in the lock of {cell_id}",
                           _shown(lock_path(ctx, cell_id)),
                           fix=f"infermatrix lock --select {cell_id}") from None
     return "\n".join(line for line in subset.splitlines()
@@ -515,6 +539,9 @@ def labels(ctx: Context, plan: CellPlan, base: BaseChoice, kernels: list[KernelS
         "io.infermatrix.platform": plan.settings.platform if plan.settings else "linux/amd64",
         "io.infermatrix.python": settings.python,
         "io.infermatrix.kernels": ",".join(k.label for k in kernels),
+        **{f"io.infermatrix.kernel.{k.name}.consumer": k.consumer for k in kernels},
+        **({"io.infermatrix.kernel.flashinfer.scope": _flashinfer_scope(ctx, plan, kernels)["summary"]}
+           if any(k.recipe == "flashinfer" for k in kernels) else {}),
         "io.infermatrix.base": f"{base.name} ({base.strategy})",
         "io.infermatrix.cuda.toolkit": base.toolkit if cell.is_gpu else "none",
         "io.infermatrix.attention_backend": settings.attention_backend or "",
@@ -554,6 +581,7 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
         "cuda_full": cuda_full(matrix, cell.cuda) if cell.is_gpu else None,
         "cuda_dashed": cell.cuda.replace(".", "-") if cell.is_gpu else None,
         "torch_arch_list": torch_arch_list(cell), "flashinfer_arch": flashinfer_arch(cell),
+        "flashinfer_scope": _flashinfer_scope(ctx, plan, kernels),
         "lock": lock_text is not None, "install": install,
         "torch_lock": torch_lines, "source_date_epoch": source_date_epoch(matrix, settings.base),
         "image_env": image_env(plan, base),
@@ -572,10 +600,24 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
         torch_file = render_template(env, "files/torch.lock.txt.j2", **variables)
         out.add_text("torch.lock.txt", torch_file)
         variables["torch_lock_sha256"] = hashlib.sha256(torch_file.encode()).hexdigest()
+    if any(k.recipe == "flashinfer" for k in kernels):
+        for name in ("fetch-sdist", "flashinfer-aot"):
+            script = render_template(env, f"files/{name}.py.j2", **variables)
+            out.add_text(name, script, executable=True)
+        variables["flashinfer_aot_sha256"] = hashlib.sha256(script.encode()).hexdigest()
+    if lock_text is not None and any(k.recipe == "flashinfer" for k in kernels):
+        # Rendered before the Dockerfile, whose FlashInfer stage names its sha256.
+        variables["flashinfer_lock"] = package_lock(ctx, cell.id, lock_text, "flashinfer-python")
+        flashinfer_file = render_template(env, "files/flashinfer.lock.txt.j2", **variables)
+        out.add_text("flashinfer.lock.txt", flashinfer_file)
+        variables["flashinfer_lock_sha256"] = hashlib.sha256(flashinfer_file.encode()).hexdigest()
     out.add_text("Dockerfile", render_template(env, ENTRY_TEMPLATE, **variables))
     out.add_text(".dockerignore", render_template(env, "files/dockerignore.j2", **variables))
     out.add_text("with-secrets", render_template(env, "files/with-secrets.sh.j2", **variables),
                  executable=True)
+    if kernels:
+        out.add_text("measure", render_template(env, "files/measure.sh.j2", **variables),
+                     executable=True)
     out.add_text("serve", render_template(env, "files/serve.sh.j2", **variables),
                  executable=True)
     if install["overrides"] and lock_text is None:
