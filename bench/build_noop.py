@@ -18,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from infermatrix import base, render  # noqa: E402
-from infermatrix.build import BuildOptions, build_cells  # noqa: E402
+from infermatrix.stages import base, render  # noqa: E402
+from infermatrix.stages.build import BuildOptions, build_cells  # noqa: E402
 from infermatrix.context import Context, setup_command_log  # noqa: E402
-from infermatrix.plan import plan_matrix  # noqa: E402
+from infermatrix.stages.plan import plan_matrix  # noqa: E402
 
 DEFAULT_SELECT = ["cpu-*", "cu130-*-kernel-fixture*"]
 

@@ -22,9 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from infermatrix import base, build, compileplan, engine, render  # noqa: E402
+from infermatrix.stages import base, build, render
+from infermatrix.model import compileplan
+from infermatrix.engine import docker as engine  # noqa: E402
 from infermatrix.context import Context, setup_command_log  # noqa: E402
-from infermatrix.plan import plan_matrix  # noqa: E402
+from infermatrix.stages.plan import plan_matrix  # noqa: E402
 
 GIB = compileplan.GIB
 KERNEL = "cudakern"

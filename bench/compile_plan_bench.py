@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from infermatrix import compileplan as cp  # noqa: E402
+from infermatrix.model import compileplan as cp  # noqa: E402
 
 RESULTS = ROOT / "bench" / "compile_results" / "h200-2026-12-01"
 H200_MEMORY = 131961788 * 1024  # MemTotal read there (env.txt)

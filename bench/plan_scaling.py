@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infermatrix.context import Context  # noqa: E402
-from infermatrix.index import ReleaseMetadata  # noqa: E402
-from infermatrix.plan import plan_matrix  # noqa: E402
+from infermatrix.model.index import ReleaseMetadata  # noqa: E402
+from infermatrix.stages.plan import plan_matrix  # noqa: E402
 
 
 def synthetic_source(name: str, version: str, machine: str = "x86_64") -> ReleaseMetadata:

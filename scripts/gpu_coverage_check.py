@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infermatrix.audit import find_cuobjdump, list_device_code
-from infermatrix.coverage import Arch, Decision, decide
+from infermatrix.stages.audit import find_cuobjdump, list_device_code
+from infermatrix.model.coverage import Arch, Decision, decide
 
 KERNEL = r"""
 #include <cuda_runtime.h>

@@ -26,7 +26,7 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def docker_available() -> None:
-    from infermatrix import engine
+    from infermatrix.engine import docker as engine
     from infermatrix.errors import UsageError
 
     problem = None
@@ -63,7 +63,7 @@ def test_ctx(shared_state_dir: Path):
 @pytest.fixture(scope="session")
 def built_base(docker_available, test_ctx) -> str:
     """The test matrix's debootstrap base image reference (built once, then reused)."""
-    from infermatrix import base
+    from infermatrix.stages import base
 
     result = base.build_base(test_ctx.matrix, test_ctx.matrix.bases["default"], test_ctx.state)
     return result.ref

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from infermatrix.context import Context
-from infermatrix.index import NotOnIndex, ReleaseList, ReleaseMetadata
+from infermatrix.model.index import NotOnIndex, ReleaseList, ReleaseMetadata
 
 DATA = Path(__file__).parent / "data"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from infermatrix.engine import Engine
+from infermatrix.engine.docker import Engine
 from infermatrix.errors import CommandFailed
 
 # (image, entrypoint, command) -> (exit code, output) of a container

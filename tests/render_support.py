@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from infermatrix.context import Context
-from infermatrix.model import Cell, CellPlan
-from infermatrix.plan import settings_for
+from infermatrix.model.cell import Cell, CellPlan
+from infermatrix.stages.plan import settings_for
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 GOLDEN_MATRIX = GOLDEN_DIR / "matrix.yaml"
@@ -47,7 +47,7 @@ def golden_plans(ctx: Context | None = None) -> list[CellPlan]:
 
 
 if __name__ == "__main__":
-    from infermatrix import render
+    from infermatrix.stages import render
 
     context = golden_context()
     for path in render.render_to(context, golden_plans(context), Path(sys.argv[1])):

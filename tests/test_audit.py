@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import audit
-from infermatrix.audit import (FAIL, PASS, AuditedObject, AuditResult, DeviceCodeCache,
+from infermatrix.stages import audit
+from infermatrix.stages.audit import (FAIL, PASS, AuditedObject, AuditResult, DeviceCodeCache,
                                ImageFacts, check_cuda_major, check_kernels, check_pins, check_pip,
                                check_torch_cuda, copy_rounds, cuda_majors, list_device_code,
                                parse_probe_output, version_matches)
 from tests.cuda_tools import NO_NVCC, NVCC
-from infermatrix.coverage import Arch, Coverage, DeviceCode, decide
+from infermatrix.model.coverage import Arch, Coverage, DeviceCode, decide
 from infermatrix.errors import StageFailure, UsageError
 from infermatrix.state import StatePaths
 
@@ -291,7 +291,7 @@ def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
     mount = tmp_path / "mount"
     (mount / "py").mkdir(parents=True)
     (mount / "py" / "elftools").symlink_to(Path(elftools.__file__).parent)
-    (mount / "uv").symlink_to(__import__("infermatrix.lock").lock.uv_bin())
+    (mount / "uv").symlink_to(__import__("infermatrix.stages.lock").stages.lock.uv_bin())
     script = ("import site, sys; site.getsitepackages = lambda: [sys.argv.pop()]\n"
               + audit.PROBE)
     args = audit.probe_args()[2:]
@@ -349,7 +349,7 @@ def test_matrix_not_loaded_rules_waive_objects_the_engine_never_loads_on_that_ar
 def test_matrix_audit_section_is_validated(tmp_path: Path) -> None:
     from infermatrix.config import load_matrix
     from infermatrix.errors import ConfigError
-    from infermatrix.loadedset import entries
+    from infermatrix.model.loadedset import entries
 
     source = (Path(__file__).parent / "matrix" / "matrix.yaml").read_text()
     good = source + ("audit:\n  not_loaded:\n    - {path: 'kern/sm90/*', arch: [sm_120],\n"
@@ -368,7 +368,7 @@ def test_matrix_audit_section_is_validated(tmp_path: Path) -> None:
 @needs_nvcc
 def test_header_scan_agrees_with_cuobjdump_and_sees_family_cubins(tmp_path: Path) -> None:
     """coverage.scan_fatbins against cuobjdump, the oracle, on objects nvcc builds here."""
-    from infermatrix.coverage import device_code_from_listings
+    from infermatrix.model.coverage import device_code_from_listings
 
     lib = compile_so(tmp_path, "lib.so", "arch=compute_120a,code=sm_120a",
                      "arch=compute_90a,code=sm_90a", "arch=compute_100f,code=compute_100f",
@@ -417,7 +417,7 @@ def test_relocatable_fatbins_are_left_out_like_cuobjdump_does(tmp_path: Path) ->
                     "arch=compute_120a,code=sm_120a"], check=True, capture_output=True)
     with open(lib, "rb") as handle:
         ranges = audit.relocatable_fatbin_ranges(handle)
-    from infermatrix.coverage import parse_listing
+    from infermatrix.model.coverage import parse_listing
 
     assert len(ranges) == 1 and ranges[0][1] > 0  # the __nv_relfatbin section
     tool = audit.find_cuobjdump()

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import audit, engine, journal
-from infermatrix.audit import FAIL, PASS
-from infermatrix.coverage import Arch, Coverage
-from infermatrix.model import Cell, CellPlan, CellSettings
+from infermatrix.stages import audit
+from infermatrix.engine import docker as engine
+from infermatrix import journal
+from infermatrix.stages.audit import FAIL, PASS
+from infermatrix.model.coverage import Arch, Coverage
+from infermatrix.model.cell import Cell, CellPlan, CellSettings
 from tests.cuda_tools import NO_NVCC, NVCC
 
 pytestmark = pytest.mark.docker
@@ -171,8 +173,8 @@ ARCH_SPECIFIC_CELL = "cu130-torch2.13.0-arch-specific-fixture1.0-sm121"
 def real_cells(test_ctx, built_base) -> dict[str, tuple[CellPlan, str]]:
     """Render and build the two cells through build.build_cells (a no-op when this session or
     an earlier one with the same state built them already)."""
-    from infermatrix import build, render
-    from infermatrix.plan import plan_matrix
+    from infermatrix.stages import build, render
+    from infermatrix.stages.plan import plan_matrix
     from tests.planning_support import recorded_metadata
 
     plans = plan_matrix(test_ctx, select=[GOOD_CELL, ARCH_SPECIFIC_CELL],

@@ -17,8 +17,9 @@ import os
 
 import pytest
 
-from infermatrix import audit, engine
-from infermatrix.audit import PASS
+from infermatrix.stages import audit
+from infermatrix.engine import docker as engine
+from infermatrix.stages.audit import PASS
 from infermatrix.context import Context
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.network]
@@ -45,7 +46,7 @@ def shipped(docker_available, tmp_path_factory) -> Context:
 
 
 def audited(ctx: Context, engine_name: str):
-    from infermatrix.plan import plan_matrix
+    from infermatrix.stages.plan import plan_matrix
 
     image = image_of(engine_name)
     (plan,) = plan_matrix(ctx, select=[CELLS[engine_name]])

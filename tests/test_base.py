@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infermatrix import base, engine
+from infermatrix.stages import base
+from infermatrix.engine import docker as engine
 from infermatrix.config import load_matrix
 from infermatrix.errors import ConfigError
 

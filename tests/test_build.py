@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import engine, journal
-from infermatrix.build import BuildOptions, build_cells, local_ref
+from infermatrix.engine import docker as engine
+from infermatrix import journal
+from infermatrix.stages.build import BuildOptions, build_cells, local_ref
 from infermatrix.context import Context
-from infermatrix.plan import plan_matrix
+from infermatrix.stages.plan import plan_matrix
 from infermatrix.state import run_lock
 
 pytestmark = pytest.mark.docker

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import engine, journal, render
-from infermatrix.build import BuildOptions, build_cells, local_ref
-from infermatrix.plan import plan_matrix
+from infermatrix.engine import docker as engine
+from infermatrix import journal
+from infermatrix.stages import render
+from infermatrix.stages.build import BuildOptions, build_cells, local_ref
+from infermatrix.stages.plan import plan_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 

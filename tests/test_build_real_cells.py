@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import audit, engine, journal, render
-from infermatrix.build import BuildOptions, build_cells, local_ref
+from infermatrix.stages import audit, render
+from infermatrix.engine import docker as engine
+from infermatrix import journal
+from infermatrix.stages.build import BuildOptions, build_cells, local_ref
 from infermatrix.context import Context
-from infermatrix.coverage import Coverage
-from infermatrix.plan import plan_matrix
+from infermatrix.model.coverage import Coverage
+from infermatrix.stages.plan import plan_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
@@ -35,7 +37,7 @@ def real_ctx(shared_state_dir: Path) -> Context:
 
 @pytest.fixture(scope="module")
 def real_base(docker_available, real_ctx) -> str:
-    from infermatrix import base
+    from infermatrix.stages import base
 
     return base.build_base(real_ctx.matrix, "bookworm", real_ctx.state).ref
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infermatrix import build, kernelcache
+from infermatrix.stages import build, kernelcache
 
 DOCKERFILE = """\
 FROM base:1 AS toolchain
@@ -79,8 +79,8 @@ def test_local_ref_is_not_publishable_looking():
 
 
 def test_platform_flag_only_for_another_cpu():
-    from infermatrix import engine
-    from infermatrix.model import Cell, CellPlan, CellSettings
+    from infermatrix.engine import docker as engine
+    from infermatrix.model.cell import Cell, CellPlan, CellSettings
 
     def plan(platform: str) -> CellPlan:
         cell = Cell("13.0", "2.11.0", "vllm", "0.20.1", "sm_121")
@@ -128,7 +128,7 @@ def _emulation_context(tmp_path, build_section: dict):
 
 
 def _arm_plan():
-    from infermatrix.model import Cell, CellPlan, CellSettings
+    from infermatrix.model.cell import Cell, CellPlan, CellSettings
 
     cell = Cell("13.0", "2.14.1", "sglang", "0.5.23", "sm_121")
     return CellPlan(cell, "planned", settings=CellSettings(
@@ -173,7 +173,7 @@ def test_closing_summary_gives_every_cell_not_built_its_one_line_reason(tmp_path
     from types import SimpleNamespace
 
     from infermatrix import journal
-    from infermatrix.model import Cell, CellPlan
+    from infermatrix.model.cell import Cell, CellPlan
     from infermatrix.state import StatePaths
 
     state = StatePaths(tmp_path / "state")

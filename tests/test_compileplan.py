@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import compileplan as cp
-from infermatrix.compileplan import GIB, HostReading
+from infermatrix.model import compileplan as cp
+from infermatrix.model.compileplan import GIB, HostReading
 
 V1_UNLIMITED = 9223372036854771712
 
@@ -315,7 +315,7 @@ def test_build_records_a_kernel_compile_and_the_next_plan_of_that_key_uses_it(tm
     import os
     import subprocess
 
-    from infermatrix import build, kernelcache
+    from infermatrix.stages import build, kernelcache
     from infermatrix.context import Context
 
     nvcc = _nvcc()

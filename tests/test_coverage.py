@@ -6,7 +6,7 @@ import pytest
 
 import struct
 
-from infermatrix.coverage import (FATBIN_MAGIC, Arch, Coverage, DeviceCode, decide,
+from infermatrix.model.coverage import (FATBIN_MAGIC, Arch, Coverage, DeviceCode, decide,
                                   device_code_from_listings, parse_listing, scan_fatbins, union)
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import doctor, publish
+from infermatrix.host import doctor
+from infermatrix.stages import publish
 from infermatrix.cli import main
 from infermatrix.errors import UsageError
-from infermatrix.model import Cell
+from infermatrix.model.cell import Cell
 
 HOST = Path(__file__).parent / "fixtures" / "host"
 DOCKER_OVERLAY = {"storage_driver": "overlay2", "runtimes": ["nvidia", "runc"],
@@ -226,7 +227,7 @@ def docker_cli_info() -> dict:
     """`docker info` through the CLI: the reading doctor's (SDK) answer is checked against."""
     import subprocess
 
-    from infermatrix import engine
+    from infermatrix.engine import docker as engine
 
     done = subprocess.run([engine.docker_cli(), "info", "--format", "{{json .}}"],
                           capture_output=True, text=True, timeout=60, check=True)
@@ -238,7 +239,7 @@ def docker_cli_info() -> dict:
 
 @pytest.mark.docker
 def test_docker_reading_of_the_real_engine(docker_available):
-    from infermatrix import engine
+    from infermatrix.engine import docker as engine
 
     expected = docker_cli_info()
     assert engine.docker_host_info() == expected

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import engine
+from infermatrix.engine import docker as engine
 from infermatrix.errors import CommandFailed
 
 
@@ -206,7 +206,7 @@ def test_docker_host_is_honoured(tmp_path):
     import subprocess
     import sys
 
-    code = ("from infermatrix import engine\n"
+    code = ("from infermatrix.engine import docker as engine\n"
             "try:\n    engine.client()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
     env = {"PATH": "/usr/bin:/bin", "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock",
            "HOME": str(tmp_path)}

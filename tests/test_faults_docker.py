@@ -27,7 +27,7 @@ import pytest
 import requests
 import yaml
 
-from infermatrix import engine
+from infermatrix.engine import docker as engine
 
 from .fault_support import cell_id, remove_images, write_fault_matrix
 

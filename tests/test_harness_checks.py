@@ -48,10 +48,10 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from infermatrix import render, smoke  # noqa: E402
+from infermatrix.stages import render, smoke  # noqa: E402
 from infermatrix.context import Context  # noqa: E402
 from infermatrix.harness import _result  # noqa: E402
-from infermatrix.plan import plan_matrix  # noqa: E402
+from infermatrix.stages.plan import plan_matrix  # noqa: E402
 from tests.conftest import TEST_MATRIX  # noqa: E402
 from tests.planning_support import recorded_metadata  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infermatrix import kernelscope
+from infermatrix.model import kernelscope
 
 LOCK = """# header
 --index-url https://pypi.org/simple

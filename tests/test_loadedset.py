@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from infermatrix import audit, loadedset
-from infermatrix.audit import FAIL, PASS, SKIP, ImageFacts, check_kernels
-from infermatrix.coverage import Arch, DeviceCode
+from infermatrix.stages import audit
+from infermatrix.model import loadedset
+from infermatrix.stages.audit import FAIL, PASS, SKIP, ImageFacts, check_kernels
+from infermatrix.model.coverage import Arch, DeviceCode
 
 MODEL = "Qwen/Qwen3.6-27B"
 
@@ -230,8 +231,8 @@ def gated_choice(engine: str, version: str, arch: str, preferences: list[str],
                  explicit: str | None = None, model: str = MODEL):
     from types import SimpleNamespace
 
-    from infermatrix.model import Cell
-    from infermatrix.rules import choose_attention_backend
+    from infermatrix.model.cell import Cell
+    from infermatrix.model.rules import choose_attention_backend
 
     engine_data = {"attention_backends": preferences,
                    "arch": {arch: {"attention_backend": explicit}} if explicit else {}}

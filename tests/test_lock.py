@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import journal, lock
+from infermatrix import journal
+from infermatrix.stages import lock
 from infermatrix.context import Context
 from infermatrix.errors import ConfigError
-from infermatrix.index import ReleaseMetadata
-from infermatrix.model import Cell, CellPlan, CellSettings
+from infermatrix.model.index import ReleaseMetadata
+from infermatrix.model.cell import Cell, CellPlan, CellSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,7 +196,7 @@ def _rendered(ctx, cell_id: str, lock_label: str) -> None:
 
 def test_a_build_without_a_committed_lock_is_refused(ctx):
     """Through build.build_cells: the refusal comes before any Docker call, so no engine here."""
-    from infermatrix import build
+    from infermatrix.stages import build
 
     plan = _plan(SGLANG)
     _rendered(ctx, plan.id, "none")  # rendered while the cell had no lock: no hashes

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import engine, lock
+from infermatrix.engine import docker as engine
+from infermatrix.stages import lock
 from infermatrix.errors import CommandFailed
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import journal, lock, proc
+from infermatrix import journal, proc
+from infermatrix.stages import lock
 from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.errors import CommandFailed
-from infermatrix.model import Cell, CellPlan, CellSettings
-from infermatrix.plan import plan_matrix
+from infermatrix.model.cell import Cell, CellPlan, CellSettings
+from infermatrix.stages.plan import plan_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"

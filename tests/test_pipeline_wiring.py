@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import engine, journal, lock, stages
-from infermatrix.audit import MARKER, expected_pins
+from infermatrix.engine import docker as engine
+from infermatrix import journal, stages
+from infermatrix.stages import lock
+from infermatrix.stages.audit import MARKER, expected_pins
 from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.options import RunOptions, resolve
@@ -77,7 +79,7 @@ def run_wired(ctx: Context) -> tuple[RecordingEngine, int, list, Run]:
     fake.script = scripted(ctx, {p.id: p for p in plans}, fake)
     base_refs = []
     for name in ("bookworm",):
-        from infermatrix.base import image_ref
+        from infermatrix.stages.base import image_ref
         base_refs.append(image_ref(ctx.matrix, name, "linux/amd64"))
     fake.present.update(base_refs)
     run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), SELECTED, [])
@@ -139,7 +141,7 @@ def test_the_report_step_shows_cells_the_lock_pruned(ctx):
 
 def test_publish_of_no_cell_publishes_nothing(ctx, monkeypatch):
     """An empty cell list is not a selection of every cell (Selection([]) matches all)."""
-    from infermatrix import publish
+    from infermatrix.stages import publish
 
     monkeypatch.setattr(publish, "registry_configured", lambda matrix: True)
     monkeypatch.setattr(publish, "publish", lambda *a, **k: pytest.fail("publish was called"))
@@ -149,7 +151,7 @@ def test_publish_of_no_cell_publishes_nothing(ctx, monkeypatch):
 
 
 def test_verify_repro_builds_for_the_cells_platform(ctx):
-    from infermatrix import build, repro
+    from infermatrix.stages import build, repro
 
     (plan,) = plan_cells(ctx, [CPU], source=recorded_metadata)
     arm = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from infermatrix.errors import ConfigError, UsageError
-from infermatrix.index import IndexUnavailable
-from infermatrix.model import Cell
-from infermatrix.plan import expand, plan_matrix
+from infermatrix.model.index import IndexUnavailable
+from infermatrix.model.cell import Cell
+from infermatrix.stages.plan import expand, plan_matrix
 
 from .planning_support import (DATA, mini_context, reachable, recorded_metadata,
                                recorded_releases)

@@ -12,8 +12,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from infermatrix.context import Context
-from infermatrix.index import MetadataCache, release_list
-from infermatrix.plan import plan_full, plan_matrix
+from infermatrix.model.index import MetadataCache, release_list
+from infermatrix.stages.plan import plan_full, plan_matrix
 
 from .planning_support import RECORDED
 
@@ -76,7 +76,7 @@ def test_every_planned_cell_of_the_shipped_matrix_has_a_lock(shipped):
 
 
 def test_torch_pypi_cuda_is_read_from_metadata(live_cache):
-    from infermatrix.rules import cuda_of_requirements
+    from infermatrix.model.rules import cuda_of_requirements
     newest = max(release_list(live_cache.root, "torch", ttl_s=0).versions, key=Version)
     cuda = cuda_of_requirements(live_cache.release("torch", newest).requires_dist)
     assert cuda != "cpu" and Version(cuda) >= Version("13.0")

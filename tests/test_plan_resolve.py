@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import plandiff
-from infermatrix.coverage import FATBIN_MAGIC
+from infermatrix.stages import plandiff
+from infermatrix.model.coverage import FATBIN_MAGIC
 from infermatrix.errors import ConfigError
-from infermatrix.index import IndexUnavailable
-from infermatrix.model import Cell
-from infermatrix.plan import plan_full
-from infermatrix.rules import driver_floor
-from infermatrix.wheelcode import WheelCodeCache, WheelRef, scan_object
+from infermatrix.model.index import IndexUnavailable
+from infermatrix.model.cell import Cell
+from infermatrix.stages.plan import plan_full
+from infermatrix.model.rules import driver_floor
+from infermatrix.model.wheelcode import WheelCodeCache, WheelRef, scan_object
 
 from .planning_support import (DATA, RECORDED_AT, RECORDED_RELEASES, mini_context, reachable,
                                recorded_metadata, recorded_releases)
@@ -304,7 +304,7 @@ def test_plan_diff_command_compares_with_the_committed_plan(tmp_path, capsys, mo
         return plan_full(ctx, select, skip, source=recorded_metadata,
                          releases=recorded_releases, exists=reachable)
     monkeypatch.setattr(plan_cli, "plan_full", recorded_full)
-    monkeypatch.setattr("infermatrix.index.release_list",
+    monkeypatch.setattr("infermatrix.model.index.release_list",
                         lambda root, name, offline=False: recorded_releases(name))
     assert main(["plan", "--matrix", str(ctx.matrix.path), "--diff", "--offline"]) == 1
     out = capsys.readouterr().out

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import proxmox, publish
+from infermatrix.host import proxmox
+from infermatrix.stages import publish
 from infermatrix.cli import main
 from infermatrix.errors import StageFailure, UsageError
-from infermatrix.model import Cell
+from infermatrix.model.cell import Cell
 
 HOST = Path(__file__).parent / "fixtures" / "host"
 

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infermatrix import journal, publish
+from infermatrix import journal
+from infermatrix.stages import publish
 from infermatrix.config import load_matrix
 from infermatrix.errors import ConfigError, StageFailure, UsageError
-from infermatrix.model import Cell
-from infermatrix.selectors import Selection
+from infermatrix.model.cell import Cell
+from infermatrix.model.selectors import Selection
 from infermatrix.state import StatePaths
 
 REPO = Path(__file__).resolve().parents[1]

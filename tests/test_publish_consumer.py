@@ -17,12 +17,14 @@ import uuid
 
 import pytest
 
-from infermatrix import build, engine, journal, publish, render, smoke
-from infermatrix import registry as registry_api
+from infermatrix.stages import build, publish, render, smoke
+from infermatrix.engine import docker as engine
+from infermatrix import journal
+from infermatrix.engine import registry as registry_api
 from infermatrix.cli import main
 from infermatrix.context import Context
-from infermatrix.plan import plan_matrix
-from infermatrix.tagging import tag_cell
+from infermatrix.stages.plan import plan_matrix
+from infermatrix.stages.tagging import tag_cell
 from tests.planning_support import recorded_metadata
 from tests.registry_support import start_registry
 

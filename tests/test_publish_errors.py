@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import doctor, hostcheck, publish
-from infermatrix import registry as reg
+from infermatrix.host import doctor, hostcheck
+from infermatrix.stages import publish
+from infermatrix.engine import registry as reg
 from infermatrix.errors import UsageError
 
 HOST = Path(__file__).parent / "fixtures" / "host"

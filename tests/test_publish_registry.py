@@ -13,8 +13,10 @@ import pytest
 import requests
 import yaml
 
-from infermatrix import engine, journal, publish, tagging
-from infermatrix import registry as registry_api
+from infermatrix.engine import docker as engine
+from infermatrix import journal
+from infermatrix.stages import publish, tagging
+from infermatrix.engine import registry as registry_api
 from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
@@ -487,7 +489,7 @@ def test_a_gpu_cell_is_not_pulled_onto_a_host_that_cannot_run_it(tmp_path, regis
     monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
     fake_root = tmp_path / "gpu-less-host"  # no /proc, /dev: and nvidia-smi is not run here
     fake_root.mkdir()
-    monkeypatch.setattr("infermatrix.doctor.run_nvidia_smi", lambda: (None, "no nvidia-smi"))
+    monkeypatch.setattr("infermatrix.host.doctor.run_nvidia_smi", lambda: (None, "no nvidia-smi"))
     caplog.set_level(logging.INFO, logger="infermatrix.commands")
 
     code, err = pull_cli(lock_path, capsys, "--host-root", str(fake_root))

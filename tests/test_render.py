@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import render
+from infermatrix.stages import render
 from infermatrix.cli import main as cli_main
 from infermatrix.context import Context
 from infermatrix.errors import ConfigError, UsageError
-from infermatrix.model import Cell, CellPlan, CellSettings
+from infermatrix.model.cell import Cell, CellPlan, CellSettings
 
 from .render_support import GOLDEN_DIR, GOLDEN_MATRIX, golden_context, golden_plans
 
@@ -546,7 +546,7 @@ def test_hash_checked_sdist_command_builds_only_the_pinned_file(tmp_path: Path) 
     """The kernel stages' `pip wheel --require-hashes` line (macro sdist_wheel), run for real
     with a small PyPI sdist: the pinned file builds (the same bytes twice, with the fixed
     SOURCE_DATE_EPOCH), a wrong hash is refused."""
-    from infermatrix import lock
+    from infermatrix.stages import lock
 
     venv = tmp_path / "venv"
     env = {**os.environ, **lock.uv_env()}
@@ -585,7 +585,7 @@ def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(t
     PyPI) exports only /wheels/, and the wheel's library holds sm_121 code and no other arch."""
     import zipfile
 
-    from infermatrix import engine
+    from infermatrix.engine import docker as engine
 
     ctx = Context.load(TEST_MATRIX)
     plan = fixture_plan("sm_121")
@@ -650,7 +650,7 @@ def golden_rendered_texts() -> dict[str, str]:
 
 
 def test_source_date_epoch_from_the_matrix_or_the_base_snapshot(tmp_path: Path, monkeypatch) -> None:
-    from infermatrix import base as base_images
+    from infermatrix.stages import base as base_images
 
     ctx = copy_matrix(tmp_path / "a", edit=lambda t: t.replace(
         "build:\n", "build:\n  source_date_epoch: 1700000000\n", 1))
@@ -698,7 +698,7 @@ def test_runtime_ends_with_deterministic_bytecode(tmp_path: Path) -> None:
 
 
 def test_toolchain_installs_torch_from_the_lock_hash_checked(golden_rendered) -> None:
-    from infermatrix import lock
+    from infermatrix.stages import lock
 
     locked = next(c for c in golden_rendered if c.cell_id == "cu130-torch2.11.0-sglang0.5.11-sm121")
     text = locked.files["Dockerfile"][0].decode()
@@ -731,7 +731,7 @@ def _with_shipped_lock(tmp_path: Path, cell_id: str, edit=None) -> Context:
 
 
 def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Path) -> None:
-    from infermatrix import lock
+    from infermatrix.stages import lock
 
     cell_id = "cu128-torch2.10.0-vllm0.19.1-sm120"
     plain = copy_matrix(tmp_path / "plain")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import render
+from infermatrix.stages import render
 from infermatrix.context import Context
-from infermatrix.model import CellPlan, Verdict
-from infermatrix.plan import plan_matrix
+from infermatrix.model.cell import CellPlan, Verdict
+from infermatrix.stages.plan import plan_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -112,7 +112,7 @@ def test_prune_deletes_only_cells_the_matrix_no_longer_lists(fixture_matrix, tmp
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from infermatrix.render import RenderedCell, write_cell
+    from infermatrix.stages.render import RenderedCell, write_cell
     target = Path(sys.argv[1])
     versions = []
     for tag, files in (("A", 40), ("B", 25)):

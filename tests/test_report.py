@@ -15,7 +15,7 @@ from rich.console import Console
 
 from infermatrix.cli import main
 from infermatrix.journal import STAGES
-from infermatrix.report import (OUTCOMES, StageResult, build_report,
+from infermatrix.stages.report import (OUTCOMES, StageResult, build_report,
                                 classify, load_journal, load_plan_file, redact, render_html,
                                 render_markdown, safe_url, summary_table,
                                 write_report)
@@ -406,9 +406,9 @@ def test_cli_report_bad_plan_file_is_a_usage_error(tmp_path, capsys):
 
 @pytest.mark.docker
 def test_cli_fills_missing_image_sizes_from_docker(built_base, tmp_path):
-    from infermatrix import engine
+    from infermatrix.engine import docker as engine
     from infermatrix.journal import records_of
-    from infermatrix.report import fill_image_sizes
+    from infermatrix.stages.report import fill_image_sizes
 
     info = engine.inspect_image(built_base)
     records = records_of({
@@ -464,9 +464,10 @@ def writers_template(tmp_path: Path) -> dict:
     smoke.run_gpu / run_model on a GPU-less host, a gpu level that passed)."""
     import copy
 
-    from infermatrix import build, journal, lock, smoke
+    from infermatrix.stages import build, lock, smoke
+    from infermatrix import journal
     from infermatrix.context import Context
-    from infermatrix.model import Cell, CellPlan, CellSettings
+    from infermatrix.model.cell import Cell, CellPlan, CellSettings
 
     template = copy.deepcopy(json.loads((STATE.journal / f"{CPU_TAGGED}.json").read_text()))
     ctx = Context.load(Path(__file__).resolve().parents[1] / "matrix.yaml", tmp_path / "state")
@@ -515,7 +516,7 @@ def test_the_hand_written_records_have_only_fields_the_stages_write(tmp_path):
 
 
 def test_hashes_and_ids_in_the_fixture_have_the_writers_form(tmp_path):
-    from infermatrix import build
+    from infermatrix.stages import build
 
     form = re.compile(r"sha256:[0-9a-f]{64}")
     assert form.fullmatch(build.input_hash(tmp_path, {}, {}))  # what build writes
@@ -529,7 +530,7 @@ def test_hashes_and_ids_in_the_fixture_have_the_writers_form(tmp_path):
 
 def test_plan_reasons_follow_the_rules_templates():
     """Each pruning reason in plan.json reads as its rule's template in rules.yaml says."""
-    from infermatrix import rules
+    from infermatrix.model import rules
 
     table = rules.load_rules()
     for cell in json.loads(PLAN.read_text()):

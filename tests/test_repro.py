@@ -14,10 +14,11 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from infermatrix import journal, repro
+from infermatrix import journal
+from infermatrix.stages import repro
 from infermatrix.cli import main
 from infermatrix.context import Context
-from infermatrix.plan import plan_matrix
+from infermatrix.stages.plan import plan_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
@@ -143,7 +144,7 @@ six==1.16.0 \\
 
 def _light_cell(tmp_path: Path, base: str, fixed: bool) -> Context:
     """A copy of the test matrix whose CPU cell has a light rendered context."""
-    from infermatrix import lock
+    from infermatrix.stages import lock
 
     shutil.copy(ROOT / "tests" / "matrix" / "matrix.yaml", tmp_path / "matrix.yaml")
     ctx = Context.load(tmp_path / "matrix.yaml", tmp_path / ".state")

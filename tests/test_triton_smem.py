@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix import audit
-from infermatrix.audit import FAIL, PASS, SKIP
-from infermatrix.coverage import Arch
+from infermatrix.stages import audit
+from infermatrix.stages.audit import FAIL, PASS, SKIP
+from infermatrix.model.coverage import Arch
 from infermatrix.harness import _result
 
 TESTS = Path(__file__).resolve().parent
@@ -26,7 +26,7 @@ TRITON = "triton==3.8.0"
 
 @pytest.fixture(scope="module")
 def triton_python() -> str:
-    from infermatrix.lock import uv_bin
+    from infermatrix.stages.lock import uv_bin
 
     venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
         "infermatrix-tests" / f"venv-{TRITON.replace('==', '-')}"

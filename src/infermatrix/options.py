@@ -33,7 +33,7 @@ def positive_float(text: str) -> float:
 
 
 def level_list(text: str) -> list[str]:
-    from .smoke import LEVELS  # the smoke levels are data of the smoke stage
+    from .model.cell import SMOKE_LEVELS as LEVELS
 
     levels = [lv.strip() for lv in str(text).split(",") if lv.strip()]
     unknown = [lv for lv in levels if lv not in LEVELS]

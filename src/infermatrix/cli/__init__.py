@@ -93,7 +93,7 @@ def load_run(args: argparse.Namespace, *, extra_select: list[str] | None = None,
     if lock_verdicts:
         plans = plan_cells(ctx, select, skip)
     else:
-        from ..plan import plan_matrix
+        from ..stages.plan import plan_matrix
         plans = plan_matrix(ctx, select, skip)
     run = Run(ctx, plans, options, select, skip)
     if not quiet:

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..audit import audit_cell, images_to_audit, parse_targets, render
+    from ..stages.audit import audit_cell, images_to_audit, parse_targets, render
 
     targets = parse_targets(args.target)  # bad arch names: exit 2 before any work
     audit_run = load_run(args, quiet=args.json)

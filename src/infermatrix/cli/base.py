@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from .. import base
+    from ..stages import base
     from ..context import Context, setup_command_log
 
     ctx = Context.load(args.matrix, args.state_dir, args.offline)
@@ -43,7 +43,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_ref(args: argparse.Namespace) -> int:
-    from .. import base
+    from ..stages import base
     from ..context import Context
 
     ctx = Context.load(args.matrix, args.state_dir, args.offline)

@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..build import BuildOptions, build_cells
+    from ..stages.build import BuildOptions, build_cells
 
     build_run = load_run(args)
     o = build_run.options
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
                            max_jobs=o.max_jobs, nvcc_threads=o.nvcc_threads, wait=o.wait,
                            force=o.force, ca_bundle=o.ca_bundle)
     if args.explain:
-        from ..build import compile_plan_for_cells
+        from ..stages.build import compile_plan_for_cells
 
         print(compile_plan_for_cells(build_run.ctx, build_run.plans, options).explain())
         return 0

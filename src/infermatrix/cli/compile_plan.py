@@ -30,12 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import compileplan
-    from ..build import kernel_need
+    from ..model import compileplan
+    from ..stages.build import kernel_need
     from ..context import Context, setup_command_log
     from ..errors import UsageError
     from ..options import resolve
-    from ..plan import plan_matrix
+    from ..stages.plan import plan_matrix
 
     ctx = Context.load(args.matrix, args.state_dir, args.offline)
     options = resolve(args, ctx.matrix.data)  # --max-jobs/--nvcc-threads validated as everywhere
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 def cell_needs(ctx, plan, kernel_need) -> list:
     """The memory model's keys of a cell's kernels: its CUDA, one target (its own arch), the
     version its lock pins when the matrix says `match-engine` (spec.resolve reads it)."""
-    from .. import spec
+    from ..model import spec
 
     specs = ctx.matrix.build.get("kernels", {})
     resolved = {k.name: k.version for k in spec.resolve(ctx, plan).kernels}

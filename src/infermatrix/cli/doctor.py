@@ -7,9 +7,9 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import doctor, proxmox
+from ..host import doctor, proxmox
 from ..errors import UsageError
-from ..publish import LOCK_NAME, docker_run_line, read_lock
+from ..stages.publish import LOCK_NAME, docker_run_line, read_lock
 
 
 def _host_options(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +85,7 @@ def run_doctor(args: argparse.Namespace) -> int:
             print(f"images.lock: {args.lock} not found (pass --lock PATH)")
         print("\n".join(doctor.report_lines(facts, cell_fits)))
     if args.cell:
-        from ..selectors import Selection
+        from ..model.selectors import Selection
 
         wanted = [f for f in cell_fits if Selection(args.cell, [])(f.cell)]
         if not wanted:

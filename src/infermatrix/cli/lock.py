@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_lock_command(args: argparse.Namespace) -> int:
-    from .. import lock
+    from ..stages import lock
 
     lock_run = load_run(args, lock_verdicts=False)  # this step decides them again
     ctx, plans = lock_run.ctx, lock_run.plans
@@ -73,7 +73,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
             run = lock.lock_cells(ctx, plans, index=args.index_url, jobs=args.jobs,
                                   all_planned=all_planned)
             if all_planned is not None:  # the whole matrix: commit what its selectors resolved
-                from ..plandiff import write_snapshot
+                from ..stages.plandiff import write_snapshot
                 write_snapshot(ctx.root, plans)
     if args.json:
         json.dump(_as_json(run), sys.stdout, indent=2, sort_keys=True)
@@ -88,7 +88,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
 
 
 def _print_run(ctx: Context, run, check: bool) -> None:  # type: ignore[no-untyped-def]
-    from .. import lock
+    from ..stages import lock
 
     for result in run.results:
         if result.status == "locked":
@@ -129,7 +129,7 @@ def _as_json(run) -> dict:  # type: ignore[no-untyped-def]
 
 
 def run_verify_repro(args: argparse.Namespace) -> int:
-    from .. import repro
+    from ..stages import repro
 
     repro_run = load_run(args, extra_select=[args.cell])
     ctx = repro_run.ctx

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ..context import Context
-from ..lock import prune_unsatisfiable
-from ..model import CellPlan
-from ..plan import Plan, plan_full
+from ..stages.lock import prune_unsatisfiable
+from ..model.cell import CellPlan
+from ..stages.plan import Plan, plan_full
 from ..state import run_lock
 from . import common_options, load_context, selection_options, wait_option
 
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_diff(ctx: Context, plans: list[CellPlan]) -> int:
-    from .. import plandiff
-    from ..index import IndexUnavailable, release_list
+    from ..stages import plandiff
+    from ..model.index import IndexUnavailable, release_list
 
     committed = plandiff.load_snapshot(ctx.root)
     if committed is None:

@@ -6,13 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import doctor, hostcheck
+from ..host import doctor, hostcheck
 from ..errors import StageFailure, UsageError
 from ..options import resolve
-from ..publish import (LOCK_NAME, docker_run_line, publish, pull_entry, read_lock,
+from ..stages.publish import (LOCK_NAME, docker_run_line, publish, pull_entry, read_lock,
                        select_entries)
-from ..registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
-from ..selectors import Selection
+from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
+from ..model.selectors import Selection
 from ..state import run_lock
 from . import common_options, load_context, selection_options, wait_option
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .. import render
+from ..stages import render
 from ..context import Context
-from ..model import CellPlan
+from ..model.cell import CellPlan
 from . import common_options, load_context, load_run, selection_options, wait_option
 
 

@@ -76,7 +76,7 @@ def _print_smoke(result) -> None:
 
 
 def run_smoke(args: argparse.Namespace) -> int:
-    from ..smoke import SmokeOptions, levels_to_run, model_source, smoke_cells
+    from ..stages.smoke import SmokeOptions, levels_to_run, model_source, smoke_cells
     from ..state import run_lock
 
     run, plans = _plans(args, "build")
@@ -94,7 +94,7 @@ def run_smoke(args: argparse.Namespace) -> int:
 
 def run_tag(args: argparse.Namespace) -> int:
     from ..state import run_lock
-    from ..tagging import tag_cell, tag_ref
+    from ..stages.tagging import tag_cell, tag_ref
 
     run, plans = _plans(args, "smoke")
     ctx = run.ctx

@@ -20,18 +20,18 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from .config import Matrix
-from .context import Context
-from .coverage import Coverage, decide
-from .errors import UsageError
-from .index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
+from ..config import Matrix
+from ..context import Context
+from ..model.coverage import Coverage, decide
+from ..errors import UsageError
+from ..model.index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
                     index_lists, index_url, release_list, url_exists)
-from .model import CPU, Cell, CellPlan, CellSettings, Verdict
-from .rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
+from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
+from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
                     evaluate, exact_pin, load_rules, torch_satisfies)
-from .selectors import Selection, matches
-from .spec import machine_of
-from .wheelcode import WheelCodeCache
+from ..model.selectors import Selection, matches
+from ..model.spec import machine_of
+from ..model.wheelcode import WheelCodeCache
 
 # (name, version, machine) -> metadata of that release's Linux wheel for the machine
 MetadataSource = Callable[..., ReleaseMetadata]

@@ -16,12 +16,13 @@ from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
-from . import engine, proc
-from .compileplan import parse_limit
-from .coverage import Arch, cubin_runs_on
-from .errors import InfermatrixError
-from .model import CPU
-from .spec import min_driver_for
+from ..engine import docker as engine
+from .. import proc
+from ..model.compileplan import parse_limit
+from ..model.coverage import Arch, cubin_runs_on
+from ..errors import InfermatrixError
+from ..model.cell import CPU
+from ..model.spec import min_driver_for
 
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version",
                     "--format=csv"]

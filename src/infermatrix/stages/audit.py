@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from . import journal, loadedset, proc
-from .coverage import (
+from .. import journal, proc
+from ..model import loadedset
+from ..model.coverage import (
     Arch,
     Coverage,
     Decision,
@@ -51,13 +52,13 @@ from .coverage import (
     scan_fatbins,
     union,
 )
-from .errors import CommandFailed, StageFailure, UsageError
-from .loadedset import LoadVerdict
-from .model import CellPlan
-from .state import StatePaths, write_json_atomic
+from ..errors import CommandFailed, StageFailure, UsageError
+from ..model.loadedset import LoadVerdict
+from ..model.cell import CellPlan
+from ..state import StatePaths, write_json_atomic
 
 if TYPE_CHECKING:
-    from .context import Context
+    from ..context import Context
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 NOT_LOADED_GROUP = "not-loaded"
@@ -333,7 +334,7 @@ def host_tool_mounts() -> list[Any]:
     """pyelftools (pure Python) and the uv binary from the host, read-only, for the probe."""
     import elftools
 
-    from . import engine
+    from ..engine import docker as engine
     from .lock import uv_bin
 
     return [engine.Mount(str(Path(elftools.__file__).resolve().parent),
@@ -342,7 +343,7 @@ def host_tool_mounts() -> list[Any]:
 
 
 def probe_args() -> list[str]:
-    from .coverage import FATBIN_MAGIC
+    from ..model.coverage import FATBIN_MAGIC
 
     return ["-c", PROBE, AUDIT_MOUNT, MARKER, FATBIN_MAGIC.hex()]
 
@@ -350,7 +351,7 @@ def probe_args() -> list[str]:
 def probe_image(image: str, log_path: Path | None = None,
                 timeout: float = PROBE_TIMEOUT_S) -> ImageFacts:
     """Run the probe in a throw-away container of `image` (no GPU, no network needed)."""
-    from . import engine
+    from ..engine import docker as engine
 
     try:
         with engine.container(image, probe_args(), entrypoint=["python3"],
@@ -390,7 +391,7 @@ def copy_rounds(paths: Iterable[str]) -> list[list[str]]:
 def device_code_of(image: str, objects: list[dict[str, Any]], state: StatePaths,
                    log_path: Path | None = None) -> dict[str, DeviceCode]:
     """sha256 -> DeviceCode for the GPU objects: from the cache, else copied out and listed."""
-    from . import engine
+    from ..engine import docker as engine
 
     cache = DeviceCodeCache(state)
     found: dict[str, DeviceCode] = {}
@@ -672,7 +673,7 @@ def expected_pins(ctx: "Context", plan: CellPlan) -> dict[str, tuple[str, str]]:
     """canonical name -> (version, where the pin comes from): the lock, then the cell."""
     from packaging.utils import canonicalize_name
 
-    from .spec import MATCH_ENGINE, resolve
+    from ..model.spec import MATCH_ENGINE, resolve
 
     pins: dict[str, tuple[str, str]] = {}
     cell = plan.cell
@@ -828,7 +829,7 @@ def recorded_mapped(ctx: "Context", cell_id: str, image: str) -> dict[str, Any] 
 
 
 def _image_id(ref: str) -> str | None:
-    from . import engine
+    from ..engine import docker as engine
 
     try:
         return engine.image_id_of(ref)
@@ -882,7 +883,7 @@ def server_mapped_objects(container_id: str) -> dict[str, Any]:
     workers), read by the image's python3 through `docker exec`."""
     from packaging.utils import canonicalize_name
 
-    from . import engine
+    from ..engine import docker as engine
 
     code, output = engine.exec_in_container(container_id, ["python3", "-c", MAPS_PROBE, MARKER])
     if code != 0:
@@ -922,13 +923,13 @@ def judge_server_maps(ctx: "Context", plan: CellPlan, mapped: dict[str, Any]) ->
 # --------------------------------------------------------------------------------------------
 
 TRITON_TIMEOUT_S = 1200
-HARNESS_DIR = Path(__file__).resolve().parent / "harness"
+HARNESS_DIR = Path(__file__).resolve().parents[1] / "harness"
 HARNESS_MOUNT = "/opt/infermatrix/harness"
 
 
 def shared_memory_limits() -> tuple[dict[str, int], str]:
     """Per-block shared memory by arch (rules.yaml attention-backend-arch), and its source."""
-    from .rules import load_rules
+    from ..model.rules import load_rules
 
     spec = load_rules()["attention-backend-arch"]["shared_memory_per_block"]
     return {k: int(v) for k, v in spec["bytes"].items()}, spec["source"]
@@ -987,8 +988,8 @@ def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str
 def check_triton_smem(image: str, engine_name: str, backend: str | None, targets: list[Arch],
                       model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S) -> Check:
-    from . import engine
-    from .harness import _result as harness_result
+    from ..engine import docker as engine
+    from ..harness import _result as harness_result
 
     if engine_name not in ("sglang", "vllm"):
         return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
@@ -1084,7 +1085,7 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
 def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
                     select: list[str]) -> list[tuple[CellPlan, str]]:
     """(plan, image) pairs to audit, from cell ids, image references or the journal."""
-    from . import engine
+    from ..engine import docker as engine
 
     by_id = {p.id: p for p in plans}
     pairs = []

@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterable
 
 from rich.console import Console
 
-from . import journal
-from .context import Context
-from .model import CellPlan
-from .options import RunOptions
-from .selectors import Selection
+from .. import journal
+from ..context import Context
+from ..model.cell import CellPlan
+from ..options import RunOptions
+from ..model.selectors import Selection
 
 console = Console(stderr=True)
 
@@ -105,7 +105,7 @@ def step_plan(run: Run, alive: list[CellPlan]) -> StepRecord:
 def step_lock(run: Run, alive: list[CellPlan]) -> StepRecord:
     """Builds install from the committed locks; say which cells have none (build refuses
     them until `infermatrix lock` is run for them and the lock committed)."""
-    from .spec import lock_path
+    from ..model.spec import lock_path
     missing = [p.id for p in alive if not lock_path(run.ctx, p.id).is_file()]
     note = (f"no lock for {len(missing)} cell(s), their build is refused: run `infermatrix "
             "lock`" if missing else "")
@@ -123,8 +123,8 @@ def step_base(run: Run, alive: list[CellPlan]) -> StepRecord:
     base that cannot be made here (an arm64 base on an x86_64 host without an emulator) fails
     the cells that need it, with the fix, and not the others."""
     from .base import build_base, debootstrap_bases
-    from .errors import InfermatrixError
-    from .spec import base_chain
+    from ..errors import InfermatrixError
+    from ..model.spec import base_chain
     debootstrap = set(debootstrap_bases(run.ctx.matrix))
     needs: dict[tuple[str, str], list[str]] = {}
     for plan in alive:
@@ -171,7 +171,7 @@ def step_audit(run: Run, alive: list[CellPlan]) -> StepRecord:
     """Kernel coverage, CUDA major, pins, pip check and the engine floor of each built image,
     without a GPU (smoke's static level then reuses this record for the same image)."""
     from .audit import audit_cell
-    from .errors import InfermatrixError
+    from ..errors import InfermatrixError
     passed, failed = [], []
     for plan in alive:
         image = journal.load(run.ctx.state, plan.id).get("image_id")

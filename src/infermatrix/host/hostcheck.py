@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import doctor, proxmox
-from .errors import StageFailure
-from .model import CPU
+from ..errors import StageFailure
+from ..model.cell import CPU
 
 # The label the build writes (knowledge issue: io.infermatrix.driver.floor), and the name first
 # proposed for it; the first one present wins.

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from braceexpand import braceexpand
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def expand(selector: str) -> list[str]:

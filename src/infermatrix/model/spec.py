@@ -19,9 +19,9 @@ from typing import Any, Mapping
 import yaml
 from packaging.utils import canonicalize_name
 
-from .config import DATA_DIR, Matrix
-from .errors import UsageError
-from .model import CPU, Cell, CellPlan
+from ..config import DATA_DIR, Matrix
+from ..errors import UsageError
+from .cell import CPU, Cell, CellPlan
 
 LOCKS_DIR = "locks"
 MATCH_ENGINE = "match-engine"  # build.kernels.<k>.version: the version the lock resolves

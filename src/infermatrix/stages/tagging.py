@@ -22,10 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import engine, journal
-from .context import Context
-from .errors import StageFailure
-from .model import Cell
+from ..engine import docker as engine
+from .. import journal
+from ..context import Context
+from ..errors import StageFailure
+from ..model.cell import Cell
 
 TESTED = "tested"
 STATIC_ONLY = "static-only"

@@ -37,7 +37,7 @@ import yaml
 GIB = 1024 ** 3
 # cgroup v1 reports "no limit" as a huge page-rounded number (9223372036854771712).
 UNLIMITED_THRESHOLD = 1 << 60
-MODEL_FILE = Path(__file__).resolve().parent / "data" / "compile_model.yaml"
+MODEL_FILE = Path(__file__).resolve().parents[1] / "data" / "compile_model.yaml"
 HISTORY_FILE = "compile-history.jsonl"
 
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import StageFailure, UsageError
+from ..errors import StageFailure, UsageError
 
 # Character devices a CUDA container needs: the GPUs and control node (major 195, listed as
 # `nvidia` / `nvidiactl`, `nvidia-frontend` on older drivers), unified memory, MIG capabilities.
@@ -128,7 +128,7 @@ def device_flags(nodes: list[str]) -> list[str]:
 
 
 def choose_entry(lock: dict[str, Any], selector: str | None) -> dict[str, Any] | None:
-    from .publish import select_entries
+    from ..stages.publish import select_entries
 
     if not selector:
         return None

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import engine
-from .errors import StageFailure, UsageError
+from . import docker as engine
+from ..errors import StageFailure, UsageError
 
 log = logging.getLogger("infermatrix.commands")
 

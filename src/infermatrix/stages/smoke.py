@@ -34,17 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import engine, journal
-from .context import Context
-from .errors import InfermatrixError, StageFailure, UsageError
-from .harness import _result as harness_result
-from .harness import probe as harness_probe
-from .model import CellPlan
-from .spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
+from ..engine import docker as engine
+from .. import journal
+from ..context import Context
+from ..errors import InfermatrixError, StageFailure, UsageError
+from ..harness import _result as harness_result
+from ..harness import probe as harness_probe
+from ..model.cell import SMOKE_LEVELS, CellPlan
+from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
 
 log = logging.getLogger(__name__)
 
-LEVELS = ("static", "gpu", "model")
+LEVELS = SMOKE_LEVELS
 DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0}
 HARNESS_IN_IMAGE = "/opt/infermatrix/harness"
 HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent

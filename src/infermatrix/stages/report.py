@@ -33,13 +33,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .journal import CellRecord, StageRecord, load_records, records_of
-from .journal import number_of as _number
-from .journal import text_of as _text
-from .errors import InfermatrixError
-from .state import StatePaths
+from ..journal import CellRecord, StageRecord, load_records, records_of
+from ..journal import number_of as _number
+from ..journal import text_of as _text
+from ..errors import InfermatrixError
+from ..state import StatePaths
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "report"
+TEMPLATE_DIR = Path(__file__).resolve().parents[3] / "templates" / "report"
 
 # Outcomes, best first: (key, label, colour). The HTML grid, the legend, the Markdown and the
 # tests all read this table.
@@ -525,7 +525,7 @@ def fill_image_sizes(records: Mapping[str, CellRecord]) -> int:
                if r.image_id and not image_size(r, stage_results(r))}
     if not wanting:
         return 0
-    from .engine import current
+    from ..engine.docker import current
     docker = current()
     if not docker.available():
         return 0

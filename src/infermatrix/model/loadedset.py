@@ -23,7 +23,7 @@ from typing import Any
 
 from .coverage import Arch
 
-DATA = Path(__file__).resolve().parent / "data" / "loaded.yaml"
+DATA = Path(__file__).resolve().parents[1] / "data" / "loaded.yaml"
 LOADED, NOT_LOADED = "loaded", "not-loaded"
 UNKNOWN = "unknown"  # no entry: not known to be unloaded, so it counts as loaded
 

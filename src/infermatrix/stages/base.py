@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import engine, proc
-from .config import Matrix
-from .errors import ConfigError, UsageError
-from .spec import os_base
-from .state import StatePaths
+from ..engine import docker as engine
+from .. import proc
+from ..config import Matrix
+from ..errors import ConfigError, UsageError
+from ..model.spec import os_base
+from ..state import StatePaths
 
 log = logging.getLogger(__name__)
 

@@ -26,16 +26,17 @@ from typing import Any, Callable
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from . import engine, journal
-from . import registry as registries
-from .config import Matrix
-from .context import Context
-from .errors import ConfigError, StageFailure, UsageError
-from .model import CPU, Cell
-from .selectors import Selection, matches
-from .state import StatePaths
-from .spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM, driver_table
-from .spec import min_driver_for
+from ..engine import docker as engine
+from .. import journal
+from ..engine import registry as registries
+from ..config import Matrix
+from ..context import Context
+from ..errors import ConfigError, StageFailure, UsageError
+from ..model.cell import CPU, Cell
+from ..model.selectors import Selection, matches
+from ..state import StatePaths
+from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM, driver_table
+from ..model.spec import min_driver_for
 
 LOCK_NAME = "images.lock"
 LOCK_VERSION = 1
@@ -178,10 +179,10 @@ def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
 
     `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
     """
-    from .model import CellPlan
+    from ..model.cell import CellPlan
     from .plan import settings_for
-    from .rules import choose_attention_backend
-    from .spec import launch_of
+    from ..model.rules import choose_attention_backend
+    from ..model.spec import launch_of
 
     if cell.engine not in matrix.engines:
         raise StageFailure(f"engine {cell.engine!r} of {cell.id} is not in {matrix.path}")

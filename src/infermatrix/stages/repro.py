@@ -34,12 +34,14 @@ from typing import Any, Iterable, Iterator
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from . import build, engine, journal, kernelcache
+from . import build, kernelcache
+from ..engine import docker as engine
+from .. import journal
 from . import lock as locks
-from .config import DATA_DIR
-from .context import Context
-from .errors import StageFailure
-from .model import CellPlan
+from ..config import DATA_DIR
+from ..context import Context
+from ..errors import StageFailure
+from ..model.cell import CellPlan
 
 REPRO_REPOSITORY = "infermatrix-repro"
 CONFIG_KEYS = ("Env", "Cmd", "Entrypoint", "Labels", "WorkingDir", "User", "ExposedPorts",

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
-from . import proc
-from .errors import StageFailure, UsageError
+from .. import proc
+from ..errors import StageFailure, UsageError
 
 log = logging.getLogger("infermatrix.commands")
 
@@ -129,7 +129,7 @@ def host_platform() -> str:
     """The engine host's platform in OCI form (linux/amd64, linux/arm64)."""
     import platform
 
-    from .spec import platform_of_machine
+    from ..model.spec import platform_of_machine
 
     return platform_of_machine(platform.machine())
 

@@ -27,7 +27,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .state import write_json_atomic
+from ..state import write_json_atomic
 
 log = logging.getLogger(__name__)
 

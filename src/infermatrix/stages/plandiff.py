@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .model import CellPlan
+from ..model.cell import CellPlan
 
 PLAN_FILE = "plan.json"
 

@@ -18,8 +18,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .config import DATA_DIR, Matrix
-from .model import CPU, Cell, Verdict
+from ..config import DATA_DIR, Matrix
+from .cell import CPU, Cell, Verdict
 
 RULES_PATH = DATA_DIR / "rules.yaml"
 

@@ -42,14 +42,15 @@ from typing import Any, Iterable, Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
-from . import journal, kernelcache, proc
-from .context import Context
-from .errors import CommandFailed, StageFailure
-from .index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get, index_url
-from .model import CellPlan, Verdict
-from .spec import LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base
-from .spec import header_lines as _header_lines
-from .spec import kernel_pins_from_lock, pinned_packages  # noqa: F401  (the lock's readers)
+from .. import journal, proc
+from . import kernelcache
+from ..context import Context
+from ..errors import CommandFailed, StageFailure
+from ..model.index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get, index_url
+from ..model.cell import CellPlan, Verdict
+from ..model.spec import LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base
+from ..model.spec import header_lines as _header_lines
+from ..model.spec import kernel_pins_from_lock, pinned_packages  # noqa: F401  (the lock's readers)
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,9 @@ CPU = "cpu"
 Status = Literal["planned", "pruned", "unresolved", "unverified"]
 
 
+# The smoke tiers, in the order they run (stages/smoke.py runs them; options validates --levels).
+SMOKE_LEVELS = ("static", "gpu", "model")
+
 @dataclass(frozen=True, order=True)
 class Cell:
     cuda: str  # "12.8", "13.0", or "cpu"

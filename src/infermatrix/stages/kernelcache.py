@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .spec import MATCH_ENGINE
-from .state import StatePaths, write_json_atomic
+from ..model.spec import MATCH_ENGINE
+from ..state import StatePaths, write_json_atomic
 
 ENTRY_FILE = "entry.json"
 # Files that do not change what a source tree compiles to.

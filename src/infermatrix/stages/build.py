@@ -32,13 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import compileplan, engine, journal, kernelcache, proc
+from ..model import compileplan
+from ..engine import docker as engine
+from .. import journal, proc
+from . import kernelcache
 from . import lock as locks
-from .context import Context
-from .errors import CommandFailed, InfermatrixError, StageFailure
-from .model import CellPlan
-from .spec import resolve
-from .state import run_lock
+from ..context import Context
+from ..errors import CommandFailed, InfermatrixError, StageFailure
+from ..model.cell import CellPlan
+from ..model.spec import resolve
+from ..state import run_lock
 
 log = logging.getLogger(__name__)
 

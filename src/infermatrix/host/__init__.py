@@ -1,0 +1,1 @@
+"""Host checks: doctor, proxmox, the checks pull runs before a pull."""
