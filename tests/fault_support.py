@@ -60,6 +60,12 @@ def write_fault_matrix(root: Path, engines: dict[str, dict[str, str]],
         engines=", ".join(f'"{n}==1.0"' for n in engines), definitions=definitions,
         base=json.dumps(base), registry=json.dumps(registry), repository=repository))
     shutil.copytree(TEMPLATES, root / "templates", dirs_exist_ok=True)
+    locks = root / "locks"  # build refuses a cell without its committed lock
+    locks.mkdir(exist_ok=True)
+    for name in engines:
+        (locks / f"{cell_id(name)}.txt").write_text(
+            f"# infermatrix lock for cell {cell_id(name)}: a fault fixture; its Dockerfile installs "
+            "nothing from it (a stand-in torch)\n", encoding="utf-8")
     return root / "matrix.yaml"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 # Maps whose keys are names (packages, build args, env vars, labels), not fields.
 NAMED_MAPS = frozenset({"kernels", "versions", "build_args", "env", "labels", "source_urls",
+                        "distributions",
                         "dtypes"})
 
 

@@ -20,6 +20,7 @@ from infermatrix.stages.build import BuildOptions, build_cells, local_ref
 from infermatrix.context import Context
 from infermatrix.model.coverage import Coverage
 from infermatrix.stages.plan import plan_matrix
+from tests.real_audit_checks import CHECKS
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
@@ -69,5 +70,6 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
         fixture = next(o for o in verdict.objects if o.package == "cudakern")
         assert [d.coverage for d in fixture.decisions] == [Coverage.EXACT]
         assert any(o.path == "torch/lib/libtorch_cuda.so" for o in verdict.objects)
+        CHECKS[engine_name](verdict)  # the loaded set, PTX JIT and Triton verdicts (issue 13)
     finally:
         engine.remove_image(ref, force=True)  # checked: free its 10-15 GB before the next cell

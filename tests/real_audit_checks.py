@@ -1,0 +1,45 @@
+"""What the audit must say about the real images of the newest shipped vLLM and SGLang sm_120
+cells (issue 13), on their real objects. tests/test_build_real_cells.py builds each image and
+calls these before it removes it (CI holds one 10-15 GB image at a time)."""
+
+from __future__ import annotations
+
+from infermatrix.stages.audit import PASS
+
+
+def not_loaded_entries(result) -> dict[str, str]:
+    return {g["object"]: g["entry"] for g in result.groups()["sm_120"]["not-loaded"]}
+
+
+def check_real_vllm(result) -> None:
+    """vLLM sm_120: FA2 by PTX JIT, FA3 and FlashMLA not loaded (with reasons), Triton fits."""
+    assert result.check("kernels").status == PASS, result.check("kernels").detail
+    assert result.check("cuda-major").status == PASS, result.check("cuda-major").detail
+    groups = result.groups()["sm_120"]
+    assert "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" in {g["object"] for g in groups["ptx-jit"]}
+    entries = not_loaded_entries(result)
+    assert entries["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"] == "vllm-fa3"
+    assert entries["vllm/_flashmla_C.abi3.so"] == "vllm-flashmla"
+    assert all(g["reason"] and g["source"] for g in groups["not-loaded"])
+    assert result.check("triton-smem").status == PASS, result.check("triton-smem").detail
+    assert result.passed, result.reason
+
+
+def check_real_sglang(result) -> None:
+    """SGLang sm_120: FA3, FlashMLA and the sm90 ops not loaded; torch_memory_saver's CUDA 12
+    hook chosen at run time, not a second CUDA major; the triton backend's kernels fit."""
+    assert result.check("kernels").status == PASS, result.check("kernels").detail
+    cuda = result.check("cuda-major")
+    assert cuda.status == PASS and "torch_memory_saver_hook_mode_preload_cu12.abi3.so" in \
+        cuda.data["chosen_at_run_time"]
+    entries = not_loaded_entries(result)
+    assert entries["sgl_kernel/flash_ops.abi3.so"] == "sgl-kernel-fa3"
+    assert entries["sgl_kernel/flashmla_ops.abi3.so"] == "sgl-kernel-flashmla"
+    assert entries["sgl_kernel/sm90/common_ops.abi3.so"] == "sgl-kernel-sm90-ops"
+    triton = result.check("triton-smem")
+    assert triton.status == PASS, triton.detail
+    assert {k["family"] for k in triton.data["kernels"]} == {"extend", "decode", "prefill"}
+    assert result.passed, result.reason
+
+
+CHECKS = {"vllm": check_real_vllm, "sglang": check_real_sglang}
