@@ -292,8 +292,9 @@ def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
     (mount / "py").mkdir(parents=True)
     (mount / "py" / "elftools").symlink_to(Path(elftools.__file__).parent)
     (mount / "uv").symlink_to(__import__("infermatrix.stages.lock").stages.lock.uv_bin())
+    program = audit.HARNESS_DIR / (audit.PROBE_PROGRAM.split(".")[-1] + ".py")
     script = ("import site, sys; site.getsitepackages = lambda: [sys.argv.pop()]\n"
-              + audit.PROBE)
+              + program.read_text())
     args = audit.probe_args()[2:]
     args[0] = str(mount)
     done = subprocess.run([sys.executable, "-I", "-c", script, *args, str(site)],

@@ -1,7 +1,7 @@
 """Audit a built image without a GPU: kernel coverage per target arch, one CUDA major, the pins.
 
 How it works:
-1. A probe (PROBE below, standard-library Python) runs once in a throw-away container of the
+1. A probe (harness/audit_probe.py, standard-library Python) runs once in a throw-away container of the
    image. It lists every ELF shared object under site-packages with its size, sha256, owning
    distribution, ELF NEEDED entries and whether it carries a CUDA fat binary (pyelftools from
    the host is bind-mounted read-only for that: nothing is installed in the image). It also
@@ -64,6 +64,8 @@ PASS, FAIL, SKIP = "pass", "fail", "skip"
 NOT_LOADED_GROUP = "not-loaded"
 CUOBJDUMP_ENV = "INFERMATRIX_CUOBJDUMP"
 CUOBJDUMP_DIST = "nvidia-cuda-cuobjdump"
+HARNESS_DIR = Path(__file__).resolve().parents[1] / "harness"  # in-image programs, mounted
+HARNESS_MOUNT = "/opt/infermatrix/harness"
 AUDIT_MOUNT = "/opt/infermatrix-audit"  # where host tools are bind-mounted in the probe container
 PROBE_TIMEOUT_S = 900
 CACHE_VERSION = 2  # 2: cuobjdump listing + fat binaries embedded outside .nv_fatbin
@@ -195,112 +197,7 @@ class DeviceCodeCache:
 
 MARKER = "@@infermatrix-audit@@"
 
-PROBE = r'''
-import hashlib, importlib.metadata as md, importlib.util, json, mmap, os, re, shutil, site
-import subprocess, sys, sysconfig
-MOUNT = sys.argv[1]
-sys.path.insert(0, MOUNT + "/py")
-from elftools.elf.elffile import ELFFile
-from elftools.elf.dynamic import DynamicSection
-
-SO = re.compile(r"\.so(\.\d+)*$")
-FATBIN_SECTIONS = {".nv_fatbin", "__nv_relfatbin"}
-FATBIN_MAGIC = bytes.fromhex(sys.argv[3])  # a fat binary container kept in a data section
-
-def has_embedded_fatbin(handle):
-    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return data.find(FATBIN_MAGIC) != -1
-
-def site_dirs():
-    found = set(site.getsitepackages()) | {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    return sorted(d for d in found if os.path.isdir(d))
-
-def owners():
-    table = {}
-    for dist in md.distributions():
-        for item in dist.files or ():
-            if SO.search(item.name):
-                table[os.path.realpath(str(item.locate()))] = dist.metadata["Name"]
-    return table
-
-def elf_facts(path):
-    with open(path, "rb") as handle:
-        if handle.read(4) != b"\x7fELF":
-            return None
-        handle.seek(0)
-        elf = ELFFile(handle)
-        names = {s.name for s in elf.iter_sections()}
-        needed = []
-        for section in elf.iter_sections():
-            if isinstance(section, DynamicSection):
-                needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
-        gpu = bool(names & FATBIN_SECTIONS) or has_embedded_fatbin(handle)
-        return {"gpu_code": gpu, "needed": needed}
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-def shared_objects(dirs, owner_of):
-    seen, objects = set(), []
-    for base in dirs:
-        for root, subdirs, files in os.walk(base):
-            subdirs.sort()
-            for name in sorted(files):
-                path = os.path.join(root, name)
-                if not SO.search(name) or os.path.islink(path) or not os.path.isfile(path):
-                    continue
-                real = os.path.realpath(path)
-                if real in seen:
-                    continue
-                seen.add(real)
-                try:
-                    facts = elf_facts(path)
-                except Exception as exc:  # a damaged file is a finding, not a crash
-                    facts = {"gpu_code": False, "needed": [], "error": repr(exc)}
-                if facts is None:
-                    continue
-                facts.update(path=path, rel=os.path.relpath(path, base),
-                             size=os.path.getsize(path), dist=owner_of.get(real))
-                if facts["gpu_code"]:
-                    facts["sha256"] = sha256(path)
-                objects.append(facts)
-    return objects
-
-def torch_facts():
-    code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
-            "'cuda': torch.version.cuda, 'arch_list': torch.cuda.get_arch_list()}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"error": (done.stderr or done.stdout)[-2000:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-def pip_check():
-    if importlib.util.find_spec("pip") is not None:
-        argv, tool = [sys.executable, "-m", "pip", "check"], "pip"
-    elif shutil.which("uv"):
-        argv, tool = ["uv", "pip", "check", "--python", sys.executable], "uv (image)"
-    else:
-        argv, tool = [MOUNT + "/uv", "pip", "check", "--python", sys.executable], "uv (host)"
-    env = dict(os.environ, UV_NO_CACHE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
-    return {"tool": tool, "command": " ".join(argv), "returncode": done.returncode,
-            "output": (done.stdout + done.stderr)[-4000:]}
-
-dirs = site_dirs()
-has_torch = importlib.util.find_spec("torch") is not None
-result = {
-    "python": sys.version.split()[0], "executable": sys.executable, "site_dirs": dirs,
-    "distributions": {d.metadata["Name"]: d.version for d in md.distributions()},
-    "objects": shared_objects(dirs, owners()),
-    "torch": torch_facts() if has_torch else None,
-    "pip_check": pip_check(),
-}
-print(sys.argv[2] + json.dumps(result))
-'''
+PROBE_PROGRAM = "harness.audit_probe"  # harness/audit_probe.py, mounted like the smoke harness
 
 
 @dataclass
@@ -339,13 +236,14 @@ def host_tool_mounts() -> list[Any]:
 
     return [engine.Mount(str(Path(elftools.__file__).resolve().parent),
                          f"{AUDIT_MOUNT}/py/elftools"),
-            engine.Mount(str(Path(uv_bin()).resolve()), f"{AUDIT_MOUNT}/uv")]
+            engine.Mount(str(Path(uv_bin()).resolve()), f"{AUDIT_MOUNT}/uv"),
+            engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)]
 
 
 def probe_args() -> list[str]:
     from ..model.coverage import FATBIN_MAGIC
 
-    return ["-c", PROBE, AUDIT_MOUNT, MARKER, FATBIN_MAGIC.hex()]
+    return ["-m", PROBE_PROGRAM, AUDIT_MOUNT, MARKER, FATBIN_MAGIC.hex()]
 
 
 def probe_image(image: str, log_path: Path | None = None,
@@ -356,6 +254,7 @@ def probe_image(image: str, log_path: Path | None = None,
     try:
         with engine.container(image, probe_args(), entrypoint=["python3"],
                               mounts=host_tool_mounts(), network="none", prefix="infermatrix-audit",
+                              env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
                               labels={"io.infermatrix.stage": "audit"}) as container:
             code = engine.wait_container(container, timeout=timeout)
             output = engine.container_logs(container)
@@ -923,8 +822,6 @@ def judge_server_maps(ctx: "Context", plan: CellPlan, mapped: dict[str, Any]) ->
 # --------------------------------------------------------------------------------------------
 
 TRITON_TIMEOUT_S = 1200
-HARNESS_DIR = Path(__file__).resolve().parents[1] / "harness"
-HARNESS_MOUNT = "/opt/infermatrix/harness"
 
 
 def shared_memory_limits() -> tuple[dict[str, int], str]:

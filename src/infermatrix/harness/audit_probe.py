@@ -1,0 +1,113 @@
+"""The audit's probe: what an image holds, read inside it with the image's own python3
+(standard library, plus pyelftools and uv bind-mounted from the host under argv[1]).
+
+    python3 -m harness.audit_probe MOUNT MARKER FATBIN_MAGIC_HEX
+
+Prints one line, MARKER followed by JSON: python, site dirs, distributions, every shared
+object with its fat-binary sections and NEEDED entries, torch's build facts, `pip check`.
+stages/audit.py runs it in a throw-away container (no network) and judges the result.
+"""
+import hashlib, importlib.metadata as md, importlib.util, json, mmap, os, re, shutil, site
+import subprocess, sys, sysconfig
+MOUNT = sys.argv[1]
+sys.path.insert(0, MOUNT + "/py")
+from elftools.elf.elffile import ELFFile
+from elftools.elf.dynamic import DynamicSection
+
+SO = re.compile(r"\.so(\.\d+)*$")
+FATBIN_SECTIONS = {".nv_fatbin", "__nv_relfatbin"}
+FATBIN_MAGIC = bytes.fromhex(sys.argv[3])  # a fat binary container kept in a data section
+
+def has_embedded_fatbin(handle):
+    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(FATBIN_MAGIC) != -1
+
+def site_dirs():
+    found = set(site.getsitepackages()) | {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    return sorted(d for d in found if os.path.isdir(d))
+
+def owners():
+    table = {}
+    for dist in md.distributions():
+        for item in dist.files or ():
+            if SO.search(item.name):
+                table[os.path.realpath(str(item.locate()))] = dist.metadata["Name"]
+    return table
+
+def elf_facts(path):
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"\x7fELF":
+            return None
+        handle.seek(0)
+        elf = ELFFile(handle)
+        names = {s.name for s in elf.iter_sections()}
+        needed = []
+        for section in elf.iter_sections():
+            if isinstance(section, DynamicSection):
+                needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+        gpu = bool(names & FATBIN_SECTIONS) or has_embedded_fatbin(handle)
+        return {"gpu_code": gpu, "needed": needed}
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+def shared_objects(dirs, owner_of):
+    seen, objects = set(), []
+    for base in dirs:
+        for root, subdirs, files in os.walk(base):
+            subdirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                if not SO.search(name) or os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                real = os.path.realpath(path)
+                if real in seen:
+                    continue
+                seen.add(real)
+                try:
+                    facts = elf_facts(path)
+                except Exception as exc:  # a damaged file is a finding, not a crash
+                    facts = {"gpu_code": False, "needed": [], "error": repr(exc)}
+                if facts is None:
+                    continue
+                facts.update(path=path, rel=os.path.relpath(path, base),
+                             size=os.path.getsize(path), dist=owner_of.get(real))
+                if facts["gpu_code"]:
+                    facts["sha256"] = sha256(path)
+                objects.append(facts)
+    return objects
+
+def torch_facts():
+    code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
+            "'cuda': torch.version.cuda, 'arch_list': torch.cuda.get_arch_list()}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout)[-2000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+def pip_check():
+    if importlib.util.find_spec("pip") is not None:
+        argv, tool = [sys.executable, "-m", "pip", "check"], "pip"
+    elif shutil.which("uv"):
+        argv, tool = ["uv", "pip", "check", "--python", sys.executable], "uv (image)"
+    else:
+        argv, tool = [MOUNT + "/uv", "pip", "check", "--python", sys.executable], "uv (host)"
+    env = dict(os.environ, UV_NO_CACHE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    return {"tool": tool, "command": " ".join(argv), "returncode": done.returncode,
+            "output": (done.stdout + done.stderr)[-4000:]}
+
+dirs = site_dirs()
+has_torch = importlib.util.find_spec("torch") is not None
+result = {
+    "python": sys.version.split()[0], "executable": sys.executable, "site_dirs": dirs,
+    "distributions": {d.metadata["Name"]: d.version for d in md.distributions()},
+    "objects": shared_objects(dirs, owners()),
+    "torch": torch_facts() if has_torch else None,
+    "pip_check": pip_check(),
+}
+print(sys.argv[2] + json.dumps(result))
