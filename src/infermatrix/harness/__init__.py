@@ -1,7 +1,7 @@
-"""The smoke harness: small programs that run inside a built image.
+"""The harness: small programs that run inside a built image.
 
-Shipped into every image at /opt/infermatrix/harness/ (render copies this directory into the build
-context), so it may use only the standard library plus what the image itself has: torch,
+Mounted read-only at /opt/infermatrix/harness/ when a container of the image runs (never baked
+into an image), so it may use only the standard library plus what the image itself has: torch,
 transformers, tokenizers, the engine. Each program prints one result line,
 `INFERMATRIX-RESULT {json}`, as its last line of stdout, so a driver can find it among whatever
 the imported packages print. Run them as `python3 -m harness.<name>` with /opt/infermatrix on
