@@ -1,0 +1,98 @@
+"""`infermatrix export github|gitlab|bake`: write the plan as CI jobs or a bake file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import common_options, compile_options, load_run, run_options, selection_options
+
+DEFAULT_OUT = {"github": ".github/workflows/infermatrix.yml",
+               "gitlab": ".gitlab-ci.infermatrix.yml", "bake": "docker-bake.json"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "export", help="write the plan as GitHub/GitLab CI jobs or a `docker buildx bake` file",
+        description="github: a workflow with one job per planned cell (runner by platform), "
+        "each running `infermatrix pipeline --select <cell>` and uploading its journal and "
+        "report fragment. gitlab: the same as `parallel:matrix`. bake: a docker-bake.json "
+        "with one target per rendered cell (run `docker buildx bake` beside it).")
+    parser.add_argument("target", choices=sorted(DEFAULT_OUT), help="what to write")
+    common_options(parser)
+    selection_options(parser)
+    parser.add_argument("--out", metavar="PATH", default=None,
+                        help="file to write, `-` for stdout (default, beside the matrix: "
+                             + ", ".join(f"{k}: {v}" for k, v in DEFAULT_OUT.items()) + ")")
+    parser.add_argument("--runner", action="append", default=[], metavar="PLATFORM=LABEL",
+                        help="runner label (github) or tag (gitlab) of a platform, e.g. "
+                             "linux/arm64=my-arm-runner; repeatable")
+    compile_options(parser)
+    run_options(parser, "ca_bundle")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..stages import export
+
+    export_run = load_run(args)
+    ctx = export_run.ctx
+    out = _out_path(args, ctx.root)
+    matrix = _relative_to_cwd(ctx.matrix.path)
+    if args.target == "github":
+        runners = export.parse_label_overrides(args.runner, export.GITHUB_RUNNERS)
+        cells = export.export_cells(ctx, export_run.plans)
+        text = export.to_yaml(export.github_workflow(cells, runners, matrix),
+                              "infermatrix export github: one job per planned cell.")
+    elif args.target == "gitlab":
+        tags = export.parse_label_overrides(args.runner, export.GITLAB_TAGS)
+        cells = export.export_cells(ctx, export_run.plans)
+        text = export.to_yaml(export.gitlab_pipeline(cells, tags, matrix), "infermatrix export "
+                              "gitlab: one parallel:matrix job per planned cell.")
+    else:
+        text, cells = _bake(args, export_run, out)
+    _write(out, text)
+    print(f"export {args.target}: {len(cells)} cells -> {out or 'stdout'}", file=sys.stderr)
+    return 0
+
+
+def _bake(args: argparse.Namespace, export_run, out: Path | None) -> tuple[str, list]:
+    """The bake file, its args from the compile planner as `build` sizes them."""
+    from ..stages import export
+    from ..stages.build import BuildOptions, compile_plan_for_cells, secrets_for
+
+    o = export_run.options
+    options = BuildOptions(max_jobs=o.max_jobs, nvcc_threads=o.nvcc_threads, ca_bundle=o.ca_bundle)
+    compile = compile_plan_for_cells(export_run.ctx, export_run.plans, options)
+    out_dir = out.parent if out else Path.cwd()
+    data, unrendered = export.bake_file(export_run.ctx, export_run.plans, compile.build_args(),
+                                        secrets_for(options), out_dir)
+    for cell_id in unrendered:
+        print(f"export bake: {cell_id} left out: not rendered (run `infermatrix render "
+              f"--select {cell_id}`)", file=sys.stderr)
+    return json.dumps(data, indent=2) + "\n", data["target"]
+
+
+def _out_path(args: argparse.Namespace, root: Path) -> Path | None:
+    if args.out == "-":
+        return None
+    return Path(args.out) if args.out else root / DEFAULT_OUT[args.target]
+
+
+def _relative_to_cwd(path: Path) -> str:
+    """The matrix path the CI job passes (a job runs at the repository root, as `export` does)."""
+    relative = os.path.relpath(path.resolve(), Path.cwd())
+    return path.resolve().as_posix() if relative.startswith("..") else Path(relative).as_posix()
+
+
+def _write(out: Path | None, text: str) -> None:
+    if out is None:
+        sys.stdout.write(text)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
