@@ -29,7 +29,7 @@ from ..errors import InfermatrixError
 
 # Modules under infermatrix.cli, in the order `--help` lists them.
 COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
-                   "report", "pipeline", "doctor", "compile_plan"]
+                   "report", "pipeline", "doctor", "compile_plan", "deploy"]
 
 
 def common_options(parser: argparse.ArgumentParser) -> None:
