@@ -11,6 +11,7 @@ import yaml
 from infermatrix.cli import main
 from infermatrix.config import load_matrix
 from infermatrix.errors import UsageError
+from infermatrix.host import proxmox
 from infermatrix.model.cell import Cell
 from infermatrix.stages import deploy, publish
 
@@ -95,7 +96,20 @@ def test_eight_gpu_sm120_compose_field_by_field(tmp_path, lock_path, matrix):
     readme = (out / "README.md").read_text()
     assert "docker compose up -d" in readme and "docker-compose up -d" in readme
     assert DIGEST in readme
-    assert (out / "proxmox-lxc.conf").is_file()  # this machine has no driver: the fallback
+    assert (out / "proxmox-lxc.conf").is_file()
+    assert all("devices" not in svc for svc in services.values())  # only with --lxc
+
+
+def test_lxc_guest_services_get_their_device_nodes(tmp_path, lock_path):
+    code, out = run_deploy(tmp_path, lock_path, SM120.id, "--gpus", "2-3", "--lxc")
+    assert code == 0
+    services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
+    assert services["gpu3"]["devices"] == [
+        "/dev/nvidia3:/dev/nvidia3", "/dev/nvidiactl:/dev/nvidiactl",
+        "/dev/nvidia-uvm:/dev/nvidia-uvm", "/dev/nvidia-uvm-tools:/dev/nvidia-uvm-tools"]
+    assert "/dev/nvidia2:/dev/nvidia2" in services["gpu2"]["devices"]
+    assert services["gpu3"]["deploy"]["resources"]["reservations"]["devices"][0][
+        "device_ids"] == ["3"]
 
 
 def test_a_gpu_list_and_base_port(tmp_path, lock_path):
@@ -125,7 +139,7 @@ def test_cpu_lane_replicas_have_no_gpu(tmp_path, lock_path):
 
 
 def test_proxmox_lines_name_the_deployed_gpus(matrix):
-    lines = deploy.lxc_lines(PROC_DEVICES, [0, 3], "580.82.07")
+    lines = proxmox.deployment_lines(PROC_DEVICES, [0, 3], "580.82.07")
     text = "\n".join(lines)
     assert "lxc.cgroup2.devices.allow: c 195:* rwm" in lines
     assert "lxc.cgroup2.devices.allow: c 508:* rwm" in lines
@@ -133,7 +147,7 @@ def test_proxmox_lines_name_the_deployed_gpus(matrix):
     assert "/dev/nvidia1 " not in text and "/etc/pve/lxc/<CTID>.conf" in text
     assert "580.82.07" in text and "docker compose up -d" in text
     assert "Pass --cell" not in text
-    fallback = deploy.lxc_lines("Character devices:\n  1 mem\n", [0], None)
+    fallback = proxmox.deployment_lines("Character devices:\n  1 mem\n", [0], None)
     assert "infermatrix proxmox lxc-config" in fallback[-1]
 
 
@@ -158,6 +172,7 @@ def test_bad_gpu_specs_are_usage_errors(spec, why):
     (SM120.id, ["--gpus", "0", "--cpu-lane", "2"], "not both"),
     (CPU_CELL.id, ["--gpus", "0"], "CPU cell"),
     (CPU_CELL.id, ["--cpu-lane", "0"], "at least 1"),
+    (CPU_CELL.id, ["--cpu-lane", "1", "--lxc"], "needs --gpus"),
 ])
 def test_bad_input_exits_2_with_the_fix(tmp_path, lock_path, capsys, cell, extra, message):
     code, out = run_deploy(tmp_path, lock_path, cell, *extra)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import StageFailure, UsageError
+from ..host import proxmox
 from ..stages import deploy
 from ..stages.publish import LOCK_NAME, cell_from_labels, launch_for, read_lock
 from . import common_options, load_context
@@ -38,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
                         help="host address the ports listen on (default 127.0.0.1; 0.0.0.0 "
                         "for every interface)")
+    parser.add_argument("--lxc", action="store_true",
+                        help="the deployment runs inside an unprivileged Proxmox LXC guest "
+                        "(toolkit no-cgroups): also pass each GPU's /dev nodes as devices")
     parser.set_defaults(func=run_deploy)
 
 
@@ -60,9 +64,13 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not model_dir.is_dir():
         print(f"warning: --model-dir {model_dir} is not a directory here; it must exist on "
               "the host that starts the deployment", file=sys.stderr)
-    proc_devices = _read(Path("/proc/devices"))
+    if args.lxc and not gpus:
+        raise UsageError("--lxc passes GPU device nodes: it needs --gpus")
+    lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
+        if gpus else None
+    lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None
     result = deploy.deployment(entry, launch_for(ctx.matrix, cell), str(model_dir), gpus,
-                               args.cpu_lane, args.base_port, args.bind, proc_devices)
+                               args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes)
     out = args.out or Path("deploy") / args.cell
     out.mkdir(parents=True, exist_ok=True)
     for name, text in result.files().items():

@@ -6,7 +6,8 @@ entry's, by digest; the serve command, env and shm size are the ones images.lock
 publish (the data `pull` prints as a `docker run` line); the health route and the attention
 backend come from the cell's spec.Launch. On a host without GPUs, N replicas of the CPU cell.
 
-Pure: this module builds the documents; cli/deploy.py reads the inputs and writes the files.
+Pure: this module builds the documents; cli/deploy.py reads the inputs (the Proxmox lines come
+from host.proxmox.deployment_lines) and writes the files.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import StageFailure, UsageError
-from ..host import proxmox
+from ..errors import UsageError
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, Launch
 from .publish import LOCK_NAME, serve_command
 
@@ -27,7 +27,6 @@ PROXMOX_NAME = "proxmox-lxc.conf"
 README_NAME = "README.md"
 GPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 DIGEST_REFERENCE = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
-LXC_SUPPORT_NODES = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
 # Loading 27B weights (and compiling kernels on first start) takes minutes: the health check
 # only counts failures after the start period.
 HEALTH_TIMING = {"gpu": {"interval": "30s", "timeout": "10s", "retries": 3,
@@ -108,9 +107,10 @@ def gpu_reservation(gpu: int) -> dict[str, Any]:
 
 
 def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bind: str,
-            gpu: int | None) -> dict[str, Any]:
+            gpu: int | None, lxc_nodes: list[str] | None = None) -> dict[str, Any]:
     """One engine server: the locked image by digest, its command on `port`, the model
-    read-only, shm, health check; with `gpu`, pinned to that GPU."""
+    read-only, shm, health check; with `gpu`, pinned to that GPU (and, inside an LXC guest,
+    given `lxc_nodes` of /dev as devices)."""
     run = entry["run"]
     env = dict(sorted(run.get("env", {}).items()))
     if gpu is not None:
@@ -131,21 +131,25 @@ def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bi
     }
     if gpu is not None:
         body["deploy"] = gpu_reservation(gpu)
+        if lxc_nodes:  # no-cgroups in an unprivileged LXC: the nodes passed explicitly
+            body["devices"] = [f"/dev/{node}:/dev/{node}" for node in lxc_nodes]
     return body
 
 
 def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
                      gpus: list[int] | None = None, cpu_replicas: int | None = None,
-                     base_port: int | None = None, bind: str = "127.0.0.1") -> dict[str, Any]:
+                     base_port: int | None = None, bind: str = "127.0.0.1",
+                     lxc_nodes: dict[int, list[str]] | None = None) -> dict[str, Any]:
     """One service per GPU (`gpu<N>`), or `cpu_replicas` services (`cpu<i>`), ports from
-    `base_port` up in service order."""
+    `base_port` up in service order; `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest."""
     check_lane(entry, launch, gpus, cpu_replicas)
     base = base_port or entry["run"].get("port") or DEFAULT_PORT
     if gpus:
         named = [(f"gpu{g}", g) for g in gpus]
     else:
         named = [(f"cpu{i}", None) for i in range(cpu_replicas or 0)]
-    return {"services": {name: service(entry, launch, model_dir, base + index, bind, gpu)
+    return {"services": {name: service(entry, launch, model_dir, base + index, bind, gpu,
+                                       (lxc_nodes or {}).get(gpu) if gpu is not None else None)
                          for index, (name, gpu) in enumerate(named)}}
 
 
@@ -174,22 +178,29 @@ def compose_text(document: dict[str, Any]) -> str:
             + yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=100))
 
 
-# --- Proxmox and README ---------------------------------------------------------------------
+# --- README ---------------------------------------------------------------------
 
-def lxc_lines(proc_devices: str, gpus: list[int], driver: str | None) -> list[str]:
-    """proxmox.lxc_config_lines for the deployed GPUs (container id left as <CTID>); when this
-    host's /proc/devices shows no NVIDIA driver, the command to run on the Proxmox host."""
-    nodes = [f"nvidia{g}" for g in gpus] + LXC_SUPPORT_NODES
-    command = "infermatrix proxmox lxc-config --ctid <CTID>"
-    try:
-        lines = proxmox.lxc_config_lines(100, proc_devices, nodes, False, driver)
-    except StageFailure as exc:
-        return [f"# {exc}", f"# then run on the Proxmox host: {command}"]
-    lines = [line.replace("/etc/pve/lxc/100.conf", "/etc/pve/lxc/<CTID>.conf")
-             .replace("container 100", "the container") for line in lines
-             if not line.startswith("# Pass --cell")]
-    return lines + ["", "# Then, inside the container, in the deployment directory: "
-                    "docker compose up -d (or docker-compose up -d)"]
+README = """\
+# Deployment of {cell}
+
+Image `{reference}` (pinned by digest, from images.lock; published {published}, verified:
+{verified}): {count} server(s), one per {unit}, attention backend {backend}.
+
+Start it in this directory with whichever Compose is installed:
+
+    docker compose up -d      # the Compose v2 plugin
+    docker-compose up -d      # Debian's docker-compose package
+
+`docker compose ps` shows each service `healthy` once its model has loaded (minutes); the
+health check asks `{health}`.
+
+| service | GPU | endpoint |
+|---|---|---|
+{rows}
+{notes}"""
+GPU_NOTE = "GPU services need the NVIDIA Container Toolkit on the host (device reservations).\n"
+PROXMOX_NOTE = (f"Inside a Proxmox LXC guest, first add the lines of `{PROXMOX_NAME}` on the "
+                "Proxmox host (and deploy with --lxc).\n")
 
 
 def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
@@ -197,44 +208,28 @@ def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
     services = compose["services"]
     rows = []
     for name, body in services.items():
-        port = body["ports"][0].rsplit(":", 1)[1]
+        host, port, _ = body["ports"][0].rsplit(":", 2)
         gpu = body["environment"].get("NVIDIA_VISIBLE_DEVICES", "-")
-        rows.append(f"| {name} | {gpu} | http://{body['ports'][0].rsplit(':', 2)[0]}:{port}/v1 |")
-    lines = [
-        f"# Deployment of {entry['cell']}",
-        "",
-        f"Image `{entry['reference']}` (pinned by digest, from images.lock; published "
-        f"{entry.get('published', '?')}, verified: {entry.get('verified', '?')}), "
-        f"{len(services)} server(s), one per {'GPU' if launch.gpu else 'replica'}, "
-        f"attention backend {launch.attention_backend or 'the engine default'}.",
-        "",
-        "Start (in this directory), with whichever Compose is installed:",
-        "",
-        "    docker compose up -d      # Compose v2 plugin",
-        "    docker-compose up -d      # Debian's docker-compose package",
-        "",
-        "Watch the health checks with `docker compose ps` until every service is `healthy` "
-        f"(the model load can take minutes); health route `{launch.health}`.",
-        "",
-        "| service | GPU | endpoint |",
-        "|---|---|---|",
-        *rows,
-    ]
-    if launch.gpu:
-        lines += ["", "GPU services need the NVIDIA Container Toolkit on the host (Compose "
-                  "device reservations)."]
-    if has_proxmox:
-        lines += [f"Inside a Proxmox LXC container, first add the lines of `{PROXMOX_NAME}` "
-                  "on the Proxmox host."]
-    return "\n".join(lines) + "\n"
+        rows.append(f"| {name} | {gpu} | http://{host}:{port}/v1 |")
+    notes = (GPU_NOTE if launch.gpu else "") + (PROXMOX_NOTE if has_proxmox else "")
+    return README.format(
+        cell=entry["cell"], reference=entry["reference"],
+        published=entry.get("published", "?"), verified=entry.get("verified", "?"),
+        count=len(services), unit="GPU" if launch.gpu else "replica",
+        backend=launch.attention_backend or "the engine default", health=launch.health,
+        rows="\n".join(rows), notes=("\n" + notes) if notes else "")
 
 
 def deployment(entry: dict[str, Any], launch: Launch, model_dir: str,
                gpus: list[int] | None = None, cpu_replicas: int | None = None,
                base_port: int | None = None, bind: str = "127.0.0.1",
-               proc_devices: str = "", driver: str | None = None) -> Deployment:
-    compose = compose_document(entry, launch, model_dir, gpus, cpu_replicas, base_port, bind)
-    proxmox_lines = lxc_lines(proc_devices, gpus, driver) if gpus else None
+               lxc_lines: list[str] | None = None,
+               lxc_nodes: dict[int, list[str]] | None = None) -> Deployment:
+    """The files of a deployment; `lxc_lines` (host.proxmox.deployment_lines, GPU lanes only)
+    become proxmox-lxc.conf."""
+    compose = compose_document(entry, launch, model_dir, gpus, cpu_replicas, base_port, bind,
+                               lxc_nodes)
+    proxmox_lines = lxc_lines if gpus else None
     return Deployment(compose, proxmox_lines,
                       readme_text(entry, launch, compose, proxmox_lines is not None))
 
