@@ -122,6 +122,31 @@ def lxc_config_lines(ctid: int, proc_devices: str, nodes: list[str], has_caps: b
     return lines
 
 
+DEPLOYMENT_SUPPORT_NODES = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+
+
+def deployment_nodes(gpus: list[int]) -> list[str]:
+    """The /dev nodes GPUs N.. need (assumes /dev/nvidiaN is GPU index N, the usual case)."""
+    return [f"nvidia{g}" for g in gpus] + DEPLOYMENT_SUPPORT_NODES
+
+
+def deployment_lines(proc_devices: str, gpus: list[int], driver: str | None) -> list[str]:
+    """lxc_config_lines for the GPUs of an `infermatrix deploy` (container id left as <CTID>);
+    when this host's /proc/devices shows no NVIDIA driver, the command to run on the Proxmox
+    host instead."""
+    nodes = deployment_nodes(gpus)
+    command = "infermatrix proxmox lxc-config --ctid <CTID>"
+    try:
+        lines = lxc_config_lines(100, proc_devices, nodes, False, driver)
+    except StageFailure as exc:
+        return [f"# {exc}", f"# then run on the Proxmox host: {command}"]
+    lines = [line.replace("/etc/pve/lxc/100.conf", "/etc/pve/lxc/<CTID>.conf")
+             .replace("container 100", "the container") for line in lines
+             if not line.startswith("# Pass --cell")]
+    return [*lines, "", ("# Then, inside the container, in the deployment directory: "
+                         "docker compose up -d (or docker-compose up -d)")]
+
+
 def device_flags(nodes: list[str]) -> list[str]:
     """`--device` paths for docker run inside the container (no-cgroups needs them)."""
     return [f"/dev/{n}" for n in (nodes or DEFAULT_NODES) if n != "nvidia-modeset"]

@@ -173,12 +173,8 @@ def write_lock(path: Path, lock: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
-    """How to serve the model from this image: the engine command, its env, GPU and shm needs
-    (spec.Launch of the cell as the planner resolves it).
-
-    `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
-    """
+def launch_for(matrix: Matrix, cell: Cell):  # -> spec.Launch
+    """spec.Launch of the cell as the planner resolves it (no index facts needed)."""
     from ..model.cell import CellPlan
     from .plan import settings_for
     from ..model.rules import choose_attention_backend
@@ -187,8 +183,17 @@ def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
     if cell.engine not in matrix.engines:
         raise StageFailure(f"engine {cell.engine!r} of {cell.id} is not in {matrix.path}")
     backend, _ = choose_attention_backend(cell, matrix)
-    launch = launch_of(matrix, CellPlan(cell, "planned",
-                                        settings=settings_for(cell, matrix, None, backend)))
+    return launch_of(matrix, CellPlan(cell, "planned",
+                                      settings=settings_for(cell, matrix, None, backend)))
+
+
+def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
+    """How to serve the model from this image: the engine command, its env, GPU and shm needs
+    (launch_for).
+
+    `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
+    """
+    launch = launch_for(matrix, cell)
     return {"command": launch.template(), "env": dict(launch.env), "gpu": launch.gpu,
             "shm_size": launch.shm_size, "port": launch.port}
 
@@ -474,9 +479,13 @@ def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = No
     for key, value in sorted(run.get("env", {}).items()):
         argv += ["-e", f"{key}={value}"]
     argv.append(entry["reference"])
-    argv += [part.replace("{port}", str(port)).replace("{model}", CONTAINER_MODEL_DIR)
-             for part in run.get("command", [])]
-    return argv
+    return argv + serve_command(entry, port)
+
+
+def serve_command(entry: dict[str, Any], port: int) -> list[str]:
+    """The locked image's serve command with `{port}` and `{model}` filled."""
+    return [part.replace("{port}", str(port)).replace("{model}", CONTAINER_MODEL_DIR)
+            for part in entry["run"].get("command", [])]
 
 
 def docker_run_line(entry: dict[str, Any], model_dir: str, port: int | None = None,

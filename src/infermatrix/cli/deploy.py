@@ -1,0 +1,88 @@
+"""`infermatrix deploy`: write a Compose deployment (one server per GPU, or N CPU replicas) of
+a published image, its Proxmox LXC lines and a README."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import StageFailure, UsageError
+from ..host import proxmox
+from ..stages import deploy
+from ..stages.publish import LOCK_NAME, cell_from_labels, launch_for, read_lock
+from . import common_options, load_context
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "deploy", help="write a Compose file: one server per GPU from a published image",
+        description="Write OUT/compose.yaml (the images.lock image by digest, one service per "
+        "GPU pinned by a device reservation and NVIDIA_VISIBLE_DEVICES, its own port, the "
+        "cell's launch flags, shm, the model read-only, a health check), "
+        "OUT/proxmox-lxc.conf and OUT/README.md. Start it with `docker compose up -d`.")
+    parser.add_argument("cell", metavar="CELL", help="a cell id of images.lock")
+    common_options(parser)
+    parser.add_argument("--gpus", metavar="LIST",
+                        help="GPU indices, one server each: 0-7, 0,2,5 or 0-3,6")
+    parser.add_argument("--cpu-lane", type=int, metavar="N", default=None,
+                        help="deploy N replicas of the CPU cell (no GPU)")
+    parser.add_argument("--model-dir", required=True, metavar="DIR",
+                        help="host directory with the model weights, mounted read-only")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where to write (default: ./deploy/CELL)")
+    parser.add_argument("--lock", type=Path, default=None, metavar="PATH",
+                        help=f"the images.lock to read (default: {LOCK_NAME} beside the matrix)")
+    parser.add_argument("--base-port", type=int, default=None, metavar="PORT",
+                        help="host port of the first server, the next ones count up "
+                        "(default: the image's port, 8000)")
+    parser.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                        help="host address the ports listen on (default 127.0.0.1; 0.0.0.0 "
+                        "for every interface)")
+    parser.add_argument("--lxc", action="store_true",
+                        help="the deployment runs inside an unprivileged Proxmox LXC guest "
+                        "(toolkit no-cgroups): also pass each GPU's /dev nodes as devices")
+    parser.set_defaults(func=run_deploy)
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    ctx = load_context(args, log=False)
+    lock_path = args.lock or ctx.matrix.root / LOCK_NAME
+    if not lock_path.is_file():
+        raise UsageError(f"{lock_path} does not exist: run `infermatrix publish` first or pass "
+                         "--lock PATH")
+    entry = deploy.locked_entry(read_lock(lock_path), args.cell, str(lock_path))
+    try:
+        cell = cell_from_labels(entry.get("labels") or {})
+    except StageFailure as exc:
+        raise UsageError(f"{lock_path}: cell {args.cell}: {exc}; fix: publish it again") from None
+    if cell.engine not in ctx.matrix.engines:
+        raise UsageError(f"engine {cell.engine!r} of {cell.id} is not in {ctx.matrix.path}; "
+                         "fix: pass --matrix PATH, the matrix the image was built from")
+    gpus = deploy.parse_gpus(args.gpus) if args.gpus is not None else None
+    model_dir = Path(args.model_dir).expanduser().absolute()
+    if not model_dir.is_dir():
+        print(f"warning: --model-dir {model_dir} is not a directory here; it must exist on "
+              "the host that starts the deployment", file=sys.stderr)
+    if args.lxc and not gpus:
+        raise UsageError("--lxc passes GPU device nodes: it needs --gpus")
+    lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
+        if gpus else None
+    lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None
+    result = deploy.deployment(entry, launch_for(ctx.matrix, cell), str(model_dir), gpus,
+                               args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes)
+    out = args.out or Path("deploy") / args.cell
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in result.files().items():
+        (out / name).write_text(text, encoding="utf-8")
+        print(out / name)
+    print(f"deployed {len(result.compose['services'])} server(s) of {entry['reference']}; "
+          f"start: cd {out} && docker compose up -d   (or docker-compose up -d)")
+    return 0
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""

@@ -1,0 +1,235 @@
+"""`infermatrix deploy`: a data-parallel deployment of a published, tested image.
+
+One engine server per GPU (no tensor parallelism), each pinned to its GPU by a Compose device
+reservation and NVIDIA_VISIBLE_DEVICES, on its own host port. The image is the images.lock
+entry's, by digest; the serve command, env and shm size are the ones images.lock recorded at
+publish (the data `pull` prints as a `docker run` line); the health route and the attention
+backend come from the cell's spec.Launch. On a host without GPUs, N replicas of the CPU cell.
+
+Pure: this module builds the documents; cli/deploy.py reads the inputs (the Proxmox lines come
+from host.proxmox.deployment_lines) and writes the files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ..errors import UsageError
+from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, Launch
+from .publish import LOCK_NAME, serve_command
+
+COMPOSE_NAME = "compose.yaml"
+PROXMOX_NAME = "proxmox-lxc.conf"
+README_NAME = "README.md"
+GPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+DIGEST_REFERENCE = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
+# Loading 27B weights (and compiling kernels on first start) takes minutes: the health check
+# only counts failures after the start period.
+HEALTH_TIMING = {"gpu": {"interval": "30s", "timeout": "10s", "retries": 3,
+                         "start_period": "30m"},
+                 "cpu": {"interval": "15s", "timeout": "10s", "retries": 3,
+                         "start_period": "15m"}}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    compose: dict[str, Any]
+    proxmox_lines: list[str] | None  # None on the CPU lane: no GPU to pass to a container
+    readme: str
+
+    def files(self) -> dict[str, str]:
+        """File name -> text, as cli/deploy.py writes them into the out directory."""
+        out = {COMPOSE_NAME: compose_text(self.compose), README_NAME: self.readme}
+        if self.proxmox_lines is not None:
+            out[PROXMOX_NAME] = "\n".join(self.proxmox_lines) + "\n"
+        return out
+
+
+# --- input ----------------------------------------------------------------------------------
+
+def parse_gpus(spec: str) -> list[int]:
+    """`0-7` -> [0..7], `0,2,5` -> [0, 2, 5]; ranges and lists mix (`0-3,6`)."""
+    text = spec.replace(" ", "")
+    if not GPU_LIST.fullmatch(text):
+        raise UsageError(f"--gpus {spec!r} is not a GPU list: give indices as `nvidia-smi -L` "
+                         "numbers them, e.g. --gpus 0-7 or --gpus 0,2,5")
+    gpus: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise UsageError(f"--gpus {spec!r}: range {part} runs backwards; write {high}-{low}")
+        gpus += range(low, high + 1)
+    repeated = sorted({g for g in gpus if gpus.count(g) > 1})
+    if repeated:
+        raise UsageError(f"--gpus {spec!r} names GPU {repeated[0]} twice: one server per GPU")
+    return gpus
+
+
+def locked_entry(lock: dict[str, Any], cell_id: str, lock_name: str = LOCK_NAME
+                 ) -> dict[str, Any]:
+    """The images.lock entry of the cell, with a digest reference to pin."""
+    images = lock.get("images") or {}
+    entry = images.get(cell_id)
+    if entry is None:
+        known = ", ".join(sorted(images)) or "none"
+        raise UsageError(f"cell {cell_id} is not in {lock_name} (published cells: {known}); "
+                         "fix: run `infermatrix publish --select CELL` for a tested cell, or "
+                         "pass --lock PATH to the images.lock that has it")
+    reference = entry.get("reference") or ""
+    if not entry.get("digest") or not DIGEST_REFERENCE.fullmatch(reference):
+        raise UsageError(f"{lock_name}: cell {cell_id} has no digest reference "
+                         f"(reference {reference!r}); fix: publish it again with "
+                         "`infermatrix publish --select " + cell_id + "`, which pins the digest")
+    if not entry.get("run", {}).get("command"):
+        raise UsageError(f"{lock_name}: cell {cell_id} records no serve command (`run`); fix: "
+                         "publish it again with this version of infermatrix")
+    return entry
+
+
+# --- the Compose document -------------------------------------------------------------------
+
+def health_test(route: str, port: int) -> list[str]:
+    """The engine's health route over loopback; python3 is in every engine image, curl may not
+    be. urlopen raises on a non-2xx answer, so the exit status is the verdict."""
+    url = f"http://127.0.0.1:{port}{route}"
+    return ["CMD", "python3", "-c",
+            f"import urllib.request; urllib.request.urlopen({url!r}, timeout=5)"]
+
+
+def gpu_reservation(gpu: int) -> dict[str, Any]:
+    return {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "device_ids": [str(gpu)], "capabilities": ["gpu"]}]}}}
+
+
+def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bind: str,
+            gpu: int | None, lxc_nodes: list[str] | None = None) -> dict[str, Any]:
+    """One engine server: the locked image by digest, its command on `port`, the model
+    read-only, shm, health check; with `gpu`, pinned to that GPU (and, inside an LXC guest,
+    given `lxc_nodes` of /dev as devices)."""
+    run = entry["run"]
+    env = dict(sorted(run.get("env", {}).items()))
+    if gpu is not None:
+        env["NVIDIA_VISIBLE_DEVICES"] = str(gpu)
+    body: dict[str, Any] = {
+        "image": entry["reference"],
+        "command": serve_command(entry, port),
+        "environment": env,
+        "ports": [f"{bind}:{port}:{port}"],
+        "shm_size": run.get("shm_size") or launch.shm_size,
+        "volumes": [{"type": "bind", "source": model_dir, "target": CONTAINER_MODEL,
+                     "read_only": True}],
+        "healthcheck": {"test": health_test(launch.health or "", port),
+                        **HEALTH_TIMING["gpu" if gpu is not None else "cpu"]},
+        "restart": "unless-stopped",
+        "labels": {"io.infermatrix.cell": entry["cell"],
+                   "io.infermatrix.attention-backend": launch.attention_backend or "default"},
+    }
+    if gpu is not None:
+        body["deploy"] = gpu_reservation(gpu)
+        if lxc_nodes:  # no-cgroups in an unprivileged LXC: the nodes passed explicitly
+            body["devices"] = [f"/dev/{node}:/dev/{node}" for node in lxc_nodes]
+    return body
+
+
+def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
+                     gpus: list[int] | None = None, cpu_replicas: int | None = None,
+                     base_port: int | None = None, bind: str = "127.0.0.1",
+                     lxc_nodes: dict[int, list[str]] | None = None) -> dict[str, Any]:
+    """One service per GPU (`gpu<N>`), or `cpu_replicas` services (`cpu<i>`), ports from
+    `base_port` up in service order; `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest."""
+    check_lane(entry, launch, gpus, cpu_replicas)
+    base = base_port or entry["run"].get("port") or DEFAULT_PORT
+    if gpus:
+        named = [(f"gpu{g}", g) for g in gpus]
+    else:
+        named = [(f"cpu{i}", None) for i in range(cpu_replicas or 0)]
+    return {"services": {name: service(entry, launch, model_dir, base + index, bind, gpu,
+                                       (lxc_nodes or {}).get(gpu) if gpu is not None else None)
+                         for index, (name, gpu) in enumerate(named)}}
+
+
+def check_lane(entry: dict[str, Any], launch: Launch, gpus: list[int] | None,
+               cpu_replicas: int | None) -> None:
+    cell, is_gpu = entry["cell"], bool(entry["run"].get("gpu"))
+    if not launch.health:
+        raise UsageError(f"the engine of {cell} has no health route (matrix.yaml engines.*."
+                         "health): it serves no model to deploy")
+    if cpu_replicas is not None and cpu_replicas < 1:
+        raise UsageError(f"--cpu-lane {cpu_replicas}: give at least 1 replica")
+    if gpus and cpu_replicas:
+        raise UsageError("give --gpus or --cpu-lane, not both")
+    if is_gpu and not gpus:
+        raise UsageError(f"{cell} is a GPU cell: pass --gpus (e.g. --gpus 0-7); --cpu-lane "
+                         "deploys the CPU cell")
+    if not is_gpu and not cpu_replicas:
+        raise UsageError(f"{cell} is a CPU cell: pass --cpu-lane N for N replicas")
+    if not is_gpu and gpus:
+        raise UsageError(f"{cell} is a CPU cell: --gpus does not apply, use --cpu-lane N")
+
+
+def compose_text(document: dict[str, Any]) -> str:
+    return ("# Written by `infermatrix deploy`: start with `docker compose up -d` (or Debian's "
+            "`docker-compose up -d`).\n"
+            + yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=100))
+
+
+# --- README ---------------------------------------------------------------------
+
+README = """\
+# Deployment of {cell}
+
+Image `{reference}` (pinned by digest, from images.lock; published {published}, verified:
+{verified}): {count} server(s), one per {unit}, attention backend {backend}.
+
+Start it in this directory with whichever Compose is installed:
+
+    docker compose up -d      # the Compose v2 plugin
+    docker-compose up -d      # Debian's docker-compose package
+
+`docker compose ps` shows each service `healthy` once its model has loaded (minutes); the
+health check asks `{health}`.
+
+| service | GPU | endpoint |
+|---|---|---|
+{rows}
+{notes}"""
+GPU_NOTE = "GPU services need the NVIDIA Container Toolkit on the host (device reservations).\n"
+PROXMOX_NOTE = (f"Inside a Proxmox LXC guest, first add the lines of `{PROXMOX_NAME}` on the "
+                "Proxmox host (and deploy with --lxc).\n")
+
+
+def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
+                has_proxmox: bool) -> str:
+    services = compose["services"]
+    rows = []
+    for name, body in services.items():
+        host, port, _ = body["ports"][0].rsplit(":", 2)
+        gpu = body["environment"].get("NVIDIA_VISIBLE_DEVICES", "-")
+        rows.append(f"| {name} | {gpu} | http://{host}:{port}/v1 |")
+    notes = (GPU_NOTE if launch.gpu else "") + (PROXMOX_NOTE if has_proxmox else "")
+    return README.format(
+        cell=entry["cell"], reference=entry["reference"],
+        published=entry.get("published", "?"), verified=entry.get("verified", "?"),
+        count=len(services), unit="GPU" if launch.gpu else "replica",
+        backend=launch.attention_backend or "the engine default", health=launch.health,
+        rows="\n".join(rows), notes=("\n" + notes) if notes else "")
+
+
+def deployment(entry: dict[str, Any], launch: Launch, model_dir: str,
+               gpus: list[int] | None = None, cpu_replicas: int | None = None,
+               base_port: int | None = None, bind: str = "127.0.0.1",
+               lxc_lines: list[str] | None = None,
+               lxc_nodes: dict[int, list[str]] | None = None) -> Deployment:
+    """The files of a deployment; `lxc_lines` (host.proxmox.deployment_lines, GPU lanes only)
+    become proxmox-lxc.conf."""
+    compose = compose_document(entry, launch, model_dir, gpus, cpu_replicas, base_port, bind,
+                               lxc_nodes)
+    proxmox_lines = lxc_lines if gpus else None
+    return Deployment(compose, proxmox_lines,
+                      readme_text(entry, launch, compose, proxmox_lines is not None))
+
