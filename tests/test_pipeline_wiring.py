@@ -62,7 +62,7 @@ def probe_facts(ctx: Context, plan) -> str:
 def scripted(ctx: Context, plans_by_id: dict, fake: RecordingEngine):
     def script(image: str, entrypoint: list[str], command: list[str]) -> tuple[int, str]:
         cell_id = fake.images[image]["Config"]["Labels"]["io.infermatrix.cell"]
-        if entrypoint == ["python3"] and command[:1] == ["-c"]:  # the audit probe
+        if entrypoint == ["python3"] and command[:2] == ["-m", "harness.audit_probe"]:
             if cell_id == GPU:
                 return 1, "Traceback: the probe exploded"
             return 0, probe_facts(ctx, plans_by_id[cell_id])

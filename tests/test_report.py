@@ -141,7 +141,9 @@ def test_tagged_cell_has_throughput_size_versions_and_durations(report):
     assert [s.name for s in c.stages] == [s for s in STAGES if s in recorded]
     assert len(c.stages) == 7
     assert c.total_duration_s == pytest.approx(sum(s.duration_s for s in c.stages))
-    assert cell(report, CPU_TAGGED).tokens_per_s == pytest.approx(251.6)  # recorded run
+    recorded = json.loads((STATE.journal / f"{CPU_TAGGED}.json").read_text())
+    figures = recorded["stages"]["smoke"]["details"]["levels"]["model"]["tokens_per_s"]
+    assert cell(report, CPU_TAGGED).tokens_per_s == pytest.approx(max(figures.values()))
     assert cell(report, VERIFIED).tokens_text == "38.2"  # a plain figure
 
 
