@@ -65,7 +65,8 @@ def write_fault_matrix(root: Path, engines: dict[str, dict[str, str]],
     for name in engines:
         (locks / f"{cell_id(name)}.txt").write_text(
             f"# infermatrix lock for cell {cell_id(name)}: a fault fixture; its Dockerfile installs "
-            "nothing from it (a stand-in torch)\n", encoding="utf-8")
+            "nothing from it (it writes a stand-in torch of the pinned version)\ntorch==2.13.0\n",
+            encoding="utf-8")
     return root / "matrix.yaml"
 
 
