@@ -599,8 +599,11 @@ def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(t
                        secrets={"ca_bundle": Path("/etc/ssl/certs/ca-certificates.crt")},
                        log_path=tmp_path / "build.log", timeout=1800)
     exported = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert len(exported) == 1 and re.fullmatch(r"wheels/cudakern-0\.1\.0-.*\.whl", exported[0])
-    with zipfile.ZipFile(out / exported[0]) as wheel:
+    # the wheel, and the compile's own measurement (templates/files/measure.sh) beside it
+    wheels = [p for p in exported if p.endswith(".whl")]
+    assert len(wheels) == 1 and re.fullmatch(r"wheels/cudakern-0\.1\.0-.*\.whl", wheels[0])
+    assert sorted(set(exported) - set(wheels)) == ["wheels/cudakern.build-stats.json"]
+    with zipfile.ZipFile(out / wheels[0]) as wheel:
         library = next(wheel.read(n) for n in wheel.namelist() if n.endswith(".so"))
     arches = set(re.findall(rb"sm_1[0-9]{2}[af]?", library))
     assert arches == {b"sm_121"}, arches

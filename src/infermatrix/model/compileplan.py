@@ -457,8 +457,9 @@ class JobSampler:
                     per_job[job] = per_job.get(job, 0) + rss
         now = time.monotonic() - self._started
         for job, rss in per_job.items():
-            record = self.jobs.setdefault(job, {"tu": _translation_unit(job), "peak": 0,
-                                                "start": now})
+            record = self.jobs.setdefault(job, {"tu": "?", "peak": 0, "start": now})
+            if record["tu"] == "?":  # read again while unknown: a loaded host races the read
+                record["tu"] = _translation_unit(job)
             record["peak"] = max(record["peak"], rss)
             record["end"] = now
         self.all_jobs_peak = max(self.all_jobs_peak, sum(per_job.values()))
