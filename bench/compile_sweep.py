@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-wall", type=float, required=True)
     parser.add_argument("--cpus", type=int, default=16)
     parser.add_argument("--threads-now", type=int, default=1)
+    parser.add_argument("--subset", default="",
+                        help="comma-separated object names to rebuild (default: picked by step)")
     args = parser.parse_args(argv)
 
     ninja_file = args.build_dir / "build.ninja"
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     cost_full = args.full_wall * sum(point_factor(j, args.cpus) for j, _ in points)
     step = max(1, math.ceil(cost_full / max(budget, 1)))
     subset = pick_subset(targets, seconds, step)
+    if args.subset:  # a fixed subset, so points of separate sessions compare side by side
+        wanted = set(args.subset.split(","))
+        subset = [t for t in targets if Path(t).name in wanted]
+        step = max(1, round(len(targets) / max(len(subset), 1)))
     meta = {"targets": len(targets), "subset_step": step, "subset": [Path(t).name for t in subset],
             "subset_cpu_s_in_full_build": round(sum(seconds.get(t, 0) for t in subset), 1),
             "full_cpu_s": round(sum(seconds.get(t, 0) for t in targets), 1),

@@ -212,6 +212,43 @@ def test_sampler_measures_a_real_compile_and_the_next_plan_uses_it(tmp_path):
     assert after.gib_per_target == pytest.approx(stats["job_peak_max_gib"] * 1.15, abs=1e-3)
 
 
+def test_measure_wrapper_is_recognised_run_directly_or_through_its_shell():
+    assert cp.is_measure_wrapper(["/bin/sh", "/usr/local/bin/measure", "flashinfer", "/wheels",
+                                  "--"], "flashinfer")
+    assert cp.is_measure_wrapper(["measure", "flash-attn", "/wheels", "--"], "flash-attn")
+    assert not cp.is_measure_wrapper(["/bin/sh", "/usr/local/bin/measure", "flash-attn"],
+                                     "flashinfer")
+    assert not cp.is_measure_wrapper(["python3", "setup.py", "measure", "flashinfer"],
+                                     "flashinfer")
+
+
+def test_a_scoped_sampler_counts_only_its_kernels_jobs_while_another_compiles(tmp_path):
+    """Two real process trees, as two cells compiling different kernels at once build them:
+    `sh measure NAME OUT -- nvcc` where the `nvcc` is a copy of sleep (only its name matters to
+    the sampler). Unscoped, the sampler sums both; scoped, only its own."""
+    import shutil
+    import subprocess
+    import time
+
+    (tmp_path / "measure").write_text('#!/bin/sh\nshift 3\n"$@"\n')
+    nvcc = tmp_path / "nvcc"
+    shutil.copy(shutil.which("sleep"), nvcc)
+    trees = [subprocess.Popen(["sh", str(tmp_path / "measure"), name, str(tmp_path), "--",
+                               str(nvcc), "3"]) for name in ("flash-attn", "flashinfer")]
+    try:
+        time.sleep(0.5)
+        scoped, unscoped = cp.JobSampler(scope="flashinfer"), cp.JobSampler()
+        scoped.sample()
+        unscoped.sample()
+        parents = {job: cp._processes()[job][0] for job in scoped.jobs}
+    finally:
+        for tree in trees:
+            tree.kill()
+            tree.wait()
+    assert len(unscoped.jobs) >= 2
+    assert list(parents.values()) == [trees[1].pid]  # the one job is flashinfer's nvcc
+
+
 # ---- the commands ----------------------------------------------------------------------------
 
 def test_max_jobs_and_nvcc_threads_are_validated_alike_in_every_command(capsys):

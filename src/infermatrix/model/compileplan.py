@@ -395,12 +395,25 @@ def _processes() -> dict[int, tuple[int, str, int]]:
     return procs
 
 
-def _translation_unit(pid: int) -> str:
+def _cmdline(pid: int) -> list[str]:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return "?"
-    names = [a.decode(errors="replace") for a in argv if a.endswith((b".cu", b".cpp", b".cc"))]
+        return []
+    return [a.decode(errors="replace") for a in argv]
+
+
+def is_measure_wrapper(argv: list[str], kernel: str) -> bool:
+    """Is this the kernel stage's `measure KERNEL OUT -- ...` (templates/files/measure.sh.j2),
+    run as `measure ...` or through its shell (`sh /usr/local/bin/measure ...`)?"""
+    for index, arg in enumerate(argv[:2]):
+        if arg.rsplit("/", 1)[-1] == "measure":
+            return argv[index + 1: index + 2] == [kernel]
+    return False
+
+
+def _translation_unit(pid: int) -> str:
+    names = [a for a in _cmdline(pid) if a.endswith((".cu", ".cpp", ".cc"))]
     return names[0].rsplit("/", 1)[-1] if names else "?"
 
 
@@ -430,14 +443,19 @@ class JobSampler:
     nvcc job (the nvcc and its descendants), and the sum over all jobs.
 
     It sees BuildKit's RUN steps too (they are processes of this host), so `infermatrix build`
-    runs one around each kernel compile; another compile on the host at the same time is
-    counted too, which can only raise the figure. RSS counts shared pages once per process, so the sums
-    lean high: the safe side for the model.
+    runs one around each kernel compile. With `scope` (a kernel name) it counts only the jobs
+    under that kernel's `measure NAME ...` wrapper, so a compile of another kernel running on
+    the host at the same time (cells build in parallel) is left out; two cells compiling the
+    same kernel name for different keys at once would still be summed. RSS counts shared pages
+    once per process, so the sums lean high: the safe side for the model.
     """
 
-    def __init__(self, interval: float = 0.25, root_pid: int | None = None) -> None:
+    def __init__(self, interval: float = 0.25, root_pid: int | None = None,
+                 scope: str | None = None) -> None:
         self.interval = interval
         self.root_pid = root_pid  # only this process's descendants (None: the whole host)
+        self.scope = scope
+        self._wrapper: dict[int, bool] = {}  # pid -> is it `measure <scope> ...` (read once)
         self.jobs: dict[int, dict[str, Any]] = {}
         self.all_jobs_peak = 0
         self.samples = 0
@@ -449,6 +467,12 @@ class JobSampler:
     def sample(self) -> None:
         procs = _processes()
         mine = _descendants(self.root_pid, procs) if self.root_pid else None
+        if self.scope is not None:
+            scoped: set[int] = set()
+            for pid in procs:
+                if self._is_wrapper(pid):
+                    scoped |= _descendants(pid, procs)
+            mine = scoped if mine is None else mine & scoped
         per_job: dict[int, int] = {}
         for pid, (_, comm, rss) in procs.items():
             if comm in COMPILER_PROCESSES and (mine is None or pid in mine):
@@ -464,6 +488,11 @@ class JobSampler:
             record["end"] = now
         self.all_jobs_peak = max(self.all_jobs_peak, sum(per_job.values()))
         self.samples += 1
+
+    def _is_wrapper(self, pid: int) -> bool:
+        if pid not in self._wrapper:
+            self._wrapper[pid] = is_measure_wrapper(_cmdline(pid), self.scope or "")
+        return self._wrapper[pid]
 
     def _loop(self) -> None:
         while not self._stop.is_set():

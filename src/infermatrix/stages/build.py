@@ -359,7 +359,7 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
         echo(f"{cell_id}: compiling kernel {name} ({key.slug})")
         with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
                                          dir=_tmp_root(ctx)) as out:
-            with compileplan.JobSampler() as sampler:
+            with compileplan.JobSampler(scope=name) as sampler:  # this kernel's jobs only
                 engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
                                    secrets=secrets, output_dir=Path(out), log_path=log_path,
                                    timeout=deadline.remaining(), no_cache=no_cache,
