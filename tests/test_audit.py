@@ -78,6 +78,37 @@ def test_torch_cuda(torch, cuda: str, status: str) -> None:
     assert check_torch_cuda(facts(torch=torch), cuda).status == status
 
 
+# What the probe read from the real vLLM 0.33 GB10 image (linux/arm64) under QEMU on x86_64.
+MIDR = ("/__w/pytorch/pytorch/third_party/ideep/mkl-dnn/third_party/xbyak_aarch64/src/"
+        "util_impl_linux.h, 444: Can't open MIDR_EL1 sysfs entry")
+STATIC = {"version": "2.14.0+cu130", "cuda": "13.0", "file": "/opt/venv/.../torch/version.py"}
+
+
+def test_torch_cuda_under_emulation_reads_torch_version_file_and_says_so() -> None:
+    image = facts(torch={"error": MIDR, "static": STATIC})
+    emulated = "linux/arm64 under QEMU on linux/amd64"
+    check = check_torch_cuda(image, "13.0", emulated)
+    assert check.status == PASS and "read from torch/version.py" in check.detail
+    assert emulated in check.detail and check.data["import_error"]
+    assert check_torch_cuda(image, "12.9", emulated).status == FAIL  # still judged
+    # natively, an import that fails is a finding: the static answer is not used
+    assert check_torch_cuda(image, "13.0", None).status == FAIL
+
+
+def test_pip_check_accepts_nvidia_sbsa_tags_on_aarch64_only() -> None:
+    output = ("Using Python 3.11.2 environment at: /opt/venv\nChecked 198 packages in 9ms\n"
+              "Found 1 incompatibility\n"
+              "The package `nvidia-cusparselt-cu13` was built for a different platform\n")
+    result = {"tool": "uv (image)", "returncode": 1, "output": output, "machine": "aarch64",
+              "wheel_tags": {"nvidia-cusparselt-cu13": ["py3-none-manylinux2014_sbsa"]}}
+    check = check_pip(facts(pip_check=result))
+    assert check.status == PASS and "nvidia-cusparselt-cu13" in check.detail
+    assert check.data["sbsa_tagged"] == ["nvidia-cusparselt-cu13"]
+    assert check_pip(facts(pip_check={**result, "machine": "x86_64"})).status == FAIL
+    other = {**result, "wheel_tags": {"nvidia-cusparselt-cu13": ["py3-none-manylinux2014_x86_64"]}}
+    assert check_pip(facts(pip_check=other)).status == FAIL
+
+
 # --- pins --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pinned, installed, ok", [

@@ -7,8 +7,8 @@ Prints one line, MARKER followed by JSON: python, site dirs, distributions, ever
 object with its fat-binary sections and NEEDED entries, torch's build facts, `pip check`.
 stages/audit.py runs it in a throw-away container (no network) and judges the result.
 """
-import hashlib, importlib.metadata as md, importlib.util, json, mmap, os, re, shutil, site
-import subprocess, sys, sysconfig
+import hashlib, importlib.metadata as md, importlib.util, json, mmap, os, platform, re, shutil
+import site, subprocess, sys, sysconfig
 MOUNT = sys.argv[1]
 sys.path.insert(0, MOUNT + "/py")
 from elftools.elf.elffile import ELFFile
@@ -86,8 +86,29 @@ def torch_facts():
             "'cuda': torch.version.cuda, 'arch_list': torch.cuda.get_arch_list()}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if done.returncode != 0:
-        return {"error": (done.stderr or done.stdout)[-2000:]}
+        return {"error": (done.stderr or done.stdout)[-2000:], "static": torch_version_file()}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+def torch_version_file():
+    """torch/version.py read as text (where torch.version.cuda comes from), for when the import
+    cannot run here (an arm64 image under qemu-user: oneDNN's xbyak_aarch64 reads MIDR_EL1 from
+    sysfs, which qemu-user does not provide)."""
+    spec = importlib.util.find_spec("torch")
+    path = os.path.join(os.path.dirname(spec.origin or ""), "version.py") if spec else ""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError:
+        return None
+    found = dict(re.findall(r"^(__version__|cuda)\b[^=]*=\s*'([^']*)'", text, re.M))
+    return {"version": found.get("__version__"), "cuda": found.get("cuda"), "file": path}
+
+def wheel_tags(name):
+    """The `Tag:` lines of an installed distribution's WHEEL file."""
+    try:
+        text = md.distribution(name).read_text("WHEEL") or ""
+    except md.PackageNotFoundError:
+        return []
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:")]
 
 def pip_check():
     if importlib.util.find_spec("pip") is not None:
@@ -98,8 +119,12 @@ def pip_check():
         argv, tool = [MOUNT + "/uv", "pip", "check", "--python", sys.executable], "uv (host)"
     env = dict(os.environ, UV_NO_CACHE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    output = done.stdout + done.stderr
+    # "The package `x` was built for a different platform": the tags its WHEEL file declares
+    other_platform = re.findall(r"The package `([^`]+)` was built for a different platform", output)
     return {"tool": tool, "command": " ".join(argv), "returncode": done.returncode,
-            "output": (done.stdout + done.stderr)[-4000:]}
+            "output": output[-4000:], "machine": platform.machine(),
+            "wheel_tags": {name: wheel_tags(name) for name in other_platform}}
 
 dirs = site_dirs()
 has_torch = importlib.util.find_spec("torch") is not None

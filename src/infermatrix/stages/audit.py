@@ -552,20 +552,30 @@ def check_cuda_major(facts: ImageFacts, cuda: str,
     return Check("cuda-major", PASS, detail, data)
 
 
-def check_torch_cuda(facts: ImageFacts, cuda: str) -> Check:
+def check_torch_cuda(facts: ImageFacts, cuda: str, emulated: str | None = None) -> Check:
+    """torch.version.cuda is the cell's CUDA. Under emulation (`emulated`: why, e.g. "linux/arm64
+    under QEMU on linux/amd64") an import that cannot run there is no finding about the image:
+    torch/version.py, which torch.version.cuda reads, answers instead, and the detail says so."""
     if facts.torch is None:
         return Check("torch-cuda", FAIL, "torch is not installed")
+    torch_facts, how = facts.torch, ""
     if "error" in facts.torch:
-        return Check("torch-cuda", FAIL,
-                     "import torch failed: " + proc.tail(facts.torch["error"], 5))
-    got = facts.torch.get("cuda")
-    data = {"torch": facts.torch.get("version"), "torch_cuda": got,
-            "arch_list": facts.torch.get("arch_list")}
+        static = facts.torch.get("static")
+        if not (emulated and static and static.get("cuda")):
+            return Check("torch-cuda", FAIL,
+                         "import torch failed: " + proc.tail(facts.torch["error"], 5))
+        torch_facts = static
+        how = (f" (read from torch/version.py: `import torch` cannot run {emulated}: "
+               f"{proc.tail(facts.torch['error'], 1)})")
+    got = torch_facts.get("cuda")
+    data = {"torch": torch_facts.get("version"), "torch_cuda": got,
+            "arch_list": torch_facts.get("arch_list"), "emulated": emulated,
+            "import_error": proc.tail(facts.torch["error"], 5) if how else None}
     if got is None or ".".join(str(got).split(".")[:2]) != cuda:
         return Check("torch-cuda", FAIL, f"torch.version.cuda is {got}, the cell is CUDA {cuda}",
                      data)
-    return Check("torch-cuda", PASS, f"torch {facts.torch.get('version')} built for CUDA {got}",
-                 data)
+    return Check("torch-cuda", PASS,
+                 f"torch {torch_facts.get('version')} built for CUDA {got}{how}", data)
 
 
 def expected_pins(ctx: "Context", plan: CellPlan) -> dict[str, tuple[str, str]]:
@@ -637,17 +647,34 @@ def check_pip(facts: ImageFacts, waived: Iterable[str] = ()) -> Check:
     waived_names = {canonicalize_name(w) for w in waived}
     lines = [ln.strip() for ln in result.get("output", "").splitlines() if ln.strip()]
     problems = [ln for ln in lines if _pip_problem(ln)]
-    kept = [ln for ln in problems if canonicalize_name(_pip_subject(ln)) not in waived_names]
-    waived_lines = [ln for ln in problems if ln not in kept]
+    sbsa = _sbsa_tagged(result)
+    kept = [ln for ln in problems if canonicalize_name(_pip_subject(ln)) not in waived_names
+            and _pip_subject(ln) not in sbsa]
+    waived_lines = [ln for ln in problems if ln not in kept and _pip_subject(ln) not in sbsa]
     data = {"tool": result.get("tool"), "command": result.get("command"),
-            "returncode": result.get("returncode"), "waived": waived_lines}
+            "returncode": result.get("returncode"), "waived": waived_lines,
+            "sbsa_tagged": sorted(sbsa)}
     if kept or (result.get("returncode") != 0 and not problems):
         return Check("pip-check", FAIL, "; ".join(kept) or proc.tail(result.get("output", ""), 5),
                      data)
     detail = f"{result.get('tool')} check clean"
     if waived_lines:
         detail += " (waived, installed with --no-deps: " + "; ".join(waived_lines) + ")"
+    if sbsa:
+        detail += (f"; {len(sbsa)} NVIDIA wheel(s) whose WHEEL file says `*_sbsa` (Arm's "
+                   f"server architecture: aarch64) where the file name the installer matched "
+                   f"says aarch64, accepted on {result.get('machine')}: " + ", ".join(sorted(sbsa)))
     return Check("pip-check", PASS, detail, data)
+
+
+def _sbsa_tagged(result: dict[str, Any]) -> set[str]:
+    """Packages pip/uv check calls "built for a different platform" only because their WHEEL
+    file's tags are all `..._sbsa` (NVIDIA's name for aarch64 servers, e.g. nvidia-cusparselt-cu13
+    0.8.1: `py3-none-manylinux2014_sbsa`), read from the image on an aarch64 interpreter."""
+    if result.get("machine") != "aarch64":
+        return set()
+    return {name for name, tags in (result.get("wheel_tags") or {}).items()
+            if tags and all(tag.endswith("_sbsa") for tag in tags)}
 
 
 def _pip_subject(line: str) -> str:
@@ -882,9 +909,22 @@ def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str
     return Check("triton-smem", FAIL, reason, data)
 
 
+def emulation_of(image: str) -> str | None:
+    """Why programs of this image run emulated here ("linux/arm64 under QEMU on linux/amd64"),
+    or None when the image is for this host's CPU."""
+    from ..engine import docker as engine
+
+    info = engine.inspect_image(image) or {}
+    platform = f"{info.get('Os', 'linux')}/{info.get('Architecture', '')}"
+    host = engine.host_platform()
+    if not info.get("Architecture") or platform == host:
+        return None
+    return f"{platform} under QEMU on {host}"
+
+
 def check_triton_smem(image: str, engine_name: str, backend: str | None, targets: list[Arch],
                       model: str | None, log_path: Path | None = None,
-                      timeout: float = TRITON_TIMEOUT_S) -> Check:
+                      timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None) -> Check:
     from ..engine import docker as engine
     from ..harness import _result as harness_result
 
@@ -911,7 +951,12 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
     if log_path is not None:
         with open(log_path, "a", encoding="utf-8") as sink:
             sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
-    return judge_triton(harness_result.parse(output), backend, output)
+    parsed = harness_result.parse(output)
+    if parsed is None and emulated:  # torch/Triton cannot start under qemu-user: not verified
+        return Check("triton-smem", SKIP, f"not verified here: the harness cannot run {emulated} "
+                     f"({proc.tail(output, 1)}); run the audit on a native host of the image's "
+                     "CPU", {"backend": backend, "emulated": emulated})
+    return judge_triton(parsed, backend, output)
 
 
 # --------------------------------------------------------------------------------------------
@@ -951,11 +996,12 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
             result.checks.append(check_kernels(result.objects, arch_targets))
             result.checks.append(check_cuda_major(facts, cell.cuda,
                                                   runtime_chosen_builds(facts, load_ctx)))
-            result.checks.append(check_torch_cuda(facts, cell.cuda))
+            emulated = emulation_of(image_ref)
+            result.checks.append(check_torch_cuda(facts, cell.cuda, emulated))
             backend = plan.settings.attention_backend if plan.settings else None
             result.checks.append(check_triton_smem(image_ref, cell.engine, backend, arch_targets,
                                                    (ctx.matrix.model or {}).get("name"),
-                                                   log_path))
+                                                   log_path, emulated=emulated))
         else:
             reason = "arch cpu: no GPU code to audit"
             result.checks += [Check("kernels", SKIP, reason),
