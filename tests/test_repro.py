@@ -19,6 +19,7 @@ from infermatrix.stages import repro
 from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.stages.plan import plan_matrix
+from tests.cuda_tools import NO_NVCC, NVCC
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
@@ -271,3 +272,60 @@ def test_the_summary_shows_digests_and_flags_unpinned_inputs():
     assert "config.created" in text and "why: no clamp" in text
     assert "buildkit" in text and "UNPINNED" in text and report.unpinned == ["buildkit"]
     assert report.as_dict()["digest_identical"] is False
+
+
+# --- compiled kernels: two compiles compared member by member --------------------------------
+
+def _wheel(path: Path, members: dict[str, bytes]) -> Path:
+    import zipfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_two_real_nvcc_compiles_differ_only_in_local_symbols_which_strip_removes(tmp_path):
+    """Two nvcc runs of one source (as two kernel compiles are): the host object names nvcc's
+    temporary files (tmpxft_<pid in hex>_...), so it differs; the device code does not, and
+    `strip --strip-unneeded` makes the two identical. verify-repro --kernels says exactly that."""
+    import subprocess
+
+    source = Path(__file__).parent / "fixtures" / "cudakern" / "src" / "saxpy.cu"
+    objects = []
+    for run in (1, 2):
+        out = tmp_path / f"saxpy-{run}.o"
+        subprocess.run([NVCC, "-O2", "-gencode", "arch=compute_120,code=sm_120", "-c",
+                        str(source), "-o", str(out)], check=True)
+        objects.append(out.read_bytes())
+    wheels = [[_wheel(tmp_path / str(run) / "cudakern-0.1.0-py3-none-any.whl",
+                      {"cudakern/saxpy.o": data, "cudakern/__init__.py": b"x = 1\n"})]
+              for run, data in zip((1, 2), objects)]
+    differences, members = repro.compare_kernel_wheels(wheels[0], wheels[1])
+    assert members == 2
+    if objects[0] == objects[1]:  # nvcc got the same PID twice: nothing to explain
+        assert differences == []
+        return
+    [difference] = differences
+    assert difference.member == "cudakern/saxpy.o"
+    assert difference.device_code_identical is True
+    assert difference.identical_after_strip is True
+    assert ".strtab" in difference.sections and ".nv_fatbin" not in difference.sections
+    report = repro.KernelReproReport("cell", "cudakern", ["w"], members, ["a", "b"], differences)
+    assert not report.identical and report.explained
+    assert "local symbols only" in report.summary()
+
+
+def test_a_device_code_difference_is_not_explained_away(tmp_path):
+    """Two different objects (another kernel) are reported with the sections that differ and
+    are not 'explained' by strip."""
+    first = _wheel(tmp_path / "1" / "k-1-py3-none-any.whl", {"k/a.txt": b"one"})
+    second = _wheel(tmp_path / "2" / "k-1-py3-none-any.whl", {"k/a.txt": b"two",
+                                                               "k/extra": b""})
+    differences, _ = repro.compare_kernel_wheels([first], [second])
+    assert {(d.member, d.what) for d in differences} == {("k/a.txt", "content"),
+                                                         ("k/extra", "only-in-second")}
+    report = repro.KernelReproReport("cell", "k", ["k"], 3, ["a", "b"], differences)
+    assert not report.explained

@@ -51,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="also fail when the two image digests differ")
     repro.add_argument("--max-list", type=int, default=200, metavar="N",
                        help="differences printed (all are in the JSON report)")
+    repro.add_argument("--kernels", action="store_true",
+                       help="only the compiled kernels: compile each kernel stage twice without "
+                       "cache and compare the wheels member by member, explaining each "
+                       "differing object (ELF sections, device code, after strip)")
+    repro.add_argument("--against-cache", action="store_true",
+                       help="with --kernels: compile once and compare with the kernel cache's "
+                       "wheel of the same key")
     wait_option(repro)
     repro.set_defaults(func=run_verify_repro)
 
@@ -136,6 +143,18 @@ def run_verify_repro(args: argparse.Namespace) -> int:
     plan = next((p for p in repro_run.plans if p.id == args.cell), None)
     if plan is None or not plan.planned:
         raise UsageError(f"{args.cell} is not a planned cell (see `infermatrix plan`)")
+    if args.against_cache and not args.kernels:
+        raise UsageError("--against-cache needs --kernels")
+    if args.kernels:
+        with run_lock(ctx.state, wait=repro_run.options.wait):
+            reports = repro.verify_kernels(ctx, plan, against_cache=args.against_cache)
+        if args.json:
+            json.dump([r.__dict__ | {"differences": [d.__dict__ for d in r.differences]}
+                       for r in reports], sys.stdout, indent=2, sort_keys=True, default=str)
+            sys.stdout.write("\n")
+        else:
+            print("\n".join(r.summary() for r in reports))
+        return 0 if all(r.identical for r in reports) else 1
     with run_lock(ctx.state, wait=repro_run.options.wait):
         report = repro.verify_repro(ctx, plan, keep=args.keep)
     if args.json:

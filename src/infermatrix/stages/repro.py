@@ -495,3 +495,193 @@ def _record(ctx: Context, report: ReproReport, log_path: Path) -> None:
 def iter_lines(differences: Iterable[Difference]) -> Iterator[str]:
     for difference in differences:
         yield difference.line()
+
+
+# --- compiled kernels: two compiles of a kernel stage, compared member by member ------------
+
+@dataclass
+class KernelDifference:
+    wheel: str
+    member: str
+    what: str  # only-in-first | only-in-second | content
+    sections: list[str] = field(default_factory=list)  # ELF sections whose bytes differ
+    device_code_identical: bool | None = None  # .nv_fatbin equal (None: no device code)
+    identical_after_strip: bool | None = None  # after `strip --strip-unneeded`
+    explanation: str = ""
+
+    def line(self) -> str:
+        return f"{self.what:14} {self.wheel}!{self.member}: {self.explanation}"
+
+
+@dataclass
+class KernelReproReport:
+    cell_id: str
+    kernel: str
+    wheels: list[str]
+    members: int
+    sources: list[str]  # where each compile came from ("no-cache build 1", "kernel cache ...")
+    differences: list[KernelDifference] = field(default_factory=list)
+    durations_s: list[float] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    @property
+    def explained(self) -> bool:
+        """Every difference is in local symbols only: identical after strip, device code equal."""
+        return all(d.identical_after_strip for d in self.differences)
+
+    def summary(self) -> str:
+        head = (f"{self.cell_id} kernel {self.kernel}: {len(self.wheels)} wheel(s), "
+                f"{self.members} members, {' vs '.join(self.sources)}")
+        if self.identical:
+            return head + "\n  bit-identical: every member of every wheel"
+        lines = [head, f"  {len(self.differences)} member(s) differ"
+                 + (" (all explained: local symbols only)" if self.explained else "")]
+        return "\n".join(lines + ["  " + d.line() for d in self.differences])
+
+
+def wheel_members(wheel: Path) -> dict[str, bytes]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        return {info.filename: archive.read(info) for info in archive.infolist()
+                if not info.is_dir()}
+
+
+def elf_sections(data: bytes) -> dict[str, bytes] | None:
+    """Section name -> bytes of an ELF file, or None when it is not one."""
+    if not data.startswith(b"\x7fELF"):
+        return None
+    from elftools.elf.elffile import ELFFile
+
+    elf = ELFFile(io.BytesIO(data))
+    return {s.name: s.data() for s in elf.iter_sections() if s.header.sh_type != "SHT_NOBITS"}
+
+
+def stripped(data: bytes) -> bytes:
+    """The bytes of `strip --strip-unneeded` applied to an ELF object (binutils, logged)."""
+    from .. import proc
+
+    with tempfile.TemporaryDirectory(prefix="infermatrix-strip-") as tmp:
+        path = Path(tmp) / "object"
+        path.write_bytes(data)
+        proc.run(["strip", "--strip-unneeded", str(path)], check=True)
+        return path.read_bytes()
+
+
+def explain_member(wheel: str, member: str, first: bytes, second: bytes) -> KernelDifference:
+    sections_a, sections_b = elf_sections(first), elf_sections(second)
+    if sections_a is None or sections_b is None:
+        return KernelDifference(wheel, member, "content", explanation=(
+            f"not an ELF object ({len(first)} vs {len(second)} B)"))
+    differing = sorted(name for name in sections_a.keys() | sections_b.keys()
+                       if sections_a.get(name) != sections_b.get(name))
+    fatbin = sections_a.get(".nv_fatbin")
+    device_same = None if fatbin is None else fatbin == sections_b.get(".nv_fatbin")
+    after_strip = stripped(first) == stripped(second)
+    text = f"sections {', '.join(differing) or '(none: layout only)'} differ"
+    if device_same is not None:
+        text += "; device code (.nv_fatbin) " + ("identical" if device_same else "DIFFERS")
+    if after_strip:
+        text += ("; identical after `strip --strip-unneeded`: the local symbols name nvcc's "
+                 "temporary files (tmpxft_<pid>_...), whose PIDs depend on scheduling")
+    return KernelDifference(wheel, member, "content", differing, device_same, after_strip, text)
+
+
+def compare_kernel_wheels(first: list[Path], second: list[Path]
+                          ) -> tuple[list[KernelDifference], int]:
+    """Every differing member of the same-named wheels of two compiles, explained."""
+    by_name = {w.name: w for w in second}
+    differences, members = [], 0
+    for wheel in sorted(first, key=lambda w: w.name):
+        other = by_name.get(wheel.name)
+        if other is None:
+            differences.append(KernelDifference(wheel.name, "*", "only-in-first",
+                                                explanation="no wheel of that name"))
+            continue
+        a, b = wheel_members(wheel), wheel_members(other)
+        members += len(a.keys() | b.keys())
+        for member in sorted(a.keys() | b.keys()):
+            if member not in a or member not in b:
+                what = "only-in-second" if member not in a else "only-in-first"
+                differences.append(KernelDifference(wheel.name, member, what,
+                                                    explanation="present in one compile only"))
+            elif a[member] != b[member]:
+                if member.endswith(".dist-info/RECORD"):
+                    differences.append(KernelDifference(
+                        wheel.name, member, "content",
+                        explanation="the hashes of the members listed above"))
+                    continue
+                differences.append(explain_member(wheel.name, member, a[member], b[member]))
+    for wheel in second:
+        if wheel.name not in {w.name for w in first}:
+            differences.append(KernelDifference(wheel.name, "*", "only-in-second",
+                                                explanation="no wheel of that name"))
+    return differences, members
+
+
+def compile_kernel_no_cache(ctx: Context, plan: CellPlan, name: str, out: Path,
+                            build_args: dict[str, str], secrets: dict[str, Path],
+                            log_path: Path) -> list[Path]:
+    engine.build_image(build.cell_dir(ctx, plan.id), target=f"kernel-{name}",
+                       build_args=build_args, secrets=secrets, output_dir=out,
+                       log_path=log_path, no_cache=True, platform=build.build_platform(plan))
+    wheels = kernelcache.find_wheels(out)
+    if not wheels:
+        raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+    return wheels
+
+
+def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False
+                   ) -> list[KernelReproReport]:
+    """Compile each kernel stage of the cell without cache and compare the wheels member by
+    member with a second no-cache compile, or (`against_cache`) with the wheel the kernel cache
+    holds for the same key (what a rebuild of the cell would otherwise reuse)."""
+    dockerfile = build.cell_dir(ctx, plan.id) / "Dockerfile"
+    if not dockerfile.is_file():
+        raise StageFailure(f"{plan.id}: not rendered; run `infermatrix render --select {plan.id}`")
+    text = dockerfile.read_text(encoding="utf-8")
+    stages = build.kernel_stages(text)
+    if not stages:
+        raise StageFailure(f"{plan.id} compiles no kernel (no kernel-* stage)")
+    build_args = build.compile_plan_for(ctx, [stages], build.BuildOptions()).build_args()
+    secrets = build.secrets_for(build.BuildOptions())
+    keys = build.kernel_keys_for(ctx, plan, text)
+    log_path = ctx.state.cell_log(plan.id, "repro-kernels")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(f"# infermatrix verify-repro --kernels {plan.id}\n", encoding="utf-8")
+    reports = []
+    root = ctx.state.root / "tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    for name in stages:
+        with tempfile.TemporaryDirectory(prefix=f"repro-kernel-{name}-", dir=root) as tmp:
+            compiles, sources, durations = [], [], []
+            cached = kernelcache.lookup(ctx.state, keys[name]) if against_cache else None
+            if against_cache and cached is None:
+                raise StageFailure(f"{plan.id}: the kernel cache holds no {name} for "
+                                   f"{keys[name].slug}; build the cell first or drop "
+                                   "--against-cache")
+            if cached is not None:
+                compiles.append(cached.wheels)
+                sources.append(f"kernel cache {keys[name].slug}")
+            for run in range(1, 3 - len(compiles)):
+                started = time.monotonic()
+                compiles.append(compile_kernel_no_cache(ctx, plan, name, Path(tmp) / str(run),
+                                                        build_args, secrets, log_path))
+                durations.append(round(time.monotonic() - started, 1))
+                sources.append(f"no-cache compile {run}")
+            differences, members = compare_kernel_wheels(compiles[0], compiles[1])
+            reports.append(KernelReproReport(plan.id, name, [w.name for w in compiles[0]],
+                                             members, sources, differences, durations))
+    path = ctx.state.reports / f"repro-kernels-{plan.id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(r) | {"identical": r.identical, "explained": r.explained}
+                                for r in reports], indent=1, sort_keys=True) + "\n",
+                    encoding="utf-8")
+    journal.update(ctx.state, plan.id, repro_kernels={
+        r.kernel: {"identical": r.identical, "explained": r.explained,
+                   "differences": len(r.differences), "members": r.members,
+                   "sources": r.sources, "report": str(path)} for r in reports})
+    return reports
