@@ -130,3 +130,25 @@ def test_state_of_results(matrix_build, test_ctx):
         record = journal.load(test_ctx.state, plan.id)
         assert record["stages"]["build"]["status"] == results[plan.id].status
         assert Path(record["stages"]["build"]["log"]).is_file()
+
+
+def test_verify_repro_kernels_recompiles_the_fixture_and_explains_every_difference(
+        matrix_build, test_ctx):
+    """One more no-cache compile of the sm_120 fixture kernel, compared member by member with
+    the wheel the build stored in the kernel cache: identical, or every differing object is
+    explained (its device code equal, identical after `strip --strip-unneeded`)."""
+    from infermatrix.stages import repro
+
+    plans, _, results = matrix_build
+    cell = _id(plans, "kernel-fixture1.0-sm120")
+    assert results[cell].status == "pass"
+    plan = next(p for p in plans if p.id == cell)
+    [report] = repro.verify_kernels(test_ctx, plan, against_cache=True)
+    assert report.kernel == "cudakern" and report.members > 3
+    assert report.sources[0].startswith("kernel cache ")
+    assert report.identical or report.explained, report.summary()
+    for difference in report.differences:
+        if difference.member.endswith(".so"):
+            assert difference.device_code_identical is True, difference.line()
+    recorded = journal.load(test_ctx.state, cell)["repro_kernels"]["cudakern"]
+    assert recorded["members"] == report.members
