@@ -149,7 +149,14 @@ def test_figure_precedence_measured_then_other_version_then_default():
     assert exact.gib_per_target == pytest.approx(6.598 * model["margin"], abs=1e-3)
     other = cp.job_figure(cp.Need("flash-attn", "2.8.3", "12.8"), model)
     assert other.origin == "measured-other" and "not 2.8.3 CUDA 12.8" in other.source
-    unmeasured = cp.job_figure(cp.Need("flashinfer-python", "0.6.8", "13.0"), model)
+    nearest = cp.job_figure(cp.Need("flashinfer-python", "0.6.8", "13.0"), model)
+    assert nearest.origin == "measured-other"
+    assert nearest.gib_per_target == pytest.approx(1.664 * model["margin"], abs=1e-3)
+    import copy
+
+    bare = copy.deepcopy(model)
+    bare["packages"]["flashinfer-python"]["measured"] = []
+    unmeasured = cp.job_figure(cp.Need("flashinfer-python", "0.6.8", "13.0"), bare)
     assert unmeasured.origin == "default" and "unmeasured" in unmeasured.source
     legacy = cp.job_figure(cp.Need("newkern", "1", "13.0", legacy_gb=3.0), model)
     assert (legacy.origin, legacy.gib_per_target) == ("default", 3.0)
