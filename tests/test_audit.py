@@ -455,3 +455,15 @@ def test_relocatable_fatbins_are_left_out_like_cuobjdump_does(tmp_path: Path) ->
     tool = audit.find_cuobjdump()
     listed = subprocess.run([tool, "--list-elf", str(lib)], capture_output=True, text=True).stdout
     assert audit.embedded_fatbins(lib).cubins == tuple(sorted(set(parse_listing(listed))))
+
+
+def test_a_triton_harness_that_never_started_is_not_a_verdict_only_under_emulation() -> None:
+    from infermatrix.stages.audit import not_started
+
+    crashed = {"status": "fail", "archs": [{"arch": "sm_121", "status": "fail", "crashed": True,
+                                            "exit": -11, "reason": "no result (exit -11)"}]}
+    measured = {"status": "fail", "archs": [{"arch": "sm_121", "status": "fail",
+                                             "families": [], "reason": "extend: 131072 > 101376"}]}
+    assert not_started(None) and not_started(crashed)
+    assert not not_started(measured)  # a kernel measured too large stays a failure
+    assert not not_started({"status": "skip", "archs": []})

@@ -433,8 +433,9 @@ def run_arch(args: argparse.Namespace, spec: str, argv: list[str]) -> dict[str, 
         return {"arch": arch, "status": "fail", "reason": f"timed out after {args.timeout} s"}
     parsed = parse(done.stdout)
     if parsed is None:
-        return {"arch": arch, "status": "fail", "reason": "no result (exit "
-                f"{done.returncode}): {(done.stderr or done.stdout)[-1500:]}"}
+        return {"arch": arch, "status": "fail", "crashed": True, "exit": done.returncode,
+                "reason": f"no result (exit {done.returncode}): "
+                          f"{(done.stderr or done.stdout)[-1500:]}"}
     parsed.pop("check", None)
     return parsed
 

@@ -952,11 +952,20 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
         with open(log_path, "a", encoding="utf-8") as sink:
             sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
     parsed = harness_result.parse(output)
-    if parsed is None and emulated:  # torch/Triton cannot start under qemu-user: not verified
+    if emulated and not_started(parsed):  # torch/Triton cannot start under qemu-user
         return Check("triton-smem", SKIP, f"not verified here: the harness cannot run {emulated} "
                      f"({proc.tail(output, 1)}); run the audit on a native host of the image's "
                      "CPU", {"backend": backend, "emulated": emulated})
     return judge_triton(parsed, backend, output)
+
+
+def not_started(result: dict[str, Any] | None) -> bool:
+    """The harness printed nothing, or every arch's compile process died before a result (a
+    crash, not a measured kernel): nothing about the kernels was learnt."""
+    if result is None:
+        return True
+    archs = result.get("archs") or []
+    return bool(archs) and all(a.get("crashed") for a in archs)
 
 
 # --------------------------------------------------------------------------------------------
