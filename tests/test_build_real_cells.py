@@ -100,9 +100,16 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
         assert engine.image_labels(ref)["io.infermatrix.engine.version"] == "0.33.0"
         verdict = audit.audit_cell(real_ctx, plan, result.image_id, ["sm_121"])
         checks = {c.name: c for c in verdict.checks}
-        # every shared object with GPU code is an aarch64 one from the aarch64 wheels
+        # the aarch64 wheels' objects: vLLM's custom ops run on 12.1 by their sm_120f cubins,
+        # its bundled FA2 by PTX JIT, FA3 and FlashMLA are not loaded there
         assert verdict.objects and checks["kernels"].status == audit.PASS, verdict.reason
-        assert any(o.path == "vllm/_C.abi3.so" for o in verdict.objects)
+        by_path = {o.path: o for o in verdict.objects}
+        ops = by_path["vllm/_C_stable_libtorch.abi3.so"]
+        assert [d.coverage for d in ops.decisions] == [Coverage.FAMILY]
+        assert [d.coverage for d in by_path["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"]
+                .decisions] == [Coverage.PTX_JIT]
+        groups = verdict.groups()["sm_121"]
+        assert {g["entry"] for g in groups["not-loaded"]} >= {"vllm-fa3", "vllm-flashmla"}
         assert checks["cuda-major"].status == audit.PASS, checks["cuda-major"].detail
         # `import torch` cannot run under qemu-user (oneDNN reads MIDR_EL1 from sysfs): the
         # CUDA build is read from torch/version.py and the check says so
