@@ -50,14 +50,19 @@ def real_base(docker_available, real_ctx) -> str:
 ARM64_CELL = "cu130-torch2.14.0-vllm0.33.0-sm121"
 
 
+def plan_render_build(ctx: Context, cell_id: str):
+    """(plan, build result) of one real cell, planned, rendered and built."""
+    [plan] = plan_matrix(ctx, select=[cell_id])
+    assert plan.planned, plan.verdicts
+    render.render_cells(ctx, [plan])
+    return plan, build_cells(ctx, [plan], BuildOptions(echo=lambda _: None))[cell_id]
+
+
 @pytest.mark.parametrize("cell_id", sorted(CELLS))
 def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_base, cell_id,
                                                                 tmp_path):
     engine_name, version, torch_version = CELLS[cell_id]
-    [plan] = plan_matrix(real_ctx, select=[cell_id])
-    assert plan.planned, plan.verdicts
-    render.render_cells(real_ctx, [plan])
-    result = build_cells(real_ctx, [plan], BuildOptions(echo=lambda _: None))[cell_id]
+    plan, result = plan_render_build(real_ctx, cell_id)
     ref = local_ref(cell_id)
     try:
         assert result.status == "pass", result.summary()
@@ -86,12 +91,9 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
     """The shipped vLLM 0.33 GB10 cell: wheels only (no kernel compile), an arm64 image."""
     from infermatrix.stages import base
 
-    [plan] = plan_matrix(real_ctx, select=[ARM64_CELL])
-    assert plan.planned, plan.verdicts
     assert base.build_base(real_ctx.matrix, "bookworm", real_ctx.state,
                            platform="linux/arm64").ref
-    render.render_cells(real_ctx, [plan])
-    result = build_cells(real_ctx, [plan], BuildOptions(echo=lambda _: None))[ARM64_CELL]
+    plan, result = plan_render_build(real_ctx, ARM64_CELL)
     ref = local_ref(ARM64_CELL)
     try:
         assert result.status == "pass", result.summary()
