@@ -673,6 +673,11 @@ def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False
                 durations.append(round(time.monotonic() - started, 1))
                 sources.append(f"no-cache compile {run}")
             differences, members = compare_kernel_wheels(compiles[0], compiles[1])
+            kept = ctx.state.reports / f"repro-kernels-{plan.id}" / name
+            for index, wheels in enumerate(compiles, start=1):  # kept, to look at the bytes
+                (kept / str(index)).mkdir(parents=True, exist_ok=True)
+                for wheel in wheels:
+                    shutil.copy2(wheel, kept / str(index) / wheel.name)
             reports.append(KernelReproReport(plan.id, name, [w.name for w in compiles[0]],
                                              members, sources, differences, durations))
     path = ctx.state.reports / f"repro-kernels-{plan.id}.json"
