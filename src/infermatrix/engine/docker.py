@@ -27,6 +27,7 @@ import re
 import shlex
 import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
@@ -286,29 +287,142 @@ def _translated(what: str) -> Iterator[None]:
 _names = itertools.count(1)
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """A Docker engine named by address (`unix://`, `ssh://`, `tcp://` with TLS files) or by
+    Docker context: a builder of `build.builders` / `--builder`."""
+
+    name: str
+    host: str | None = None  # unix:///run/x.sock, ssh://user@host, tcp://host:2376
+    context: str | None = None  # a Docker context of the CLI's config
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_verify: bool = True
+    platforms: tuple[str, ...] = ()  # declared; empty: the engine's own
+
+    @property
+    def address(self) -> str:
+        return self.host or f"context {self.context}"
+
+    def cli_env(self) -> dict[str, str]:
+        """What a docker CLI needs to talk to this engine (DOCKER_HOST or DOCKER_CONTEXT; the
+        TLS files through DOCKER_CERT_PATH, whose names the CLI fixes: ca/cert/key.pem)."""
+        if self.context:
+            return {"DOCKER_CONTEXT": self.context}
+        env = {"DOCKER_HOST": str(self.host)}
+        if self.tls_cert:
+            env["DOCKER_CERT_PATH"] = str(Path(self.tls_cert).parent)
+            env["DOCKER_TLS_VERIFY"] = "1" if self.tls_verify else ""
+        return env
+
+    def sdk_client(self) -> Any:  # docker.DockerClient
+        import docker
+
+        if self.context:
+            from docker.context import ContextAPI
+
+            found = ContextAPI.get_context(self.context)
+            if found is None:
+                raise UsageError(f"builder {self.name}: no Docker context {self.context!r} "
+                                 "(see `docker context ls`)")
+            return docker.DockerClient(base_url=found.Host, tls=found.TLSConfig, timeout=600,
+                                       use_ssh_client=str(found.Host).startswith("ssh://"))
+        tls = None
+        if self.tls_cert:
+            tls = docker.tls.TLSConfig(client_cert=(self.tls_cert, str(self.tls_key)),
+                                       ca_cert=self.tls_ca, verify=self.tls_verify)
+        return docker.DockerClient(base_url=self.host, tls=tls, timeout=600,
+                                   use_ssh_client=str(self.host).startswith("ssh://"))
+
+
+def parse_builder(text: str, index: int = 0) -> Endpoint:
+    """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`)."""
+    name, sep, target = text.partition("=")
+    if not sep:
+        name, target = "", text
+    target = target.strip()
+    if not target or (name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name)):
+        raise UsageError(f"--builder {text!r}: expected [NAME=]unix://PATH, ssh://HOST, "
+                         "tcp://HOST:PORT or [NAME=]CONTEXT")
+    if "://" in target:
+        if not target.startswith(("unix://", "ssh://", "tcp://")):
+            raise UsageError(f"--builder {text!r}: the endpoint must be unix://, ssh:// or "
+                             "tcp:// (TLS files: build.builders in matrix.yaml)")
+        return Endpoint(name or f"builder{index + 1}", host=target)
+    return Endpoint(name or target, context=target)
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine says about itself (`docker info`): the figures builders are sized by."""
+
+    cpus: int
+    memory: int  # bytes
+    platform: str  # linux/amd64, linux/arm64
+    server_version: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.platform}, {self.cpus} CPUs, {self.memory / 2**30:.1f} GiB"
+
+
 class Engine:
     """The Docker engine of this run: owns the SDK client (made on first use) and the BuildKit
     CLI; every SDK error comes out as EngineError. The stages use the module-level functions
     below, which call the current engine (`current()`; tests may `use(...)` another)."""
 
-    def __init__(self) -> None:
+    endpoint: Endpoint | None = None  # class defaults: subclasses (tests' fakes) may skip init
+    _sdk: Any = None
+
+    def __init__(self, endpoint: Endpoint | None = None) -> None:
         self._sdk: Any = None
+        self.endpoint = endpoint  # None: DOCKER_HOST / the current context / the socket
 
     # -- the clients -----------------------------------------------------------------------
     def sdk(self) -> Any:  # docker.DockerClient
-        """The SDK client: DOCKER_HOST, else DOCKER_CONTEXT / the CLI's current context."""
+        """The SDK client: the endpoint's, else DOCKER_HOST, else DOCKER_CONTEXT / the CLI's
+        current context."""
         if self._sdk is None:
             import docker
 
+            where = self.endpoint.address if self.endpoint else engine_address()
             try:
-                sdk = docker.from_env(timeout=600)
+                sdk = self.endpoint.sdk_client() if self.endpoint else \
+                    docker.from_env(timeout=600)
                 sdk.ping()
-            except docker.errors.DockerException as exc:
-                raise UsageError(f"cannot reach the Docker engine at {engine_address()}: "
+            except (docker.errors.DockerException, OSError) as exc:
+                raise UsageError(f"cannot reach the Docker engine at {where}: "
                                  f"{exc}\n  fix: start dockerd, or set DOCKER_HOST / "
                                  "DOCKER_CONTEXT") from None
             self._sdk = sdk
         return self._sdk
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment a docker CLI command needs to reach this engine."""
+        return self.endpoint.cli_env() if self.endpoint else {}
+
+    def facts(self) -> EngineFacts:
+        """CPUs, memory and platform as the engine reports them (`docker info`)."""
+        from ..model.spec import platform_of_machine
+
+        _sdk_log("docker info")
+        with _translated("docker info"):
+            info = self.sdk().info()
+        return EngineFacts(cpus=int(info.get("NCPU") or 1), memory=int(info.get("MemTotal") or 0),
+                           platform=platform_of_machine(str(info.get("Architecture") or "")),
+                           server_version=info.get("ServerVersion"))
+
+    def answers(self) -> bool:
+        """Whether the engine still answers a ping (a builder that died mid-run does not)."""
+        try:
+            with _translated("docker ping"):
+                return bool(self.sdk().ping())
+        except Exception:  # noqa: BLE001 - whatever the failure, the engine does not answer
+            return False
+
+    def platform(self) -> str:
+        """The engine's platform: this host's for the default engine, else what it says."""
+        return self.facts().platform if self.endpoint else host_platform()
 
     def available(self) -> bool:
         try:
@@ -352,7 +466,8 @@ class Engine:
                 platform=platform)
             if request.output_dir is not None:
                 request.output_dir.mkdir(parents=True, exist_ok=True)
-            proc.run(request.argv(client), env=client.env(), log_path=log_path, timeout=timeout)
+            proc.run(request.argv(client), env={**client.env(), **self.cli_env()},
+                     log_path=log_path, timeout=timeout)
             if request.output_dir is not None:
                 return ""
             assert request.iidfile is not None
@@ -370,7 +485,7 @@ class Engine:
         for change in changes or []:
             argv += ["--change", change]
         argv += [str(tar_path), ref]
-        proc.run(argv, log_path=log_path, timeout=timeout)
+        proc.run(argv, env=self.cli_env() or None, log_path=log_path, timeout=timeout)
         image_id = self.image_id_of(ref)
         if not image_id:
             raise StageFailure(f"docker import finished but {ref} is not there")
@@ -627,14 +742,34 @@ def _extract_archive(stream: Iterable[bytes], dest_dir: Path, path: str) -> Path
 
 
 _current: Engine | None = None
+_thread = threading.local()  # a builder's thread talks to its own engine (`bound`)
 
 
 def current() -> Engine:
-    """The engine this process talks to (made on first use)."""
+    """The engine this thread talks to: the one `bound` to it, else the process's (made on
+    first use)."""
     global _current
+    bound_here = getattr(_thread, "engine", None)
+    if bound_here is not None:
+        return bound_here
     if _current is None:
         _current = Engine()
     return _current
+
+
+@contextlib.contextmanager
+def bound(engine: Engine) -> Iterator[Engine]:
+    """Talk to `engine` in this thread only (each builder's worker thread; others unchanged)."""
+    previous = getattr(_thread, "engine", None)
+    _thread.engine = engine
+    try:
+        yield engine
+    finally:
+        _thread.engine = previous
+
+
+def engine_platform() -> str:
+    return current().platform()
 
 
 @contextlib.contextmanager
