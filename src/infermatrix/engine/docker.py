@@ -339,10 +339,10 @@ class Endpoint:
 def parse_builder(text: str, index: int = 0) -> Endpoint:
     """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`)."""
     name, sep, target = text.partition("=")
-    if not sep:
-        name, target = "", text
+    if not sep or "://" in name:  # no NAME= (an endpoint may hold a "=" of its own)
+        name, sep, target = "", "", text
     target = target.strip()
-    if not target or (name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name)):
+    if not target or (sep and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name)):
         raise UsageError(f"--builder {text!r}: expected [NAME=]unix://PATH, ssh://HOST, "
                          "tcp://HOST:PORT or [NAME=]CONTEXT")
     if "://" in target:
