@@ -51,6 +51,7 @@ LOCAL_TAG = "build"
 SPEED_ONLY_ARGS = ("MAX_JOBS", "NVCC_THREADS")
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 KERNEL_WHEELS_DIR = "kernel-wheels"
+INPUT_HASH_LABEL = "io.infermatrix.input-hash"
 _KERNEL_STAGE = re.compile(r"^\s*FROM\s+\S+\s+AS\s+kernel-([A-Za-z0-9_.-]+)\s*$",
                            re.IGNORECASE | re.MULTILINE)
 
@@ -493,7 +494,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
             context = Path(tmp) / "context"
             shutil.copytree(directory, context, symlinks=True)
             kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
-            labels = {"io.infermatrix.input-hash": digest}
+            labels = {INPUT_HASH_LABEL: digest}
             image_id = engine.build_image(context, tag=local_ref(cell_id), build_args=build_args,
                                           secrets=secrets, log_path=log_path, labels=labels,
                                           timeout=deadline.remaining(),
