@@ -77,11 +77,6 @@ class SecondEngine:
         found = self.docker("image", "inspect", "--format", "{{.Id}}", ref)
         return found.stdout.strip() if found.returncode == 0 else None
 
-    def load(self, image: str) -> None:
-        """Copy an image of the machine's engine into this one (the cells' base)."""
-        subprocess.run(f"/usr/bin/docker save {image} | /usr/bin/docker -H {self.host} load -q",
-                       shell=True, check=True, capture_output=True)
-
     def kill(self) -> None:
         """SIGKILL dockerd (an engine that dies mid-run); its containerd is left running."""
         assert self.proc is not None

@@ -138,3 +138,12 @@ def test_each_builder_plans_its_compile_from_its_own_figures(tmp_path) -> None:
     assert (plans["small"].max_jobs, plans["big"].max_jobs) == (2, 32)  # CPUs bound both
     assert plans["big"].as_dict()["memory_gb"] == 256.0
     assert "(builder big: docker info MemTotal), 32 CPU(s)" in plans["big"].describe()
+
+
+def test_base_refs_are_the_images_built_from_not_the_stages() -> None:
+    text = ("FROM infermatrix/base-bookworm:b-1 AS toolchain\nRUN x\n"
+            "FROM toolchain AS compile-k\nFROM scratch AS kernel-k\n"
+            "FROM --platform=linux/arm64 nvidia/cuda:13.0-devel AS other\n"
+            "FROM toolchain AS runtime\nCOPY --from=kernel-k / /\n")
+    assert builders.base_refs(text) == ["infermatrix/base-bookworm:b-1",
+                                        "nvidia/cuda:13.0-devel"]

@@ -4,7 +4,8 @@ mid-run. And `report --merge` over fragments of separate pipeline runs, each sta
 exported GitHub workflow's own command line, equals the report of one run.
 
 The cells are the fault matrix's (tests/fault_support.py): tiny real builds on the test
-matrix's debootstrap base, which the second engine gets by `docker save | docker load`.
+matrix's debootstrap base; the second engine starts empty and the build copies the base to
+it (`docker save | docker load`, builders.ensure_bases).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def second_engine(built_base) -> Iterator[SecondEngine]:
                     "(.ci/provision installs docker.io)")
     second = SecondEngine()
     try:
-        second.start()
-        second.load(built_base)
+        second.start()  # empty: the build copies the base to it (builders.ensure_bases)
+        assert second.image_id(built_base) is None
         yield second
     finally:
         second.stop()
@@ -114,6 +115,8 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine,
         else:
             assert on_local == record["image_id"] and on_second is None
     assert f"builder second ({second_engine.host}: linux/" in output  # its own figures
+    assert "[second] copying base infermatrix/base-bookworm:" in output
+    assert "[local] copying base" not in output
     report = json.loads((state / "reports" / "report.json").read_text())
     assert {c["id"]: c["outcome"] for c in report["cells"]} == {c: "tagged" for c in cells}
 

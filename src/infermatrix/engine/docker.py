@@ -491,6 +491,18 @@ class Engine:
             raise StageFailure(f"docker import finished but {ref} is not there")
         return image_id
 
+    def copy_image_to(self, ref: str, target: "Engine", log_path: Path | None = None,
+                      timeout: float | None = 3600) -> None:
+        """`docker save REF | docker load` from this engine into `target` (a builder that
+        lacks a local base image: it cannot pull one that exists only here)."""
+        def side(engine_of: Engine) -> str:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in engine_of.cli_env().items())
+            return f"env {env} " if env else ""
+        binary = shlex.quote(docker_cli())
+        line = (f"set -o pipefail; {side(self)}{binary} save {shlex.quote(ref)} | "
+                f"{side(target)}{binary} load")
+        proc.run(["bash", "-c", line], log_path=log_path, timeout=timeout)
+
     # -- images ----------------------------------------------------------------------------
     def inspect_image(self, ref: str) -> dict[str, Any] | None:
         """`docker image inspect` as a dict, or None when there is no such image."""

@@ -669,6 +669,23 @@ def _build_here(ctx: Context, planned: list[CellPlan], options: BuildOptions,
             _build_in_parallel(ctx, planned, compile, options, results)
 
 
+def _bases_then_build(ctx: Context, plan: CellPlan, builder: Any, local: engine.Engine,
+                      options: BuildOptions, identity: dict[str, Any],
+                      ensure_bases: Callable[..., None]) -> CellResult:
+    dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
+    if dockerfile.is_file():
+        log_path = ctx.state.cell_log(plan.id, "build")
+        try:
+            ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), options.echo,
+                         log_path)
+        except InfermatrixError as exc:
+            return _record_failure(ctx, plan.id, 0.0, log_path, f"copying the base image to "
+                                   f"builder {builder.name}: {exc}".splitlines()[0],
+                                   getattr(exc, "command", None), getattr(exc, "log_tail", None),
+                                   builder=identity)
+    return build_cell(ctx, plan, builder.compile, options, builder=identity)
+
+
 def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[Any],
                        options: BuildOptions, results: dict[str, CellResult]) -> None:
     """One worker thread per builder, each bound to its engine, working through its queue
@@ -684,6 +701,7 @@ def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[An
         results[cell_id] = _record_failure(ctx, cell_id, 0.0, None, reason, None, None)
         options.echo(results[cell_id].summary())
     busy = [b for b in up if b.queue]
+    local = engine.Engine()  # this machine's engine: where the debootstrap bases are made
     for builder in busy:
         builder.compile = compile_plan_for_cells(ctx, builder.queue, options, builder=builder)
         options.echo(f"{builder.name}: {len(builder.queue)} cell(s) "
@@ -692,11 +710,14 @@ def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[An
         return
     with ThreadPoolExecutor(max_workers=len(busy), thread_name_prefix="infermatrix-builder") \
             as pool:
-        for done in [pool.submit(_work_queue, ctx, b, options) for b in busy]:
+        for done in [pool.submit(_work_queue, ctx, b, local, options) for b in busy]:
             results.update(done.result())
 
 
-def _work_queue(ctx: Context, builder: Any, options: BuildOptions) -> dict[str, CellResult]:
+def _work_queue(ctx: Context, builder: Any, local: engine.Engine, options: BuildOptions
+                ) -> dict[str, CellResult]:
+    from .builders import ensure_bases
+
     results: dict[str, CellResult] = {}
     identity = builder.identity()
     with engine.bound(builder.engine):
@@ -705,7 +726,8 @@ def _work_queue(ctx: Context, builder: Any, options: BuildOptions) -> dict[str, 
                 result = _record_failure(ctx, plan.id, 0.0, None, builder.down, None, None,
                                          builder=identity)
             else:
-                result = build_cell(ctx, plan, builder.compile, options, builder=identity)
+                result = _bases_then_build(ctx, plan, builder, local, options, identity,
+                                           ensure_bases)
                 if result.status == "fail" and not builder.engine.answers():
                     builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
                                     "stopped answering during the run; rerun to build on the "

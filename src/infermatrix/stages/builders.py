@@ -9,6 +9,8 @@ between them (issue 19). Nothing is scheduled beyond one queue per engine.
   built before (the journal says which) stays there while that builder is up, so a rerun
   finds its image where it left it.
 - The compile plan (MAX_JOBS, NVCC_THREADS) of each builder is made from its own figures.
+- A base image a cell builds FROM that the builder lacks and this machine's engine has (the
+  debootstrap bases are made here, never in a registry) is copied over first (save | load).
 - The kernel cache stays client-side (kernel stages export their wheels to this machine):
   one cache serves every builder of a platform (the key carries the platform); each entry
   says which builder compiled it.
@@ -18,6 +20,7 @@ between them (issue 19). Nothing is scheduled beyond one queue per engine.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -137,3 +140,30 @@ def assign(plans: list[CellPlan], builders: list[Builder], previous: dict[str, s
             min(fitting, key=lambda b: (_load(b), -b.facts.memory, b.name))
         chosen.queue.append(plan)
     return refused
+
+
+_FROM = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$",
+                   re.IGNORECASE | re.MULTILINE)
+
+
+def base_refs(dockerfile_text: str) -> list[str]:
+    """The images a Dockerfile builds FROM (not its own stages, not `scratch`)."""
+    stages: set[str] = set()
+    refs: list[str] = []
+    for match in _FROM.finditer(dockerfile_text):
+        ref, alias = match.group(1), match.group(2)
+        if ref.lower() not in stages and ref != "scratch" and ref not in refs:
+            refs.append(ref)
+        if alias:
+            stages.add(alias.lower())
+    return refs
+
+
+def ensure_bases(builder: Builder, local: engine.Engine, dockerfile_text: str,
+                 echo: Callable[[str], None], log_path: Path | None = None) -> None:
+    """Copy to the builder the base images it lacks that this machine's engine holds."""
+    for ref in base_refs(dockerfile_text):
+        if builder.engine.image_exists(ref) or not local.image_exists(ref):
+            continue
+        echo(f"[{builder.name}] copying base {ref} from this machine's engine")
+        local.copy_image_to(ref, builder.engine, log_path=log_path)
