@@ -13,6 +13,11 @@ Which CLI can build: buildx when `docker buildx version` works; otherwise a clie
 Docker 23 runs the daemon's built-in BuildKit with DOCKER_BUILDKIT=1 (Debian's docker.io 20.10).
 A 23+ client without buildx cannot, and is passed over. INFERMATRIX_DOCKER names a client
 explicitly.
+
+Several builders (issue 19): an `Engine(Endpoint)` talks to one named engine (`unix://`,
+`ssh://`, `tcp://` with TLS, or a Docker context), its SDK client and its CLI commands alike
+(the CLI gets DOCKER_HOST / DOCKER_CONTEXT / DOCKER_CERT_PATH); `bound(engine)` makes it the
+current engine of one thread, so each builder's worker calls the same module functions.
 """
 
 from __future__ import annotations
