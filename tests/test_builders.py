@@ -57,9 +57,12 @@ def test_build_builders_with_tls_files_relative_to_the_matrix(tmp_path) -> None:
     assert here.host == "unix:///var/run/docker.sock" and desk.context == "desk"
     assert arm.tls_cert == str(tmp_path / "certs" / "cert.pem")
     assert arm.platforms == ("linux/arm64",)
-    assert arm.cli_env() == {"DOCKER_HOST": "tcp://arm-host:2376",
-                             "DOCKER_CERT_PATH": str(tmp_path / "certs"),
-                             "DOCKER_TLS_VERIFY": "1"}
+    assert arm.cli_env() == {"DOCKER_HOST": "tcp://arm-host:2376"}
+    certs = tmp_path / "certs"
+    assert Engine(arm).cli("docker", ["build", "."]) == [
+        "docker", "--tlsverify", "--tlscacert", str(certs / "ca.pem"), "--tlscert",
+        str(certs / "cert.pem"), "--tlskey", str(certs / "key.pem"), "build", "."]
+    assert Engine(here).cli("docker", ["load"]) == ["docker", "load"]
     # --builder replaces the list; a flag naming a configured builder takes its settings.
     chosen = builders.endpoints_for(matrix, ["arm", "other=unix:///run/o.sock"])
     assert [e.name for e in chosen] == ["arm", "other"] and chosen[0].tls_cert

@@ -311,15 +311,18 @@ class Endpoint:
         return self.host or f"context {self.context}"
 
     def cli_env(self) -> dict[str, str]:
-        """What a docker CLI needs to talk to this engine (DOCKER_HOST or DOCKER_CONTEXT; the
-        TLS files through DOCKER_CERT_PATH, whose names the CLI fixes: ca/cert/key.pem)."""
-        if self.context:
-            return {"DOCKER_CONTEXT": self.context}
-        env = {"DOCKER_HOST": str(self.host)}
-        if self.tls_cert:
-            env["DOCKER_CERT_PATH"] = str(Path(self.tls_cert).parent)
-            env["DOCKER_TLS_VERIFY"] = "1" if self.tls_verify else ""
-        return env
+        """The environment a docker CLI needs to talk to this engine."""
+        return {"DOCKER_CONTEXT": self.context} if self.context else \
+            {"DOCKER_HOST": str(self.host)}
+
+    def cli_args(self) -> list[str]:
+        """Global CLI options (before the command): the TLS files of a tcp:// engine."""
+        if not self.tls_cert:
+            return []
+        args = ["--tlsverify"] if self.tls_verify else ["--tls"]
+        if self.tls_ca:
+            args += ["--tlscacert", self.tls_ca]
+        return args + ["--tlscert", self.tls_cert, "--tlskey", str(self.tls_key)]
 
     def sdk_client(self) -> Any:  # docker.DockerClient
         import docker
@@ -406,6 +409,10 @@ class Engine:
         """The environment a docker CLI command needs to reach this engine."""
         return self.endpoint.cli_env() if self.endpoint else {}
 
+    def cli(self, binary: str, argv: list[str]) -> list[str]:
+        """`binary [global TLS options] argv...` for this engine."""
+        return [binary, *(self.endpoint.cli_args() if self.endpoint else []), *argv]
+
     def facts(self) -> EngineFacts:
         """CPUs, memory and platform as the engine reports them (`docker info`)."""
         from ..model.spec import platform_of_machine
@@ -471,7 +478,8 @@ class Engine:
                 platform=platform)
             if request.output_dir is not None:
                 request.output_dir.mkdir(parents=True, exist_ok=True)
-            proc.run(request.argv(client), env={**client.env(), **self.cli_env()},
+            argv = request.argv(client)
+            proc.run(self.cli(argv[0], argv[1:]), env={**client.env(), **self.cli_env()},
                      log_path=log_path, timeout=timeout)
             if request.output_dir is not None:
                 return ""
@@ -486,7 +494,7 @@ class Engine:
     def import_rootfs(self, tar_path: Path, ref: str, changes: list[str] | None = None,
                       log_path: Path | None = None, timeout: float | None = 1800) -> str:
         """`docker import` a rootfs tarball under `ref`; returns the image id."""
-        argv = [docker_cli(), "import"]
+        argv = self.cli(docker_cli(), ["import"])
         for change in changes or []:
             argv += ["--change", change]
         argv += [str(tar_path), ref]
@@ -500,12 +508,11 @@ class Engine:
                       timeout: float | None = 3600) -> None:
         """`docker save REF | docker load` from this engine into `target` (a builder that
         lacks a local base image: it cannot pull one that exists only here)."""
-        def side(engine_of: Engine) -> str:
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in engine_of.cli_env().items())
-            return f"env {env} " if env else ""
-        binary = shlex.quote(docker_cli())
-        line = (f"set -o pipefail; {side(self)}{binary} save {shlex.quote(ref)} | "
-                f"{side(target)}{binary} load")
+        def side(engine_of: Engine, *command: str) -> str:
+            env = [f"{k}={v}" for k, v in engine_of.cli_env().items()]
+            return shlex.join([*(["env", *env] if env else []),
+                               *engine_of.cli(docker_cli(), list(command))])
+        line = f"set -o pipefail; {side(self, 'save', ref)} | {side(target, 'load')}"
         proc.run(["bash", "-c", line], log_path=log_path, timeout=timeout)
 
     # -- images ----------------------------------------------------------------------------
