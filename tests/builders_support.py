@@ -26,8 +26,29 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.3) -> Non
         time.sleep(interval)
 
 
+def make_certificates(directory: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl), as
+    Docker's "protect the daemon socket" guide makes them."""
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=im19-ca",
+            "-keyout", "ca-key.pem", "-out", "ca.pem")
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        (directory / f"{name}.ext").write_text(
+            f"extendedKeyUsage = {usage}\n" + ("subjectAltName = IP:127.0.0.1\n"
+                                               if name == "server" else ""))
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=im19-{name}",
+                "-keyout", f"{name}-key.pem", "-out", f"{name}.csr")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+                "-out", f"{name}-cert.pem")
+
+
 class SecondEngine:
-    def __init__(self, subnet: str = "172.31.0.1/16") -> None:
+    def __init__(self, subnet: str = "172.31.0.1/16", tls_port: int | None = None) -> None:
         Path("/run").mkdir(exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="im19-", dir="/run"))  # short socket paths
         self.data = Path(tempfile.mkdtemp(prefix="im19-engine-", dir="/var/lib"))
@@ -37,6 +58,10 @@ class SecondEngine:
         self.proc: subprocess.Popen[bytes] | None = None
         self.containerd: subprocess.Popen[bytes] | None = None
         self.containerd_socket = self.root / "containerd.sock"
+        self.certs = self.root / "certs"
+        self.tcp = f"tcp://127.0.0.1:{tls_port}" if tls_port else None
+        if tls_port:
+            make_certificates(self.certs)
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
         subprocess.run(["ip", "addr", "add", subnet, "dev", self.bridge], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
@@ -45,12 +70,15 @@ class SecondEngine:
         if self.containerd is None or self.containerd.poll() is not None:
             self._start_containerd()
         log = open(self.root / "dockerd.log", "ab")
+        tls = ["-H", self.tcp, "--tlsverify", "--tlscacert", str(self.certs / "ca.pem"),
+               "--tlscert", str(self.certs / "server-cert.pem"),
+               "--tlskey", str(self.certs / "server-key.pem")] if self.tcp else []
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.data / "docker"), "--exec-root",
              str(self.root / "x"), "--pidfile", str(self.root / "dockerd.pid"),
              "--containerd", str(self.containerd_socket), "-H", self.host,
              f"--bridge={self.bridge}", "--iptables=false", "--ip-masq=false",
-             "--log-level=warn"], stdout=log, stderr=subprocess.STDOUT)
+             "--log-level=warn", *tls], stdout=log, stderr=subprocess.STDOUT)
         wait_for(self.answers, 120, "the second dockerd to answer", interval=0.5)
 
     def _start_containerd(self) -> None:

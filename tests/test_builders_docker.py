@@ -210,6 +210,56 @@ def normalised(report: dict, roots: list[Path]) -> dict:
     return scrub(data)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_tcp_tls_builder_of_matrix_yaml(built_base, cleanup, tmp_path: Path) -> None:
+    """build.builders names a tcp:// engine with TLS files (relative to matrix.yaml): the build
+    runs there; without the client certificate the engine refuses, and the cell fails
+    naming the builder that is down."""
+    repositories, made = cleanup
+    tls_engine = SecondEngine(subnet="172.30.0.1/16", tls_port=free_port())
+    try:
+        tls_engine.start()
+        root = tmp_path / "m"
+        matrix = write_fault_matrix(root, {"alpha": {"FAULT_TOKEN": uuid.uuid4().hex}},
+                                    repository=new_repository(repositories))
+        shutil.copytree(tls_engine.certs, root / "certs")
+        text = matrix.read_text()
+        assert "build:\n" in text
+        matrix.write_text(text.replace("build:\n", (
+            "build:\n  builders:\n    - name: tls\n"
+            f"      endpoint: {tls_engine.tcp}\n"
+            "      tls: {ca: certs/ca.pem, cert: certs/client-cert.pem, "
+            "key: certs/client-key.pem}\n"), 1))
+        state = tmp_path / "state"
+        common = ["--matrix", str(matrix), "--state-dir", str(state)]
+        assert infermatrix("render", *common).returncode == 0
+        build = infermatrix("build", *common)
+        output = build.stdout + build.stderr
+        assert build.returncode == 0, output[-3000:]
+        record = records(state)[cell_id("alpha")]
+        assert record["builder"]["name"] == "tls"
+        assert record["builder"]["endpoint"] == tls_engine.tcp
+        assert tls_engine.image_id(record["image_id"]) == record["image_id"]
+        assert engine.image_id_of(record["image_id"]) is None
+        # The same engine without the client certificate: it does not answer the client.
+        refused = infermatrix("build", *common, "--force", "--builder", tls_engine.tcp)
+        output = refused.stdout + refused.stderr
+        assert refused.returncode == 1, output[-3000:]
+        assert "builder builder1 left out" in output
+        reason = records(state)[cell_id("alpha")]["stages"]["build"]["reason"]
+        assert reason.startswith("no builder for linux/amd64 (builders: none up; builder1 is "
+                                 f"down: {tls_engine.tcp} does not answer"), reason
+    finally:
+        tls_engine.stop()
+
+
 def differences(a, b, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in sorted(set(a) | set(b), key=str)

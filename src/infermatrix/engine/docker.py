@@ -340,8 +340,17 @@ class Endpoint:
         if self.tls_cert:
             tls = docker.tls.TLSConfig(client_cert=(self.tls_cert, str(self.tls_key)),
                                        ca_cert=self.tls_ca, verify=self.tls_verify)
-        return docker.DockerClient(base_url=self.host, tls=tls, timeout=600,
-                                   use_ssh_client=str(self.host).startswith("ssh://"))
+        if tls is None:
+            return docker.DockerClient(base_url=self.host, timeout=600,
+                                       use_ssh_client=str(self.host).startswith("ssh://"))
+        # requests would take REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE over the engine's CA (the
+        # docker CLI never reads them): no environment, then the API version negotiated as
+        # version="auto" does, which would have asked before trust_env could be turned off.
+        sdk = docker.DockerClient(base_url=self.host, tls=tls, timeout=600,
+                                  version=docker.constants.DEFAULT_DOCKER_API_VERSION)
+        sdk.api.trust_env = False
+        sdk.api._version = sdk.api.version(api_version=False)["ApiVersion"]
+        return sdk
 
 
 def parse_builder(text: str, index: int = 0) -> Endpoint:
