@@ -1,6 +1,6 @@
 """Several builders for real (issue 19): the machine's dockerd and a second, private dockerd
-(tests/builders_support.py) build one matrix between them; then the second one is killed
-mid-run. And `report --merge` over fragments of separate pipeline runs, each started by the
+(tests/builders_support.py), reached by tcp:// with TLS as matrix.yaml's build.builders names
+it, build one matrix between them; then the second one is killed mid-run. And `report --merge` over fragments of separate pipeline runs, each started by the
 exported GitHub workflow's own command line, equals the report of one run.
 
 The cells are the fault matrix's (tests/fault_support.py): tiny real builds on the test
@@ -44,12 +44,20 @@ def records(state: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted((state / "journal").glob("*.json"))}
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def second_engine(built_base) -> Iterator[SecondEngine]:
     if os.geteuid() != 0 or not shutil.which("dockerd") or not shutil.which("containerd"):
         pytest.fail("the several-builders tests need root, dockerd and containerd "
                     "(.ci/provision installs docker.io)")
-    second = SecondEngine()
+    second = SecondEngine(tls_port=free_port())  # unix socket + tcp with --tlsverify
     try:
         second.start()  # empty: the build copies the base to it (builders.ensure_bases)
         assert second.image_id(built_base) is None
@@ -61,11 +69,21 @@ def second_engine(built_base) -> Iterator[SecondEngine]:
 NAMES = ["alpha", "bravo", "charlie", "delta"]
 
 
-def write_cells(root: Path, repository: str) -> Path:
+def write_cells(root: Path, repository: str, second: SecondEngine) -> Path:
     """The matrix of 4 tiny cells; each call gives every image a fresh token (nothing of an
-    earlier call's builds is in BuildKit's cache)."""
-    return write_fault_matrix(root, {n: {"FAULT_TOKEN": uuid.uuid4().hex, "FAULT_SLEEP": "12"}
-                                     for n in NAMES}, repository=repository)
+    earlier call's builds is in BuildKit's cache). build.builders names the second engine by
+    its tcp:// address with TLS files relative to matrix.yaml."""
+    matrix = write_fault_matrix(root, {n: {"FAULT_TOKEN": uuid.uuid4().hex, "FAULT_SLEEP": "8"}
+                                       for n in NAMES}, repository=repository)
+    shutil.copytree(second.certs, root / "certs", dirs_exist_ok=True)
+    text = matrix.read_text()
+    assert "build:\n" in text
+    matrix.write_text(text.replace("build:\n", (
+        "build:\n  builders:\n    - name: second\n"
+        f"      endpoint: {second.tcp}\n"
+        "      tls: {ca: certs/ca.pem, cert: certs/client-cert.pem, key: certs/client-key.pem}\n"
+    ), 1))
+    return matrix
 
 
 @pytest.fixture
@@ -84,19 +102,20 @@ def new_repository(repositories: list[str]) -> str:
     return repositories[-1]
 
 
-def pipeline(matrix: Path, state: Path, second: SecondEngine, *extra: str) -> list[str]:
+def pipeline(matrix: Path, state: Path, *extra: str) -> list[str]:
+    """Both builders: this machine's engine by flag, `second` by name (matrix.yaml's, TLS)."""
     return ["pipeline", "--matrix", str(matrix), "--state-dir", str(state), "--builder", LOCAL,
-            "--builder", f"second={second.host}", *extra]
+            "--builder", "second", *extra]
 
 
 def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine, cleanup,
                                                      tmp_path: Path) -> None:
     repositories, made = cleanup
-    matrix = write_cells(tmp_path / "m", new_repository(repositories))
+    matrix = write_cells(tmp_path / "m", new_repository(repositories), second_engine)
     cells = [cell_id(n) for n in NAMES]
     state = tmp_path / "state"
     # 1. Both engines up: the cells are shared out, each engine holds what it built.
-    first = infermatrix(*pipeline(matrix, state, second_engine))
+    first = infermatrix(*pipeline(matrix, state))
     output = first.stdout + first.stderr
     assert first.returncode == 0, output[-4000:]
     built = records(state)
@@ -114,11 +133,24 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine,
             assert on_second == record["image_id"] and on_local is None
         else:
             assert on_local == record["image_id"] and on_second is None
-    assert f"builder second ({second_engine.host}: linux/" in output  # its own figures
+    assert f"builder second ({second_engine.tcp}: linux/" in output  # its own figures
     assert "[second] copying base infermatrix/base-bookworm:" in output
     assert "[local] copying base" not in output
     report = json.loads((state / "reports" / "report.json").read_text())
     assert {c["id"]: c["outcome"] for c in report["cells"]} == {c: "tagged" for c in cells}
+
+    assert {built[c]["builder"]["endpoint"] for c in cells} == {LOCAL.split("=", 1)[1],
+                                                                 second_engine.tcp}
+    # Without the client certificate the TLS engine does not answer: left out, the cell fails
+    # naming it (nothing is built, nothing changes on either engine).
+    refused = infermatrix("build", "--matrix", str(matrix), "--state-dir",
+                          str(tmp_path / "state-nocert"), "--select", cells[0],
+                          "--builder", f"nocert={second_engine.tcp}")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "builder nocert left out" in refused.stdout + refused.stderr
+    reason = records(tmp_path / "state-nocert")[cells[0]]["stages"]["build"]["reason"]
+    assert reason.startswith("no builder for linux/amd64 (builders: none up; nocert is down: "
+                             f"{second_engine.tcp} does not answer"), reason
 
     made.update(r["image_id"] for r in built.values())
     made.update(r["stages"]["tag"]["details"].get("tagged_image_id") or "" for r in
@@ -127,10 +159,10 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine,
 
     # 2. New images of the same cells, a fresh state; the second engine is SIGKILLed while it
     #    builds its first cell.
-    matrix = write_cells(matrix.parent, new_repository(repositories))
+    matrix = write_cells(matrix.parent, new_repository(repositories), second_engine)
     state = tmp_path / "state-kill"
     run = subprocess.Popen([sys.executable, "-m", "infermatrix",
-                            *pipeline(matrix, state, second_engine)],
+                            *pipeline(matrix, state)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def second_is_building() -> bool:
@@ -141,7 +173,7 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine,
             record = json.loads(path.read_text())
             log = state / "logs" / cell / "build.log"
             if (record.get("builder") or {}).get("name") == "second" and log.is_file() \
-                    and "sleep 12" in log.read_text():
+                    and "sleep 8 " in log.read_text():
                 return True
         return False
 
@@ -167,7 +199,7 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine,
 
     # 3. The rerun, the second engine still dead: it is left out, its cells go to the survivor;
     #    the cells built before are reused, not rebuilt.
-    rerun = infermatrix(*pipeline(matrix, state, second_engine))
+    rerun = infermatrix(*pipeline(matrix, state))
     output = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, output[-4000:]
     assert "builder second left out" in output
@@ -208,56 +240,6 @@ def normalised(report: dict, roots: list[Path]) -> dict:
             return [scrub(v) for v in value]
         return value
     return scrub(data)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_a_tcp_tls_builder_of_matrix_yaml(built_base, cleanup, tmp_path: Path) -> None:
-    """build.builders names a tcp:// engine with TLS files (relative to matrix.yaml): the build
-    runs there; without the client certificate the engine refuses, and the cell fails
-    naming the builder that is down."""
-    repositories, made = cleanup
-    tls_engine = SecondEngine(subnet="172.30.0.1/16", tls_port=free_port())
-    try:
-        tls_engine.start()
-        root = tmp_path / "m"
-        matrix = write_fault_matrix(root, {"alpha": {"FAULT_TOKEN": uuid.uuid4().hex}},
-                                    repository=new_repository(repositories))
-        shutil.copytree(tls_engine.certs, root / "certs")
-        text = matrix.read_text()
-        assert "build:\n" in text
-        matrix.write_text(text.replace("build:\n", (
-            "build:\n  builders:\n    - name: tls\n"
-            f"      endpoint: {tls_engine.tcp}\n"
-            "      tls: {ca: certs/ca.pem, cert: certs/client-cert.pem, "
-            "key: certs/client-key.pem}\n"), 1))
-        state = tmp_path / "state"
-        common = ["--matrix", str(matrix), "--state-dir", str(state)]
-        assert infermatrix("render", *common).returncode == 0
-        build = infermatrix("build", *common)
-        output = build.stdout + build.stderr
-        assert build.returncode == 0, output[-3000:]
-        record = records(state)[cell_id("alpha")]
-        assert record["builder"]["name"] == "tls"
-        assert record["builder"]["endpoint"] == tls_engine.tcp
-        assert tls_engine.image_id(record["image_id"]) == record["image_id"]
-        assert engine.image_id_of(record["image_id"]) is None
-        # The same engine without the client certificate: it does not answer the client.
-        refused = infermatrix("build", *common, "--force", "--builder", tls_engine.tcp)
-        output = refused.stdout + refused.stderr
-        assert refused.returncode == 1, output[-3000:]
-        assert "builder builder1 left out" in output
-        reason = records(state)[cell_id("alpha")]["stages"]["build"]["reason"]
-        assert reason.startswith("no builder for linux/amd64 (builders: none up; builder1 is "
-                                 f"down: {tls_engine.tcp} does not answer"), reason
-    finally:
-        tls_engine.stop()
 
 
 def differences(a, b, path: str = "") -> list[str]:
