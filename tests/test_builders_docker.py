@@ -1,7 +1,8 @@
 """Several builders for real (issue 19): the machine's dockerd and a second, private dockerd
 (tests/builders_support.py), reached by tcp:// with TLS as matrix.yaml's build.builders names
-it, build one matrix between them; then the second one is killed mid-run. And `report --merge` over fragments of separate pipeline runs, each started by the
-exported GitHub workflow's own command line, equals the report of one run.
+it, build one matrix between them; then the second one is killed mid-run. And `report --merge`
+over fragments of separate pipeline runs, each started by the exported GitHub workflow's own
+command line, equals the report of one run.
 
 The cells are the fault matrix's (tests/fault_support.py): tiny real builds on the test
 matrix's debootstrap base; the second engine starts empty and the build copies the base to
