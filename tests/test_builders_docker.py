@@ -218,18 +218,22 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine,
 
 
 # What two runs of the same cells differ in: when and how long, the host's free memory the
-# compile plan read when the run started, and whether the tag stage found its tag already in
-# place (the runs share one engine: the later run finds the tag the earlier one put there).
+# compile plan read when the run started, whether the tag stage found its tag in place.
 VOLATILE = ("finished", "duration_s", "updated", "seconds", "compile_plan", "unchanged")
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def normalised(report: dict, roots: list[Path]) -> dict:
+def normalised(report: dict, names: dict[str, str]) -> dict:
     """A report with what differs between two runs of the same cells taken out: times,
-    durations, and the state directory in log paths."""
+    durations, the names in `names` (state directories, matrix folder, repository), and the
+    digests, each numbered by where it first appears (a rebuild that missed BuildKit's cache
+    is another image id, in the same places)."""
     text = json.dumps(report)
-    for root in roots:
-        text = text.replace(str(root.resolve()), "<state>")
+    for name, placeholder in names.items():
+        text = text.replace(name, placeholder)
+    seen: dict[str, str] = {}
+    text = DIGEST.sub(lambda m: seen.setdefault(m.group(0), f"<digest-{len(seen)}>"), text)
     data = json.loads(TIMESTAMP.sub("<time>", text))
     data.pop("generated")
 
@@ -255,11 +259,13 @@ def differences(a, b, path: str = "") -> list[str]:
 def test_merged_fragments_of_exported_jobs_equal_one_run(built_base, tmp_path: Path) -> None:
     """Each job of the exported workflow, run here with its own command line, leaves a
     fragment (.state/<cell>); `report --merge` of them equals one pipeline run over the cells."""
-    repository = f"im19-{uuid.uuid4().hex[:8]}"
-    names = ["echo", "foxtrot"]
-    matrix = write_fault_matrix(tmp_path / "m", {n: {"FAULT_TOKEN": uuid.uuid4().hex}
-                                                 for n in names}, repository=repository)
-    cells = [cell_id(n) for n in names]
+    repository, other = (f"im19-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    engines = {n: {"FAULT_TOKEN": uuid.uuid4().hex} for n in ["echo", "foxtrot"]}
+    matrix = write_fault_matrix(tmp_path / "m", engines, repository=repository)
+    # The one run: the same cells from a copy of the matrix tagging into a repository of its
+    # own (a tag never moves: the two runs' images must not compete for one tag).
+    one_matrix = write_fault_matrix(tmp_path / "one", engines, repository=other)
+    cells = [cell_id(n) for n in engines]
     try:
         work = matrix.parent
         workflow = work / "ci.yml"
@@ -278,18 +284,21 @@ def test_merged_fragments_of_exported_jobs_equal_one_run(built_base, tmp_path: P
             assert job_run.returncode == 0, job_run.stderr[-3000:]
             assert set(records(work / ".state" / cell)) == {cell}  # its fragment: its cell
         single = tmp_path / "single"
-        one_run = infermatrix("pipeline", "--matrix", str(matrix), "--state-dir", str(single))
+        one_run = infermatrix("pipeline", "--matrix", str(one_matrix), "--state-dir",
+                              str(single))
         assert one_run.returncode == 0, one_run.stderr[-3000:]
         merged = tmp_path / "merged"
         merge = infermatrix("report", "--merge", str(work / ".state"), "--matrix", str(matrix),
                             "--out", str(merged))
         assert merge.returncode == 0, merge.stderr[-3000:]
-        fragments = [work / ".state" / c for c in cells]
-        got = normalised(json.loads((merged / "report.json").read_text()), fragments)
-        want = normalised(json.loads((single / "reports" / "report.json").read_text()),
-                          [single])
+        got = normalised(json.loads((merged / "report.json").read_text()), {
+            **{str((work / ".state" / c).resolve()): "<state>" for c in cells},
+            str(work.resolve()): "<matrix>", repository: "<repo>"})
+        want = normalised(json.loads((single / "reports" / "report.json").read_text()), {
+            str(single.resolve()): "<state>", str(one_matrix.parent.resolve()): "<matrix>",
+            other: "<repo>"})
         assert [c["id"] for c in got["cells"]] == sorted(cells)
         assert got == want, "\n".join(differences(got, want))
         assert {c["outcome"] for c in got["cells"]} == {"tagged"}
     finally:
-        remove_images(engine, cells, [repository])
+        remove_images(engine, cells, [repository, other])
