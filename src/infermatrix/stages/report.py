@@ -485,10 +485,11 @@ def _plan_dicts(plans: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, di
 
 
 def build_report(journal: Mapping[str, Any], plans: Iterable[Any] | Mapping[str, Any] | None,
-                 state: StatePaths | None = None) -> Report:
+                 state: StatePaths | Mapping[str, StatePaths] | None = None) -> Report:
     """The report of every cell of the plan and of the journal (a journal-only cell is one the
     current plan no longer has; it is kept, marked as such, placed by the plan it recorded).
-    `journal`: typed records (`journal.load_records`) or their JSON form."""
+    `journal`: typed records (`journal.load_records`) or their JSON form. `state`: where logs
+    are, or per cell id (a merged journal: each cell's fragment)."""
     by_id = _plan_dicts(plans)
     records = records_of(journal if isinstance(journal, Mapping) else {})
     ids = list(by_id) + [i for i in records if i not in by_id]
@@ -496,7 +497,8 @@ def build_report(journal: Mapping[str, Any], plans: Iterable[Any] | Mapping[str,
     for i in ids:
         record = records.get(i)
         plan = by_id.get(i) or (record.recorded_plan if record else None)
-        cells.append(cell_report(str(i), plan, record, state))
+        where = state.get(i) if isinstance(state, Mapping) else state
+        cells.append(cell_report(str(i), plan, record, where))
     for c in cells:
         c.in_plan = c.id in by_id or not by_id  # without a current plan, nothing is stale
     cells.sort(key=lambda c: (_version_key(c.axes.get("cuda", "?")),
