@@ -178,6 +178,7 @@ class Completion:
     elapsed_s: float
     ttft_s: float | None  # time to the first generated text (content or reasoning)
     itl_s: list[float] = field(default_factory=list)  # gaps between later text chunks
+    started_at: float = 0.0  # time.monotonic() when the request was sent
 
 
 def chat_payload(model: str, prompt: Prompt, max_tokens: int, temperature: float,
@@ -233,7 +234,7 @@ def read_stream(lines: Iterable[bytes], started: float,
     return Completion("".join(content), "".join(reasoning), finish,
                       int(usage.get("prompt_tokens") or 0),
                       int(usage.get("completion_tokens") or 0), ended - started,
-                      None if first is None else first - started, gaps)
+                      None if first is None else first - started, gaps, started)
 
 
 def post_chat(url: str, payload: dict[str, Any], timeout_s: float) -> Completion:
@@ -367,6 +368,7 @@ class BatchSettings:
     wait_healthy_s: float = 900.0  # how long to wait while no replica is healthy
     health_interval_s: float = HEALTH_INTERVAL_S
     max_attempts: int = MAX_ATTEMPTS
+    stop_after_s: float | None = None  # ask nothing new after this (a bounded load)
 
 
 @dataclass
@@ -379,6 +381,7 @@ class BatchResult:
     wall_s: float
     completions: list[tuple[str, Completion]]  # (replica, reply) of every answer written
     retried: int
+    unasked: int = 0  # left when stop_after_s ran out
 
     @property
     def completion_tokens(self) -> int:
@@ -429,6 +432,7 @@ class Batch:
         self.progress = progress
         self.stop = threading.Event()
         self.model = settings.model
+        self.unasked = 0
 
     # events come from these threads ------------------------------------------------------
     def _ask(self, task: _Task, payload: dict[str, Any]) -> None:
@@ -543,6 +547,10 @@ class Batch:
                                f"{self.settings.wait_healthy_s:.0f} s: {names}")
         return since
 
+    def _out_of_time(self, started: float) -> bool:
+        limit = self.settings.stop_after_s
+        return limit is not None and time.monotonic() - started > limit
+
     def run(self) -> BatchResult:
         started = time.monotonic()
         checker = threading.Thread(target=self._watch_health, daemon=True, name="health")
@@ -551,6 +559,9 @@ class Batch:
         last_report = 0.0
         try:
             while self.pending or self._open_tasks():
+                if self._out_of_time(started):
+                    self.unasked = len(self.pending)
+                    self.pending.clear()
                 self._dispatch()
                 try:
                     self._handle(self.events.get(timeout=0.5))
@@ -569,7 +580,7 @@ class Batch:
             self.progress(self.answered + len(self.failed), len(self.todo), self.replicas)
         return BatchResult(len(self.todo), self.skipped, self.answered, self.failed,
                            self.replicas, time.monotonic() - started, self.completions,
-                           self.retried)
+                           self.retried, self.unasked)
 
 
 def run_batch(endpoints: list[Endpoint], prompts: list[Prompt], settings: BatchSettings,
