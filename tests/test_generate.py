@@ -36,6 +36,12 @@ def test_a_stream_is_assembled_with_reasoning_usage_and_latencies():
     assert reply.elapsed_s == 1.0
 
 
+def test_a_stream_cut_before_done_is_a_replica_fault_not_an_answer():
+    with pytest.raises(generate.RequestError, match="before \\[DONE\\]") as failed:
+        generate.read_stream(sse({"choices": [{"delta": {"content": "Par"}}]}), 0.0)
+    assert failed.value.replica_fault
+
+
 def test_an_error_chunk_fails_the_request():
     with pytest.raises(generate.RequestError, match="the server reported"):
         generate.read_stream(sse({"error": {"message": "boom"}}), 0.0)

