@@ -52,7 +52,7 @@ def test_the_level_records_tokens_latencies_and_scaling(measured):
         assert point["replicas"] == 2 and point["errors"] == 0
         assert point["requests"] == 2 * LOAD["requests"]
         assert point["tokens_per_s"] > 0
-        assert all(v > 0 for v in point["tokens_per_s_per_replica"].values())  # both served
+        assert all(v > 0 for v in point["tokens_per_s_per_replica"].values()), point  # both
         assert point["ttft_ms"]["p50"] > 0 and point["ttft_ms"]["p95"] >= point["ttft_ms"]["p50"]
         assert point["itl_ms"]["p50"] > 0 and point["itl_ms"]["p95"] >= point["itl_ms"]["p50"]
     assert [s["replicas"] for s in level["scaling"]] == [1, 2]

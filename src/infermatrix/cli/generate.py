@@ -68,12 +68,13 @@ class PlainProgress:
 
     def __init__(self, every_s: float = 5.0) -> None:
         self.every_s, self.started, self.last = every_s, time.monotonic(), 0.0
+        self.shown: tuple[int, int] | None = None
 
     def __call__(self, done: int, total: int, replicas: list[generate.Replica]) -> None:
         now = time.monotonic()
-        if now - self.last < self.every_s and done < total:
+        if (now - self.last < self.every_s and done < total) or self.shown == (done, total):
             return
-        self.last = now
+        self.last, self.shown = now, (done, total)
         rate = done / (now - self.started) if now > self.started else 0.0
         eta = f"{(total - done) / rate:.0f} s" if rate > 0 else "?"
         up = ", ".join(f"{r.name} {'up' if r.healthy else 'OUT'} {r.answered}"

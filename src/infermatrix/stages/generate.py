@@ -466,7 +466,11 @@ class Batch:
             if replica is None:
                 return
             if self.model is None:
-                self.model = served_model(replica.endpoint)
+                try:
+                    self.model = served_model(replica.endpoint)
+                except StageFailure:
+                    self._take_out(replica)  # went down since its health check
+                    continue
             self.pending.popleft()
             self.numbers += 1
             cost = prompt.max_tokens or self.settings.max_tokens
@@ -555,8 +559,23 @@ class Batch:
         limit = self.settings.stop_after_s
         return limit is not None and time.monotonic() - started > limit
 
+    def _first_health_pass(self) -> None:
+        """Every replica checked at once before the first request, so the load starts spread
+        over all the healthy ones (not on whichever answered its check first)."""
+        results: dict[str, bool] = {}
+        checks = [threading.Thread(target=lambda r=r: results.__setitem__(r.name,
+                                                                           healthy(r.endpoint)),
+                                   daemon=True) for r in self.replicas]
+        for check in checks:
+            check.start()
+        for check in checks:
+            check.join(HEALTH_TIMEOUT_S + 1)
+        for replica in self.replicas:
+            replica.healthy = results.get(replica.name, False)
+
     def run(self) -> BatchResult:
         started = time.monotonic()
+        self._first_health_pass()
         checker = threading.Thread(target=self._watch_health, daemon=True, name="health")
         checker.start()
         unhealthy_since: float | None = None
