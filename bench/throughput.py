@@ -64,9 +64,6 @@ def main() -> int:
         print(f"replicas: {', '.join(f'{e.name} {e.url}' for e in endpoints)}", flush=True)
         waited = throughput.wait_all_healthy(endpoints, 900)
         print(f"all healthy after {waited:.0f} s", flush=True)
-        warm_up = throughput.LoadSettings(requests=2, max_tokens=4)
-        for endpoint in endpoints:  # the first requests of a server are slow: not counted
-            throughput.run_point([endpoint], throughput.load_prompts(None), warm_up, 1, False)
         figures = throughput.measure(endpoints, settings)
     for point in figures["points"]:
         print(f"{point['replicas']} replica(s) x {point['concurrency']} in flight, thinking "

@@ -147,10 +147,19 @@ def wait_all_healthy(endpoints: list[generate.Endpoint], timeout_s: float,
     return round(time.monotonic() - started, 2)
 
 
+def warm_up(endpoints: list[generate.Endpoint], pool: list[generate.Prompt],
+            settings: LoadSettings) -> None:
+    """Two short requests per replica, not counted: a server's first requests are slow."""
+    short = LoadSettings(requests=2, max_tokens=4, max_s=settings.max_s, model=settings.model)
+    for endpoint in endpoints:
+        run_point([endpoint], pool, short, 1, False)
+
+
 def measure(endpoints: list[generate.Endpoint], settings: LoadSettings) -> dict[str, Any]:
     """The sweep on all replicas, then scaling 1..N at the top concurrency; the figures."""
     check_loopback(endpoints)
     pool = load_prompts(settings.prompts)
+    warm_up(endpoints, pool, settings)
     points = [run_point(endpoints, pool, settings, c, t)
               for t in settings.thinking for c in settings.concurrency]
     top, first_mode = max(settings.concurrency), settings.thinking[0]
