@@ -62,7 +62,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="im18-bench-") as work, \
             replicas(args.deployment, Path(work)) as endpoints:
         print(f"replicas: {', '.join(f'{e.name} {e.url}' for e in endpoints)}", flush=True)
-        waited = throughput.wait_all_healthy(endpoints, 900)
+        waited = throughput.wait_all_healthy(endpoints, 1800)
         print(f"all healthy after {waited:.0f} s", flush=True)
         figures = throughput.measure(endpoints, settings)
     for point in figures["points"]:

