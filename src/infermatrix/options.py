@@ -92,7 +92,8 @@ OPTIONS: dict[str, RunOption] = {o.name: o for o in [
     RunOption("nvcc_threads", "--nvcc-threads", "NVCC_THREADS of kernel builds (default: the "
               "compile planner's figure)", positive_int, "INFERMATRIX_NVCC_THREADS",
               metavar="N"),
-    RunOption("levels", "--levels", "smoke levels, comma-separated subset of static,gpu,model",
+    RunOption("levels", "--levels", "smoke levels, comma-separated subset of static,gpu,model,"
+              "throughput (default: static,gpu,model)",
               level_list, "INFERMATRIX_LEVELS", ("smoke", "levels"), None, "LIST"),
     RunOption("wait", "--wait",
               "wait for another run holding the state directory instead of refusing"),
