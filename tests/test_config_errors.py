@@ -188,9 +188,15 @@ def _register_with(func, register):
 @pytest.mark.parametrize("delay", [0.1, 0.2, 0.35, 0.5, 0.8])
 def test_ctrl_c_during_start_up_exits_130_without_traceback(tmp_path, delay):
     """SIGINT while the CLI imports its modules, loads and plans the matrix."""
-    proc = subprocess.Popen([sys.executable, "-m", "infermatrix", "plan", "--offline",
+    # The delay counts from the moment the interpreter runs Python code: a signal before that
+    # ("Could not import runpy module" on a loaded host) is the interpreter's, not the CLI's.
+    launcher = ("import runpy, sys; sys.stderr.write('started\\n'); sys.stderr.flush(); "
+                "sys.argv = ['infermatrix'] + sys.argv[1:]; "
+                "runpy.run_module('infermatrix', run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, "plan", "--offline",
                              "--matrix", str(TEST_MATRIX), "--state-dir", str(tmp_path / "s")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr.readline() == "started\n"
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

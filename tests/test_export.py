@@ -190,6 +190,9 @@ def test_bake_targets_carry_context_platform_secret_args(planned, tmp_path) -> N
         assert target["args"] == args
         assert target["secret"] == [f"id=ca_bundle,src={bundle.resolve()}"]
         assert target["tags"] == [f"infermatrix-local/{cell}:build"]
+        # the input hash `infermatrix build` labels the image with (test_bake_docker.py
+        # checks that bake and build give one image)
+        assert target["labels"]["io.infermatrix.input-hash"].startswith("sha256:")
         assert "." not in name  # bake allows only [a-zA-Z0-9_-] in target names
 
 

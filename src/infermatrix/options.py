@@ -92,7 +92,8 @@ OPTIONS: dict[str, RunOption] = {o.name: o for o in [
     RunOption("nvcc_threads", "--nvcc-threads", "NVCC_THREADS of kernel builds (default: the "
               "compile planner's figure)", positive_int, "INFERMATRIX_NVCC_THREADS",
               metavar="N"),
-    RunOption("levels", "--levels", "smoke levels, comma-separated subset of static,gpu,model",
+    RunOption("levels", "--levels", "smoke levels, comma-separated subset of static,gpu,model,"
+              "throughput (default: static,gpu,model)",
               level_list, "INFERMATRIX_LEVELS", ("smoke", "levels"), None, "LIST"),
     RunOption("wait", "--wait",
               "wait for another run holding the state directory instead of refusing"),
@@ -131,6 +132,7 @@ class RunOptions:
     force: bool = False
     ca_bundle: Path | None = None
     publish: bool = True
+    builders: list[str] = field(default_factory=list)  # --builder, repeatable
     sources: dict[str, str] = field(default_factory=dict)
 
     def preamble(self) -> str:
@@ -172,4 +174,16 @@ def resolve(args: argparse.Namespace | None, matrix_data: Mapping[str, Any] | No
     if args is not None and getattr(args, "no_publish", False):
         resolved.publish = False
         resolved.sources["publish"] = "--no-publish"
+    if args is not None and getattr(args, "builder", None):
+        resolved.builders = list(args.builder)
+        resolved.sources["builders"] = "--builder"
     return resolved
+
+
+def builder_option(parser: argparse.ArgumentParser) -> None:
+    """`--builder`, repeatable: the Docker engines that build (replaces build.builders)."""
+    parser.add_argument("--builder", action="append", default=[], metavar="[NAME=]ENDPOINT",
+                        help="a Docker engine to build on: unix://PATH, ssh://USER@HOST, "
+                             "tcp://HOST:PORT or a Docker context name; repeatable (cells are "
+                             "shared out by platform and capacity; default: build.builders, "
+                             "else DOCKER_HOST / the current context)")

@@ -16,6 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--explain", action="store_true",
                         help="print the compile plan with where each figure came from; "
                              "build nothing")
+    from ..options import builder_option
+    builder_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     o = build_run.options
     options = BuildOptions(fail_fast=o.fail_fast, timeout_min=o.timeout_min,
                            max_jobs=o.max_jobs, nvcc_threads=o.nvcc_threads, wait=o.wait,
-                           force=o.force, ca_bundle=o.ca_bundle)
+                           force=o.force, ca_bundle=o.ca_bundle, builders=o.builders)
     if args.explain:
         from ..stages.build import compile_plan_for_cells
 

@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_options(parser, "fail_fast", "levels", "max_jobs", "nvcc_threads", "timeout_min",
                 "force", "ca_bundle", "wait")
     parser.add_argument("--no-publish", action="store_true", help="skip the publish step")
+    from ..options import builder_option
+    builder_option(parser)
     parser.set_defaults(func=run)
 
 

@@ -33,6 +33,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-docker", action="store_true",
                         help="do not ask the local Docker engine for the size of built images "
                              "the journal does not record")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                        help="merge the journal/report fragments of many runners (state "
+                             "directories, or folders of CI job artifacts): one report, one "
+                             "images.lock and one journal/ in --out; a tag pinned to two "
+                             "digests is refused (exit 1)")
     parser.set_defaults(func=run)
 
 
@@ -77,8 +82,34 @@ def resolve_plans(args: argparse.Namespace, state: StatePaths) -> list[Any]:
     return []
 
 
+def run_merge(args: argparse.Namespace, state: StatePaths) -> int:
+    """One report, images.lock and journal from the fragments (stages/merge.py); nothing is
+    written when two fragments pin one tag to different digests."""
+    from ..stages.merge import describe, merge_dirs, write_merged_journal
+    from ..stages.publish import LOCK_NAME, write_lock
+
+    merged = merge_dirs(args.merge)
+    plans = resolve_plans(args, state)
+    if not args.no_docker:
+        fill_image_sizes(merged.records)
+    logs = {cell: StatePaths.at(root) for cell, root in merged.sources.items()}
+    report = build_report(merged.records, plans, logs)
+    out = Path(args.out) if args.out else state.reports
+    files = write_report(report, out)
+    write_lock(out / LOCK_NAME, merged.lock)
+    write_merged_journal(merged, StatePaths.at(out))
+    console = Console()
+    print_summary(report, files.html, console)
+    console.print(f"{describe(merged)}; wrote {files.html}, {files.markdown.name}, "
+                  f"{files.json.name}, {LOCK_NAME}, journal/ in {out}",
+                  markup=False, highlight=False)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     state = _state(args)
+    if args.merge:
+        return run_merge(args, state)
     plans = resolve_plans(args, state)
     records = load_journal(state)
     if not args.no_docker:

@@ -9,7 +9,7 @@ from . import common_options, load_run, run_options, selection_options, wait_opt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    smoke = subparsers.add_parser("smoke", help="test built images: static, gpu, model levels")
+    smoke = subparsers.add_parser("smoke", help="test built images: static, gpu, model (and throughput) levels")
     common_options(smoke)
     selection_options(smoke)
     smoke.add_argument("cells", nargs="*", metavar="CELL_ID",

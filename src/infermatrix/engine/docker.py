@@ -13,6 +13,11 @@ Which CLI can build: buildx when `docker buildx version` works; otherwise a clie
 Docker 23 runs the daemon's built-in BuildKit with DOCKER_BUILDKIT=1 (Debian's docker.io 20.10).
 A 23+ client without buildx cannot, and is passed over. INFERMATRIX_DOCKER names a client
 explicitly.
+
+Several builders (issue 19): an `Engine(Endpoint)` talks to one named engine (`unix://`,
+`ssh://`, `tcp://` with TLS, or a Docker context), its SDK client and its CLI commands alike
+(the CLI gets DOCKER_HOST / DOCKER_CONTEXT / DOCKER_CERT_PATH); `bound(engine)` makes it the
+current engine of one thread, so each builder's worker calls the same module functions.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import re
 import shlex
 import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
@@ -286,29 +292,158 @@ def _translated(what: str) -> Iterator[None]:
 _names = itertools.count(1)
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """A Docker engine named by address (`unix://`, `ssh://`, `tcp://` with TLS files) or by
+    Docker context: a builder of `build.builders` / `--builder`."""
+
+    name: str
+    host: str | None = None  # unix:///run/x.sock, ssh://user@host, tcp://host:2376
+    context: str | None = None  # a Docker context of the CLI's config
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_verify: bool = True
+    platforms: tuple[str, ...] = ()  # declared; empty: the engine's own
+
+    @property
+    def address(self) -> str:
+        return self.host or f"context {self.context}"
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment a docker CLI needs to talk to this engine."""
+        return {"DOCKER_CONTEXT": self.context} if self.context else \
+            {"DOCKER_HOST": str(self.host)}
+
+    def cli_args(self) -> list[str]:
+        """Global CLI options (before the command): the TLS files of a tcp:// engine."""
+        if not self.tls_cert:
+            return []
+        args = ["--tlsverify"] if self.tls_verify else ["--tls"]
+        if self.tls_ca:
+            args += ["--tlscacert", self.tls_ca]
+        return args + ["--tlscert", self.tls_cert, "--tlskey", str(self.tls_key)]
+
+    def sdk_client(self) -> Any:  # docker.DockerClient
+        import docker
+
+        if self.context:
+            from docker.context import ContextAPI
+
+            found = ContextAPI.get_context(self.context)
+            if found is None:
+                raise UsageError(f"builder {self.name}: no Docker context {self.context!r} "
+                                 "(see `docker context ls`)")
+            return docker.DockerClient(base_url=found.Host, tls=found.TLSConfig, timeout=600,
+                                       use_ssh_client=str(found.Host).startswith("ssh://"))
+        tls = None
+        if self.tls_cert:
+            tls = docker.tls.TLSConfig(client_cert=(self.tls_cert, str(self.tls_key)),
+                                       ca_cert=self.tls_ca, verify=self.tls_verify)
+        if tls is None:
+            return docker.DockerClient(base_url=self.host, timeout=600,
+                                       use_ssh_client=str(self.host).startswith("ssh://"))
+        # requests would take REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE over the engine's CA (the
+        # docker CLI never reads them): no environment, then the API version negotiated as
+        # version="auto" does, which would have asked before trust_env could be turned off.
+        sdk = docker.DockerClient(base_url=self.host, tls=tls, timeout=600,
+                                  version=docker.constants.DEFAULT_DOCKER_API_VERSION)
+        sdk.api.trust_env = False
+        sdk.api._version = sdk.api.version(api_version=False)["ApiVersion"]
+        return sdk
+
+
+def parse_builder(text: str, index: int = 0) -> Endpoint:
+    """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`)."""
+    name, sep, target = text.partition("=")
+    if not sep or "://" in name:  # no NAME= (an endpoint may hold a "=" of its own)
+        name, sep, target = "", "", text
+    target = target.strip()
+    if not target or (sep and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name)):
+        raise UsageError(f"--builder {text!r}: expected [NAME=]unix://PATH, ssh://HOST, "
+                         "tcp://HOST:PORT or [NAME=]CONTEXT")
+    if "://" in target:
+        if not target.startswith(("unix://", "ssh://", "tcp://")):
+            raise UsageError(f"--builder {text!r}: the endpoint must be unix://, ssh:// or "
+                             "tcp:// (TLS files: build.builders in matrix.yaml)")
+        return Endpoint(name or f"builder{index + 1}", host=target)
+    return Endpoint(name or target, context=target)
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine says about itself (`docker info`): the figures builders are sized by."""
+
+    cpus: int
+    memory: int  # bytes
+    platform: str  # linux/amd64, linux/arm64
+    server_version: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.platform}, {self.cpus} CPUs, {self.memory / 2**30:.1f} GiB"
+
+
 class Engine:
     """The Docker engine of this run: owns the SDK client (made on first use) and the BuildKit
     CLI; every SDK error comes out as EngineError. The stages use the module-level functions
     below, which call the current engine (`current()`; tests may `use(...)` another)."""
 
-    def __init__(self) -> None:
+    endpoint: Endpoint | None = None  # class defaults: subclasses (tests' fakes) may skip init
+    _sdk: Any = None
+
+    def __init__(self, endpoint: Endpoint | None = None) -> None:
         self._sdk: Any = None
+        self.endpoint = endpoint  # None: DOCKER_HOST / the current context / the socket
 
     # -- the clients -----------------------------------------------------------------------
     def sdk(self) -> Any:  # docker.DockerClient
-        """The SDK client: DOCKER_HOST, else DOCKER_CONTEXT / the CLI's current context."""
+        """The SDK client: the endpoint's, else DOCKER_HOST, else DOCKER_CONTEXT / the CLI's
+        current context."""
         if self._sdk is None:
             import docker
 
+            where = self.endpoint.address if self.endpoint else engine_address()
             try:
-                sdk = docker.from_env(timeout=600)
+                sdk = self.endpoint.sdk_client() if self.endpoint else \
+                    docker.from_env(timeout=600)
                 sdk.ping()
-            except docker.errors.DockerException as exc:
-                raise UsageError(f"cannot reach the Docker engine at {engine_address()}: "
+            except (docker.errors.DockerException, OSError) as exc:
+                raise UsageError(f"cannot reach the Docker engine at {where}: "
                                  f"{exc}\n  fix: start dockerd, or set DOCKER_HOST / "
                                  "DOCKER_CONTEXT") from None
             self._sdk = sdk
         return self._sdk
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment a docker CLI command needs to reach this engine."""
+        return self.endpoint.cli_env() if self.endpoint else {}
+
+    def cli(self, binary: str, argv: list[str]) -> list[str]:
+        """`binary [global TLS options] argv...` for this engine."""
+        return [binary, *(self.endpoint.cli_args() if self.endpoint else []), *argv]
+
+    def facts(self) -> EngineFacts:
+        """CPUs, memory and platform as the engine reports them (`docker info`)."""
+        from ..model.spec import platform_of_machine
+
+        _sdk_log("docker info")
+        with _translated("docker info"):
+            info = self.sdk().info()
+        return EngineFacts(cpus=int(info.get("NCPU") or 1), memory=int(info.get("MemTotal") or 0),
+                           platform=platform_of_machine(str(info.get("Architecture") or "")),
+                           server_version=info.get("ServerVersion"))
+
+    def answers(self) -> bool:
+        """Whether the engine still answers a ping (a builder that died mid-run does not)."""
+        try:
+            with _translated("docker ping"):
+                return bool(self.sdk().ping())
+        except Exception:  # noqa: BLE001 - whatever the failure, the engine does not answer
+            return False
+
+    def platform(self) -> str:
+        """The engine's platform: this host's for the default engine, else what it says."""
+        return self.facts().platform if self.endpoint else host_platform()
 
     def available(self) -> bool:
         try:
@@ -352,7 +487,9 @@ class Engine:
                 platform=platform)
             if request.output_dir is not None:
                 request.output_dir.mkdir(parents=True, exist_ok=True)
-            proc.run(request.argv(client), env=client.env(), log_path=log_path, timeout=timeout)
+            argv = request.argv(client)
+            proc.run(self.cli(argv[0], argv[1:]), env={**client.env(), **self.cli_env()},
+                     log_path=log_path, timeout=timeout)
             if request.output_dir is not None:
                 return ""
             assert request.iidfile is not None
@@ -366,15 +503,26 @@ class Engine:
     def import_rootfs(self, tar_path: Path, ref: str, changes: list[str] | None = None,
                       log_path: Path | None = None, timeout: float | None = 1800) -> str:
         """`docker import` a rootfs tarball under `ref`; returns the image id."""
-        argv = [docker_cli(), "import"]
+        argv = self.cli(docker_cli(), ["import"])
         for change in changes or []:
             argv += ["--change", change]
         argv += [str(tar_path), ref]
-        proc.run(argv, log_path=log_path, timeout=timeout)
+        proc.run(argv, env=self.cli_env() or None, log_path=log_path, timeout=timeout)
         image_id = self.image_id_of(ref)
         if not image_id:
             raise StageFailure(f"docker import finished but {ref} is not there")
         return image_id
+
+    def copy_image_to(self, ref: str, target: "Engine", log_path: Path | None = None,
+                      timeout: float | None = 3600) -> None:
+        """`docker save REF | docker load` from this engine into `target` (a builder that
+        lacks a local base image: it cannot pull one that exists only here)."""
+        def side(engine_of: Engine, *command: str) -> str:
+            env = [f"{k}={v}" for k, v in engine_of.cli_env().items()]
+            return shlex.join([*(["env", *env] if env else []),
+                               *engine_of.cli(docker_cli(), list(command))])
+        line = f"set -o pipefail; {side(self, 'save', ref)} | {side(target, 'load')}"
+        proc.run(["bash", "-c", line], log_path=log_path, timeout=timeout)
 
     # -- images ----------------------------------------------------------------------------
     def inspect_image(self, ref: str) -> dict[str, Any] | None:
@@ -627,14 +775,34 @@ def _extract_archive(stream: Iterable[bytes], dest_dir: Path, path: str) -> Path
 
 
 _current: Engine | None = None
+_thread = threading.local()  # a builder's thread talks to its own engine (`bound`)
 
 
 def current() -> Engine:
-    """The engine this process talks to (made on first use)."""
+    """The engine this thread talks to: the one `bound` to it, else the process's (made on
+    first use)."""
     global _current
+    bound_here = getattr(_thread, "engine", None)
+    if bound_here is not None:
+        return bound_here
     if _current is None:
         _current = Engine()
     return _current
+
+
+@contextlib.contextmanager
+def bound(engine: Engine) -> Iterator[Engine]:
+    """Talk to `engine` in this thread only (each builder's worker thread; others unchanged)."""
+    previous = getattr(_thread, "engine", None)
+    _thread.engine = engine
+    try:
+        yield engine
+    finally:
+        _thread.engine = previous
+
+
+def engine_platform() -> str:
+    return current().platform()
 
 
 @contextlib.contextmanager

@@ -19,7 +19,10 @@ Status = Literal["planned", "pruned", "unresolved", "unverified"]
 
 
 # The smoke tiers, in the order they run (stages/smoke.py runs them; options validates --levels).
-SMOKE_LEVELS = ("static", "gpu", "model")
+# `throughput` (N replicas under a closed-loop load) runs only when asked for: --levels or
+# matrix smoke.levels; a plain smoke run is the first three.
+SMOKE_LEVELS = ("static", "gpu", "model", "throughput")
+DEFAULT_SMOKE_LEVELS = ("static", "gpu", "model")
 
 @dataclass(frozen=True, order=True)
 class Cell:

@@ -161,7 +161,7 @@ def step_build(run: Run, alive: list[CellPlan]) -> StepRecord:
     results = build_cells(run.ctx, alive, BuildOptions(
         fail_fast=o.fail_fast, timeout_min=o.timeout_min, max_jobs=o.max_jobs,
         nvcc_threads=o.nvcc_threads, wait=o.wait, force=o.force, ca_bundle=o.ca_bundle,
-        echo=echo))
+        builders=o.builders, echo=echo))
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
     return _record("build", passed, failed)
@@ -246,6 +246,50 @@ if STEP_NAMES != journal.STAGES:  # the journal's stage names are this list
     raise RuntimeError(f"journal.STAGES {journal.STAGES} differ from the steps {STEP_NAMES}")
 
 
+# Steps that work on the built image: with several builders, each cell's on the engine that
+# built it (the journal's `builder`).
+ON_THE_BUILDER = frozenset({"audit", "smoke", "tag", "publish"})
+
+
+def builder_groups(run: Run, alive: list[CellPlan]) -> list[tuple[Any, list[CellPlan]]]:
+    """(engine or None for the default one, its cells), by the builder each cell was built on."""
+    from ..engine import docker as engine
+    from .builders import endpoints_for
+
+    endpoints = {e.name: e for e in endpoints_for(run.ctx.matrix, run.options.builders)}
+    if not endpoints:
+        return [(None, alive)]
+    engines: dict[str, Any] = {}
+    groups: dict[str | None, list[CellPlan]] = {}
+    for plan in alive:
+        name = (journal.load(run.ctx.state, plan.id).get("builder") or {}).get("name")
+        key = name if name in endpoints else None
+        if key and key not in engines:
+            engines[key] = engine.Engine(endpoints[key])
+        groups.setdefault(key, []).append(plan)
+    return [(engines.get(key) if key else None, cells) for key, cells in groups.items()]
+
+
+def _step_per_builder(run: Run, name: str, step: Step, alive: list[CellPlan]) -> StepRecord:
+    import contextlib
+
+    from ..engine import docker as engine
+
+    groups = builder_groups(run, alive) if name in ON_THE_BUILDER else [(None, alive)]
+    if len(groups) == 1 and groups[0][0] is None:
+        return step(run, alive)
+    parts = []
+    for engine_of, cells in groups:
+        with engine.bound(engine_of) if engine_of else contextlib.nullcontext():
+            parts.append(step(run, cells))
+    status = StepStatus.RAN if any(p.status == StepStatus.RAN for p in parts) else \
+        parts[0].status
+    return StepRecord(name, status, [c for p in parts for c in p.passed],
+                      [c for p in parts for c in p.failed],
+                      [c for p in parts for c in p.dropped],
+                      note="; ".join(p.note for p in parts if p.note))
+
+
 def run_steps(run: Run, steps: tuple[tuple[str, Step], ...] = STEPS,
               announce: Callable[[str], None] | None = None) -> list[StepRecord]:
     """Run the steps in order; a cell a step failed or dropped is left out of the later ones."""
@@ -255,7 +299,7 @@ def run_steps(run: Run, steps: tuple[tuple[str, Step], ...] = STEPS,
         if announce:
             announce(name)
         started = time.monotonic()
-        record = step(run, alive)
+        record = _step_per_builder(run, name, step, alive)
         record.seconds = time.monotonic() - started
         records.append(record)
         echo(record.summary())

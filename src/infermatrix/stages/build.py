@@ -51,6 +51,7 @@ LOCAL_TAG = "build"
 SPEED_ONLY_ARGS = ("MAX_JOBS", "NVCC_THREADS")
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 KERNEL_WHEELS_DIR = "kernel-wheels"
+INPUT_HASH_LABEL = "io.infermatrix.input-hash"
 _KERNEL_STAGE = re.compile(r"^\s*FROM\s+\S+\s+AS\s+kernel-([A-Za-z0-9_.-]+)\s*$",
                            re.IGNORECASE | re.MULTILINE)
 
@@ -70,6 +71,7 @@ class BuildOptions:
     secrets: dict[str, Path] = field(default_factory=dict)  # extra secrets (pip_index, ...)
     force: bool = False  # rebuild even when the input hash is unchanged
     no_cache: bool = False  # BuildKit `--no-cache` (cold-build benchmarks)
+    builders: list[str] = field(default_factory=list)  # --builder (else build.builders)
     echo: Callable[[str], None] = print
 
 
@@ -177,7 +179,7 @@ def build_platform(plan: CellPlan) -> str | None:
     are linux/arm64: GB10 machines are Arm); None builds for the engine's own platform.
     Building for another CPU needs an engine that can run it (binfmt/QEMU or an Arm builder)."""
     wanted = plan.settings.platform if plan.settings else None
-    return wanted if wanted and wanted != engine.host_platform() else None
+    return wanted if wanted and wanted != engine.engine_platform() else None
 
 
 def secrets_for(options: BuildOptions) -> dict[str, Path]:
@@ -255,15 +257,26 @@ def emulated_compile_refusal(ctx: Context, plan: CellPlan,
 # --------------------------------------------------------------------------------------------
 
 def compile_plan_for(ctx: Context, kernels_needed: list[list[Any]], options: BuildOptions,
-                     reading: compileplan.HostReading | None = None) -> compileplan.CompilePlan:
+                     reading: compileplan.HostReading | None = None,
+                     builder: Any = None) -> compileplan.CompilePlan:
     """Size MAX_JOBS/NVCC_THREADS for the kernels the selected cells compile.
 
     `kernels_needed`: per cell, the kernel cache keys (or bare `build.kernels` names) to
     compile; a key's earlier build, recorded in the state directory, sets its figure.
+    `builder` (builders.Builder): plan from that engine's own CPUs and memory instead.
     """
     settings = ctx.matrix.build
     needs = [kernel_need(settings.get("kernels", {}), item)
              for cell in kernels_needed for item in cell]
+    if builder is not None:
+        return compileplan.plan_for_needs(
+            builder.facts.memory, max(1, builder.facts.cpus), needs,
+            memory_source=f"builder {builder.name}: docker info MemTotal",
+            history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
+            safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
+            max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
+            cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
+            max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
     return compileplan.plan_from_reading(
         reading or compileplan.read_host(), needs,
         history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
@@ -372,13 +385,19 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
             if stats:
                 echo(f"{cell_id}: kernel {name} compiled: {kernelcache.describe_stats(stats)}")
             entry = kernelcache.store(ctx.state, key, wheels,
-                                      details={"compiled_by": cell_id, **build_args,
+                                      details={"compiled_by": cell_id,
+                                               "builder": _builder_name(), **build_args,
                                                "compile_stats": sampled, "stats": stats})
         cache = "miss"
     else:
         echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
         cache = "hit"
     return entry, cache, started
+
+
+def _builder_name() -> str | None:
+    endpoint = engine.current().endpoint
+    return endpoint.name if endpoint else None
 
 
 def _record_compile(ctx: Context, key: kernelcache.KernelKey,
@@ -421,8 +440,11 @@ def lock_problem(ctx: Context, cell_id: str, dockerfile_text: str) -> str | None
 
 
 def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
-               options: BuildOptions) -> CellResult:
+               options: BuildOptions, builder: dict[str, Any] | None = None) -> CellResult:
+    """Build one cell on the current engine; `builder`: its identity (several builders), kept
+    in the journal with the result."""
     cell_id = plan.id
+    who = {"builder": builder} if builder else {}
     directory = cell_dir(ctx, cell_id)
     dockerfile = directory / "Dockerfile"
     log_path = ctx.state.cell_log(cell_id, "build")
@@ -455,7 +477,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
                         f"# the image is built from a temporary copy of {directory} whose "
                         f"{KERNEL_WHEELS_DIR}/ holds the cached kernel wheels\n")
     journal.record_stage(ctx.state, cell_id, "build", "running", log=log_path,
-                         details={"input_hash": digest})
+                         details={"input_hash": digest, **who}, **who)
     secrets = secrets_for(options)
     platform = build_platform(plan)
     kernels: dict[str, dict[str, Any]] = {}
@@ -472,7 +494,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
             context = Path(tmp) / "context"
             shutil.copytree(directory, context, symlinks=True)
             kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
-            labels = {"io.infermatrix.input-hash": digest}
+            labels = {INPUT_HASH_LABEL: digest}
             image_id = engine.build_image(context, tag=local_ref(cell_id), build_args=build_args,
                                           secrets=secrets, log_path=log_path, labels=labels,
                                           timeout=deadline.remaining(),
@@ -483,16 +505,16 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
             reason += (": no space left on device (free space under Docker's data root and "
                        f"{ctx.state.root}, then rerun)")
         return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
-                               exc.command, exc.log_tail, kernels, digest)
+                               exc.command, exc.log_tail, kernels, digest, builder)
     except InfermatrixError as exc:
         return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, str(exc),
-                               None, proc.tail(_read_log(log_path)), kernels, digest)
+                               None, proc.tail(_read_log(log_path)), kernels, digest, builder)
     duration = time.monotonic() - started
     details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                "compile_plan": compile.as_dict(), "build_args": build_args,
-               "secret_ids": sorted(secrets)}
+               "secret_ids": sorted(secrets), **who}
     journal.record_stage(ctx.state, cell_id, "build", "pass", duration_s=duration, log=log_path,
-                         details=details, input_hash=digest, image_id=image_id)
+                         details=details, input_hash=digest, image_id=image_id, **who)
     return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration, log=log_path,
                       kernels=kernels)
 
@@ -536,16 +558,18 @@ def _read_log(path: Path | None) -> str:
 def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path | None,
                     reason: str, command: str | None, log_tail: str | None,
                     kernels: dict[str, dict[str, Any]] | None = None,
-                    digest: str | None = None) -> CellResult:
+                    digest: str | None = None,
+                    builder: dict[str, Any] | None = None) -> CellResult:
     log_text = _read_log(log_path)
     errors = first_error_lines(log_text)
     stated = stated_failure(log_text)
     reason = stated or reason
+    who = {"builder": builder} if builder else {}
     journal.record_stage(ctx.state, cell_id, "build", "fail", duration_s=duration, log=log_path,
                          reason=reason, details={"command": command, "log_tail": log_tail,
                                                  "error_lines": errors,
                                                  "kernels": kernels or {},
-                                                 "input_hash": digest})
+                                                 "input_hash": digest, **who}, **who)
     # A stated reason is the whole story on screen; the journal and the log keep the tail.
     return CellResult(cell_id, "fail", duration_s=duration, log=log_path, reason=reason,
                       command=command, log_tail=None if stated else log_tail,
@@ -603,11 +627,11 @@ def _kernels_to_compile(ctx: Context, plan: CellPlan) -> list[kernelcache.Kernel
 
 
 def compile_plan_for_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions,
-                           reading: compileplan.HostReading | None = None
+                           reading: compileplan.HostReading | None = None, builder: Any = None
                            ) -> compileplan.CompilePlan:
     """The compile plan for the kernels the planned cells still have to compile."""
     return compile_plan_for(ctx, [_kernels_to_compile(ctx, p) for p in plans if p.planned],
-                            options, reading)
+                            options, reading, builder)
 
 
 def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | None = None
@@ -620,6 +644,22 @@ def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | Non
     options = options or BuildOptions()
     planned = [p for p in plans if p.planned]
     results: dict[str, CellResult] = {}
+    from .builders import endpoints_for
+    endpoints = endpoints_for(ctx.matrix, options.builders)
+    if endpoints:
+        with run_lock(ctx.state, wait=options.wait):
+            _build_on_builders(ctx, planned, endpoints, options, results)
+    else:
+        _build_here(ctx, planned, options, results)
+    for plan in plans:
+        if plan.id not in results and not plan.planned:
+            results[plan.id] = CellResult(plan.id, "skip", reason="pruned by the planner")
+    return results
+
+
+def _build_here(ctx: Context, planned: list[CellPlan], options: BuildOptions,
+                results: dict[str, CellResult]) -> None:
+    """Every cell on the one engine of DOCKER_HOST / the current context."""
     compile = compile_plan_for_cells(ctx, planned, options)
     options.echo(compile.describe())
     with run_lock(ctx.state, wait=options.wait):
@@ -627,9 +667,79 @@ def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | Non
             _build_in_order(ctx, planned, compile, options, results)
         else:
             _build_in_parallel(ctx, planned, compile, options, results)
-    for plan in plans:
-        if plan.id not in results and not plan.planned:
-            results[plan.id] = CellResult(plan.id, "skip", reason="pruned by the planner")
+
+
+def _bases_then_build(ctx: Context, plan: CellPlan, builder: Any, local: engine.Engine,
+                      options: BuildOptions, identity: dict[str, Any],
+                      ensure_bases: Callable[..., None]) -> CellResult:
+    dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
+    if dockerfile.is_file():
+        log_path = ctx.state.cell_log(plan.id, "build")
+        try:
+            ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), options.echo,
+                         log_path)
+        except InfermatrixError as exc:
+            return _record_failure(ctx, plan.id, 0.0, log_path, f"copying the base image to "
+                                   f"builder {builder.name}: {exc}".splitlines()[0],
+                                   getattr(exc, "command", None), getattr(exc, "log_tail", None),
+                                   builder=identity)
+    return build_cell(ctx, plan, builder.compile, options, builder=identity)
+
+
+def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[Any],
+                       options: BuildOptions, results: dict[str, CellResult]) -> None:
+    """One worker thread per builder, each bound to its engine, working through its queue
+    (builders.py: who gets which cell). A builder that stops answering fails the cell it was
+    building and every cell left in its queue, with the reason; the others go on."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .builders import assign, connect
+    up, down = connect(endpoints, options.echo)
+    previous = {p.id: ((journal.load(ctx.state, p.id).get("builder") or {}).get("name") or "")
+                for p in planned}
+    for cell_id, reason in assign(planned, up, previous, down).items():
+        results[cell_id] = _record_failure(ctx, cell_id, 0.0, None, reason, None, None)
+        options.echo(results[cell_id].summary())
+    busy = [b for b in up if b.queue]
+    local = engine.Engine()  # this machine's engine: where the debootstrap bases are made
+    for builder in busy:
+        builder.compile = compile_plan_for_cells(ctx, builder.queue, options, builder=builder)
+        options.echo(f"{builder.name}: {len(builder.queue)} cell(s) "
+                     f"({', '.join(p.id for p in builder.queue)}); {builder.compile.describe()}")
+    if not busy:
+        return
+    with ThreadPoolExecutor(max_workers=len(busy), thread_name_prefix="infermatrix-builder") \
+            as pool:
+        for done in [pool.submit(_work_queue, ctx, b, local, options) for b in busy]:
+            results.update(done.result())
+
+
+def _work_queue(ctx: Context, builder: Any, local: engine.Engine, options: BuildOptions
+                ) -> dict[str, CellResult]:
+    from .builders import ensure_bases
+
+    results: dict[str, CellResult] = {}
+    identity = builder.identity()
+    with engine.bound(builder.engine):
+        for plan in builder.queue:
+            if builder.down:
+                result = _record_failure(ctx, plan.id, 0.0, None, builder.down, None, None,
+                                         builder=identity)
+            else:
+                result = _bases_then_build(ctx, plan, builder, local, options, identity,
+                                           ensure_bases)
+                if result.status == "fail" and not builder.engine.answers():
+                    builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
+                                    "stopped answering during the run; rerun to build on the "
+                                    "builders that are up")
+                    result = _record_failure(ctx, plan.id, result.duration_s, result.log,
+                                             f"{builder.down} ({result.reason})",
+                                             result.command, result.log_tail, result.kernels,
+                                             builder=identity)
+            results[plan.id] = result
+            options.echo(f"[{builder.name}] {result.summary()}")
+            if result.status == "fail" and options.fail_fast:
+                break
     return results
 
 

@@ -152,16 +152,20 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
     """(a `docker buildx bake` JSON file, the planned cells left out because images/<cell>/
     holds no rendered Dockerfile). Contexts are relative to `out_dir`, where bake runs;
     secrets name their source file, never their content."""
-    from .build import cell_dir, local_ref
+    from .build import INPUT_HASH_LABEL, cell_dir, input_hash, kernel_keys_for, local_ref
 
     targets: dict[str, Any] = {}
     unrendered = []
     secret_lines = [f"id={sid},src={Path(src).resolve()}" for sid, src in sorted(secrets.items())]
+    by_id = {p.id: p for p in plans}
     for cell in export_cells(ctx, plans):
         directory = cell_dir(ctx, cell.id)
         if not (directory / "Dockerfile").is_file():
             unrendered.append(cell.id)
             continue
+        keys = kernel_keys_for(ctx, by_id[cell.id], (directory / "Dockerfile").read_text())
+        # the label `infermatrix build` puts on the image: a bake-built image is the same one
+        digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys)
         name = bake_target_name(cell.id)
         if name in targets:
             raise UsageError(f"cells {cell.id} and another map to one bake target name {name}")
@@ -172,6 +176,7 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
             "args": dict(build_args),
             "secret": secret_lines,
             "tags": [local_ref(cell.id)],
+            "labels": {INPUT_HASH_LABEL: digest},
         }
     if not targets:
         raise UsageError("no rendered cell to export: run `infermatrix render` first")

@@ -337,7 +337,9 @@ class Publisher:
         journal.record_stage(self.ctx.state, cand.cell_id, "publish", "pass",
                              duration_s=time.monotonic() - started,
                              details={"tag": f"{self.repository}:{tag}", "digest": digest,
-                                      "reference": entry["reference"], "action": action})
+                                      "reference": entry["reference"], "action": action,
+                                      # what `report --merge` puts in a merged images.lock
+                                      "lock_entry": entry})
         getattr(self.result, action).append(cand.cell_id)
         self.say(f"{action:9} {self.repository}:{tag}  {digest}  ({cand.cell_id})")
 

@@ -88,6 +88,7 @@ class CellReport:
     coverage_rows: list[dict[str, Any]] = field(default_factory=list)
     uncovered: list[str] = field(default_factory=list)
     smoke_levels: list[dict[str, Any]] = field(default_factory=list)
+    throughput: dict[str, Any] | None = None  # the throughput level's chart (throughput_chart)
     tokens_per_s: float | None = None  # the best figure (concurrent, usually)
     tokens_text: str = ""  # every figure: "single 41.7, concurrent 118.4"
     audit_checks: list[dict[str, str]] = field(default_factory=list)
@@ -378,6 +379,56 @@ def audit_checks(stages: list[StageResult]) -> list[dict[str, str]]:
             for c in checks if isinstance(c, dict)]
 
 
+def _smoke_details(stages: list[StageResult]) -> dict[str, Any]:
+    smoke = next((s for s in stages if s.name == "smoke"), None)
+    return _mapping(smoke.details) if smoke else {}
+
+
+def _without_throughput(details: dict[str, Any]) -> dict[str, Any]:
+    """Smoke details less the throughput level's many figures (counted once, on their own)."""
+    levels = details.get("levels")
+    rest = {k: v for k, v in details.items() if k != "throughput"}
+    if isinstance(levels, dict):
+        rest["levels"] = {k: v for k, v in levels.items() if k != "throughput"}
+    return rest
+
+
+def _pct(value: Any, top: float) -> float:
+    number = _number(value)
+    return round(100.0 * number / top, 1) if number and top > 0 else 0.0
+
+
+def throughput_chart(stages: list[StageResult]) -> dict[str, Any] | None:
+    """The throughput level's sweep and scaling as bar rows (width: % of the best figure)."""
+    levels = _mapping(_smoke_details(stages).get("levels"))
+    level = _mapping(levels.get("throughput"))
+    points = [p for p in level.get("points") or [] if isinstance(p, dict)]
+    if not points:
+        return None
+    scaling = [s for s in level.get("scaling") or [] if isinstance(s, dict)]
+    top = max([_number(p.get("tokens_per_s")) or 0.0 for p in points + scaling] or [0.0])
+
+    def latency(p: dict[str, Any], key: str) -> str:
+        figures = _mapping(p.get(key))
+        return f"{figures.get('p50', '–')} / {figures.get('p95', '–')}"
+
+    rows = [{"label": f"{p.get('replicas')} × c{p.get('concurrency')}, thinking "
+                      f"{'on' if p.get('thinking') else 'off'}",
+             "tokens_per_s": _number(p.get("tokens_per_s")), "pct": _pct(p.get("tokens_per_s"), top),
+             "per_replica": ", ".join(f"{k} {v}" for k, v in
+                                      _mapping(p.get("tokens_per_s_per_replica")).items()),
+             "ttft": latency(p, "ttft_ms"), "itl": latency(p, "itl_ms"),
+             "errors": p.get("errors", 0)} for p in points]
+    scale = [{"label": f"{s.get('replicas')} replica(s)",
+              "tokens_per_s": _number(s.get("tokens_per_s")), "pct": _pct(s.get("tokens_per_s"), top)}
+             for s in scaling]
+    return {"status": _text(level.get("status")) or "", "replicas": level.get("replicas"),
+            "tokens_per_s": _number(level.get("tokens_per_s")),
+            "per_replica_tokens_per_s": _number(level.get("per_replica_tokens_per_s")),
+            "scaling_ratio": _number(level.get("scaling_ratio")),
+            "errors": level.get("errors", 0), "rows": rows, "scaling": scale}
+
+
 def smoke_levels(stages: list[StageResult]) -> list[dict[str, Any]]:
     """One row per smoke level (static, gpu, model): status, duration, tokens/s, note."""
     smoke = next((s for s in stages if s.name == "smoke"), None)
@@ -392,15 +443,19 @@ def smoke_levels(stages: list[StageResult]) -> list[dict[str, Any]]:
                  for i, v in enumerate(levels)]
     else:
         return []
-    order = {"static": 0, "gpu": 1, "model": 2}  # the tiers in the order they run
+    order = {"static": 0, "gpu": 1, "model": 2, "throughput": 3}  # the order they run in
     items.sort(key=lambda item: order.get(item[0], len(order)))
     rows = []
     for name, value in items:
         entry = value if isinstance(value, dict) else {"status": _text(value)}
+        figures = tokens_figures(entry)
+        if name == "throughput":  # its total only; the sweep is the level's chart
+            total = _number(entry.get("tokens_per_s"))
+            figures = {"total": total} if total is not None else {}
         rows.append({"level": name, "status": _text(entry.get("status")) or "",
                      "duration_s": _number(entry.get("duration_s")),
-                     "tokens_per_s": _best_figure(tokens_figures(entry)),
-                     "tokens_text": _figures_text(tokens_figures(entry)),
+                     "tokens_per_s": _best_figure(figures),
+                     "tokens_text": _figures_text(figures),
                      "note": _text(entry.get("reason") or entry.get("note")
                                    or entry.get("error")) or ""})
     return rows
@@ -456,14 +511,17 @@ def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: CellRecord
     columns, rows, uncovered = kernel_coverage(stages)
     levels = smoke_levels(stages)
     smoke = next((s for s in stages if s.name == "smoke"), None)
-    figures = tokens_figures(smoke.details) if smoke else {}
+    figures = tokens_figures(_without_throughput(_mapping(smoke.details))) if smoke else {}
+    chart = throughput_chart(stages)
+    if chart and chart["tokens_per_s"] is not None:
+        figures["throughput"] = chart["tokens_per_s"]
     return CellReport(
         id=cell_id, axes=axes, plan_status=plan_status, outcome=outcome, failed_stage=failed,
         interrupted_stage=running.name if running else None, reasons=reasons,
         settings=_mapping(plan.get("settings")), stages=stages,
         image_id=record.image_id, image_size=image_size(record, stages),
         versions=versions(record, stages), coverage_columns=columns, coverage_rows=rows,
-        uncovered=uncovered, smoke_levels=levels,
+        uncovered=uncovered, smoke_levels=levels, throughput=chart,
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
         audit_checks=audit_checks(stages),
         log_tail=log_tail(failed_stage, cell_id, state) if failed_stage else None,
@@ -485,10 +543,11 @@ def _plan_dicts(plans: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, di
 
 
 def build_report(journal: Mapping[str, Any], plans: Iterable[Any] | Mapping[str, Any] | None,
-                 state: StatePaths | None = None) -> Report:
+                 state: StatePaths | Mapping[str, StatePaths] | None = None) -> Report:
     """The report of every cell of the plan and of the journal (a journal-only cell is one the
     current plan no longer has; it is kept, marked as such, placed by the plan it recorded).
-    `journal`: typed records (`journal.load_records`) or their JSON form."""
+    `journal`: typed records (`journal.load_records`) or their JSON form. `state`: where logs
+    are, or per cell id (a merged journal: each cell's fragment)."""
     by_id = _plan_dicts(plans)
     records = records_of(journal if isinstance(journal, Mapping) else {})
     ids = list(by_id) + [i for i in records if i not in by_id]
@@ -496,7 +555,8 @@ def build_report(journal: Mapping[str, Any], plans: Iterable[Any] | Mapping[str,
     for i in ids:
         record = records.get(i)
         plan = by_id.get(i) or (record.recorded_plan if record else None)
-        cells.append(cell_report(str(i), plan, record, state))
+        where = state.get(i) if isinstance(state, Mapping) else state
+        cells.append(cell_report(str(i), plan, record, where))
     for c in cells:
         c.in_plan = c.id in by_id or not by_id  # without a current plan, nothing is stale
     cells.sort(key=lambda c: (_version_key(c.axes.get("cuda", "?")),
@@ -648,6 +708,8 @@ def render_markdown(report: Report, html_name: str | None = "report.html",
                 "| cell | reasons |", "|---|---|"]
         out += [f"| `{_md_cell(c.id)}` | {_md_reasons(c.reasons)} |" for c in pruned]
         out += ["", "</details>", ""]
+    for c in (c for c in active if c.throughput):
+        out += _md_throughput(c)
     failures = [c for c in report.cells if c.outcome == "failed" and c.log_tail]
     for c in failures:
         tail = "\n".join(c.log_tail.splitlines()[-tail_lines:])
@@ -656,6 +718,19 @@ def render_markdown(report: Report, html_name: str | None = "report.html",
     if html_name:
         out.append(f"Full report with every cell's detail: `{html_name}`.")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _md_throughput(c: CellReport) -> list[str]:
+    chart = c.throughput or {}
+    out = [f"### Throughput of `{c.id}`", "",
+           f"{chart.get('replicas')} replica(s): best {chart.get('tokens_per_s')} output "
+           f"tokens/s, {chart.get('per_replica_tokens_per_s')} per replica; scaling ratio "
+           f"{chart.get('scaling_ratio')}", "",
+           "| load | tokens/s | per replica | TTFT p50/p95 ms | ITL p50/p95 ms | errors |",
+           "|---|---:|---|---:|---:|---:|"]
+    out += [f"| {r['label']} | {r['tokens_per_s']} | {r['per_replica']} | {r['ttft']} | "
+            f"{r['itl']} | {r['errors']} |" for r in chart.get("rows", [])]
+    return out + [""]
 
 
 def _md_reasons(reasons: list[dict[str, Any]]) -> str:

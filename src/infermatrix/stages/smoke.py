@@ -15,6 +15,11 @@ Levels, each with a timeout (matrix `smoke.timeouts`) and a result pass / fail /
           is a skip "not verified" (never a pass). The server's container is always
           stopped and removed (finally, SIGINT and SIGTERM included); on failure the engine's
           log tail is kept in the result.
+  throughput  (only when asked for) N replicas of the engine server (smoke.throughput.replicas,
+          default 2), each on its own published loopback port, driven by stages/throughput.py's
+          bounded closed-loop load: output tokens/s in total and per replica, TTFT and
+          inter-token latency p50/p95, errors, scaling 1..N. Same model source and skips as
+          the model level; the containers never outlive the level.
 The probe runs here, on the host, against the published port (127.0.0.1, a free port Docker
 picks): that is how clients reach the server, the timeouts and the interrupt handling stay in
 this process, and no exec session is left behind when the container is stopped.
@@ -40,13 +45,13 @@ from ..context import Context
 from ..errors import InfermatrixError, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
-from ..model.cell import SMOKE_LEVELS, CellPlan
+from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
 
 log = logging.getLogger(__name__)
 
 LEVELS = SMOKE_LEVELS
-DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0}
+DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0, "throughput": 1800.0}
 HARNESS_IN_IMAGE = "/opt/infermatrix/harness"
 HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent
 CONTAINER_PORT = DEFAULT_PORT
@@ -116,11 +121,11 @@ def smoke_settings(ctx: Context) -> dict[str, Any]:
 
 
 def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
-    levels = requested or smoke_settings(ctx).get("levels") or list(LEVELS)
+    levels = requested or smoke_settings(ctx).get("levels") or list(DEFAULT_SMOKE_LEVELS)
     unknown = [lv for lv in levels if lv not in LEVELS]
     if unknown:
         raise UsageError(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(LEVELS)})")
-    return [lv for lv in LEVELS if lv in levels]  # always in order: static, gpu, model
+    return [lv for lv in LEVELS if lv in levels]  # always in order: static, gpu, model, ...
 
 
 def level_timeout(ctx: Context, level: str) -> float:
@@ -370,11 +375,17 @@ def fixture_dir(ctx: Context, cell_id: str, variant: str) -> Path:
 
 
 def make_fixture(ctx: Context, plan: CellPlan, harness: Harness, variant: str,
-                 timeout_s: float) -> tuple[Path | None, LevelResult | None]:
-    """Generate the fixture model with the image's own transformers, into the state dir."""
+                 timeout_s: float, level: str = "model",
+                 reuse: bool = False) -> tuple[Path | None, LevelResult | None]:
+    """Generate the fixture model with the image's own transformers, into the state dir
+    (with `reuse`, the one this image made already, e.g. for the model level just before)."""
     import shutil
 
     out = fixture_dir(ctx, plan.id, variant)
+    made = out / "model" / "config.json"
+    if reuse and made.is_file() and (out / "image").is_file() and \
+            (out / "image").read_text() == harness.image_id:
+        return out / "model", None
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     args = ["--out", "/fixture/model"] + (["--broken"] if variant == "broken" else [])
@@ -382,8 +393,9 @@ def make_fixture(ctx: Context, plan: CellPlan, harness: Harness, variant: str,
                                        mounts=[engine.Mount(str(out), "/fixture", read_only=False)])
     status, reason, details = harness_level("fixture", code, parsed, output, timeout_s)
     if status != "pass":
-        return None, LevelResult("model", "fail", f"fixture model: {reason}",
+        return None, LevelResult(level, "fail", f"fixture model: {reason}",
                                  details={"fixture": details})
+    (out / "image").write_text(harness.image_id)
     return out / "model", None
 
 
@@ -477,6 +489,73 @@ def observe_loaded_set(ctx: Context, plan: CellPlan, container_id: str,
     return details["loaded_set"]
 
 
+def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
+                   gpu_here: bool, options: SmokeOptions) -> LevelResult:
+    """N replicas of the server under the bounded load of stages/throughput.py."""
+    from . import throughput
+
+    spec = launch_spec(ctx, plan)
+    if spec is None:
+        return LevelResult("throughput", "skip", f"engine {plan.cell.engine} defines no "
+                           "server", details={"applicable": False})
+    if spec.gpu and not gpu_here:
+        return LevelResult("throughput", "skip", NO_GPU, details={"needs_gpu": True})
+    started = time.monotonic()
+    host_model = model_source(ctx, options)
+    unverified = correctness_unverifiable(ctx, plan, host_model is not None)
+    if unverified:
+        return LevelResult("throughput", "skip", unverified,
+                           details={"not_verified": True, "needs_weights": host_model is None})
+    settings = throughput.LoadSettings.from_matrix(smoke_settings(ctx).get("throughput"))
+    details: dict[str, Any] = {"model_source": str(host_model) if host_model
+                               else "fixture (normal)", "command": spec.command}
+    if host_model is None:
+        host_model, failed = make_fixture(ctx, plan, harness, "normal", timeout_s,
+                                          level="throughput", reuse=True)
+        if failed:
+            return failed
+    remaining = max(60.0, timeout_s - (time.monotonic() - started))
+    with contextlib.ExitStack() as replicas:
+        ids = [replicas.enter_context(replica_container(plan, harness, spec, host_model, i,
+                                                        settings.replicas))
+               for i in range(settings.replicas)]
+        endpoints = [replica_endpoint(cid, i, spec.health) for i, cid in enumerate(ids)]
+        try:
+            details["health_wait_s"] = throughput.wait_all_healthy(
+                endpoints, remaining, alive=lambda: next(filter(None, (container_gone(c)()
+                                                                        for c in ids)), None))
+            details.update(throughput.measure(endpoints, settings))
+        finally:
+            logs = [engine.container_logs(cid) for cid in ids]
+    for index, text in enumerate(logs):
+        append_log(harness.log_path, f"throughput replica {index}: {' '.join(spec.command)}",
+                   text)
+    status, reason = throughput.verdict(details)
+    if status == "fail":
+        details["engine_log_tail"] = log_tail(logs[0], 40)
+    return LevelResult("throughput", status, reason, details=details)
+
+
+def replica_container(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_model: Path,
+                      index: int, count: int) -> contextlib.AbstractContextManager[str]:
+    """Replica `index` of the throughput level; on a GPU host, pinned to GPU `index`."""
+    env = dict(spec.env)
+    if spec.gpu and count > 1:
+        env["CUDA_VISIBLE_DEVICES"] = str(index)  # every GPU is requested; one is used
+    return container(harness.image_id, command=spec.command, env=env, shm_size=spec.shm_size,
+                     mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
+                     ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)}, gpus=spec.gpu,
+                     labels={SMOKE_LABEL: plan.id},
+                     name=f"infermatrix-smoke-{plan.id}-{os.getpid()}-r{index}")
+
+
+def replica_endpoint(container_id: str, index: int, health: str):  # -> generate.Endpoint
+    from .generate import Endpoint
+
+    host, port = published_port(container_id)
+    return Endpoint(f"replica{index}", f"http://{host}:{port}", health)
+
+
 # --------------------------------------------------------------------------------------------
 # A cell
 # --------------------------------------------------------------------------------------------
@@ -539,13 +618,17 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
             "gpu": lambda: run_gpu(ctx, plan, harness, level_timeout(ctx, "gpu"), gpu_here),
             "model": lambda: run_model(ctx, plan, harness, level_timeout(ctx, "model"),
                                        gpu_here, options),
+            "throughput": lambda: run_throughput(ctx, plan, harness,
+                                                 level_timeout(ctx, "throughput"), gpu_here,
+                                                 options),
         }
         for level in levels:
             result.levels[level] = timed_level(level, runners[level])
     all_levels = {**kept, **{n: lv.as_dict() for n, lv in result.levels.items()}}
     status = overall_status([lv["status"] for lv in all_levels.values()])
     details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
-               "harness": harness.where, "tokens_per_s": tokens_per_s(all_levels)}
+               "harness": harness.where, "tokens_per_s": tokens_per_s(all_levels),
+               "throughput": throughput_summary(all_levels)}
     journal.record_stage(ctx.state, plan.id, "smoke", status,
                          duration_s=time.monotonic() - started, log=log_path,
                          reason=result.reason, details=details)
@@ -554,6 +637,15 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
 
 def tokens_per_s(levels: dict[str, Any]) -> dict[str, Any] | None:
     return (levels.get("model") or {}).get("tokens_per_s")
+
+
+def throughput_summary(levels: dict[str, Any]) -> dict[str, Any] | None:
+    """The throughput level's headline figures (the report's and the tag policy's)."""
+    level = levels.get("throughput") or {}
+    if level.get("status") not in ("pass", "fail") or "points" not in level:
+        return None
+    return {k: level.get(k) for k in ("replicas", "tokens_per_s", "per_replica_tokens_per_s",
+                                      "scaling_ratio", "errors")}
 
 
 def smoke_cells(ctx: Context, plans: list[CellPlan], options: SmokeOptions | None = None,

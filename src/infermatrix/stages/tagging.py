@@ -15,6 +15,9 @@ a label changes the image id. It goes on a derived image, committed from the tes
 the labels `io.infermatrix.verified=static-only` and `io.infermatrix.tested-image=<id>` and
 nothing else changed (its parent is the tested id); the journal records both ids.
 A tag that already names another image is never moved: the cell fails with the fix.
+`tag_policy.throughput` (off by default) adds a floor: min_tokens_per_s_per_gpu for GPU cells,
+min_tokens_per_s_cpu for the CPU lane, on the throughput level's tokens/s per replica (one
+replica per GPU); when the cell's lane has a floor, the throughput level is required.
 """
 
 from __future__ import annotations
@@ -50,10 +53,35 @@ class TagDecision:
                 "image_id": self.image_id, "skipped": self.skipped}
 
 
+def throughput_floor(policy: dict[str, Any], cell: Cell) -> float | None:
+    """The policy's tokens/s floor per replica for the cell's lane, or None (off)."""
+    floors = policy.get("throughput") or {}
+    value = floors.get("min_tokens_per_s_per_gpu" if cell.is_gpu else "min_tokens_per_s_cpu")
+    return None if value is None else float(value)
+
+
 def required_levels(policy: dict[str, Any], cell: Cell) -> list[str]:
-    """The policy's levels, less those that do not apply to the cell (gpu on the CPU lane)."""
+    """The policy's levels, less those that do not apply to the cell (gpu on the CPU lane),
+    plus throughput when the policy sets a floor for the cell's lane."""
     required = list(policy.get("require", DEFAULT_POLICY["require"]))
+    if throughput_floor(policy, cell) is not None and "throughput" not in required:
+        required.append("throughput")
     return [lv for lv in required if cell.is_gpu or lv != "gpu"]
+
+
+def below_floor(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
+                cell: Cell) -> str | None:
+    """Why the measured throughput is under the policy's floor, or None."""
+    floor = throughput_floor(policy, cell)
+    level = levels.get("throughput") or {}
+    if floor is None or level.get("status") != "pass":
+        return None
+    measured = float(level.get("per_replica_tokens_per_s") or 0.0)
+    if measured >= floor:
+        return None
+    unit = "GPU" if cell.is_gpu else "CPU replica"
+    return (f"throughput {measured:g} output tokens/s per {unit} is under the floor "
+            f"tag_policy.throughput ({floor:g})")
 
 
 def skipped_for_no_gpu(level: dict[str, Any]) -> bool:
@@ -105,6 +133,9 @@ def decide(record: dict[str, Any], policy: dict[str, Any], cell: Cell) -> TagDec
     if missing:
         return refuse(f"required level(s) not run: {', '.join(missing)}", image_id=image_id,
                       skipped=skipped)
+    slow = below_floor(levels, policy, cell)
+    if slow:
+        return refuse(slow, image_id=image_id, skipped=skipped)
     if not skipped:
         return TagDecision(cell.id, True, "every required level passed", TESTED, image_id)
     return static_only(cell, policy, levels, skipped, image_id)
