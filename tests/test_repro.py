@@ -5,6 +5,8 @@ identical."""
 
 from __future__ import annotations
 
+import hashlib
+
 import io
 import json
 import shutil
@@ -300,15 +302,21 @@ def test_two_real_nvcc_compiles_differ_only_in_local_symbols_which_strip_removes
         subprocess.run([NVCC, "-O2", "-gencode", "arch=compute_120,code=sm_120", "-c",
                         str(source), "-o", str(out)], check=True)
         objects.append(out.read_bytes())
+    record = "cudakern-0.1.0.dist-info/RECORD"
     wheels = [[_wheel(tmp_path / str(run) / "cudakern-0.1.0-py3-none-any.whl",
-                      {"cudakern/saxpy.o": data, "cudakern/__init__.py": b"x = 1\n"})]
+                      {"cudakern/saxpy.o": data, "cudakern/__init__.py": b"x = 1\n",
+                       record: f"cudakern/saxpy.o,sha256={hashlib.sha256(data).hexdigest()}\n"
+                               .encode()})]
               for run, data in zip((1, 2), objects)]
     differences, members = repro.compare_kernel_wheels(wheels[0], wheels[1])
-    assert members == 2
+    assert members == 3
     if objects[0] == objects[1]:  # nvcc got the same PID twice: nothing to explain
         assert differences == []
         return
-    [difference] = differences
+    # the wheel's RECORD lists the object's hash: it differs because the object does
+    [derived] = [d for d in differences if d.member == record]
+    assert derived.derived and derived.identical_after_strip is None
+    [difference] = [d for d in differences if d.member != record]
     assert difference.member == "cudakern/saxpy.o"
     assert difference.device_code_identical is True
     assert difference.identical_after_strip is True
@@ -329,3 +337,11 @@ def test_a_device_code_difference_is_not_explained_away(tmp_path):
                                                          ("k/extra", "only-in-second")}
     report = repro.KernelReproReport("cell", "k", ["k"], 3, ["a", "b"], differences)
     assert not report.explained
+
+
+def test_a_record_difference_alone_is_not_explained():
+    """A RECORD differing while every member it lists is equal is not 'explained' by them."""
+    only_record = [repro.KernelDifference("k.whl", "k-1.dist-info/RECORD", "content",
+                                          explanation="hashes", derived=True)]
+    assert not repro.KernelReproReport("cell", "k", ["k.whl"], 2, ["a", "b"],
+                                       only_record).explained

@@ -508,6 +508,7 @@ class KernelDifference:
     device_code_identical: bool | None = None  # .nv_fatbin equal (None: no device code)
     identical_after_strip: bool | None = None  # after `strip --strip-unneeded`
     explanation: str = ""
+    derived: bool = False  # follows from the other differences (a RECORD lists their hashes)
 
     def line(self) -> str:
         return f"{self.what:14} {self.wheel}!{self.member}: {self.explanation}"
@@ -529,8 +530,11 @@ class KernelReproReport:
 
     @property
     def explained(self) -> bool:
-        """Every difference is in local symbols only: identical after strip, device code equal."""
-        return all(d.identical_after_strip for d in self.differences)
+        """Every difference is in local symbols only (identical after strip, device code equal)
+        or follows from those (the RECORD that lists their hashes); False when nothing but
+        derived differences remain, which cannot happen for an honest RECORD."""
+        primary = [d for d in self.differences if not d.derived]
+        return bool(primary) and all(d.identical_after_strip for d in primary)
 
     def summary(self) -> str:
         head = (f"{self.cell_id} kernel {self.kernel}: {len(self.wheels)} wheel(s), "
@@ -612,7 +616,7 @@ def compare_kernel_wheels(first: list[Path], second: list[Path]
                 if member.endswith(".dist-info/RECORD"):
                     differences.append(KernelDifference(
                         wheel.name, member, "content",
-                        explanation="the hashes of the members listed above"))
+                        explanation="the hashes of the members listed above", derived=True))
                     continue
                 differences.append(explain_member(wheel.name, member, a[member], b[member]))
     for wheel in second:
