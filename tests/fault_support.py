@@ -30,6 +30,7 @@ bases:
     bookworm: {base}
 build:
   timeout_minutes: 10
+  disk: {{min_free_gib: 1}}
 smoke:
   levels: [static]
   timeouts: {{static: 120}}

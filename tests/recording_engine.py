@@ -38,6 +38,7 @@ class RecordingEngine(Engine):
     script: Script = lambda image, entrypoint, command: (0, "")
     fail_builds: set[str] = field(default_factory=set)
     present: set[str] = field(default_factory=set)  # refs that exist (bases, say)
+    data_root: Path | None = None  # a folder standing for Docker's data root (None: remote)
     calls: list[Call] = field(default_factory=list)
     images: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> inspect record
     tags: dict[str, str] = field(default_factory=dict)  # ref -> id
@@ -59,6 +60,13 @@ class RecordingEngine(Engine):
 
     def available(self) -> bool:
         return True
+
+    # -- disk ------------------------------------------------------------------------------
+    def local_data_root(self) -> Path | None:
+        return self.data_root
+
+    def prune_build_cache(self, log_path: Path | None = None) -> None:
+        self._record("prune_build_cache")
 
     # -- builds ------------------------------------------------------------------------------
     def build_image(self, context_dir: Path, **options: Any) -> str:

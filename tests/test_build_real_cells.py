@@ -4,7 +4,7 @@ Real engine wheels, real torch 2.14 (CUDA 13.0 runtime), the real CUDA 13.0 tool
 NVIDIA's PyPI wheels, the shipped debootstrap base and templates; the compiled kernel is the
 fixture tests/fixtures/cudakern (the real flash-attn / FlashInfer compiles are the main job's).
 One cell at a time: built, checked (labels, versions inside the image, the audit on its real
-objects), then its image removed, so that CI holds one 10-15 GB image at most.
+objects), then its image and build cache removed, so that CI holds one 10-15 GB image at most.
 
 The GB10 cell (sm_121) is the shipped one, linux/arm64, built for real under QEMU (qemu-user,
 binfmt_misc, .ci/provision): its aarch64 wheels, its arm64 base, and the audit of its aarch64
@@ -50,6 +50,14 @@ def real_base(docker_available, real_ctx) -> str:
 ARM64_CELL = "cu130-torch2.14.0-vllm0.33.0-sm121"
 
 
+def free_the_cells_disk(ref: str) -> None:
+    """Remove the cell's image and the BuildKit cache that still holds its layers and its uv
+    cache mount (removing the image alone frees nothing while the cache holds them): the next
+    cell starts with its 20-30 GB back. CI's disk filled at the second cell without this."""
+    engine.remove_image(ref, force=True)
+    engine.prune_build_cache()
+
+
 def plan_render_build(ctx: Context, cell_id: str):
     """(plan, build result) of one real cell, planned, rendered and built."""
     [plan] = plan_matrix(ctx, select=[cell_id])
@@ -84,7 +92,7 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
         assert any(o.path == "torch/lib/libtorch_cuda.so" for o in verdict.objects)
         CHECKS[engine_name](verdict)  # the loaded set, PTX JIT and Triton verdicts (issue 13)
     finally:
-        engine.remove_image(ref, force=True)  # checked: free its 10-15 GB before the next cell
+        free_the_cells_disk(ref)
 
 
 def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(real_ctx):
@@ -128,4 +136,4 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
         assert verdict.versions["torch"].startswith("2.14.0")
         assert verdict.passed, verdict.reason
     finally:
-        engine.remove_image(ref, force=True)
+        free_the_cells_disk(ref)

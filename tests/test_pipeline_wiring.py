@@ -196,3 +196,37 @@ def test_options_come_from_flag_then_env_then_matrix_then_default():
     assert resolve(None, {}, env={}).timeout_min == 180.0
     with pytest.raises(Exception, match="INFERMATRIX_MAX_JOBS"):
         resolve(None, {}, env={"INFERMATRIX_MAX_JOBS": "0"})
+
+
+# -- disk: a build is not started without the space it needs --------------------------------
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_a_cell_short_of_disk_is_refused_before_its_build_after_pruning_when_allowed(
+        ctx, tmp_path, prune):
+    from infermatrix.stages import build, render
+
+    ctx.matrix.build["disk"] = {"min_free_gib": 10**9, "prune_when_low": prune}  # never there
+    plans = plan_cells(ctx, [CPU], source=recorded_metadata)
+    render.render_cells(ctx, plans)
+    fake = RecordingEngine(data_root=tmp_path)
+    with engine.use(fake):
+        result = build.build_cells(ctx, plans, build.BuildOptions(echo=lambda _: None))[CPU]
+    assert result.status == "fail"
+    assert result.reason.startswith("not started: ") and "build.disk.min_free_gib" in result.reason
+    assert str(tmp_path) in result.reason
+    assert fake.named("build_image") == []  # nothing started, so nothing to lose
+    assert len(fake.named("prune_build_cache")) == (1 if prune else 0)
+    assert journal.load(ctx.state, CPU)["stages"]["build"]["status"] == "fail"
+
+
+def test_a_cell_with_enough_free_space_builds_without_a_prune(ctx, tmp_path):
+    from infermatrix.stages import build, render
+
+    plans = plan_cells(ctx, [CPU], source=recorded_metadata)
+    render.render_cells(ctx, plans)
+    ctx.matrix.build["disk"] = {"min_free_gib": 0.001}
+    fake = RecordingEngine(data_root=tmp_path)
+    with engine.use(fake):
+        result = build.build_cells(ctx, plans, build.BuildOptions(echo=lambda _: None))[CPU]
+    assert result.status == "pass", result.summary()
+    assert fake.named("prune_build_cache") == [] and fake.named("build_image")

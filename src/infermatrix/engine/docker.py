@@ -462,6 +462,24 @@ class Engine:
                 "cgroup_version": info.get("CgroupVersion"),
                 "server_version": info.get("ServerVersion")}
 
+    # -- disk ------------------------------------------------------------------------------
+    def local_data_root(self) -> Path | None:
+        """Docker's data root when the engine runs on this machine (a unix socket), else None:
+        a remote engine's free space cannot be read from here."""
+        address = self.endpoint.address if self.endpoint else engine_address()
+        if not address.startswith("unix://"):
+            return None
+        _sdk_log("docker info --format '{{.DockerRootDir}}'")
+        with _translated("docker info"):
+            root = self.sdk().info().get("DockerRootDir")
+        return Path(root) if root and Path(root).exists() else None
+
+    def prune_build_cache(self, log_path: Path | None = None) -> None:
+        """`docker builder prune --all --force`: BuildKit's cache records no build is using
+        (layers of removed images, cache mounts); images and running builds are kept."""
+        proc.run(self.cli(docker_cli(), ["builder", "prune", "--all", "--force"]),
+                 env=self.cli_env() or None, log_path=log_path, timeout=1800)
+
     # -- builds (BuildKit through a CLI) ---------------------------------------------------
     def build_image(self, context_dir: Path, dockerfile: Path | None = None,
                     tag: str | None = None, target: str | None = None,
@@ -913,6 +931,14 @@ def exported_filesystem(image: str) -> contextlib.AbstractContextManager[Iterato
 
 def docker_host_info() -> dict[str, Any]:
     return current().host_info()
+
+
+def local_data_root() -> Path | None:
+    return current().local_data_root()
+
+
+def prune_build_cache(log_path: Path | None = None) -> None:
+    current().prune_build_cache(log_path)
 
 
 # Registries (credentials, HTTP API v2, push and pull): registry.py.

@@ -424,6 +424,41 @@ def _tmp_root(ctx: Context) -> Path:
 LOCK_LABEL = re.compile(r'io\.infermatrix\.lock="([^"]*)"')
 
 
+DEFAULT_MIN_FREE_GIB = 30.0  # one GPU cell: a 10-12 GiB image, its uv cache mount, the unpack
+
+
+def free_gib(path: Path) -> float:
+    return shutil.disk_usage(path).free / 2**30
+
+
+def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
+                 echo: Callable[[str], None]) -> str | None:
+    """Why the cell is not started for want of disk, or None. A build that fills the disk fails
+    mid-way after minutes or hours; this one is refused before it starts, after pruning
+    BuildKit's unused cache when build.disk.prune_when_low allows it (the default)."""
+    settings = ctx.matrix.build.get("disk") or {}
+    need = float(settings.get("min_free_gib", DEFAULT_MIN_FREE_GIB))
+    root = engine.local_data_root()
+    if root is None or need <= 0:
+        return None  # a remote engine: its disk is not visible from here
+    free = free_gib(root)
+    if free >= need:
+        return None
+    if settings.get("prune_when_low", True):
+        echo(f"  {cell_id}: {free:.1f} GiB free under {root}, the cell needs {need:g} GiB: "
+             "pruning BuildKit's unused cache (docker builder prune --all --force)")
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"# {free:.1f} GiB free under {root} < build.disk.min_free_gib {need:g}: "
+                      "docker builder prune --all --force\n")
+        engine.prune_build_cache(log_path)
+        free = free_gib(root)
+        if free >= need:
+            return None
+    return (f"not started: {free:.1f} GiB free under Docker's data root {root}, the cell needs "
+            f"{need:g} GiB (build.disk.min_free_gib); free space (`docker image prune`, "
+            "`docker builder prune --all`) then rerun")
+
+
 def lock_problem(ctx: Context, cell_id: str, dockerfile_text: str) -> str | None:
     """Why the cell may not be built (no committed lock, or a render of another lock), or None."""
     try:
@@ -481,6 +516,10 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     secrets = secrets_for(options)
     platform = build_platform(plan)
     kernels: dict[str, dict[str, Any]] = {}
+    short = disk_refusal(ctx, cell_id, log_path, options.echo)
+    if short:  # a failure of this run (exit 1), before anything started: nothing to lose
+        return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
+                               builder)
     refusal = emulated_compile_refusal(ctx, plan, keys, platform)
     if refusal:
         journal.record_stage(ctx.state, cell_id, "build", "skip", log=log_path, reason=refusal,
