@@ -30,7 +30,7 @@ bases:
     bookworm: {base}
 build:
   timeout_minutes: 10
-  disk: {{min_free_gib: 1}}
+  disk: {{min_free_gib: {min_free_gib}}}
 smoke:
   levels: [static]
   timeouts: {{static: 120}}
@@ -46,8 +46,10 @@ publish:
 
 
 def write_fault_matrix(root: Path, engines: dict[str, dict[str, str]],
-                       registry: str | None = None, repository: str = "im17-fault") -> Path:
-    """matrix.yaml + templates/ under `root`; `engines`: name -> env (FAULT_SLEEP, ...).
+                       registry: str | None = None, repository: str = "im17-fault",
+                       min_free_gib: float = 0.1) -> Path:
+    """matrix.yaml + templates/ under `root`; `engines`: name -> env (FAULT_SLEEP, ...);
+    `min_free_gib`: build.disk's (a tiny cell: 0.1; the fault tests' tmpfs holds 900 MB).
     Each engine has one cell, `cpu-torch2.13.0-<name>1.0-cpu`, tagged `<repository>:<cell>`
     (tags are never moved: a test that changes a cell's image changes the repository)."""
     from infermatrix.config import load_matrix
@@ -59,7 +61,8 @@ def write_fault_matrix(root: Path, engines: dict[str, dict[str, str]],
     root.mkdir(parents=True, exist_ok=True)
     (root / "matrix.yaml").write_text(MATRIX.format(
         engines=", ".join(f'"{n}==1.0"' for n in engines), definitions=definitions,
-        base=json.dumps(base), registry=json.dumps(registry), repository=repository))
+        base=json.dumps(base), registry=json.dumps(registry), repository=repository,
+        min_free_gib=min_free_gib))
     shutil.copytree(TEMPLATES, root / "templates", dirs_exist_ok=True)
     locks = root / "locks"  # build refuses a cell without its committed lock
     locks.mkdir(exist_ok=True)

@@ -1,5 +1,5 @@
 """Several builders for real (issue 19): the machine's dockerd and a second, private dockerd
-(tests/builders_support.py), reached by tcp:// with TLS as matrix.yaml's build.builders names
+(tests/dockerd_support.py), reached by tcp:// with TLS as matrix.yaml's build.builders names
 it, build one matrix between them; then the second one is killed mid-run. And `report --merge`
 over fragments of separate pipeline runs, each started by the exported GitHub workflow's own
 command line, equals the report of one run.
@@ -26,7 +26,7 @@ import yaml
 
 from infermatrix.engine import docker as engine
 
-from .builders_support import SecondEngine, wait_for
+from .dockerd_support import PrivateDockerd, wait_for
 from .fault_support import cell_id, remove_images, write_fault_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -54,11 +54,11 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def second_engine(built_base) -> Iterator[SecondEngine]:
+def second_engine(built_base) -> Iterator[PrivateDockerd]:
     if os.geteuid() != 0 or not shutil.which("dockerd") or not shutil.which("containerd"):
         pytest.fail("the several-builders tests need root, dockerd and containerd "
                     "(.ci/provision installs docker.io)")
-    second = SecondEngine(tls_port=free_port())  # unix socket + tcp with --tlsverify
+    second = PrivateDockerd("im19", "172.31.0.1/16", tls_port=free_port())  # unix socket + tcp with --tlsverify
     try:
         second.start()  # empty: the build copies the base to it (builders.ensure_bases)
         assert second.image_id(built_base) is None
@@ -70,7 +70,7 @@ def second_engine(built_base) -> Iterator[SecondEngine]:
 NAMES = ["alpha", "bravo", "charlie", "delta"]
 
 
-def write_cells(root: Path, repository: str, second: SecondEngine) -> Path:
+def write_cells(root: Path, repository: str, second: PrivateDockerd) -> Path:
     """The matrix of 4 tiny cells; each call gives every image a fresh token (nothing of an
     earlier call's builds is in BuildKit's cache). build.builders names the second engine by
     its tcp:// address with TLS files relative to matrix.yaml."""
@@ -109,7 +109,7 @@ def pipeline(matrix: Path, state: Path, *extra: str) -> list[str]:
             "--builder", "second", *extra]
 
 
-def test_two_engines_build_one_matrix_then_one_dies(second_engine: SecondEngine, cleanup,
+def test_two_engines_build_one_matrix_then_one_dies(second_engine: PrivateDockerd, cleanup,
                                                      tmp_path: Path) -> None:
     repositories, made = cleanup
     matrix = write_cells(tmp_path / "m", new_repository(repositories), second_engine)

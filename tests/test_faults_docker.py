@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +28,7 @@ import yaml
 
 from infermatrix.engine import docker as engine
 
+from .dockerd_support import PrivateDockerd
 from .fault_support import cell_id, remove_images, write_fault_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -253,103 +253,11 @@ def test_registry_killed_mid_push(built_base, registry: Registry, tmp_path: Path
 # A private dockerd: killed mid-build; a disk that fills
 # --------------------------------------------------------------------------------------------
 
-class PrivateDockerd:
-    """A second dockerd owned by the test: data root on a tmpfs of `size_mb`, its own socket,
-    exec root, pidfile, bridge; no iptables. Only this one is ever killed."""
-
-    def __init__(self, size_mb: int) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="im17-", dir="/tmp"))  # short: socket paths
-        self.data = self.root / "d"
-        self.data.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "im17-tmpfs",
-                        str(self.data)], check=True)
-        self.socket = self.root / "docker.sock"
-        self.host = f"unix://{self.socket}"
-        self.env = {"DOCKER_HOST": self.host}
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.containerd: subprocess.Popen[bytes] | None = None
-        self.containerd_socket = self.root / "containerd.sock"
-        # A bridge of its own (never docker0): RUN steps need one; no iptables rules at all.
-        self.bridge = f"im17br{self.root.name[-6:]}".replace("_", "x")[:15]
-        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
-        subprocess.run(["ip", "addr", "add", "10.217.17.1/24", "dev", self.bridge], check=True)
-        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
-
-    def start(self) -> None:
-        """dockerd over a containerd of its own, started apart as a service manager would: a
-        SIGKILLed dockerd leaves it running, and the restarted dockerd reconnects to it."""
-        if self.containerd is None or self.containerd.poll() is not None:
-            self._start_containerd()
-        log = open(self.root / "dockerd.log", "ab")
-        self.proc = subprocess.Popen(
-            ["dockerd", "--data-root", str(self.data / "docker"), "--exec-root",
-             str(self.root / "x"), "--pidfile", str(self.root / "dockerd.pid"),
-             "--containerd", str(self.containerd_socket),
-             "-H", self.host, f"--bridge={self.bridge}", "--iptables=false", "--ip-masq=false",
-             "--log-level=warn"], stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self._answers, 120, "the private dockerd to answer", interval=0.5)
-
-    def _start_containerd(self) -> None:
-        config = self.root / "containerd.toml"
-        config.write_text('version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
-        log = open(self.root / "containerd.log", "ab")
-        self.containerd = subprocess.Popen(
-            ["containerd", "--config", str(config), "--root", str(self.data / "containerd"),
-             "--state", str(self.root / "cs"), "--address", str(self.containerd_socket),
-             "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self.containerd_socket.exists, 60, "the private containerd socket")
-
-    def _answers(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError("private dockerd exited: "
-                                 + (self.root / "dockerd.log").read_text()[-2000:])
-        return subprocess.run(["docker", "-H", self.host, "version"],
-                              capture_output=True).returncode == 0
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def load(self, image: str) -> None:
-        """Copy an image of the machine's engine into this one (the fault cells' base)."""
-        subprocess.run(f"docker save {image} | docker -H {self.host} load -q", shell=True,
-                       check=True, capture_output=True)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.containerd and self.containerd.poll() is None:
-            self.containerd.terminate()
-            try:
-                self.containerd.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.containerd.kill()
-                self.containerd.wait()
-        for _ in range(20):
-            if subprocess.run(["umount", "-l", str(self.data)], capture_output=True).returncode \
-                    == 0 or not os.path.ismount(self.data):
-                break
-            time.sleep(0.5)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def free_mb(self) -> float:
-        stat = os.statvfs(self.data)
-        return stat.f_bavail * stat.f_frsize / 2**20
-
-
 @pytest.fixture(scope="module")
 def private_dockerd(built_base) -> Iterator[PrivateDockerd]:
     if os.geteuid() != 0 or not shutil.which("dockerd"):
         pytest.fail("the private-dockerd fault tests need root and dockerd")
-    daemon = PrivateDockerd(size_mb=900)
+    daemon = PrivateDockerd("im17", "10.217.17.1/24", size_mb=900)
     try:
         daemon.start()
         daemon.load(built_base)
@@ -431,3 +339,32 @@ def test_disk_fills_during_a_build(private_dockerd: PrivateDockerd, tmp_path: Pa
     again = infermatrix("build", *common, "--select", f"*{ok}*", env=env)
     assert again.returncode == 0 and "reused" in (again.stdout + again.stderr).lower() \
         or "unchanged" in (again.stdout + again.stderr).lower(), again.stdout + again.stderr
+
+
+def test_a_cell_short_of_disk_is_refused_before_it_starts(private_dockerd: PrivateDockerd,
+                                                         tmp_path: Path) -> None:
+    """build.disk.min_free_gib above what the private tmpfs holds: the engine's unused build
+    cache is pruned (the real `docker builder prune`), then the cell fails before any build
+    step ran, saying how much is free, where, and what it needs; exit 1, no image."""
+    name = "needsroom"
+    matrix = write_fault_matrix(tmp_path / "m", {name: {"FAULT_TOKEN": uuid.uuid4().hex}},
+                                min_free_gib=2)  # the tmpfs is 900 MB
+    state = tmp_path / "state"
+    common = ["--matrix", str(matrix), "--state-dir", str(state)]
+    env = private_dockerd.env
+    assert infermatrix("render", *common, env=env).returncode == 0
+    refused = infermatrix("build", *common, env=env)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode == 1, output[-3000:]
+    assert "Traceback" not in output
+    record = records(state)[cell_id(name)]["stages"]["build"]
+    assert record["status"] == "fail"
+    assert record["reason"].startswith("not started: ") and " GiB free under Docker's data " \
+        f"root {private_dockerd.data / 'docker'}" in record["reason"], record["reason"]
+    assert "needs 2 GiB (build.disk.min_free_gib)" in record["reason"]
+    log = (state / "logs" / cell_id(name) / "build.log").read_text()
+    assert "docker builder prune --all --force" in log and "#1 " not in log  # no build step
+    inspect = subprocess.run(["docker", "-H", private_dockerd.host, "image", "inspect",
+                              f"infermatrix-local/{cell_id(name)}:build"], capture_output=True)
+    assert inspect.returncode != 0
+

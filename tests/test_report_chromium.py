@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix.stages.report import (OUTCOME_COLOURS, build_report, load_journal, load_plan_file,
+from infermatrix.stages.report import (OUTCOME_COLOURS, build_report, load_plan_file,
                                 write_report)
 from infermatrix.state import StatePaths
 

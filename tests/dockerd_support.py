@@ -1,15 +1,19 @@
-"""A second, private Docker engine on this machine for the several-builders tests (issue 19).
+"""A private Docker engine on this machine, for the tests that kill an engine, fill its disk or
+build on a second one (the fault tests, issue 17; the several-builders tests, issue 19).
 
-It is a real dockerd with everything of its own: data root, exec root, pidfile, socket
-(/run/im19-*/docker.sock), a containerd of its own (started apart, as a service manager would:
-SIGKILLing dockerd is then a clean "engine died"), and a bridge of its own (im19br*, never
-docker0: a dockerd started with --bridge=none would delete the shared docker0), no iptables.
-Only this engine is ever killed; `stop()` kills its processes and removes its data root and
-bridge. Needs root and Debian's docker.io (dockerd, containerd).
+It is a real dockerd with everything of its own: data root (on the disk, or on a tmpfs of
+`size_mb` for the disk-full tests), exec root, pidfile, socket (/run/<prefix>-*/docker.sock,
+short: socket paths are limited), optionally tcp:// with --tlsverify, a containerd of its own
+(started apart, as a service manager would: SIGKILLing dockerd is then a clean "engine died",
+and a restarted dockerd reconnects to it), and a bridge of its own (never docker0: a dockerd
+started with --bridge=none would delete the shared docker0), no iptables. Only this engine is
+ever killed; `stop()` kills its processes and removes its mounts, data root and bridge.
+Needs root and Debian's docker.io (dockerd, containerd).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -26,7 +30,7 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.3) -> Non
         time.sleep(interval)
 
 
-def make_certificates(directory: Path) -> None:
+def make_certificates(directory: Path, prefix: str) -> None:
     """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl), as
     Docker's "protect the daemon socket" guide makes them."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -34,34 +38,53 @@ def make_certificates(directory: Path) -> None:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=im19-ca",
-            "-keyout", "ca-key.pem", "-out", "ca.pem")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            f"/CN={prefix}-ca", "-keyout", "ca-key.pem", "-out", "ca.pem")
     for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
         (directory / f"{name}.ext").write_text(
             f"extendedKeyUsage = {usage}\n" + ("subjectAltName = IP:127.0.0.1\n"
                                                if name == "server" else ""))
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=im19-{name}",
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={prefix}-{name}",
                 "-keyout", f"{name}-key.pem", "-out", f"{name}.csr")
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
                 "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
                 "-out", f"{name}-cert.pem")
 
 
-class SecondEngine:
-    def __init__(self, subnet: str = "172.31.0.1/16", tls_port: int | None = None) -> None:
+def _end(process: subprocess.Popen[bytes] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class PrivateDockerd:
+    def __init__(self, prefix: str, subnet: str, size_mb: int | None = None,
+                 tls_port: int | None = None) -> None:
         Path("/run").mkdir(exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="im19-", dir="/run"))  # short socket paths
-        self.data = Path(tempfile.mkdtemp(prefix="im19-engine-", dir="/var/lib"))
+        self.root = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/run"))
+        if size_mb:  # a small disk of its own, to fill
+            self.data = self.root / "d"
+            self.data.mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m",
+                            f"{prefix}-tmpfs", str(self.data)], check=True)
+        else:  # on the machine's disk (/run is a small tmpfs)
+            self.data = Path(tempfile.mkdtemp(prefix=f"{prefix}-engine-", dir="/var/lib"))
         self.socket = self.root / "docker.sock"
         self.host = f"unix://{self.socket}"
-        self.bridge = f"im19br{self.root.name[-5:]}".replace("_", "x")[:15]
+        self.env = {"DOCKER_HOST": self.host}
         self.proc: subprocess.Popen[bytes] | None = None
         self.containerd: subprocess.Popen[bytes] | None = None
         self.containerd_socket = self.root / "containerd.sock"
         self.certs = self.root / "certs"
         self.tcp = f"tcp://127.0.0.1:{tls_port}" if tls_port else None
         if tls_port:
-            make_certificates(self.certs)
+            make_certificates(self.certs, prefix)
+        self.bridge = f"{prefix}br{self.root.name[-6:]}".replace("_", "x")[:15]
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
         subprocess.run(["ip", "addr", "add", subnet, "dev", self.bridge], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
@@ -79,7 +102,7 @@ class SecondEngine:
              "--containerd", str(self.containerd_socket), "-H", self.host,
              f"--bridge={self.bridge}", "--iptables=false", "--ip-masq=false",
              "--log-level=warn", *tls], stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self.answers, 120, "the second dockerd to answer", interval=0.5)
+        wait_for(self.answers, 120, "the private dockerd to answer", interval=0.5)
 
     def _start_containerd(self) -> None:
         config = self.root / "containerd.toml"
@@ -89,11 +112,11 @@ class SecondEngine:
             ["containerd", "--config", str(config), "--root", str(self.data / "containerd"),
              "--state", str(self.root / "cs"), "--address", str(self.containerd_socket),
              "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self.containerd_socket.exists, 60, "the second containerd socket")
+        wait_for(self.containerd_socket.exists, 60, "the private containerd socket")
 
     def answers(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError("the second dockerd exited: "
+            raise AssertionError("the private dockerd exited: "
                                  + (self.root / "dockerd.log").read_text()[-2000:])
         return self.docker("version").returncode == 0
 
@@ -105,6 +128,15 @@ class SecondEngine:
         found = self.docker("image", "inspect", "--format", "{{.Id}}", ref)
         return found.stdout.strip() if found.returncode == 0 else None
 
+    def load(self, image: str) -> None:
+        """Copy an image of the machine's engine into this one (a base, say)."""
+        subprocess.run(f"docker save {image} | docker -H {self.host} load -q", shell=True,
+                       check=True, capture_output=True)
+
+    def free_mb(self) -> float:
+        stat = os.statvfs(self.data)
+        return stat.f_bavail * stat.f_frsize / 2**20
+
     def kill(self) -> None:
         """SIGKILL dockerd (an engine that dies mid-run); its containerd is left running."""
         assert self.proc is not None
@@ -112,15 +144,10 @@ class SecondEngine:
         self.proc.wait()
 
     def stop(self) -> None:
-        for process in (self.proc, self.containerd):
-            if process and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-        # Mounts the engine left (overlay layers, shm of containers) before removing its data.
+        _end(self.proc)
+        _end(self.containerd)
+        # Mounts the engine left (overlay layers, shm of containers, the tmpfs) before removing
+        # its data, deepest first.
         mounts = Path("/proc/mounts").read_text().splitlines()
         for line in reversed(mounts):
             target = line.split()[1]
