@@ -590,7 +590,8 @@ def explain_member(wheel: str, member: str, first: bytes, second: bytes) -> Kern
         text += "; device code (.nv_fatbin) " + ("identical" if device_same else "DIFFERS")
     if after_strip:
         text += ("; identical after `strip --strip-unneeded`: the local symbols name nvcc's "
-                 "temporary files (tmpxft_<pid>_...), whose PIDs depend on scheduling")
+                 "temporary files (tmpxft_<pid>_...), whose PIDs depend on scheduling; "
+                 "linking with -Wl,--discard-all drops them")
     return KernelDifference(wheel, member, "content", differing, device_same, after_strip, text)
 
 
