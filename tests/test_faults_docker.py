@@ -28,7 +28,7 @@ import yaml
 
 from infermatrix.engine import docker as engine
 
-from .dockerd_support import PrivateDockerd
+from .dockerd_support import PrivateDockerd, wait_for
 from .fault_support import cell_id, remove_images, write_fault_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -54,14 +54,6 @@ def records(state: Path) -> dict[str, dict]:
 
 def stage(state: Path, cell: str, name: str) -> str | None:
     return records(state).get(cell, {}).get("stages", {}).get(name, {}).get("status")
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
 
 
 def _lock_held(state: Path) -> bool:
