@@ -3,6 +3,8 @@ images.lock written here and the real matrix.yaml. No Docker (no Compose run her
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,33 @@ def test_cpu_lane_replicas_have_no_gpu(tmp_path, lock_path):
     assert not (out / "proxmox-lxc.conf").exists()
 
 
+def test_cpu_replicas_get_disjoint_cpu_sets_of_the_host(tmp_path, lock_path):
+    """Each CPU replica its own CPUs (vLLM pins its OpenMP threads: unpinned replicas of one
+    host bind the same CPUs); `--cpus` names the host's, else this process's affinity."""
+    code, out = run_deploy(tmp_path, lock_path, CPU_CELL.id, "--cpu-lane", "2",
+                           "--cpus", "0-7,16-23")
+    assert code == 0
+    services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
+    assert [s["cpuset"] for s in services.values()] == ["0-7", "16-23"]
+    assert "| cpu1 | CPUs 16-23 | http://127.0.0.1:8001/v1 |" in (out / "README.md").read_text()
+    (tmp_path / "here").mkdir()
+    code, out = run_deploy(tmp_path / "here", lock_path, CPU_CELL.id, "--cpu-lane", "1")
+    here = deploy.cpu_sets(1, sorted(os.sched_getaffinity(0)))
+    assert yaml.safe_load((out / "compose.yaml").read_text())["services"]["cpu0"].get(
+        "cpuset") == here[0]
+
+
+@pytest.mark.parametrize("replicas, cpus, sets", [
+    (2, [0, 1], ["0", "1"]),
+    (2, [0, 1, 2], ["0", "1"]),  # the odd one left to the host
+    (3, list(range(12)), ["0-3", "4-7", "8-11"]),
+    (2, [0, 2, 4, 6], ["0,2", "4,6"]),
+    (3, [0, 1], [None, None, None]),  # fewer CPUs than replicas: they share
+])
+def test_cpu_sets(replicas, cpus, sets):
+    assert deploy.cpu_sets(replicas, cpus) == sets
+
+
 def test_proxmox_lines_name_the_deployed_gpus(matrix):
     lines = proxmox.deployment_lines(PROC_DEVICES, [0, 3], "580.82.07")
     text = "\n".join(lines)
@@ -173,6 +202,8 @@ def test_bad_gpu_specs_are_usage_errors(spec, why):
     (CPU_CELL.id, ["--gpus", "0"], "CPU cell"),
     (CPU_CELL.id, ["--cpu-lane", "0"], "at least 1"),
     (CPU_CELL.id, ["--cpu-lane", "1", "--lxc"], "needs --gpus"),
+    (CPU_CELL.id, ["--cpu-lane", "2", "--cpus", "0-x"], "not a CPU list"),
+    (SM120.id, ["--gpus", "0", "--cpus", "0-3"], "needs --cpu-lane"),
 ])
 def test_bad_input_exits_2_with_the_fix(tmp_path, lock_path, capsys, cell, extra, message):
     code, out = run_deploy(tmp_path, lock_path, cell, *extra)

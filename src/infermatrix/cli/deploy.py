@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="GPU indices, one server each: 0-7, 0,2,5 or 0-3,6")
     parser.add_argument("--cpu-lane", type=int, metavar="N", default=None,
                         help="deploy N replicas of the CPU cell (no GPU)")
+    parser.add_argument("--cpus", metavar="LIST", default=None,
+                        help="the host CPUs the CPU replicas share out, each its own block "
+                        "(Compose `cpuset`; default: the CPUs this command may run on)")
     parser.add_argument("--model-dir", required=True, metavar="DIR",
                         help="host directory with the model weights, mounted read-only")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -64,13 +67,17 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not model_dir.is_dir():
         print(f"warning: --model-dir {model_dir} is not a directory here; it must exist on "
               "the host that starts the deployment", file=sys.stderr)
+    cpus = deploy.parse_cpus(args.cpus) if args.cpus is not None else None
+    if cpus is not None and not args.cpu_lane:
+        raise UsageError("--cpus shares CPUs out among CPU replicas: it needs --cpu-lane N")
     if args.lxc and not gpus:
         raise UsageError("--lxc passes GPU device nodes: it needs --gpus")
     lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
         if gpus else None
     lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None
     result = deploy.deployment(entry, launch_for(ctx.matrix, cell), str(model_dir), gpus,
-                               args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes)
+                               args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes,
+                               cpus)
     out = args.out or Path("deploy") / args.cell
     out.mkdir(parents=True, exist_ok=True)
     for name, text in result.files().items():

@@ -12,6 +12,7 @@ from host.proxmox.deployment_lines) and writes the files.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -51,23 +52,62 @@ class Deployment:
 
 # --- input ----------------------------------------------------------------------------------
 
-def parse_gpus(spec: str) -> list[int]:
+def parse_indices(spec: str, flag: str, unit: str, hint: str) -> list[int]:
     """`0-7` -> [0..7], `0,2,5` -> [0, 2, 5]; ranges and lists mix (`0-3,6`)."""
     text = spec.replace(" ", "")
     if not GPU_LIST.fullmatch(text):
-        raise UsageError(f"--gpus {spec!r} is not a GPU list: give indices as `nvidia-smi -L` "
-                         "numbers them, e.g. --gpus 0-7 or --gpus 0,2,5")
-    gpus: list[int] = []
+        raise UsageError(f"{flag} {spec!r} is not a {unit} list: {hint}")
+    indices: list[int] = []
     for part in text.split(","):
         first, _, last = part.partition("-")
         low, high = int(first), int(last or first)
         if high < low:
-            raise UsageError(f"--gpus {spec!r}: range {part} runs backwards; write {high}-{low}")
-        gpus += range(low, high + 1)
-    repeated = sorted({g for g in gpus if gpus.count(g) > 1})
+            raise UsageError(f"{flag} {spec!r}: range {part} runs backwards; write {high}-{low}")
+        indices += range(low, high + 1)
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
     if repeated:
-        raise UsageError(f"--gpus {spec!r} names GPU {repeated[0]} twice: one server per GPU")
-    return gpus
+        raise UsageError(f"{flag} {spec!r} names {unit} {repeated[0]} twice")
+    return indices
+
+
+def parse_gpus(spec: str) -> list[int]:
+    return parse_indices(spec, "--gpus", "GPU", "give indices as `nvidia-smi -L` numbers "
+                         "them, e.g. --gpus 0-7 or --gpus 0,2,5 (one server per GPU)")
+
+
+def parse_cpus(spec: str) -> list[int]:
+    return parse_indices(spec, "--cpus", "CPU", "give CPU numbers as `lscpu` or "
+                         "/sys/devices/system/cpu names them, e.g. --cpus 0-15")
+
+
+def host_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity: a cgroup's cpuset included)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def cpu_sets(replicas: int, cpus: list[int]) -> list[str | None]:
+    """Disjoint contiguous CPU sets, one per CPU replica, as Compose's `cpuset` writes them.
+
+    vLLM's CPU backend pins its OpenMP threads ("auto": the allowed CPUs of a NUMA node, the
+    last ones reserved for its scheduler). Replicas that share a host without a cpuset each pin
+    to the same CPUs, and one starves the other: measured on 2 cores, 2 replicas, both bound
+    to CPU 0; one answered 56 of 60 prompts, the other 4, and none of the first 400 when cold.
+    With fewer CPUs than replicas no set is given (they must share)."""
+    size = len(cpus) // replicas if replicas else 0
+    if size == 0:
+        return [None] * replicas
+    return [_cpu_range(cpus[i * size:(i + 1) * size]) for i in range(replicas)]
+
+
+def _cpu_range(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (the cpuset list syntax)."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def locked_entry(lock: dict[str, Any], cell_id: str, lock_name: str = LOCK_NAME
@@ -107,7 +147,8 @@ def gpu_reservation(gpu: int) -> dict[str, Any]:
 
 
 def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bind: str,
-            gpu: int | None, lxc_nodes: list[str] | None = None) -> dict[str, Any]:
+            gpu: int | None, lxc_nodes: list[str] | None = None,
+            cpuset: str | None = None) -> dict[str, Any]:
     """One engine server: the locked image by digest, its command on `port`, the model
     read-only, shm, health check; with `gpu`, pinned to that GPU (and, inside an LXC guest,
     given `lxc_nodes` of /dev as devices)."""
@@ -129,6 +170,8 @@ def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bi
         "labels": {"io.infermatrix.cell": entry["cell"],
                    "io.infermatrix.attention-backend": launch.attention_backend or "default"},
     }
+    if cpuset is not None:  # a CPU replica's own CPUs (cpu_sets)
+        body["cpuset"] = cpuset
     if gpu is not None:
         body["deploy"] = gpu_reservation(gpu)
         if lxc_nodes:  # no-cgroups in an unprivileged LXC: the nodes passed explicitly
@@ -139,18 +182,22 @@ def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bi
 def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
                      gpus: list[int] | None = None, cpu_replicas: int | None = None,
                      base_port: int | None = None, bind: str = "127.0.0.1",
-                     lxc_nodes: dict[int, list[str]] | None = None) -> dict[str, Any]:
-    """One service per GPU (`gpu<N>`), or `cpu_replicas` services (`cpu<i>`), ports from
-    `base_port` up in service order; `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest."""
+                     lxc_nodes: dict[int, list[str]] | None = None,
+                     cpus: list[int] | None = None) -> dict[str, Any]:
+    """One service per GPU (`gpu<N>`), or `cpu_replicas` services (`cpu<i>`) each on its own
+    share of `cpus` (default: this host's), ports from `base_port` up in service order;
+    `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest."""
     check_lane(entry, launch, gpus, cpu_replicas)
     base = base_port or entry["run"].get("port") or DEFAULT_PORT
     if gpus:
-        named = [(f"gpu{g}", g) for g in gpus]
+        named = [(f"gpu{g}", g, None) for g in gpus]
     else:
-        named = [(f"cpu{i}", None) for i in range(cpu_replicas or 0)]
+        sets = cpu_sets(cpu_replicas or 0, cpus if cpus is not None else host_cpus())
+        named = [(f"cpu{i}", None, sets[i]) for i in range(cpu_replicas or 0)]
     return {"services": {name: service(entry, launch, model_dir, base + index, bind, gpu,
-                                       (lxc_nodes or {}).get(gpu) if gpu is not None else None)
-                         for index, (name, gpu) in enumerate(named)}}
+                                       (lxc_nodes or {}).get(gpu) if gpu is not None else None,
+                                       cpuset)
+                         for index, (name, gpu, cpuset) in enumerate(named)}}
 
 
 def check_lane(entry: dict[str, Any], launch: Launch, gpus: list[int] | None,
@@ -194,7 +241,7 @@ Start it in this directory with whichever Compose is installed:
 `docker compose ps` shows each service `healthy` once its model has loaded (minutes); the
 health check asks `{health}`.
 
-| service | GPU | endpoint |
+| service | GPU / CPUs | endpoint |
 |---|---|---|
 {rows}
 {notes}"""
@@ -209,7 +256,8 @@ def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
     rows = []
     for name, body in services.items():
         host, port, _ = body["ports"][0].rsplit(":", 2)
-        gpu = body["environment"].get("NVIDIA_VISIBLE_DEVICES", "-")
+        gpu = body["environment"].get("NVIDIA_VISIBLE_DEVICES") or \
+            (f"CPUs {body['cpuset']}" if body.get("cpuset") else "-")
         rows.append(f"| {name} | {gpu} | http://{host}:{port}/v1 |")
     notes = (GPU_NOTE if launch.gpu else "") + (PROXMOX_NOTE if has_proxmox else "")
     return README.format(
@@ -224,11 +272,12 @@ def deployment(entry: dict[str, Any], launch: Launch, model_dir: str,
                gpus: list[int] | None = None, cpu_replicas: int | None = None,
                base_port: int | None = None, bind: str = "127.0.0.1",
                lxc_lines: list[str] | None = None,
-               lxc_nodes: dict[int, list[str]] | None = None) -> Deployment:
+               lxc_nodes: dict[int, list[str]] | None = None,
+               cpus: list[int] | None = None) -> Deployment:
     """The files of a deployment; `lxc_lines` (host.proxmox.deployment_lines, GPU lanes only)
     become proxmox-lxc.conf."""
     compose = compose_document(entry, launch, model_dir, gpus, cpu_replicas, base_port, bind,
-                               lxc_nodes)
+                               lxc_nodes, cpus)
     proxmox_lines = lxc_lines if gpus else None
     return Deployment(compose, proxmox_lines,
                       readme_text(entry, launch, compose, proxmox_lines is not None))
