@@ -48,7 +48,22 @@ def check_the_reports_fixture_against(record: dict, state: Path) -> None:
         f"fields no stage writes: {sorted(recorded - real)} (record it again: {RECORD_ENV}=1)")
 
 
-def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(docker_available, tmp_path):
+TESTED_TAG = f"infermatrix-test:{CPU_CELL}"  # tests/matrix publish.repository and tag
+
+
+@pytest.fixture
+def untagged(docker_available):
+    """The tag this test makes, absent before and after it: tags are never moved, so a tag
+    left by an earlier run on this engine (another build, another image id) would refuse the
+    tag step, as it must for a user. A fresh CI machine has none."""
+    from infermatrix.engine import docker as engine
+
+    engine.remove_image(TESTED_TAG)
+    yield
+    engine.remove_image(TESTED_TAG)
+
+
+def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(untagged, tmp_path):
     state = tmp_path / "state"
     first = run_pipeline(state)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
