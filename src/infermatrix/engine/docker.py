@@ -466,6 +466,11 @@ class Engine:
     def local_data_root(self) -> Path | None:
         """Docker's data root when the engine runs on this machine (a unix socket), else None:
         a remote engine's free space cannot be read from here."""
+        if "_data_root" not in self.__dict__:  # read once per engine: it does not move
+            self._data_root = self._read_local_data_root()
+        return self._data_root
+
+    def _read_local_data_root(self) -> Path | None:
         address = self.endpoint.address if self.endpoint else engine_address()
         if not address.startswith("unix://"):
             return None

@@ -448,8 +448,8 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
         echo(f"  {cell_id}: {free:.1f} GiB free under {root}, the cell needs {need:g} GiB: "
              "pruning BuildKit's unused cache (docker builder prune --all --force)")
         with log_path.open("a", encoding="utf-8") as log:
-            log.write(f"# {free:.1f} GiB free under {root} < build.disk.min_free_gib {need:g}: "
-                      "docker builder prune --all --force\n")
+            log.write(f"# {free:.1f} GiB free under {root} < build.disk.min_free_gib "
+                      f"{need:g}: pruning BuildKit's unused cache\n")
         engine.prune_build_cache(log_path)
         free = free_gib(root)
         if free >= need:
