@@ -210,33 +210,68 @@ def _api_url(repository: str, kind: str, reference: str) -> str:
     return f"{scheme}://{_API_HOSTS.get(host, host)}/v2/{name}/{kind}/{reference}"
 
 
+class RegistrySession:
+    """The answer to one registry's auth challenge, kept for the requests that follow: a blob
+    upload's PUT carries it at once, so a large body is not sent a second time after a 401."""
+
+    def __init__(self, creds: RegistryCredentials) -> None:
+        self.creds = creds
+        self._basic: tuple[str, str] | None = None
+        self._bearer: str | None = None
+
+    def send(self, method: str, url: str, headers: dict[str, str],
+             body: bytes | Path | None = None, stream: bool = False):
+        import requests
+
+        headers = dict(headers)
+        if self._bearer:
+            headers["Authorization"] = "Bearer " + self._bearer
+        if not isinstance(body, Path):
+            return requests.request(method, url, headers=headers, data=body, auth=self._basic,
+                                    timeout=60, stream=stream)
+        with body.open("rb") as data:  # streamed from the file, never read whole
+            return requests.request(method, url, headers=headers, data=data, auth=self._basic,
+                                    timeout=60, stream=stream)
+
+    def answer(self, challenge: str) -> bool:
+        """Take up a Basic or Bearer challenge; False when there is nothing to answer with."""
+        import requests
+        from requests.utils import parse_dict_header
+
+        scheme, _, params = challenge.partition(" ")
+        auth = None if self.creds.anonymous else (self.creds.username or "",
+                                                  self.creds.password or "")
+        if scheme.lower() == "basic" and auth:
+            self._basic = auth
+            return True
+        if scheme.lower() != "bearer":
+            return False
+        fields = parse_dict_header(params)
+        token_params = {k: v for k, v in fields.items() if k in ("service", "scope")}
+        token = requests.get(fields.get("realm", ""), params=token_params, auth=auth, timeout=60)
+        if token.status_code != 200:
+            return False
+        body = token.json()
+        self._bearer = body.get("token") or body.get("access_token") or ""
+        return True
+
+
 def _registry_request(method: str, url: str, creds: RegistryCredentials, what: str,
-                      headers: dict[str, str] | None = None):
-    """One HTTP request to a registry, answering a Basic or Bearer challenge once."""
+                      headers: dict[str, str] | None = None, *,
+                      body: bytes | Path | None = None, stream: bool = False,
+                      session: RegistrySession | None = None):
+    """One HTTP request to a registry, answering a Basic or Bearer challenge once (`session`:
+    the answer of an earlier request to the same registry, used and kept)."""
     import requests
-    from requests.utils import parse_dict_header
 
     host = url.split("/")[2]
-    headers = dict(headers or {})
+    session = session or RegistrySession(creds)
     log.info("# registry: %s %s (%s)", method, url, creds.describe())
     try:
-        response = requests.request(method, url, headers=headers, timeout=60)
-        if response.status_code == 401:
-            challenge = response.headers.get("WWW-Authenticate", "")
-            scheme, _, params = challenge.partition(" ")
-            auth = None if creds.anonymous else (creds.username or "", creds.password or "")
-            if scheme.lower() == "basic" and auth:
-                response = requests.request(method, url, headers=headers, auth=auth, timeout=60)
-            elif scheme.lower() == "bearer":
-                fields = parse_dict_header(params)
-                token_params = {k: v for k, v in fields.items() if k in ("service", "scope")}
-                token = requests.get(fields.get("realm", ""), params=token_params, auth=auth,
-                                     timeout=60)
-                if token.status_code == 200:
-                    body = token.json()
-                    headers["Authorization"] = "Bearer " + (body.get("token")
-                                                            or body.get("access_token") or "")
-                    response = requests.request(method, url, headers=headers, timeout=60)
+        response = session.send(method, url, headers or {}, body, stream)
+        if response.status_code == 401 and session.answer(
+                response.headers.get("WWW-Authenticate", "")):
+            response = session.send(method, url, headers or {}, body, stream)
     except requests.exceptions.SSLError as exc:
         raise registry_error(what, str(exc), host, creds, RegistryTLSError) from None
     except requests.RequestException as exc:

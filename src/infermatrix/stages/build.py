@@ -10,7 +10,9 @@ Per cell:
   2. a rerun skips the cell when the journal has the same input hash, a passed build, and the
      image is still in the engine (its local tag is put back if it went missing);
   3. each `kernel-<name>` stage of the Dockerfile whose wheel is not in the kernel cache is
-     compiled (`--target kernel-<name> --output type=local`) and stored;
+     taken from the shared cache's registry when it has the key (kernelregistry.py,
+     `build.kernel_cache`), else compiled (`--target kernel-<name> --output type=local`),
+     stored, and pushed there;
   4. the image is built from a temporary copy of the context whose `kernel-wheels/` holds the
      cell's cached wheels, and tagged `infermatrix-local/<cell-id>:build` (a local,
      non-published reference; the publishable tag is the tag stage's job).
@@ -35,7 +37,7 @@ from typing import Any, Callable
 from ..model import compileplan
 from ..engine import docker as engine
 from .. import journal, proc
-from . import kernelcache
+from . import kernelcache, kernelregistry
 from . import lock as locks
 from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
@@ -212,7 +214,9 @@ def native_compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey
         # Another arch of the same package costs about the same (one target per compile).
         if (seconds and other.get("package") == key.package
                 and other.get("platform", "linux/amd64") == engine.host_platform()):
-            measured.append((float(seconds), f"measured here ({other.get('slug')})"))
+            where = ("measured on another machine, from the registry"
+                     if meta["details"].get("source") == kernelregistry.SOURCE else "measured here")
+            measured.append((float(seconds), f"{where} ({other.get('slug')})"))
     if measured:
         return max(measured)
     minutes = ctx.matrix.build.get("kernels", {}).get(name, {}).get("estimate_minutes")
@@ -333,21 +337,70 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                     keys: dict[str, kernelcache.KernelKey], build_args: dict[str, str],
                     secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
                     echo: Callable[[str], None], no_cache: bool = False,
-                    platform: str | None = None) -> tuple[list[kernelcache.Entry],
-                                                          dict[str, dict[str, Any]]]:
-    """Compile the kernels missing from the cache; return the cell's entries and a report."""
+                    platform: str | None = None,
+                    shared: dict[str, dict[str, Any]] | None = None
+                    ) -> tuple[list[kernelcache.Entry], dict[str, dict[str, Any]]]:
+    """Compile the kernels missing from the cache; return the cell's entries and a report.
+    `shared`: the registry notes of `_take_shared_kernels`, by kernel name."""
     entries, report = [], {}
+    shared = shared or {}
     for name, key in keys.items():
         with _key_lock(key.slug):
             entry, cache, started = _compile_or_reuse(
                 ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
                 echo, no_cache, platform)
         entries.append(entry)
-        report[name] = {"key": key.slug, "cache": cache, "wheels": [w.name for w in entry.wheels],
+        note = dict(shared.get(name) or {})
+        if cache == "miss":
+            note.update(_push_compiled(ctx, entry, _say(echo, log_path, cell_id)))
+        taken = "pulled" in note
+        report[name] = {"key": key.slug, "cache": kernelregistry.SOURCE if taken else cache,
+                        "source": _KERNEL_SOURCE[kernelregistry.SOURCE if taken else cache],
+                        "wheels": [w.name for w in entry.wheels],
                         "duration_s": round(time.monotonic() - started, 3),
-                        # the compile's own figures (measure), also on a hit: when it was built
-                        "compile": entry.details.get("stats") or {}}
+                        # the compile's own figures (measure), also on a hit: when it was
+                        # built; none for a wheel another machine compiled (in `registry`)
+                        "compile": {} if taken else entry.details.get("stats") or {},
+                        **({"registry": note} if note else {})}
     return entries, report
+
+
+# Where a cell's kernel wheel came from, by its `cache` value.
+_KERNEL_SOURCE = {"hit": "local", "miss": "compiled", kernelregistry.SOURCE: "registry"}
+
+
+def _say(echo: Callable[[str], None], log_path: Path, cell_id: str) -> Callable[[str], None]:
+    """A line on screen and in the cell's build log."""
+    def say(line: str) -> None:
+        echo(f"{cell_id}: {line}")
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"# {line}\n")
+    return say
+
+
+def _take_shared_kernels(ctx: Context, cell_id: str, keys: dict[str, kernelcache.KernelKey],
+                         log_path: Path, echo: Callable[[str], None]
+                         ) -> dict[str, dict[str, Any]]:
+    """Pull from `build.kernel_cache`'s registry each kernel the local cache lacks, into the
+    local cache (before the emulation check: a wheel compiled elsewhere is no compile here).
+    The registry notes by kernel name; empty when no registry is configured."""
+    shared = kernelregistry.shared_cache(ctx.matrix)
+    if shared is None:
+        return {}
+    notes = {}
+    for name, key in keys.items():
+        with _key_lock(key.slug):
+            if kernelcache.lookup(ctx.state, key) is None:
+                _, notes[name] = kernelregistry.pull(ctx.state, shared, key, _tmp_root(ctx),
+                                                     _say(echo, log_path, cell_id))
+    return notes
+
+
+def _push_compiled(ctx: Context, entry: kernelcache.Entry, say: Callable[[str], None]
+                   ) -> dict[str, Any]:
+    """Push a kernel this build compiled to `build.kernel_cache`'s registry, if any."""
+    shared = kernelregistry.shared_cache(ctx.matrix)
+    return kernelregistry.push(shared, entry, say) if shared else {}
 
 
 _KEY_LOCKS: dict[str, threading.Lock] = {}
@@ -520,6 +573,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
         return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
                                builder)
+    shared = _take_shared_kernels(ctx, cell_id, keys, log_path, options.echo)
     refusal = emulated_compile_refusal(ctx, plan, keys, platform)
     if refusal:
         journal.record_stage(ctx.state, cell_id, "build", "skip", log=log_path, reason=refusal,
@@ -528,7 +582,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
                                            log_path, deadline, options.echo, options.no_cache,
-                                           platform)
+                                           platform, shared)
         with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
             context = Path(tmp) / "context"
             shutil.copytree(directory, context, symlinks=True)

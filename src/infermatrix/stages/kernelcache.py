@@ -3,8 +3,9 @@
 A key is (package, version or source-tree hash, torch, CUDA, Python, arch list, the package's
 build env, a hash of the rendered `kernel-<name>` stage that compiles it, and the image
 platform). The wheels of a
-key live under `<state>/cache/kernels/<slug>/` with an `entry.json` written last: an entry
-without it is incomplete and ignored. Entries appear by an atomic directory rename, so two runs
+key live under `<state>/cache/kernels/<slug>/` with an `entry.json` written last (the key's
+inputs, each wheel's sha256, what the compile measured): an entry without it is incomplete and
+ignored. Entries appear by an atomic directory rename, so two runs
 storing the same key cannot leave a mixed directory.
 
 Consumption (docs/architecture.md, "Rendered Dockerfile stages"): build compiles a missing
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engine.artifacts import sha256_file
 from ..model.spec import MATCH_ENGINE
 from ..state import StatePaths, write_json_atomic
 
@@ -149,6 +151,7 @@ def store(state: StatePaths, key: KernelKey, wheels: list[Path],
             shutil.copy2(wheel, staging / wheel.name)
         write_json_atomic(staging / ENTRY_FILE, {
             "key": key.as_dict(), "wheels": sorted(w.name for w in wheels),
+            "sha256": {w.name: sha256_file(w) for w in sorted(wheels)},
             "stored": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "details": details or {}})
         if final.exists():  # an incomplete leftover of an interrupted store
@@ -160,6 +163,11 @@ def store(state: StatePaths, key: KernelKey, wheels: list[Path],
     entry = lookup(state, key)
     assert entry is not None
     return entry
+
+
+def read_entry(entry: Entry) -> dict[str, Any]:
+    """The entry's `entry.json`: its build record."""
+    return json.loads((entry.directory / ENTRY_FILE).read_text(encoding="utf-8"))
 
 
 def stage_into(entries: list[Entry], kernel_wheels_dir: Path) -> list[Path]:

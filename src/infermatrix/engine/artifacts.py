@@ -1,0 +1,179 @@
+"""OCI artifacts in a registry over its HTTP API v2: a record (the config blob, of a custom
+media type) and files (the layers) under a tag of a repository, as ORAS pushes them.
+
+The manifest is a plain OCI image manifest with a custom config mediaType, which distribution
+2.8 (Debian's docker-registry) accepts; no OCI 1.1 `artifactType` or referrers. Blobs go up
+monolithically (POST an upload, PUT its bytes with their digest) unless a HEAD finds them there;
+the manifest goes last, so an interrupted push leaves no tag. A pull checks every blob against
+its digest while it streams it to disk. Requests, auth and logging are registry.py's
+(`_registry_request`: each call logged with method, URL and who, never the secret).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+from .registry import (DigestMismatch, RegistryCredentials, RegistryError, RegistrySession,
+                       _api_url, _registry_request, registry_error, registry_host)
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+TITLE = "org.opencontainers.image.title"  # a layer's file name (what ORAS writes)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    media_type: str
+    digest: str
+    size: int
+    title: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest,
+                                "size": self.size}
+        if self.title:
+            data["annotations"] = {TITLE: self.title}
+        return data
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A pulled artifact: its manifest digest, the record's bytes and the files, in `dest`."""
+    digest: str
+    record: bytes
+    files: list[Path]
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        for chunk in iter(lambda: data.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_bytes(data: bytes, media_type: str) -> Descriptor:
+    return Descriptor(media_type, "sha256:" + hashlib.sha256(data).hexdigest(), len(data))
+
+
+def describe_file(path: Path, media_type: str) -> Descriptor:
+    return Descriptor(media_type, "sha256:" + sha256_file(path), path.stat().st_size, path.name)
+
+
+def manifest_bytes(config: Descriptor, layers: list[Descriptor]) -> bytes:
+    """The OCI image manifest of an artifact (stable bytes: sorted keys, no spaces)."""
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config.as_dict(),
+                "layers": [layer.as_dict() for layer in layers]}
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def layer_file_name(layer: dict[str, Any]) -> str:
+    """The file name a layer is saved under: its title, a bare name (never a path)."""
+    title = str((layer.get("annotations") or {}).get(TITLE) or "")
+    if not title or Path(title).name != title or title.startswith("."):
+        raise ValueError(f"layer {layer.get('digest')} has no usable file name ({title!r})")
+    return title
+
+
+# --- push -----------------------------------------------------------------------------------
+
+def push_artifact(repository: str, tag: str, record: bytes, record_type: str,
+                  files: list[tuple[Path, str]], creds: RegistryCredentials) -> str:
+    """Push `record` as the config blob and each (file, media type) as a layer, then the
+    manifest under `tag`; return the manifest's digest."""
+    session = RegistrySession(creds)
+    config = describe_bytes(record, record_type)
+    _upload_blob(repository, config, record, creds, session)
+    layers = []
+    for path, media_type in files:
+        layer = describe_file(path, media_type)
+        _upload_blob(repository, layer, path, creds, session)
+        layers.append(layer)
+    manifest = manifest_bytes(config, layers)
+    what = f"putting the manifest {repository}:{tag}"
+    response = _registry_request("PUT", _api_url(repository, "manifests", tag), creds, what,
+                                 {"Content-Type": OCI_MANIFEST}, body=manifest, session=session)
+    _expect(response, (201,), what, repository, creds)
+    return response.headers.get("Docker-Content-Digest") or describe_bytes(manifest, "").digest
+
+
+def _upload_blob(repository: str, blob: Descriptor, body: bytes | Path,
+                 creds: RegistryCredentials, session: RegistrySession) -> None:
+    """A monolithic upload (POST, then PUT with the digest), skipped when the blob is there."""
+    what = f"checking blob {blob.digest} in {repository}"
+    head = _registry_request("HEAD", _api_url(repository, "blobs", blob.digest), creds, what,
+                             session=session)
+    if head.status_code == 200:
+        return
+    what = f"uploading blob {blob.digest} to {repository}"
+    start = _registry_request("POST", _api_url(repository, "blobs/uploads", ""), creds, what,
+                              session=session)
+    _expect(start, (202,), what, repository, creds)
+    location = urljoin(start.url, start.headers.get("Location", ""))
+    separator = "&" if "?" in location else "?"
+    done = _registry_request("PUT", f"{location}{separator}digest={blob.digest}", creds, what,
+                             {"Content-Type": "application/octet-stream",
+                              "Content-Length": str(blob.size)}, body=body, session=session)
+    _expect(done, (201,), what, repository, creds)
+
+
+def _expect(response: Any, codes: tuple[int, ...], what: str, repository: str,
+            creds: RegistryCredentials) -> None:
+    if response.status_code not in codes:
+        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
+                             registry_host(repository), creds)
+
+
+# --- pull -----------------------------------------------------------------------------------
+
+def pull_artifact(repository: str, tag: str, record_type: str, dest: Path,
+                  creds: RegistryCredentials) -> Artifact | None:
+    """The artifact under `repository:tag`, its files saved in `dest`; None when there is no
+    such tag. A manifest of another config type, or a blob whose bytes do not hash to its
+    digest, is a RegistryError."""
+    session = RegistrySession(creds)
+    what = f"reading {repository}:{tag}"
+    response = _registry_request("GET", _api_url(repository, "manifests", tag), creds, what,
+                                 {"Accept": OCI_MANIFEST}, session=session)
+    if response.status_code == 404:
+        return None
+    _expect(response, (200,), what, repository, creds)
+    manifest = response.json()
+    config = manifest.get("config") or {}
+    if config.get("mediaType") != record_type:
+        raise RegistryError(f"{what}: its config is {config.get('mediaType')!r}, not "
+                            f"{record_type}; fix: push the artifact again from its cache")
+    digest = (response.headers.get("Docker-Content-Digest")
+              or "sha256:" + hashlib.sha256(response.content).hexdigest())
+    record_path = _fetch_blob(repository, config, dest / ".record", creds, session)
+    files = [_fetch_blob(repository, layer, dest / layer_file_name(layer), creds, session)
+             for layer in manifest.get("layers") or []]
+    record = record_path.read_bytes()
+    record_path.unlink()
+    return Artifact(digest, record, files)
+
+
+def _fetch_blob(repository: str, blob: dict[str, Any], target: Path,
+                creds: RegistryCredentials, session: RegistrySession) -> Path:
+    """Stream one blob to `target`, checking its bytes against its digest."""
+    wanted = str(blob.get("digest", ""))
+    what = f"reading blob {wanted} of {repository}"
+    response = _registry_request("GET", _api_url(repository, "blobs", wanted), creds, what,
+                                 stream=True, session=session)
+    _expect(response, (200,), what, repository, creds)
+    digest = hashlib.sha256()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with response, target.open("wb") as out:
+        for chunk in response.iter_content(_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+    if "sha256:" + digest.hexdigest() != wanted:
+        target.unlink()
+        raise registry_error(what, f"its bytes hash to sha256:{digest.hexdigest()}",
+                             registry_host(repository), creds, DigestMismatch)
+    return target

@@ -1,0 +1,162 @@
+"""The kernel cache shared through a registry (matrix.yaml `build.kernel_cache`).
+
+A kernel wheel compiled and stored in the local cache (kernelcache.py) is pushed as an OCI
+artifact `<registry>/<repository>/kernels/<package>:<key digest>`: its build record (the
+entry's `entry.json`: the key's inputs, each wheel's sha256, the compile's seconds and peak
+memory) is the config blob (RECORD_TYPE), each wheel a layer (engine/artifacts.py). A build whose
+local cache lacks a key pulls that artifact first and takes it only when the record's key
+inputs equal the key this build computed and every wheel hashes to the record's sha256; it is
+then a local entry like a compiled one. No registry configured, no artifact, an unreachable
+registry or a refused record: the build compiles as before, said in one line. A failed push is
+a warning. Credentials are publish's (registry.credentials_for: environment or Docker's config).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import Matrix
+from ..engine import artifacts
+from ..engine import registry as registries
+from ..errors import InfermatrixError
+from ..state import StatePaths
+from . import kernelcache
+
+RECORD_TYPE = "application/vnd.infermatrix.kernel.record.v1+json"
+WHEEL_TYPE = "application/vnd.infermatrix.kernel.wheel.v1+zip"
+DEFAULT_REPOSITORY = "infermatrix"
+SOURCE = "registry"  # what the journal says of a kernel taken from it
+
+
+@dataclass(frozen=True)
+class SharedCache:
+    """Where kernel artifacts live: `<registry>/<repository>/kernels/<package>`."""
+    registry: str  # host[:port][/path]
+    repository: str = DEFAULT_REPOSITORY
+    push: bool = True
+
+    def repository_for(self, key: kernelcache.KernelKey) -> str:
+        package = re.sub(r"[^a-z0-9]+", "-", key.package.lower()).strip("-")
+        return f"{self.registry.rstrip('/')}/{self.repository}/kernels/{package}"
+
+    def reference(self, key: kernelcache.KernelKey) -> str:
+        return f"{self.repository_for(key)}:{key.digest}"
+
+
+def shared_cache(matrix: Matrix) -> SharedCache | None:
+    """`build.kernel_cache` of the matrix; None (off) without a registry. The repository
+    defaults to publish.repository."""
+    settings = matrix.build.get("kernel_cache") or {}
+    if not settings.get("registry"):
+        return None
+    repository = settings.get("repository") or matrix.publish.get("repository")
+    return SharedCache(settings["registry"], repository or DEFAULT_REPOSITORY,
+                       bool(settings.get("push", True)))
+
+
+# --- the record and its checks (pure) -------------------------------------------------------
+
+def record_of(entry: kernelcache.Entry) -> dict[str, Any]:
+    """The build record pushed with the wheels: the entry's entry.json, with each wheel's
+    sha256 (an entry stored before entry.json carried them gets them here)."""
+    record = kernelcache.read_entry(entry)
+    if not record.get("sha256"):
+        record["sha256"] = {w.name: artifacts.sha256_file(w) for w in entry.wheels}
+    return record
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, indent=1).encode()
+
+
+def key_differences(record: dict[str, Any], key: kernelcache.KernelKey) -> list[str]:
+    """The key inputs in which the record differs from this build's key, as `name: X != Y`."""
+    theirs = record.get("key") if isinstance(record.get("key"), dict) else {}
+    ours = key.as_dict()
+    return [f"{name}: {theirs.get(name)!r} != {ours.get(name)!r}"
+            for name in sorted(set(ours) | set(theirs)) if theirs.get(name) != ours.get(name)]
+
+
+def refusal(record: dict[str, Any], key: kernelcache.KernelKey, wheels: list[Path]) -> str | None:
+    """Why a pulled artifact may not be taken for `key`, or None: its record's key inputs must
+    be this build's, its wheels the ones it names, each hashing to the record's sha256."""
+    differences = key_differences(record, key)
+    if differences:
+        return "its record's key inputs are not this build's (" + "; ".join(differences) + ")"
+    hashes = record.get("sha256") or {}
+    named = sorted(record.get("wheels") or [])
+    if not named or named != sorted(w.name for w in wheels):
+        return (f"its wheels {sorted(w.name for w in wheels)} are not the ones its record "
+                f"names {named}")
+    for wheel in wheels:
+        actual = artifacts.sha256_file(wheel)
+        if hashes.get(wheel.name) != actual:
+            return (f"{wheel.name} hashes to {actual}, its record says "
+                    f"{hashes.get(wheel.name)}")
+    return None
+
+
+# --- push and pull --------------------------------------------------------------------------
+
+def push(shared: SharedCache, entry: kernelcache.Entry, say: Callable[[str], None]
+         ) -> dict[str, Any]:
+    """Push a freshly compiled entry; the journal's note of it. A failure is a warning."""
+    if not shared.push:
+        return {}
+    reference = shared.reference(entry.key)
+    repository, tag = reference.rsplit(":", 1)
+    try:
+        creds = registries.credentials_for(repository)
+        digest = artifacts.push_artifact(
+            repository, tag, record_bytes(record_of(entry)), RECORD_TYPE,
+            [(wheel, WHEEL_TYPE) for wheel in entry.wheels], creds)
+    except (InfermatrixError, OSError) as exc:
+        warning = f"warning: kernel {entry.key.package} not pushed to {reference}: {_one_line(exc)}"
+        say(warning)
+        return {"push_warning": warning}
+    say(f"kernel {entry.key.package} pushed to {reference} ({digest})")
+    return {"pushed": reference, "digest": digest}
+
+
+def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp_root: Path,
+         say: Callable[[str], None]) -> tuple[kernelcache.Entry | None, dict[str, Any]]:
+    """(the local entry made from the registry's artifact for `key`, or None; the journal's
+    note). Never raises for a miss: the caller compiles then."""
+    reference = shared.reference(key)
+    repository, tag = reference.rsplit(":", 1)
+    with tempfile.TemporaryDirectory(prefix="kernel-pull-", dir=tmp_root) as tmp:
+        try:
+            creds = registries.credentials_for(repository)
+            artifact = artifacts.pull_artifact(repository, tag, RECORD_TYPE, Path(tmp), creds)
+            if artifact is None:
+                return _miss(say, key, f"{reference} is not in the registry")
+            record = json.loads(artifact.record)
+            refused = refusal(record, key, artifact.files)
+            if refused:
+                return _miss(say, key, f"{reference} refused: {refused}")
+            details = {**(record.get("details") or {}), "source": SOURCE,
+                       "pulled_from": f"{repository}@{artifact.digest}"}
+            entry = kernelcache.store(state, key, artifact.files, details=details)
+        except (InfermatrixError, OSError, ValueError) as exc:
+            return _miss(say, key, f"{reference}: {_one_line(exc)}")
+    say(f"kernel {key.package} taken from the registry: {repository}@{artifact.digest}, "
+        f"compiled by {details.get('compiled_by') or 'another machine'}")
+    return entry, {"pulled": reference, "digest": artifact.digest,
+                   "compiled_by": details.get("compiled_by"),
+                   "builder": details.get("builder")}
+
+
+def _miss(say: Callable[[str], None], key: kernelcache.KernelKey, why: str
+          ) -> tuple[None, dict[str, Any]]:
+    line = f"kernel {key.package} not taken from the registry, compiling it: {why}"
+    say(line)
+    return None, {"miss": line}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:400]
