@@ -11,17 +11,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from tests import ci_rules
 
 TESTS = Path(__file__).resolve().parent
 TEST_MATRIX = TESTS / "matrix" / "matrix.yaml"
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_in_ci = ci_rules.in_ci
 
 
 @pytest.fixture(scope="session")
@@ -69,10 +69,8 @@ def built_base(docker_available, test_ctx) -> str:
     return result.ref
 
 
-# Skips a CI run may report: none. Every test runs on the CI machine .ci/provision sets up (a
-# GPU-less host's behaviour is checked with SmokeOptions(host_gpu=False), on any host). Add a
-# reason here only for what cannot exist on that machine, with why.
-SKIPS_ALLOWED_IN_CI: tuple[str, ...] = ()
+# What a CI run may skip or expect to fail, and the floor on the collected count:
+# tests/ci_rules.py.
 
 
 def _skip_reason(report) -> str:
@@ -82,19 +80,57 @@ def _skip_reason(report) -> str:
 def _fails_in_ci(report) -> bool:
     if not (_in_ci() and report.skipped and not hasattr(report, "wasxfail")):
         return False
-    return not any(allowed in _skip_reason(report) for allowed in SKIPS_ALLOWED_IN_CI)
+    return not any(allowed in _skip_reason(report) for allowed in ci_rules.SKIPS_ALLOWED)
+
+
+def _unlisted_xfail(report) -> bool:
+    return (_in_ci() and hasattr(report, "wasxfail")
+            and report.nodeid not in ci_rules.XFAILS_ALLOWED)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under CI=true a skipped test is a failure (CI provisions Docker, the registry, chromium,
-    nvcc...): a missing part must not turn into a green run that tested nothing."""
+    nvcc...): a missing part must not turn into a green run that tested nothing. So is an
+    xfail (or xpass) not listed in ci_rules.XFAILS_ALLOWED: `xfail` must not hide a failure."""
     outcome = yield
     report = outcome.get_result()
     if _fails_in_ci(report):
         report.outcome = "failed"
         report.longrepr = ("skipped under CI=true, which provisions everything: "
                            f"{_skip_reason(report)}")
+    elif _unlisted_xfail(report):
+        reason = report.wasxfail
+        del report.wasxfail  # else pytest reports it as xfailed/xpassed again
+        report.outcome = "failed"
+        report.longrepr = (f"xfail under CI=true, not listed in tests/ci_rules.py "
+                           f"XFAILS_ALLOWED: {reason or '(no reason)'}")
+
+
+def _whole_suite(config: pytest.Config) -> bool:
+    """No selection narrowed the run: the default test paths, no -m, -k or --deselect."""
+    option = config.option
+    narrowed = option.markexpr or option.keyword or getattr(option, "deselect", None)
+    default = {(Path(config.rootpath) / p).resolve() for p in config.getini("testpaths")}
+    given = {(Path(config.invocation_params.dir) / a).resolve() for a in config.args}
+    return not narrowed and given <= default | {Path(config.rootpath).resolve()}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under CI=true a whole-suite run that collected fewer tests than the floor fails."""
+    if (_in_ci() and _whole_suite(session.config)
+            and len(session.items) < ci_rules.MIN_COLLECTED):
+        raise pytest.UsageError(
+            f"CI=true: collected {len(session.items)} tests, fewer than the floor of "
+            f"{ci_rules.MIN_COLLECTED} (tests/ci_rules.py MIN_COLLECTED): tests went missing")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI=true a run that collected nothing fails (pytest's exit 5 is not a pass)."""
+    if _in_ci() and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print("\nCI=true: no tests were collected, which is a failure here", flush=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -6,13 +6,17 @@ It is a real dockerd with everything of its own: data root (on the disk, or on a
 short: socket paths are limited), optionally tcp:// with --tlsverify, a containerd of its own
 (started apart, as a service manager would: SIGKILLing dockerd is then a clean "engine died",
 and a restarted dockerd reconnects to it), and a bridge of its own (never docker0: a dockerd
-started with --bridge=none would delete the shared docker0), no iptables. Only this engine is
-ever killed; `stop()` kills its processes and removes its mounts, data root and bridge.
+started with --bridge=none would delete the shared docker0), no iptables of its own. With
+`nat=True` its builds and containers reach PyPI: this helper adds a MASQUERADE rule for its
+subnet and FORWARD accepts for its bridge (what dockerd's --ip-masq would do, without a second
+dockerd editing the first one's chains), removed again by `stop()`. Only this engine is ever
+killed; `stop()` kills its processes and removes its mounts, data root, bridge and rules.
 Needs root and Debian's docker.io (dockerd, containerd).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
@@ -51,6 +55,15 @@ def make_certificates(directory: Path, prefix: str) -> None:
                 "-out", f"{name}-cert.pem")
 
 
+def nat_rules(bridge: str, network: str) -> list[tuple[str, str, list[str]]]:
+    """(table, chain, rule) that let a bridge's containers out through the host (masquerade),
+    with the replies let back in: the machine's dockerd set FORWARD's policy to DROP."""
+    return [("nat", "POSTROUTING", ["-s", network, "!", "-o", bridge, "-j", "MASQUERADE"]),
+            ("filter", "FORWARD", ["-i", bridge, "!", "-o", bridge, "-j", "ACCEPT"]),
+            ("filter", "FORWARD", ["-o", bridge, "-m", "conntrack", "--ctstate",
+                                   "RELATED,ESTABLISHED", "-j", "ACCEPT"])]
+
+
 def _end(process: subprocess.Popen[bytes] | None) -> None:
     if process is None or process.poll() is not None:
         return
@@ -64,7 +77,7 @@ def _end(process: subprocess.Popen[bytes] | None) -> None:
 
 class PrivateDockerd:
     def __init__(self, prefix: str, subnet: str, size_mb: int | None = None,
-                 tls_port: int | None = None) -> None:
+                 tls_port: int | None = None, nat: bool = False) -> None:
         Path("/run").mkdir(exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/run"))
         if size_mb:  # a small disk of its own, to fill
@@ -88,6 +101,10 @@ class PrivateDockerd:
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
         subprocess.run(["ip", "addr", "add", subnet, "dev", self.bridge], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
+        self.nat_rules = nat_rules(self.bridge, str(ipaddress.ip_interface(subnet).network)) \
+            if nat else []
+        for table, chain, rule in self.nat_rules:
+            subprocess.run(["iptables", "-t", table, "-I", chain, "1", *rule], check=True)
 
     def start(self) -> None:
         if self.containerd is None or self.containerd.poll() is not None:
@@ -154,5 +171,7 @@ class PrivateDockerd:
             if target.startswith((str(self.data), str(self.root))):
                 subprocess.run(["umount", "-l", target], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        for table, chain, rule in self.nat_rules:
+            subprocess.run(["iptables", "-t", table, "-D", chain, *rule], capture_output=True)
         shutil.rmtree(self.data, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -4,7 +4,14 @@ Real engine wheels, real torch 2.14 (CUDA 13.0 runtime), the real CUDA 13.0 tool
 NVIDIA's PyPI wheels, the shipped debootstrap base and templates; the compiled kernel is the
 fixture tests/fixtures/cudakern (the real flash-attn / FlashInfer compiles are the main job's).
 One cell at a time: built, checked (labels, versions inside the image, the audit on its real
-objects), then its image and build cache removed, so that CI holds one 10-15 GB image at most.
+objects), then its image removed, so that CI holds one 10-15 GB image at most.
+
+They run on a private engine of their own (a disk-backed dockerd, tests/dockerd_support.py,
+with NAT to PyPI), CI's `real` lane (tests/lanes.py), so that what the build's disk guard prunes
+there never touches another test's cache. Between cells nothing else is pruned: the uv cache
+mount (the sm_120 cells' locks share 30 of 32 nvidia pins, and triton) and the shared
+toolchain layers stay for the next cell. The bases are built on the machine's engine (CI's
+bases phase builds them before this lane starts) and copied in.
 
 The GB10 cell (sm_121) is the shipped one, linux/arm64, built for real under QEMU (qemu-user,
 binfmt_misc, .ci/provision): its aarch64 wheels, its arm64 base, and the audit of its aarch64
@@ -13,20 +20,23 @@ objects, whose probe runs emulated too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from infermatrix.stages import audit, render
-from infermatrix.engine import docker as engine
 from infermatrix import journal
-from infermatrix.stages.build import BuildOptions, build_cells, local_ref
 from infermatrix.context import Context
+from infermatrix.engine import docker as engine
 from infermatrix.model.coverage import Coverage
+from infermatrix.stages import audit, render
+from infermatrix.stages.build import BuildOptions, build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
+from tests.dockerd_support import PrivateDockerd
 from tests.real_audit_checks import CHECKS
 
-pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow, pytest.mark.realcell,
+              pytest.mark.timeout(45 * 60)]
 
 REAL_MATRIX = Path(__file__).resolve().parent / "real" / "matrix.yaml"
 CELLS = {
@@ -41,21 +51,45 @@ def real_ctx(shared_state_dir: Path) -> Context:
 
 
 @pytest.fixture(scope="module")
-def real_base(docker_available, real_ctx) -> str:
+def real_engine(docker_available) -> Iterator[engine.Engine]:
+    """A private, disk-backed dockerd (NAT to PyPI) that this module's builds talk to."""
+    daemon = PrivateDockerd("imreal", "10.231.0.1/24", nat=True)
+    try:
+        daemon.start()
+        with engine.use(engine.Engine(engine.Endpoint(name="real-lane", host=daemon.host))) \
+                as private:
+            yield private
+    finally:
+        daemon.stop()
+
+
+def base_on(private: engine.Engine, ctx: Context, platform: str | None = None) -> str:
+    """The real matrix's base for `platform`, built on the machine's engine when it lacks it
+    (CI's bases phase has built it) and copied into the private one."""
     from infermatrix.stages import base
 
-    return base.build_base(real_ctx.matrix, "bookworm", real_ctx.state).ref
+    machine = engine.Engine()
+    with engine.use(machine):
+        ref = base.build_base(ctx.matrix, "bookworm", ctx.state, platform=platform).ref
+    if not private.image_exists(ref):
+        machine.copy_image_to(ref, private)
+    return ref
+
+
+@pytest.fixture(scope="module")
+def real_base(real_engine, real_ctx) -> str:
+    return base_on(real_engine, real_ctx)
 
 
 ARM64_CELL = "cu130-torch2.14.0-vllm0.33.0-sm121"
 
 
 def free_the_cells_disk(ref: str) -> None:
-    """Remove the cell's image and the BuildKit cache that still holds its layers and its uv
-    cache mount (removing the image alone frees nothing while the cache holds them): the next
-    cell starts with its 20-30 GB back. CI's disk filled at the second cell without this."""
+    """Remove the cell's image. Its layers stay in BuildKit's cache for the next cell (the
+    shared toolchain, the uv cache mount); the build's disk guard (build.disk.min_free_gib of
+    tests/real/matrix.yaml) prunes this private engine's cache when the next cell would not
+    fit, as it does in the main job."""
     engine.remove_image(ref, force=True)
-    engine.prune_build_cache()
 
 
 def plan_render_build(ctx: Context, cell_id: str):
@@ -95,12 +129,10 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
         free_the_cells_disk(ref)
 
 
-def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(real_ctx):
+def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(real_engine,
+                                                                             real_ctx):
     """The shipped vLLM 0.33 GB10 cell: wheels only (no kernel compile), an arm64 image."""
-    from infermatrix.stages import base
-
-    assert base.build_base(real_ctx.matrix, "bookworm", real_ctx.state,
-                           platform="linux/arm64").ref
+    assert base_on(real_engine, real_ctx, platform="linux/arm64")
     plan, result = plan_render_build(real_ctx, ARM64_CELL)
     ref = local_ref(ARM64_CELL)
     try:
