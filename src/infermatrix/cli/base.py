@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
     build.add_argument("--timeout-min", type=float, default=30, metavar="N",
                        help="per-base time limit in minutes (default 30)")
+    build.add_argument("--platform", action="append", metavar="OS/ARCH", dest="platforms",
+                       help="build for this platform (repeatable; e.g. linux/arm64 for the "
+                            "GB10 cells, emulated on another host); default: the engine's")
     build.set_defaults(func=run_build)
     ref = sub.add_parser("ref", help="print the exact image reference of a base")
     common_options(ref)
@@ -28,17 +31,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from ..stages import base
     from ..context import Context, setup_command_log
+    from ..errors import UsageError
 
     ctx = Context.load(args.matrix, args.state_dir, args.offline)
     setup_command_log(ctx.state, args.verbose)
     names = args.names or base.debootstrap_bases(ctx.matrix)
     for name in names:
         base.recipe_for(ctx.matrix, name)  # validate every name before building any
+    for platform in args.platforms or []:
+        if platform not in base.DEBIAN_ARCHITECTURES:
+            raise UsageError(f"--platform {platform}: not one of "
+                             f"{', '.join(sorted(base.DEBIAN_ARCHITECTURES))}")
     for name in names:
-        result = base.build_base(ctx.matrix, name, ctx.state, force=args.force,
-                                 timeout=args.timeout_min * 60)
-        what = "built" if result.built else "present"
-        print(f"{name}: {result.ref} {what} ({result.image_id[:19]}, {result.duration_s:.1f} s)")
+        for platform in args.platforms or [None]:
+            result = base.build_base(ctx.matrix, name, ctx.state, force=args.force,
+                                     timeout=args.timeout_min * 60, platform=platform)
+            what = "built" if result.built else "present"
+            print(f"{name}{f' ({platform})' if platform else ''}: {result.ref} {what} "
+                  f"({result.image_id[:19]}, {result.duration_s:.1f} s)")
     return 0
 
 
