@@ -98,21 +98,23 @@ def mini_ctx(built_base, test_ctx, tmp_path_factory) -> Context:
     ctx = Context.load(root / "matrix.yaml", root / ".state")
     token = uuid.uuid4().hex  # new layers per test session: nothing comes from an old run
     for plan in plan_matrix(ctx):
-        kind = plan.cell.engine
-        template = {"mini": MINI, "broken": BROKEN, "slow": SLOW}[kind]
-        directory = ctx.images_dir / plan.id
-        directory.mkdir(parents=True)
-        # build refuses a cell without a committed lock, or rendered from another lock
-        lock_file = root / "locks" / f"{plan.id}.txt"
-        lock_file.parent.mkdir(exist_ok=True)
-        lock_file.write_text(f"# lock of {plan.id}: a hand-written cell installs nothing\n")
-        digest = "sha256:" + hashlib.sha256(lock_file.read_bytes()).hexdigest()
-        (directory / "Dockerfile").write_text(
-            template.format(base=built_base, token=token, cell=plan.id)
-            + f'LABEL io.infermatrix.lock="{digest}"\n')
+        template = {"mini": MINI, "broken": BROKEN, "slow": SLOW}[plan.cell.engine]
+        write_cell(ctx, plan.id, template.format(base=built_base, token=token, cell=plan.id))
     yield ctx
     for plan in plan_matrix(ctx):
         engine.remove_image(local_ref(plan.id), force=True)
+
+
+def write_cell(ctx: Context, cell_id: str, dockerfile: str) -> None:
+    """A hand-written cell: its Dockerfile and the committed lock build demands (build refuses
+    a cell without one, or rendered from another lock)."""
+    lock_file = ctx.root / "locks" / f"{cell_id}.txt"
+    lock_file.parent.mkdir(exist_ok=True)
+    lock_file.write_text(f"# lock of {cell_id}: a hand-written cell installs nothing\n")
+    digest = "sha256:" + hashlib.sha256(lock_file.read_bytes()).hexdigest()
+    directory = ctx.images_dir / cell_id
+    directory.mkdir(parents=True)
+    (directory / "Dockerfile").write_text(dockerfile + f'LABEL io.infermatrix.lock="{digest}"\n')
 
 
 def _plans(ctx: Context, *names: str):

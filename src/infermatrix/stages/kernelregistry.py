@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -129,6 +130,7 @@ def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp
     note). Never raises for a miss: the caller compiles then."""
     reference = shared.reference(key)
     repository, tag = reference.rsplit(":", 1)
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kernel-pull-", dir=tmp_root) as tmp:
         try:
             creds = registries.credentials_for(repository)
@@ -147,8 +149,8 @@ def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp
     say(f"kernel {key.package} taken from the registry: {repository}@{artifact.digest}, "
         f"compiled by {details.get('compiled_by') or 'another machine'}")
     return entry, {"pulled": reference, "digest": artifact.digest,
-                   "compiled_by": details.get("compiled_by"),
-                   "builder": details.get("builder")}
+                   "seconds": round(time.monotonic() - started, 3),
+                   "compiled_by": details.get("compiled_by"), "builder": details.get("builder")}
 
 
 def _miss(say: Callable[[str], None], key: kernelcache.KernelKey, why: str
