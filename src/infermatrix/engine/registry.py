@@ -6,6 +6,8 @@ DOCKER_CONFIG) and hand the same `RegistryCredentials` to the daemon (push/pull,
 engine module's SDK client) and to the HTTP API (manifests, image configs). Pushes and pulls go
 through the daemon, so they honour its TLS / insecure-registry settings; manifests are read over
 HTTP (Basic or Bearer-token auth) to learn a tag's digest and config digest (= the image id).
+The same requests (`_registry_request`, one `RegistrySession` per push or pull) carry the OCI
+artifacts of artifacts.py: the compiled-kernel cache shared through the registry.
 
 Every failure is a `RegistryError` whose message is one line: what failed, why, and the fix
 (`classify`). Credentials never reach argv, logs or messages.
