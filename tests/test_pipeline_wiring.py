@@ -230,3 +230,30 @@ def test_a_cell_with_enough_free_space_builds_without_a_prune(ctx, tmp_path):
         result = build.build_cells(ctx, plans, build.BuildOptions(echo=lambda _: None))[CPU]
     assert result.status == "pass", result.summary()
     assert fake.named("prune_build_cache") == [] and fake.named("build_image")
+
+
+def test_a_cell_that_fails_at_tag_fails_the_pipeline(ctx):
+    """Its tag already names another image: the summary's "failed at tag" is exit 1 (issue 32),
+    and publish, with nothing to publish because of it, fails too."""
+    from infermatrix.stages import publish
+    from infermatrix.stages.base import image_ref
+    from infermatrix.stages.tagging import tag_ref
+
+    ctx.matrix.data["tag_policy"]["require"] = ["static"]
+    plans = plan_cells(ctx, [CPU], source=recorded_metadata)
+    fake = RecordingEngine()
+    fake.script = scripted(ctx, {p.id: p for p in plans}, fake)
+    other = "sha256:" + "9" * 64
+    fake.images[other] = {"Id": other, "Config": {"Labels": {}}}
+    cpu_plan = next(p for p in plans if p.id == CPU)
+    fake.tags[tag_ref(ctx, cpu_plan.cell)] = other
+    fake.present.add(image_ref(ctx.matrix, "bookworm", "linux/amd64"))
+    run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), [CPU], [])
+    with engine.use(fake):
+        code, records = run_pipeline(run)
+    by_step = {r.name: r for r in records}
+    assert by_step["smoke"].passed == [CPU] and by_step["tag"].failed == [CPU]
+    assert code == 1
+    ctx.matrix.data["publish"]["registry"] = "127.0.0.1:9/never-reached"
+    result = publish.publish(ctx, say=lambda line: None)
+    assert not result.pushed and CPU in result.failed and not result.ok

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -20,6 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import ConfigError, ConfigErrors
+from .names import CREDENTIALS_FIX, NAME_RULE, is_name, reference_problem
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "schema" / "matrix.schema.json"
@@ -31,6 +35,8 @@ FOREIGN_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32-BE"), (b"\xff\xfe\x00\x00", "UTF-3
 COMBINATORS = ("oneOf", "anyOf", "allOf", "not", "if", "then", "else")
 UTF8_BOM = b"\xef\xbb\xbf"
 RESAVE_FIX = "save the file as UTF-8 (with or without BOM), e.g. `iconv -t UTF-8`"
+MAX_CONFIG_BYTES = 1 << 20  # a matrix file is ~10 KB; more is not a matrix
+MAX_YAML_NODES = 100_000  # nodes once every alias is expanded (an alias bomb has billions)
 
 
 def load_schema() -> dict[str, Any]:
@@ -80,7 +86,41 @@ class _Locator:
         return best
 
 
-def _duplicate_keys(node: yaml.Node | None, path: Path) -> list[ConfigError]:
+def _expanded_size(root: yaml.Node | None, path: Path) -> int:
+    """How many nodes the document has with every alias expanded, computed once per shared
+    node; a ConfigError when it passes MAX_YAML_NODES or an alias contains itself."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise ConfigError("an alias refers to a node that contains it (recursive YAML)",
+                              path, node.start_mark.line + 1, "write the value out instead")
+        open_nodes.add(id(node))
+        children = [c for pair in node.value for c in pair] \
+            if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        total = 1 + sum(size(c) for c in children)
+        open_nodes.discard(id(node))
+        if total > MAX_YAML_NODES:
+            raise ConfigError(f"YAML aliases expand to more than {MAX_YAML_NODES} values "
+                              "(an alias bomb?)", path, node.start_mark.line + 1,
+                              "write the values out, or use fewer nested aliases")
+        sizes[id(node)] = total
+        return total
+
+    return size(root) if root is not None else 0
+
+
+def _duplicate_keys(node: yaml.Node | None, path: Path,
+                    seen_nodes: set[int] | None = None) -> list[ConfigError]:
+    """Duplicate keys of every mapping, each shared (aliased) node looked at once."""
+    seen_nodes = set() if seen_nodes is None else seen_nodes
+    if node is None or id(node) in seen_nodes:
+        return []
+    seen_nodes.add(id(node))
     found: list[ConfigError] = []
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
@@ -93,18 +133,19 @@ def _duplicate_keys(node: yaml.Node | None, path: Path) -> list[ConfigError]:
                     f"duplicate key {key.value!r} (first at line {seen[key.value]})",
                     path, line, "keep one of the two entries"))
             seen[key.value] = line
-            found += _duplicate_keys(value, path)
+            found += _duplicate_keys(value, path, seen_nodes)
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            found += _duplicate_keys(item, path)
+            found += _duplicate_keys(item, path, seen_nodes)
     return found
 
 
 def read_config_text(path: Path) -> str:
     """The text of a config file: UTF-8 (a BOM is accepted); anything else is a ConfigError
-    naming what the file is instead (a directory, unreadable, UTF-16, binary...)."""
+    naming what the file is instead (a directory, a device or FIFO, too large, unreadable,
+    UTF-16, binary...)."""
     try:
-        raw = path.read_bytes()
+        raw = _read_regular_file(path)
     except FileNotFoundError:
         raise ConfigError("file not found", path, fix="pass --matrix PATH or run from the "
                           "directory that holds matrix.yaml") from None
@@ -135,9 +176,27 @@ def read_config_text(path: Path) -> str:
     return text
 
 
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_CONFIG_BYTES (stat first: opening a FIFO
+    would block, a device would never end)."""
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(path)
+    if not stat.S_ISREG(mode):
+        raise ConfigError("not a regular file (a device, FIFO or socket)", path,
+                          fix="pass a matrix file with --matrix PATH")
+    with open(path, "rb") as handle:
+        raw = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"larger than {MAX_CONFIG_BYTES // 1024} KiB: not a matrix file", path,
+                          fix="pass the matrix file itself with --matrix PATH")
+    return raw
+
+
 def _parse(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _expanded_size(node, path)  # before anything (merge keys included) expands aliases
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -212,9 +271,27 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """A schema `pattern` as ECMA-262 reads it: `$` is the end of the text only. Python's `$`
+    also matches before a final newline, so "cpu\n" would pass "^(...|cpu)$"."""
+    # An unescaped `$` outside a character class becomes `\Z`.
+    return re.compile(re.sub(r"(\\.|\[(?:\\.|[^\]])*\])|\$",
+                             lambda m: m.group(1) or r"\Z", pattern))
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Any:
+    if validator.is_type(instance, "string") and not ecma_pattern(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+# The published schema's validator with ECMA `pattern` semantics (see ecma_pattern).
+MatrixValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator,
+                                               {"pattern": _pattern})
+
+
 def _schema_errors(data: Any, path: Path, locator: "_Locator") -> list[ConfigError]:
     """Every schema violation, without the ones a more specific error below them explains."""
-    validator = jsonschema.Draft202012Validator(load_schema())
+    validator = MatrixValidator(load_schema())
     errors = list(validator.iter_errors(data))
     paths = [tuple(e.absolute_path) for e in errors]
     found: dict[tuple[int | None, str], ConfigError] = {}
@@ -326,7 +403,8 @@ def _reference_errors(m: Matrix, schema_valid: bool) -> list[ConfigError]:
     """Cross-field problems; after schema errors the data may be any shape, so a check that
     trips over it is left out (the schema error already names the place)."""
     found: list[ConfigError] = []
-    for check in (_check_arches, _check_references):
+    for check in (_check_names, _check_kernel_paths, _check_registries, _check_arches,
+                  _check_references):
         try:
             check(m, found)
         except ConfigError as exc:
@@ -335,6 +413,92 @@ def _reference_errors(m: Matrix, schema_valid: bool) -> list[ConfigError]:
             if schema_valid:
                 raise
     return found
+
+
+# Mappings whose keys name directories, Dockerfile stages, LABELs and tags.
+NAMED_MAPPINGS = (("engines",), ("axes", "engine"), ("build", "kernels"), ("bases", "definitions"))
+
+
+def _check_names(m: Matrix, found: list[ConfigError]) -> None:
+    """Every engine, kernel and base name is of the one grammar (names.NAME)."""
+    for key_path in NAMED_MAPPINGS:
+        mapping = _at(m.data, key_path)
+        for name in mapping if isinstance(mapping, dict) else ():
+            if not is_name(name):
+                found.append(m.error(f"{'.'.join(key_path)}: {name!r} is not a valid name",
+                                     *key_path, name, fix=f"use {NAME_RULE}"))
+    for i, inc in enumerate(m.data.get("include") or []):
+        torch = inc.get("torch") if isinstance(inc, dict) else None
+        if isinstance(torch, str) and not re.fullmatch(r"[0-9][A-Za-z0-9.+]*", torch):
+            found.append(m.error(f"include[{i}].torch: {torch!r} is not a valid version",
+                                 "include", i, "torch", fix="a version such as 2.11.0"))
+
+
+OUTSIDE_OPT_IN = "allow_path_outside_repo"
+MAX_TREE_ENTRIES = 20000  # a kernel source tree is walked for symlinks; more is refused
+
+
+def repository_root(directory: Path) -> Path:
+    """The git work tree holding `directory` (resolved), else `directory` itself."""
+    directory = directory.resolve()
+    return next((d for d in (directory, *directory.parents) if (d / ".git").exists()), directory)
+
+
+def _check_kernel_paths(m: Matrix, found: list[ConfigError]) -> None:
+    """A kernel's `path` (and every symlink in its tree) stays inside the repository: its
+    files are copied into the committed images/ and into the image. `allow_path_outside_repo:
+    true` on the kernel is the explicit opt-in."""
+    repo = repository_root(m.root)
+    kernels = m.build.get("kernels")
+    for name, spec in kernels.items() if isinstance(kernels, dict) else ():
+        if not isinstance(spec, dict) or not isinstance(spec.get("path"), str) \
+                or spec.get(OUTSIDE_OPT_IN) is True:
+            continue
+        escape = _escaping_path(m.root / spec["path"], repo)
+        if escape is not None:
+            found.append(m.error(
+                f"build.kernels.{name}.path: {escape} is outside the repository {repo}",
+                "build", "kernels", name, "path",
+                fix=f"move the tree into the repository, or set {OUTSIDE_OPT_IN}: true on "
+                    "this kernel to copy it from there on purpose"))
+
+
+def _escaping_path(tree: Path, repo: Path) -> Path | None:
+    """`tree`, or the first symlink in it, whose target (resolved) is outside `repo`. A tree
+    that does not exist copies nothing (render and lock name it as missing)."""
+    if not tree.exists():
+        return None
+    if not tree.resolve().is_relative_to(repo):
+        return tree.resolve()
+    seen = 0
+    for directory, dirs, files in os.walk(tree):
+        for entry in (*dirs, *files):
+            seen += 1
+            path = Path(directory) / entry
+            if path.is_symlink() and not path.resolve().is_relative_to(repo):
+                return path
+            if seen > MAX_TREE_ENTRIES:
+                return None  # too large to prove here; render copies only what it renders
+    return None
+
+
+REGISTRY_KEYS = (("publish", "registry"), ("build", "kernel_cache", "registry"))
+
+
+def _check_registries(m: Matrix, found: list[ConfigError]) -> None:
+    """Registry references carry no credentials and no scheme."""
+    for key_path in REGISTRY_KEYS:
+        value = _at(m.data, key_path)
+        problem = reference_problem(value) if isinstance(value, str) else None
+        if problem:
+            found.append(m.error(f"{'.'.join(key_path)}: {problem}", *key_path,
+                                 fix=CREDENTIALS_FIX))
+
+
+def _at(data: Any, key_path: tuple[str, ...]) -> Any:
+    for key in key_path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
 
 
 def _arch_entries(m: Matrix) -> list[tuple[tuple[Any, ...], Any]]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Matrix, load_matrix
+from .names import inside
 from .state import DEFAULT_STATE_DIR, StatePaths
 
 
@@ -24,6 +25,10 @@ class Context:
     @property
     def images_dir(self) -> Path:
         return self.root / "images"
+
+    def cell_dir(self, cell_id: str) -> Path:
+        """images/<cell-id>/, proven to stay inside images/."""
+        return inside(self.images_dir, cell_id)
 
     @classmethod
     def load(cls, matrix_path: Path | str = "matrix.yaml", state_dir: Path | str | None = None,

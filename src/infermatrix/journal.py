@@ -19,7 +19,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Mapping
 
-from .state import StatePaths, write_json_atomic
+from .names import inside
+from .state import DamagedStateFile, StatePaths, notice, read_state_json, write_json_atomic
 
 STAGES = ("plan", "lock", "render", "base", "build", "audit", "smoke", "tag", "publish",
           "report")
@@ -139,38 +140,63 @@ def _now() -> str:
 
 
 def record_path(state: StatePaths, cell_id: str) -> Path:
-    return state.journal / f"{cell_id}.json"
+    return inside(state.journal, f"{cell_id}.json")
 
 
-def load(state: StatePaths, cell_id: str) -> dict[str, Any]:
-    path = record_path(state, cell_id)
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+JOURNAL_FIX = ("delete the file to treat the cell as unknown (its stages run again), or "
+               "restore it from a backup")
+_REPORTED: set[Path] = set()  # damaged records already named on stderr by this process
+
+
+def _empty(cell_id: str) -> dict[str, Any]:
     return {"cell": cell_id, "input_hash": None, "image_id": None, "stages": {}}
 
 
+def _read(path: Path) -> dict[str, Any]:
+    """The one reader of a journal file: its data, or DamagedStateFile (empty, truncated,
+    binary, or `stages` not an object of stage objects)."""
+    data = read_state_json(path, "journal record", JOURNAL_FIX)
+    stages = data.get("stages", {})
+    if not isinstance(stages, dict) or not all(isinstance(s, dict) for s in stages.values()):
+        raise DamagedStateFile("damaged journal record: `stages` is not an object of stages",
+                               path, 1, JOURNAL_FIX)
+    return data
+
+
+def _read_or_unknown(path: Path, cell_id: str) -> tuple[dict[str, Any], str | None]:
+    """(record, problem): a damaged record is said once and its cell alone is unknown."""
+    try:
+        return _read(path), None
+    except DamagedStateFile as exc:
+        if path not in _REPORTED:
+            _REPORTED.add(path)
+            notice(f"warning: {exc}\n  the cell {cell_id} is treated as unknown")
+        return _empty(cell_id), str(exc)
+
+
+def load(state: StatePaths, cell_id: str) -> dict[str, Any]:
+    """A cell's record as stored (an empty one when missing or damaged)."""
+    path = record_path(state, cell_id)
+    return _read_or_unknown(path, cell_id)[0] if path.is_file() else _empty(cell_id)
+
+
+def _journal_files(state: StatePaths) -> list[Path]:
+    return sorted(state.journal.glob("*.json")) if state.journal.is_dir() else []
+
+
 def load_all(state: StatePaths) -> dict[str, dict[str, Any]]:
-    if not state.journal.is_dir():
-        return {}
-    return {p.stem: json.loads(p.read_text(encoding="utf-8"))
-            for p in sorted(state.journal.glob("*.json"))}
+    """Every record as stored; a damaged one is an empty record with its `problems`."""
+    found = {}
+    for path in _journal_files(state):
+        data, problem = _read_or_unknown(path, path.stem)
+        found[path.stem] = data if problem is None else {**data, "problems": [problem]}
+    return found
 
 
 def load_records(state: StatePaths) -> dict[str, CellRecord]:
     """Every record, typed; an unreadable file becomes a record with a `problems` note (the
     report shows it, never crashes on it)."""
-    records: dict[str, CellRecord] = {}
-    if not state.journal.is_dir():
-        return records
-    for path in sorted(state.journal.glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            records[path.stem] = CellRecord(path.stem, problems=[
-                f"unreadable journal record {path}: {exc}"])
-            continue
-        records[path.stem] = CellRecord.from_json(path.stem, data)
-    return records
+    return records_of(load_all(state))
 
 
 def records_of(raw: Mapping[str, Any]) -> dict[str, CellRecord]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Any, Iterator
 from contextlib import contextmanager
 
-from .errors import UsageError
+from .errors import ConfigError, UsageError
+from .names import inside
 
 DEFAULT_STATE_DIR = ".state"
 
@@ -50,7 +52,7 @@ class StatePaths:
         return self.root / "commands.log"
 
     def cell_log(self, cell_id: str, stage: str) -> Path:
-        return self.logs / cell_id / f"{stage}.log"
+        return inside(self.logs, cell_id, f"{stage}.log")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -67,6 +69,47 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class DamagedStateFile(ConfigError):
+    """A state file that cannot be read as its kind: named, with the fix (exit 2)."""
+
+
+def read_state_text(path: Path, kind: str, fix: str) -> str:
+    """The UTF-8 text of a state file; DamagedStateFile naming it (binary, unreadable)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DamagedStateFile(f"{kind} cannot be read: {exc.strerror or exc}", path,
+                               fix=fix) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DamagedStateFile(f"damaged {kind}: not UTF-8 text (binary?)", path, line,
+                               fix) from None
+
+
+def read_state_json(path: Path, kind: str, fix: str, shape: type = dict) -> Any:
+    """The one reader of a JSON state file: its data, of type `shape`, or DamagedStateFile
+    naming the file, the line and the fix (empty, truncated, binary, not an object)."""
+    text = read_state_text(path, kind, fix)
+    if not text.strip():
+        raise DamagedStateFile(f"damaged {kind}: the file is empty", path, 1, fix)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DamagedStateFile(f"damaged {kind}: {exc.msg} (truncated?)", path, exc.lineno,
+                               fix) from None
+    if not isinstance(data, shape):
+        raise DamagedStateFile(f"damaged {kind}: expected a JSON {shape.__name__}, found "
+                               f"{type(data).__name__}", path, 1, fix)
+    return data
+
+
+def notice(text: str) -> None:
+    """Tell the user what the tool did on its own (a damaged file rebuilt), on stderr."""
+    print(f"infermatrix: {text}", file=sys.stderr)
 
 
 _HELD: dict[Path, int] = {}  # state roots this process holds, with nesting depth

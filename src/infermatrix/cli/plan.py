@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     plans = full.cells
     prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
     if args.diff:
-        return _print_diff(ctx, plans)
+        return _print_diff(ctx, plans, whole=not (args.select or args.skip))
     if args.planned:
         plans = [p for p in plans if p.planned]
     if args.json:
@@ -107,11 +107,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_diff(ctx: Context, plans: list[CellPlan]) -> int:
+def _print_diff(ctx: Context, plans: list[CellPlan], whole: bool) -> int:
+    """`plan --diff`; a damaged plan file is rebuilt from the plan of the `whole` matrix."""
     from ..stages import plandiff
     from ..model.index import IndexUnavailable, release_list
 
-    committed = plandiff.load_snapshot(ctx.root)
+    committed = plandiff.load_snapshot(ctx.root, plans if whole else None)
     if committed is None:
         print(f"no committed plan at {plandiff.plan_path(ctx.root)} (run `infermatrix lock`)")
         return 1

@@ -8,6 +8,7 @@ import sys
 from ..stages import render
 from ..context import Context
 from ..model.cell import CellPlan
+from ..model.spec import check_lock_files
 from . import common_options, load_context, load_run, selection_options, wait_option
 
 
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _render(args: argparse.Namespace, ctx: Context, plans: list[CellPlan]) -> int:
     prune = not args.select and not args.skip
+    check_lock_files(ctx, plans)  # a damaged lock is named before render reads it
     planned = render.planned(plans)
     missing = render.unrendered(plans)
     if args.check:

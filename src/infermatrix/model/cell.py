@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..names import CELL_ID, UnsafeName, is_cell_part
+
 CPU = "cpu"
 
 # "unresolved": a fact could not be read (index unreachable, offline without cache). That is
@@ -31,6 +33,13 @@ class Cell:
     engine: str  # engine key in matrix.yaml: "sglang", "vllm", "vllm-cpu", ...
     engine_version: str  # "0.5.11"
     arch: str  # "sm_120", "sm_121", or "cpu"
+
+    def __post_init__(self) -> None:
+        # The id names directories and Dockerfile lines: every part is of the one grammar.
+        for part in (self.cuda, self.torch, self.engine, self.engine_version, self.arch):
+            if not is_cell_part(part):
+                raise UnsafeName(f"{part!r} cannot be part of a cell id: expected "
+                                 f"{CELL_ID.pattern}")
 
     @property
     def cuda_tag(self) -> str:

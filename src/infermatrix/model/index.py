@@ -19,15 +19,16 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from ..state import write_json_atomic
+from ..state import DamagedStateFile, notice, read_state_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,42 @@ def _pick_wheel(files: list[dict], version: str, machine: str = "x86_64") -> dic
     return max(ranked, key=lambda pair: pair[0])[1]
 
 
+T = TypeVar("T")
+
+
+def cached_entry(path: Path, build: Callable[[dict[str, Any]], T]) -> T | None:
+    """A cache entry built from its file, or None when it is missing or damaged. A damaged
+    entry (empty, truncated, binary, wrong shape) is removed and said, so the caller fetches
+    it again (offline: the usual "run once online")."""
+    if not path.is_file():
+        return None
+    try:
+        return build(read_state_json(path, "metadata cache entry", "it is fetched again"))
+    except DamagedStateFile as exc:
+        problem = str(exc).split("\n")[0]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        problem = f"{path}: damaged metadata cache entry: wrong shape ({exc})"
+    path.unlink(missing_ok=True)
+    notice(f"warning: {problem}\n  removed from the cache; it is read again from the index")
+    return None
+
+
+def typed(cls: type[T], data: dict[str, Any], tuples: tuple[str, ...] = ()) -> T:
+    """A dataclass of `data` whose fields are all given with their type (`tuples`: lists
+    stored for tuple fields); TypeError otherwise (a cache entry of the wrong shape)."""
+    values = {f.name: data[f.name] for f in fields(cls)}  # KeyError: a field is missing
+    for name, value in values.items():
+        kind = list if name in tuples else {"int": int}.get(str(_field_type(cls, name)), str)
+        if not isinstance(value, kind) or (name in tuples and
+                                           not all(isinstance(v, str) for v in value)):
+            raise TypeError(f"{name} is {type(value).__name__}")
+    return cls(**{k: tuple(v) if k in tuples else v for k, v in values.items()})
+
+
+def _field_type(cls: type, name: str) -> str:
+    return next(f.type for f in fields(cls) if f.name == name)
+
+
 class MetadataCache:
     """Disk cache of release metadata under `root`, keyed by index, name and version."""
 
@@ -177,9 +214,9 @@ class MetadataCache:
     def release(self, name: str, version: str, machine: str = "x86_64") -> ReleaseMetadata:
         """Metadata of `name==version` as its Linux `machine` wheel declares it."""
         path = self._path(name, version, machine)
-        if path.is_file():
-            return ReleaseMetadata(**{k: tuple(v) if k == "requires_dist" else v
-                                      for k, v in json.loads(path.read_text()).items()})
+        cached = cached_entry(path, lambda d: typed(ReleaseMetadata, d, ("requires_dist",)))
+        if cached is not None:
+            return cached
         if self.offline:
             raise IndexUnavailable(
                 f"offline: no cached metadata for {name}=={version} (run once online to fill {self.root})")
@@ -250,8 +287,9 @@ def release_list(root: Path, name: str, *, offline: bool = False, index: str | N
     path = _listing_path(root, index, name)
     ttl = float(os.environ.get("INFERMATRIX_INDEX_TTL", LISTING_TTL_S)) if ttl_s is None else ttl_s
     if path.is_file() and (offline or time.time() - path.stat().st_mtime < ttl):
-        data = json.loads(path.read_text())
-        return ReleaseList(data["name"], tuple(data["versions"]), data["fetched_at"], data["url"])
+        cached = cached_entry(path, lambda d: typed(ReleaseList, d, ("versions",)))
+        if cached is not None:
+            return cached
     if offline:
         raise IndexUnavailable(f"offline: no cached release list of {name} (run once online "
                                f"to fill {root})")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import lru_cache
+from itertools import islice
 from typing import Iterable
 
 from braceexpand import braceexpand
@@ -15,15 +17,31 @@ from braceexpand import braceexpand
 from ..errors import UsageError
 
 
+MAX_SELECTOR_CHARS = 1000
+MAX_PATTERNS = 1000  # brace expansion is exponential: `{a,b}` twenty times is a million
+MAX_BRACE_GROUPS = 16
+
+
 def expand(selector: str) -> list[str]:
-    """All fnmatch patterns a selector string stands for."""
+    """All fnmatch patterns a selector string stands for (at most MAX_PATTERNS)."""
+    return list(_expand(selector))
+
+
+@lru_cache(maxsize=512)
+def _expand(selector: str) -> tuple[str, ...]:
+    if len(selector) > MAX_SELECTOR_CHARS or selector.count("{") > MAX_BRACE_GROUPS:
+        raise UsageError(f"selector {selector[:60]!r}...: at most {MAX_SELECTOR_CHARS} "
+                         f"characters and {MAX_BRACE_GROUPS} {{a,b}} groups")
     patterns: list[str] = []
     for word in selector.split():
         try:
-            patterns.extend(braceexpand(word))
+            patterns.extend(islice(braceexpand(word), MAX_PATTERNS + 1 - len(patterns)))
         except Exception as exc:  # unbalanced braces and the like
             raise UsageError(f"bad selector {word!r}: {exc}") from None
-    return patterns
+        if len(patterns) > MAX_PATTERNS:
+            raise UsageError(f"selector {selector[:60]!r} expands to more than {MAX_PATTERNS} "
+                             "patterns; fix: use fewer {a,b} groups, or fnmatch wildcards (*)")
+    return tuple(patterns)
 
 
 def matches(selector: str, cell_id: str) -> bool:

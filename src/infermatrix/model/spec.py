@@ -14,13 +14,15 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import yaml
 from packaging.utils import canonicalize_name
 
 from ..config import DATA_DIR, Matrix
 from ..errors import UsageError
+from ..names import inside
+from ..state import read_state_text
 from .cell import CPU, Cell, CellPlan
 
 LOCKS_DIR = "locks"
@@ -47,7 +49,23 @@ def platform_of_machine(machine: str) -> str:
 
 def lock_path(ctx: Any, cell_id: str) -> Path:
     """locks/<cell-id>.txt beside the matrix (ctx: anything with a `root`)."""
-    return Path(ctx.root) / LOCKS_DIR / f"{cell_id}.txt"
+    return inside(Path(ctx.root) / LOCKS_DIR, f"{cell_id}.txt")
+
+
+def read_lock_text(path: Path, cell_id: str) -> str | None:
+    """The one reader of a committed lock: its text, None when there is none; a binary or
+    unreadable one is a DamagedStateFile naming the file and the fix."""
+    if not path.is_file():
+        return None
+    return read_state_text(path, "lock file", f"run `infermatrix lock --select {cell_id}` to "
+                           "write it again, then commit it")
+
+
+def check_lock_files(ctx: Any, plans: Iterable[Any]) -> None:
+    """Read every planned cell's lock through the loader (a damaged one is named up front)."""
+    for plan in plans:
+        if plan.planned:
+            read_lock_text(lock_path(ctx, plan.id), plan.id)
 
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
@@ -249,7 +267,7 @@ class CellSpec:
 
     @cached_property
     def lock_text(self) -> str | None:
-        return self.lock_path.read_text(encoding="utf-8") if self.has_lock else None
+        return read_lock_text(self.lock_path, self.id)
 
     @property
     def engine_requirement(self) -> str | None:
@@ -264,7 +282,7 @@ def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
         raise UsageError(f"cell {plan.id} is {plan.status}, not planned")
     matrix = ctx.matrix
     path = lock_path(ctx, plan.id)
-    text = path.read_text(encoding="utf-8") if path.is_file() else None
+    text = read_lock_text(path, plan.id)
     pins = pinned_packages(text)
     return CellSpec(
         plan=plan, platform=settings.platform, machine=machine_of(settings.platform),

@@ -17,12 +17,13 @@ import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from packaging.utils import canonicalize_name
 
 from .coverage import FATBIN_MAGIC, DeviceCode, _container_entries, scan_fatbins
-from .index import SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile
+from .index import (SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile,
+                    cached_entry, typed)
 
 _PTX_VERSION = re.compile(rb"\.version\s+(\d+)\.(\d+)")
 _ENTRY_PTX = 1
@@ -87,6 +88,15 @@ class WheelRef:
     sha256: str
 
 
+def _scan_entry(data: dict[str, Any]) -> dict[str, Any]:
+    """A cached wheel scan: {"members": {name: object}, "names": [...] | None}."""
+    members, names = data.get("members", {}), data.get("names")
+    if not isinstance(members, dict) or not all(isinstance(v, dict) for v in members.values()) \
+            or not (names is None or isinstance(names, list)):
+        raise TypeError("members/names")
+    return {**data, "members": members}
+
+
 def find_wheel(index: str, package: str, version: str, machine: str) -> WheelRef:
     listing = json.loads(_http_get(f"{index}/{canonicalize_name(package)}/",
                                    {"Accept": SIMPLE_JSON}))
@@ -108,7 +118,7 @@ class WheelCodeCache:
         """The objects of `package==version`'s wheel for `machine` whose names match."""
         ref = self._ref(package, version, machine)
         path = self.root / f"{ref.sha256 or ref.filename}.json"
-        cached = json.loads(path.read_text()) if path.is_file() else {"members": {}, "names": None}
+        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
         names = cached.get("names")
         archive = None
         if names is None:
@@ -128,8 +138,9 @@ class WheelCodeCache:
 
     def _ref(self, package: str, version: str, machine: str) -> WheelRef:
         refs = self.root / "refs" / f"{canonicalize_name(package)}-{version}-{machine}.json"
-        if refs.is_file():
-            return WheelRef(**json.loads(refs.read_text()))
+        cached = cached_entry(refs, lambda d: typed(WheelRef, d))
+        if cached is not None:
+            return cached
         if self.offline:
             raise IndexUnavailable(f"offline: {package} {version} ({machine}) not read yet")
         ref = find_wheel(self.index, package, version, machine)

@@ -113,7 +113,9 @@ def step_lock(run: Run, alive: list[CellPlan]) -> StepRecord:
 
 
 def step_render(run: Run, alive: list[CellPlan]) -> StepRecord:
+    from ..model.spec import check_lock_files
     from .render import render_cells
+    check_lock_files(run.ctx, alive)
     render_cells(run.ctx, alive)
     return _record("render", [p.id for p in alive], [])
 
@@ -199,15 +201,18 @@ def step_smoke(run: Run, alive: list[CellPlan]) -> StepRecord:
 
 def step_tag(run: Run, alive: list[CellPlan]) -> StepRecord:
     """Tag the exact tested image of each cell the policy allows; refusals are not failures
-    of the run (a CUDA cell on a GPU-less host is "built, not verified")."""
+    of the run (a CUDA cell on a GPU-less host is "built, not verified"), a tag step that
+    fails (its tag already names another image) is."""
     from .tagging import tag_cell
-    tagged, refused = [], []
+    tagged, refused, failed = [], [], []
     for plan in alive:
         decision = tag_cell(run.ctx, plan.cell)
-        (tagged if decision.allowed else refused).append(plan.id)
-        verdict = f"tagged ({decision.kind})" if decision.allowed else "not tagged"
+        outcome = tagged if decision.allowed else failed if decision.failed else refused
+        outcome.append(plan.id)
+        verdict = f"tagged ({decision.kind})" if decision.allowed else (
+            "tag failed" if decision.failed else "not tagged")
         echo(f"{plan.id}: {verdict}: {decision.reason}")
-    return _record("tag", tagged, [], note=f"{len(refused)} not tagged" if refused else "")
+    return _record("tag", tagged, failed, note=f"{len(refused)} not tagged" if refused else "")
 
 
 def step_publish(run: Run, alive: list[CellPlan]) -> StepRecord:

@@ -42,7 +42,7 @@ from . import lock as locks
 from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
 from ..model.cell import CellPlan
-from ..model.spec import resolve
+from ..model.spec import read_lock_text, resolve
 from ..state import run_lock
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class CellResult:
 # --------------------------------------------------------------------------------------------
 
 def cell_dir(ctx: Context, cell_id: str) -> Path:
-    return (ctx.images_dir / cell_id).resolve()
+    return ctx.cell_dir(cell_id).resolve()
 
 
 def kernel_stages(dockerfile_text: str) -> list[str]:
@@ -518,7 +518,7 @@ def lock_problem(ctx: Context, cell_id: str, dockerfile_text: str) -> str | None
         path = locks.require_lock(ctx, cell_id)
     except StageFailure as exc:
         return str(exc)
-    digest = locks.lock_digest(path.read_text(encoding="utf-8"))
+    digest = locks.lock_digest(read_lock_text(path, cell_id) or "")
     rendered = LOCK_LABEL.search(dockerfile_text)
     if rendered is None or rendered.group(1) != digest:
         found = rendered.group(1) if rendered else "no io.infermatrix.lock label"

@@ -48,7 +48,8 @@ from ..context import Context
 from ..errors import CommandFailed, StageFailure
 from ..model.index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get, index_url
 from ..model.cell import CellPlan, Verdict
-from ..model.spec import LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base
+from ..model.spec import (LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base,
+                          read_lock_text)
 from ..model.spec import header_lines as _header_lines
 from ..model.spec import kernel_pins_from_lock, pinned_packages  # noqa: F401  (the lock's readers)
 
@@ -550,7 +551,7 @@ def lock_cells(ctx: Context, plans: list[CellPlan], *, check: bool = False,
             if result.locked and not committed.is_file():
                 run.missing.append(result.cell_id)
             elif result.locked:
-                lines = drift(committed.read_text(encoding="utf-8"), result.text or "")
+                lines = drift(read_lock_text(committed, result.cell_id) or "", result.text or "")
                 if lines:
                     run.drifted[result.cell_id] = lines
             elif result.status == "unsatisfiable" and committed.is_file():

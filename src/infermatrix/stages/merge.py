@@ -153,6 +153,7 @@ def merge_dirs(dirs: Iterable[Path | str]) -> Merged:
 
 def write_merged_journal(merged: Merged, state: StatePaths) -> None:
     """The merged records as one journal (one file per cell, as the stages write them)."""
+    from ..journal import record_path
     from ..state import write_json_atomic
 
     for cell_id, record in merged.records.items():
@@ -161,7 +162,7 @@ def write_merged_journal(merged: Merged, state: StatePaths) -> None:
                 "stages": {n: s.to_json() for n, s in record.stages.items()}, **record.extra}
         if record.problems:
             data["problems"] = record.problems
-        write_json_atomic(state.journal / f"{cell_id}.json", data)
+        write_json_atomic(record_path(state, cell_id), data)
 
 
 def describe(merged: Merged) -> str:

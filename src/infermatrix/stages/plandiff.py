@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.cell import CellPlan
+from ..state import DamagedStateFile, notice, read_state_json
 
 PLAN_FILE = "plan.json"
 
@@ -39,9 +40,37 @@ def write_snapshot(root: Path, plans: list[CellPlan]) -> Path:
     return path
 
 
-def load_snapshot(root: Path) -> dict[str, Any] | None:
+SNAPSHOT_KEYS = {"status", "engine", "version", "rules"}
+
+
+def load_snapshot(root: Path, plans: list[CellPlan] | None = None) -> dict[str, Any] | None:
+    """locks/plan.json, or None when there is none. A damaged one (empty, truncated, binary,
+    cells of the wrong shape) is rebuilt from `plans`, and said; without `plans` it is a
+    DamagedStateFile naming the fix."""
     path = plan_path(root)
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return _checked_snapshot(read_state_json(path, "plan file", REBUILD_FIX), path)
+    except DamagedStateFile as exc:
+        if plans is None:
+            raise
+        write_snapshot(root, plans)
+        notice(f"warning: {str(exc).splitlines()[0]}\n  rebuilt from the current plan; "
+               f"`git diff {path.name}` shows what changed against the committed one")
+        return snapshot(plans)
+
+
+REBUILD_FIX = "run `infermatrix lock` to write it again from the current plan"
+
+
+def _checked_snapshot(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    cells = data.get("cells")
+    if not isinstance(cells, dict) or not all(
+            isinstance(c, dict) and SNAPSHOT_KEYS <= c.keys() for c in cells.values()):
+        raise DamagedStateFile("damaged plan file: `cells` is not an object of cells with "
+                               f"{', '.join(sorted(SNAPSHOT_KEYS))}", path, 1, REBUILD_FIX)
+    return data
 
 
 def _releases(cells: dict[str, Any]) -> dict[str, set[str]]:

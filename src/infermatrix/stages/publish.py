@@ -33,8 +33,9 @@ from ..config import Matrix
 from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
 from ..model.cell import CPU, Cell
+from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection, matches
-from ..state import StatePaths
+from ..state import DamagedStateFile, StatePaths, read_state_text
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM, driver_table
 from ..model.spec import min_driver_for
 
@@ -115,6 +116,9 @@ def target_repository(matrix: Matrix, registry: str | None = None) -> str:
     if not registry:
         raise matrix.error("publish.registry is not set", "publish",
                            fix="set publish.registry (e.g. ghcr.io/acme) or pass --registry")
+    problem = reference_problem(registry)
+    if problem:
+        raise UsageError(f"{problem}\n  fix: {CREDENTIALS_FIX}")
     repository = publish.get("repository", "infermatrix")
     full = f"{registry.rstrip('/')}/{repository}"
     registries.registry_host(full)  # a registry without a host is a usage error
@@ -144,20 +148,69 @@ def empty_lock() -> dict[str, Any]:
     return {"version": LOCK_VERSION, "images": {}, "aliases": {}}
 
 
+LOCK_FIX = ("restore it (`git checkout images.lock`) or remove the damaged entry; "
+            "`infermatrix publish` writes the entry again")
+ENTRY_STRINGS = ("cell", "repository", "digest")  # every entry has these
+ENTRY_OPTIONAL = {"tag": str, "reference": str, "image_id": str, "labels": dict, "run": dict,
+                  "versions": dict, "smoke": dict}
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 def read_lock(path: Path) -> dict[str, Any]:
+    """The one reader of images.lock: its data, checked entry by entry; a damaged file (not
+    YAML, binary, entries of the wrong shape) is a DamagedStateFile naming it, with the fix."""
     if not path.is_file():
         return empty_lock()
+    text = read_state_text(path, "images.lock", LOCK_FIX)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise ConfigError(f"malformed images.lock: {exc}", path,
-                          mark.line + 1 if mark else None) from None
+        raise DamagedStateFile(f"malformed images.lock: {exc}", path,
+                               mark.line + 1 if mark else None, LOCK_FIX) from None
     if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:
-        raise ConfigError(f"not an images.lock of version {LOCK_VERSION}", path, 1)
+        raise DamagedStateFile(f"not an images.lock of version {LOCK_VERSION}", path, 1,
+                               LOCK_FIX)
     data.setdefault("images", {})
     data.setdefault("aliases", {})
+    problems = lock_problems(data)
+    if problems:
+        where = next((i + 1 for i, line in enumerate(text.splitlines())
+                      if line.strip().startswith(f"{problems[0][0]}:")), None)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DamagedStateFile(f"damaged images.lock: {problems[0][1]}{more}", path, where,
+                               LOCK_FIX)
     return data
+
+
+def lock_problems(lock: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, what is wrong) for every entry of images.lock whose shape publish, pull, doctor
+    and deploy could not use."""
+    images, aliases = lock.get("images"), lock.get("aliases")
+    if not isinstance(images, dict) or not isinstance(aliases, dict):
+        return [("images", "`images` and `aliases` must be mappings")]
+    found = [(str(key), problem) for key, entry in images.items()
+             if (problem := _entry_problem(key, entry))]
+    found += [(str(alias), f"alias {alias!r} is not a mapping with cell and digest")
+              for alias, entry in aliases.items()
+              if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str)
+                                                       for k in ("cell", "digest"))]
+    return found
+
+
+def _entry_problem(key: Any, entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return f"entry {key!r} is not a mapping"
+    missing = [k for k in ENTRY_STRINGS if not isinstance(entry.get(k), str)]
+    if missing:
+        return f"entry {key!r} lacks {', '.join(missing)} (as text)"
+    if entry["cell"] != key:
+        return f"entry {key!r} is for cell {entry['cell']!r}"
+    if not DIGEST.fullmatch(entry["digest"]):
+        return f"entry {key!r} has digest {entry['digest']!r}, not sha256:<64 hex>"
+    wrong = [k for k, kind in ENTRY_OPTIONAL.items() if k in entry and
+             not isinstance(entry[k], kind)]
+    return f"entry {key!r}: {', '.join(wrong)} of the wrong type" if wrong else None
 
 
 def dump_lock(lock: dict[str, Any]) -> str:
@@ -267,6 +320,18 @@ def tagged_cells(state: StatePaths, selection: Selection) -> list[Candidate]:
             continue
         if image_id:
             found.append(Candidate(cell_id, image_id, record))
+    return found
+
+
+def failed_tags(state: StatePaths, selection: Selection) -> dict[str, str]:
+    """Selected cells whose tag stage failed (cell -> why): nothing of theirs is published,
+    and the run says so with exit 1."""
+    found = {}
+    for cell_id, record in journal.load_all(state).items():
+        tag = record.get("stages", {}).get("tag", {})
+        if selection(cell_id) and tag.get("status") == "fail":
+            reason = (tag.get("reason") or "").splitlines()[0] if tag.get("reason") else ""
+            found[cell_id] = f"its tag stage failed ({reason}); fix it and run `infermatrix tag`"
     return found
 
 
@@ -390,13 +455,16 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     selection = selection or Selection()
     repository = target_repository(ctx.matrix, registry)
     lock_path = lock_path or ctx.root / LOCK_NAME
+    read_lock(lock_path)  # a damaged images.lock stops the run before anything is pushed
     candidates = tagged_cells(ctx.state, selection)
+    tag_failures = failed_tags(ctx.state, selection)
     if not candidates:
         say("no tagged cells to publish (a cell publishes after its tag stage passes)")
-        return PublishResult()
+        return PublishResult(failed=tag_failures)
     creds = creds or registries.credentials_for(repository)
     say(f"publishing {len(candidates)} cell(s) to {repository} as {creds.describe()}")
     publisher = Publisher(ctx, repository, creds, lock_path, allow_retag, say)
+    publisher.result.failed.update(tag_failures)
     for cand in candidates:
         try:
             publisher.publish_cell(cand)

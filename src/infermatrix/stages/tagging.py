@@ -47,6 +47,7 @@ class TagDecision:
     kind: str | None = None  # tested | static-only when allowed
     image_id: str | None = None  # the tested image
     skipped: dict[str, str] = field(default_factory=dict)  # required level -> why skipped
+    failed: bool = False  # the tag step itself failed (a tag naming another image): exit 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"allowed": self.allowed, "kind": self.kind, "reason": self.reason,
@@ -218,7 +219,7 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None) -> TagDeci
     try:
         applied = apply_tag(decision, ref)
     except StageFailure as exc:
-        decision.allowed, decision.reason = False, str(exc)
+        decision.allowed, decision.reason, decision.failed = False, str(exc), True
         journal.record_stage(ctx.state, cell.id, "tag", "fail", reason=str(exc),
                              details={"decision": decision.as_dict(), "ref": ref})
         return decision
