@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +15,7 @@ import yaml
 
 from infermatrix import journal
 from infermatrix.config import load_matrix
-from infermatrix.errors import ConfigError, ConfigErrors
+from infermatrix.errors import ConfigError
 from infermatrix.model.cell import Cell
 from infermatrix.model.index import IndexUnavailable, MetadataCache, ReleaseMetadata
 from infermatrix.model.selectors import expand
@@ -27,41 +24,12 @@ from infermatrix.names import UnsafeName, inside
 from infermatrix.state import StatePaths
 from infermatrix.stages import plandiff, publish
 
-from .planning_support import DATA
+from .test_config_errors import MINI, cli, problems, write
+from .test_render_safety import FIXTURE_CELLS, TESTS
+from .test_render_safety import fixture_matrix  # noqa: F401  (a fixture: tests/matrix/ copied)
 
-TESTS = Path(__file__).resolve().parent
-MINI = (DATA / "mini_matrix.yaml").read_text()
-FIXTURE_CELLS = "*kernel-fixture1.0*"
 FIXTURE_CELL = "cu130-torch2.13.0-kernel-fixture1.0-sm120"
 PASSWORD = "s3cr3t-pw"
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infermatrix", *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def problems(path: Path) -> list[ConfigError]:
-    with pytest.raises(ConfigError) as info:
-        load_matrix(path)
-    return info.value.errors if isinstance(info.value, ConfigErrors) else [info.value]
-
-
-def write(tmp_path: Path, text: str, name: str = "matrix.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-@pytest.fixture
-def fixture_matrix(tmp_path: Path) -> Path:
-    """A copy of tests/matrix/ (its fixture cells plan without any index) and its locks."""
-    root = tmp_path / "project"
-    (root / "matrix").mkdir(parents=True)
-    (root / "fixtures").symlink_to(TESTS / "fixtures")
-    shutil.copy(TESTS / "matrix" / "matrix.yaml", root / "matrix" / "matrix.yaml")
-    shutil.copytree(TESTS / "matrix" / "locks", root / "matrix" / "locks")
-    return root / "matrix" / "matrix.yaml"
 
 
 def offline(command: str, matrix: Path, state: Path, *more: str) -> list[str]:
