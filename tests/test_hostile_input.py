@@ -89,6 +89,13 @@ def test_schema_patterns_refuse_a_trailing_newline(tmp_path):
     assert any("include.0.engine" in e.message for e in problems(path))
 
 
+@pytest.mark.parametrize("repository", ["acme/x\\n", "../x", "a;b", "A"])
+def test_the_publish_repository_is_a_registry_path(tmp_path, repository):
+    text = MINI + f'publish: {{repository: "{repository}"}}\n'
+    [error] = problems(write(tmp_path, text))
+    assert error.line == len(text.splitlines()) and "publish.repository" in error.message
+
+
 def test_every_per_cell_path_stays_inside_its_root(tmp_path):
     state = StatePaths.at(tmp_path / "state")
     for make in (lambda: journal.record_path(state, "../../x"),
