@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix.stages import render
+from infermatrix.stages import base, render
 from infermatrix.cli import main as cli_main
 from infermatrix.context import Context
 from infermatrix.errors import ConfigError, UsageError
@@ -63,7 +63,7 @@ def stages(dockerfile: str) -> list[tuple[str, str]]:
     """(name, FROM source) of each stage, in order."""
     found = []
     for ins in instructions(dockerfile):
-        match = re.match(r"FROM (\S+) AS (\S+)$", ins)
+        match = re.match(r"FROM (?:--platform=\S+ )?(\S+) AS (\S+)$", ins)
         if match:
             found.append((match.group(2), match.group(1)))
     return found
@@ -232,7 +232,11 @@ def test_stage_contract_kernel_cell(golden_rendered) -> None:
         found = stages(text)
         names = [n for n, _ in found]
         assert names[0] == "toolchain" and names[-1] == "runtime"
-        assert dict(found)["runtime"] == "toolchain"
+        # the image: the toolchain with the packages, or (byte-code compiled on the build
+        # machine's CPU) the packages stage, itself FROM toolchain
+        assert dict(found)["runtime"] in ("toolchain", "packages")
+        if dict(found)["runtime"] == "packages":
+            assert dict(found)["packages"] == "toolchain"
         kernels = re.search(r'io.infermatrix.kernels="([^"]*)"', text).group(1)
         kernel_names = [k.split("=")[0] for k in kernels.split(",") if k]
         for name in kernel_names:
@@ -251,6 +255,37 @@ def test_stage_contract_kernel_cell(golden_rendered) -> None:
                 assert "ARG MAX_JOBS=" in stage and "ARG NVCC_THREADS=" in stage
         else:
             assert "kernels-cached" not in names
+
+
+def test_arm64_bytecode_is_compiled_on_the_build_machine_with_the_same_python(
+        golden_rendered) -> None:
+    """An arm64 cell's .pyc files come from a stage on the build machine's CPU (the base of each
+    CPU, BUILDARCH picks), which compiles only when its Python prints the image's identity, and
+    else leaves it to bytecode-emulated; the image gets both trees by COPY alone. amd64 cells
+    compile in the runtime stage. Both with compileall -j 0."""
+    ctx = golden_context()
+    for cell in golden_rendered:
+        text = cell.files["Dockerfile"][0].decode()
+        found = dict(stages(text))
+        runtime = text[text.index("AS runtime\n"):]
+        if not cell.cell_id.endswith("sm121"):
+            assert "bytecode" not in found and "python-3" not in runtime
+            assert "RUN python3 -m compileall -q -j 0 --invalidation-mode checked-hash " \
+                   "/opt/venv" in runtime
+            continue
+        refs = {arch: base.image_ref(ctx.matrix, "bookworm", f"linux/{arch}")
+                for arch in ("amd64", "arm64")}
+        for arch, ref in refs.items():
+            assert f"FROM --platform=linux/{arch} {ref} AS bytecode-python-{arch}\n" in text
+        assert found["bytecode"] == "bytecode-python-${BUILDARCH}"
+        assert found["python-target"] == found["bytecode-emulated"] == "packages"
+        assert "--mount=type=bind,from=packages,source=/opt/venv,target=/opt/venv,rw" in text
+        assert "cmp -s /tmp/python-native /tmp/python-target" in text
+        assert text.count("-m compileall -q -j 0 --invalidation-mode checked-hash /opt/venv") == 2
+        body = [ins for ins in instructions(runtime)[1:] if not ins.startswith(("ARG", "LABEL"))]
+        assert body[:2] == ["COPY --from=bytecode /bytecode/ /",
+                            "COPY --from=bytecode-emulated /bytecode/ /"]
+        assert not any(ins.startswith("RUN") for ins in body)
 
 
 def test_kernel_stages_target_exactly_the_cells_arch(golden_rendered) -> None:
@@ -301,9 +336,29 @@ def test_lock_installs_with_hash_checking(golden_rendered) -> None:
     locked = next(c for c in golden_rendered if c.cell_id == "cu130-torch2.11.0-sglang0.5.11-sm121")
     text = locked.files["Dockerfile"][0].decode()
     assert "uv pip install --require-hashes --no-deps -r /opt/infermatrix/requirements.lock.txt" in text
-    source = GOLDEN_DIR / "locks" / f"{locked.cell_id}.txt"
-    assert locked.files["requirements.lock.txt"][0] == source.read_bytes()
+    source = (GOLDEN_DIR / "locks" / f"{locked.cell_id}.txt").read_text()
+    shipped = locked.files["requirements.lock.txt"][0].decode()
+    # every pin and hash of the committed lock, none of its comments (which name the cell)
+    pins = [ln for ln in source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert [ln for ln in shipped.splitlines() if not ln.startswith("#")
+            and ln.strip()] == pins
+    assert locked.cell_id not in shipped and "# via" not in shipped
     assert "io.infermatrix.lock=\"sha256:" in text
+
+
+def test_lock_comments_do_not_reach_the_build_context(tmp_path: Path, monkeypatch) -> None:
+    """Two cells whose locks differ only in comments (uv's header with the cell's name, `# via`
+    lines) get the same requirements.lock.txt: the COPY and the install and compileall layers
+    after it are shared."""
+    ctx = golden_context()
+    plan = next(p for p in golden_plans(ctx) if p.id == "cu130-torch2.11.0-sglang0.5.11-sm121")
+    first = render.render_cell(ctx, plan).files["requirements.lock.txt"][0]
+    lock = (GOLDEN_DIR / "locks" / f"{plan.id}.txt").read_text()
+    edited = lock.replace(plan.id, "another-cell") + "# one more comment\n"
+    (tmp_path / "edited.txt").write_text(edited)
+    monkeypatch.setattr(render, "lock_path", lambda _ctx, _cell_id: tmp_path / "edited.txt")
+    assert edited != lock
+    assert render.render_cell(ctx, plan).files["requirements.lock.txt"][0] == first
 
 
 def test_no_deps_engine_uses_overrides_without_a_lock(golden_rendered) -> None:
@@ -333,8 +388,7 @@ def test_labels_carry_every_pin(golden_rendered) -> None:
 def test_every_generated_file_has_the_header(golden_rendered) -> None:
     for cell in golden_rendered:
         for path, (data, executable) in cell.files.items():
-            if path.startswith(COPIED_PREFIXES) or path in ("requirements.lock.txt",
-                                                             "kernel-wheels/.keep"):
+            if path.startswith(COPIED_PREFIXES) or path == "kernel-wheels/.keep":
                 continue
             lines = data.decode().splitlines()
             first = lines[1] if lines[0].startswith("#!") else lines[0]
@@ -619,7 +673,7 @@ def stage_texts(dockerfile: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     current = None
     for ins in instructions(dockerfile):
-        match = re.match(r"FROM \S+ AS (\S+)$", ins)
+        match = re.match(r"FROM (?:--platform=\S+ )?\S+ AS (\S+)$", ins)
         if match:
             current = match.group(1)
             found[current] = []
@@ -633,7 +687,10 @@ def test_every_stage_that_runs_commands_declares_a_fixed_source_date_epoch(tmp_p
         epochs = set()
         for name, body in stage_texts(path.read_text()).items():
             if not any(ins.startswith("RUN") for ins in body):
-                assert name.startswith(("kernel-", "kernels-cached")), f"{path}: {name}"
+                # wheels only; a base the byte-code stage picks; an image made by COPY alone
+                assert name.startswith(("kernel-", "kernels-cached", "bytecode-python-")) or (
+                    name == "runtime" and "bytecode" in stage_texts(path.read_text())), \
+                    f"{path}: {name}"
                 continue
             match = re.fullmatch(r"ARG SOURCE_DATE_EPOCH=(\d+)", body[1])
             assert match and body[2] == "ARG PYTHONDONTWRITEBYTECODE=1", f"{path}: {name}"
@@ -691,13 +748,22 @@ def test_every_apt_run_removes_logs_and_caches(tmp_path: Path) -> None:
 
 
 def test_runtime_ends_with_deterministic_bytecode(tmp_path: Path) -> None:
+    """The image's .pyc files: compileall of /opt/venv, checked-hash, -j 0 (its bytes do not
+    depend on the spread over workers: templates/blocks/repro.j2), as the last RUN of the
+    runtime stage, or in the bytecode stages whose trees the runtime stage copies."""
     for path in _all_dockerfiles(tmp_path):
-        runtime = stage_texts(path.read_text())["runtime"]
-        last_run = [ins for ins in runtime if ins.startswith("RUN")][-1]
-        assert "python3 -m compileall" in last_run and "--invalidation-mode checked-hash" in last_run
-        assert "/opt/venv" in last_run
-        # one process: the bytes of a .pyc depend on what the process compiled before it
-        assert not re.search(r"compileall\b[^|]*\s-j", last_run), last_run
+        texts = stage_texts(path.read_text())
+        runs = [ins for ins in texts["runtime"] if ins.startswith("RUN")]
+        if "bytecode" in texts:
+            assert not runs, path
+            compiles = [ins for name in ("bytecode", "bytecode-emulated") for ins in texts[name]
+                        if "-m compileall" in ins]
+            assert len(compiles) == 2, path
+        else:
+            compiles = runs[-1:]
+        for ins in compiles:
+            assert re.search(r"python3 -m compileall -q -j 0 --invalidation-mode checked-hash "
+                             r"/opt/venv\b", ins), ins
 
 
 def test_toolchain_installs_torch_from_the_lock_hash_checked(golden_rendered) -> None:

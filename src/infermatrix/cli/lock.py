@@ -52,8 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     repro.add_argument("--max-list", type=int, default=200, metavar="N",
                        help="differences printed (all are in the JSON report)")
     repro.add_argument("--kernels", action="store_true",
-                       help="only the compiled kernels: compile each kernel stage twice without "
-                       "cache and compare the wheels member by member, explaining each "
+                       help="only the compiled kernels: compile each kernel stage twice (its "
+                       "compile step only, on the cached toolchain) and compare the wheels member "
+                       "by member, explaining each "
                        "differing object (ELF sections, device code, after strip)")
     repro.add_argument("--against-cache", action="store_true",
                        help="with --kernels: compile once and compare with the kernel cache's "

@@ -132,7 +132,8 @@ def step_base(run: Run, alive: list[CellPlan]) -> StepRecord:
     for plan in alive:
         if plan.settings:
             for name in set(base_chain(run.ctx.matrix, plan.settings.base)) & debootstrap:
-                needs.setdefault((name, plan.settings.platform), []).append(plan.id)
+                for platform in _base_platforms(run, plan):
+                    needs.setdefault((name, platform), []).append(plan.id)
     made: list[str] = []
     failed: dict[str, str] = {}  # cell -> why
     refs: dict[str, list[str]] = {}
@@ -155,6 +156,18 @@ def step_base(run: Run, alive: list[CellPlan]) -> StepRecord:
                                  details={"images": refs[plan.id]})
     passed = [p.id for p in alive if p.id not in failed]
     return _record("base", passed, sorted(failed), note=", ".join(sorted(set(made))))
+
+
+def _base_platforms(run: Run, plan: CellPlan) -> list[str]:
+    """The platforms whose base a cell builds on: its image's, and this machine's when its
+    byte-code is compiled on the build machine's CPU (templates/blocks/bytecode.j2)."""
+    from .render import bytecode_hosts
+    from ..engine.docker import host_platform
+    assert plan.settings is not None
+    platforms = [plan.settings.platform]
+    if bytecode_hosts(run.ctx.matrix, plan) and host_platform() not in platforms:
+        platforms.append(host_platform())
+    return platforms
 
 
 def step_build(run: Run, alive: list[CellPlan]) -> StepRecord:

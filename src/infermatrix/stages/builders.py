@@ -147,12 +147,14 @@ _FROM = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*
 
 
 def base_refs(dockerfile_text: str) -> list[str]:
-    """The images a Dockerfile builds FROM (not its own stages, not `scratch`)."""
+    """The images a Dockerfile builds FROM (not its own stages, not `scratch`, not a stage
+    picked by a build arg: `bytecode-python-${BUILDARCH}`)."""
     stages: set[str] = set()
     refs: list[str] = []
     for match in _FROM.finditer(dockerfile_text):
         ref, alias = match.group(1), match.group(2)
-        if ref.lower() not in stages and ref != "scratch" and ref not in refs:
+        if (ref.lower() not in stages and ref != "scratch" and ref not in refs
+                and "$" not in ref):
             refs.append(ref)
         if alias:
             stages.add(alias.lower())

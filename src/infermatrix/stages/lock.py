@@ -483,6 +483,15 @@ def subset(text: str, root: str) -> str:
     return "\n".join(index_lines + [""] + body) + "\n"
 
 
+def without_comments(text: str) -> str:
+    """A lock's pins, hashes and index options without its comment lines (uv's header, which
+    names the cell, and the `# via` annotations): the text a build context carries, so that
+    cells with the same pins get the same file, and BuildKit the same layers. Comments never
+    change what `uv pip install --require-hashes` installs."""
+    return "\n".join(line for line in text.splitlines()
+                     if not line.lstrip().startswith("#")) + "\n"
+
+
 def lock_digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -215,6 +215,27 @@ def debootstrap_image_ref(matrix: Matrix, base_name: str,
     return base_images.image_ref(matrix, base_name, platform)
 
 
+# The platform renders treat as the build machine's: the one a debootstrap base's tag is named
+# for when a Dockerfile must not depend on the host (an x86_64 machine builds the arm64 cells).
+BUILD_PLATFORM = "linux/amd64"
+
+
+def bytecode_hosts(matrix: Matrix, plan: CellPlan) -> dict[str, str]:
+    """Debian architecture -> the debootstrap base of that CPU, for a cell whose byte-code is
+    compiled on the build machine's own CPU (templates/blocks/bytecode.j2): a cell for another
+    platform than BUILD_PLATFORM on a debootstrap OS. Empty: compiled in the image's stage.
+    The Dockerfile picks the entry of the machine that builds (BUILDARCH), so an Arm builder
+    compiles natively too; only that one must exist there."""
+    settings = _settings(plan)
+    name = os_base(matrix, settings.base)
+    if (settings.platform == BUILD_PLATFORM
+            or matrix.bases["definitions"][name]["strategy"] != "debootstrap"):
+        return {}
+    return {base_images.DEBIAN_ARCHITECTURES[platform]: debootstrap_image_ref(matrix, name,
+                                                                              platform)
+            for platform in sorted(base_images.DEBIAN_ARCHITECTURES)}
+
+
 def registry_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | None, bool]:
     """(FROM reference, digest, unpinned) of a registry base; refuses a tag without digest."""
     spec = matrix.bases["definitions"][base_name]
@@ -422,8 +443,7 @@ def package_lock(ctx: Context, cell_id: str, lock_text: str, package: str) -> st
         raise ConfigError(f"{package} is not pinned in the lock of {cell_id}",
                           _shown(lock_path(ctx, cell_id)),
                           fix=f"infermatrix lock --select {cell_id}") from None
-    return "\n".join(line for line in subset.splitlines()
-                     if not line.lstrip().startswith("#")) + "\n"
+    return locks.without_comments(subset)
 
 
 def source_date_epoch(matrix: Matrix, base_name: str) -> int:
@@ -583,6 +603,7 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
         "torch_arch_list": torch_arch_list(cell), "flashinfer_arch": flashinfer_arch(cell),
         "flashinfer_scope": _flashinfer_scope(ctx, plan, kernels),
         "lock": lock_text is not None, "install": install,
+        "bytecode_hosts": bytecode_hosts(matrix, plan),
         "torch_lock": torch_lines, "source_date_epoch": source_date_epoch(matrix, settings.base),
         "image_env": image_env(plan, base),
         "labels": labels(ctx, plan, base, kernels, lock_text),
@@ -623,7 +644,11 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
     if install["overrides"] and lock_text is None:
         out.add_text("overrides.txt", render_template(env, "files/overrides.txt.j2", **variables))
     if lock_text is not None:
-        out.files["requirements.lock.txt"] = (lock_text.encode("utf-8"), False)
+        # Comment-free: the header and `# via` lines name the cell, and a COPY of them would
+        # give cells with the same pins their own install and compileall layers.
+        variables["requirements_lock"] = locks.without_comments(lock_text)
+        out.add_text("requirements.lock.txt",
+                     render_template(env, "files/requirements.lock.txt.j2", **variables))
     if kernels:
         out.files["kernel-wheels/.keep"] = (b"", False)
     for kernel in kernels:

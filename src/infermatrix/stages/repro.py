@@ -25,6 +25,7 @@ import shutil
 import tarfile
 import tempfile
 import time
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
@@ -520,7 +521,7 @@ class KernelReproReport:
     kernel: str
     wheels: list[str]
     members: int
-    sources: list[str]  # where each compile came from ("no-cache build 1", "kernel cache ...")
+    sources: list[str]  # where each compile came from ("fresh compile 1", "kernel cache ...")
     differences: list[KernelDifference] = field(default_factory=list)
     durations_s: list[float] = field(default_factory=list)
 
@@ -627,12 +628,20 @@ def compare_kernel_wheels(first: list[Path], second: list[Path]
     return differences, members
 
 
-def compile_kernel_no_cache(ctx: Context, plan: CellPlan, name: str, out: Path,
-                            build_args: dict[str, str], secrets: dict[str, Path],
-                            log_path: Path) -> list[Path]:
+# The build arg that only a kernel stage's compile RUN sees (templates/blocks/repro.j2,
+# compile_nonce): a new value reruns that RUN and nothing before it.
+COMPILE_NONCE_ARG = "INFERMATRIX_COMPILE_NONCE"
+
+
+def compile_kernel_again(ctx: Context, plan: CellPlan, name: str, out: Path,
+                         build_args: dict[str, str], secrets: dict[str, Path],
+                         log_path: Path) -> list[Path]:
+    """A real compile of kernel stage `name` on the cached toolchain: a nonce never used before
+    (so no earlier compile can be reused from the cache) reruns the compile RUN only."""
+    nonce = uuid.uuid4().hex
     engine.build_image(build.cell_dir(ctx, plan.id), target=f"kernel-{name}",
-                       build_args=build_args, secrets=secrets, output_dir=out,
-                       log_path=log_path, no_cache=True, platform=build.build_platform(plan))
+                       build_args={**build_args, COMPILE_NONCE_ARG: nonce}, secrets=secrets,
+                       output_dir=out, log_path=log_path, platform=build.build_platform(plan))
     wheels = kernelcache.find_wheels(out)
     if not wheels:
         raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -641,9 +650,10 @@ def compile_kernel_no_cache(ctx: Context, plan: CellPlan, name: str, out: Path,
 
 def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False
                    ) -> list[KernelReproReport]:
-    """Compile each kernel stage of the cell without cache and compare the wheels member by
-    member with a second no-cache compile, or (`against_cache`) with the wheel the kernel cache
-    holds for the same key (what a rebuild of the cell would otherwise reuse)."""
+    """Compile each kernel stage of the cell (its compile step again, on the cached toolchain:
+    compile_kernel_again) and compare the wheels member by member with a second such compile,
+    or (`against_cache`) with the wheel the kernel cache holds for the same key (what a rebuild
+    of the cell would otherwise reuse)."""
     dockerfile = build.cell_dir(ctx, plan.id) / "Dockerfile"
     if not dockerfile.is_file():
         raise StageFailure(f"{plan.id}: not rendered; run `infermatrix render --select {plan.id}`")
@@ -673,10 +683,10 @@ def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False
                 sources.append(f"kernel cache {keys[name].slug}")
             for run in range(1, 3 - len(compiles)):
                 started = time.monotonic()
-                compiles.append(compile_kernel_no_cache(ctx, plan, name, Path(tmp) / str(run),
-                                                        build_args, secrets, log_path))
+                compiles.append(compile_kernel_again(ctx, plan, name, Path(tmp) / str(run),
+                                                     build_args, secrets, log_path))
                 durations.append(round(time.monotonic() - started, 1))
-                sources.append(f"no-cache compile {run}")
+                sources.append(f"fresh compile {run}")
             differences, members = compare_kernel_wheels(compiles[0], compiles[1])
             kept = ctx.state.reports / f"repro-kernels-{plan.id}" / name
             for index, wheels in enumerate(compiles, start=1):  # kept, to look at the bytes
