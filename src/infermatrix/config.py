@@ -13,7 +13,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -271,6 +271,7 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+@lru_cache(maxsize=None)
 def ecma_pattern(pattern: str) -> re.Pattern[str]:
     """A schema `pattern` as ECMA-262 reads it: `$` is the end of the text only. Python's `$`
     also matches before a final newline, so "cpu\n" would pass "^(...|cpu)$"."""
@@ -454,31 +455,30 @@ def _check_kernel_paths(m: Matrix, found: list[ConfigError]) -> None:
         if not isinstance(spec, dict) or not isinstance(spec.get("path"), str) \
                 or spec.get(OUTSIDE_OPT_IN) is True:
             continue
-        escape = _escaping_path(m.root / spec["path"], repo)
-        if escape is not None:
+        problem = _escape_problem(m.root / spec["path"], repo)
+        if problem is not None:
             found.append(m.error(
-                f"build.kernels.{name}.path: {escape} is outside the repository {repo}",
-                "build", "kernels", name, "path",
+                f"build.kernels.{name}.path: {problem}", "build", "kernels", name, "path",
                 fix=f"move the tree into the repository, or set {OUTSIDE_OPT_IN}: true on "
                     "this kernel to copy it from there on purpose"))
 
 
-def _escaping_path(tree: Path, repo: Path) -> Path | None:
-    """`tree`, or the first symlink in it, whose target (resolved) is outside `repo`. A tree
-    that does not exist copies nothing (render and lock name it as missing)."""
+def _escape_problem(tree: Path, repo: Path) -> str | None:
+    """Why `tree` may lead outside `repo`: it, or a symlink in it, resolves outside; or it is
+    too large to check. A tree that does not exist copies nothing (render and lock name it)."""
     if not tree.exists():
         return None
     if not tree.resolve().is_relative_to(repo):
-        return tree.resolve()
+        return f"{tree.resolve()} is outside the repository {repo}"
     seen = 0
     for directory, dirs, files in os.walk(tree):
         for entry in (*dirs, *files):
-            seen += 1
             path = Path(directory) / entry
             if path.is_symlink() and not path.resolve().is_relative_to(repo):
-                return path
+                return f"{path} leads outside the repository {repo}"
+            seen += 1
             if seen > MAX_TREE_ENTRIES:
-                return None  # too large to prove here; render copies only what it renders
+                return f"{tree} holds more than {MAX_TREE_ENTRIES} entries, too many to check"
     return None
 
 
