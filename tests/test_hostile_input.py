@@ -330,3 +330,14 @@ def test_credentials_or_a_scheme_in_matrix_registries_are_refused_with_the_line(
     assert "carries credentials" in error.message and "docker login" in error.fix
     [error] = problems(write(tmp_path, MINI + "publish: {registry: 'https://ghcr.io/acme'}\n"))
     assert "has a scheme (https://)" in error.message
+
+
+def test_a_damaged_device_code_cache_entry_is_removed_and_read_again(tmp_path, capsys):
+    from infermatrix.stages.audit import DeviceCodeCache
+
+    cache = DeviceCodeCache(StatePaths.at(tmp_path))
+    entry = cache._path("ab" * 32)
+    entry.parent.mkdir(parents=True)
+    entry.write_text('{"version": 1, "device_c')
+    assert cache.get("ab" * 32) is None and not entry.exists()
+    assert str(entry) in capsys.readouterr().err

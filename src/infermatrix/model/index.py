@@ -167,20 +167,22 @@ def _pick_wheel(files: list[dict], version: str, machine: str = "x86_64") -> dic
 T = TypeVar("T")
 
 
-def cached_entry(path: Path, build: Callable[[dict[str, Any]], T]) -> T | None:
+def cached_entry(path: Path, build: Callable[[dict[str, Any]], T],
+                 kind: str = "metadata cache entry", again: str = "read again from the index"
+                 ) -> T | None:
     """A cache entry built from its file, or None when it is missing or damaged. A damaged
-    entry (empty, truncated, binary, wrong shape) is removed and said, so the caller fetches
-    it again (offline: the usual "run once online")."""
+    entry (empty, truncated, binary, wrong shape) is removed and said, so the caller makes
+    it again (the index: fetched again; offline, the usual "run once online")."""
     if not path.is_file():
         return None
     try:
-        return build(read_state_json(path, "metadata cache entry", "it is fetched again"))
+        return build(read_state_json(path, kind, f"it is {again}"))
     except DamagedStateFile as exc:
         problem = str(exc).split("\n")[0]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        problem = f"{path}: damaged metadata cache entry: wrong shape ({exc})"
+        problem = f"{path}: damaged {kind}: wrong shape ({exc})"
     path.unlink(missing_ok=True)
-    notice(f"warning: {problem}\n  removed from the cache; it is read again from the index")
+    notice(f"warning: {problem}\n  removed from the cache; it is {again}")
     return None
 
 

@@ -55,6 +55,7 @@ from ..model.coverage import (
 from ..errors import CommandFailed, StageFailure, UsageError
 from ..model.loadedset import LoadVerdict
 from ..model.cell import CellPlan
+from ..model.index import cached_entry
 from ..state import StatePaths, write_json_atomic
 
 if TYPE_CHECKING:
@@ -167,6 +168,13 @@ def cuobjdump_version(tool: str) -> str:
     return match.group(2) if match else out.strip().splitlines()[-1:][0] if out.strip() else "?"
 
 
+def _device_code(data: dict[str, Any]) -> DeviceCode | None:
+    """A cached entry's device code; None for an entry of another cache version."""
+    if data.get("version") != CACHE_VERSION:
+        return None
+    return DeviceCode.from_dict(data["device_code"])
+
+
 class DeviceCodeCache:
     """cuobjdump results by file content hash: libtorch_cuda.so is ~1 GB, listed once."""
 
@@ -177,13 +185,8 @@ class DeviceCodeCache:
         return self.root / f"{sha256}.json"
 
     def get(self, sha256: str) -> DeviceCode | None:
-        path = self._path(sha256)
-        if not path.is_file():
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("version") != CACHE_VERSION:
-            return None
-        return DeviceCode.from_dict(data["device_code"])
+        return cached_entry(self._path(sha256), _device_code, "device-code cache entry",
+                            "read again from the image")
 
     def put(self, sha256: str, code: DeviceCode, tool_version: str) -> None:
         write_json_atomic(self._path(sha256), {"version": CACHE_VERSION, "sha256": sha256,
