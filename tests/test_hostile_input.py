@@ -238,6 +238,8 @@ def test_a_structurally_wrong_images_lock_stops_publish_before_any_push(fixture_
     ({"x": {"cell": "x"}}, "lacks repository, digest"),
     ({"x": {"cell": "y", "repository": "r", "digest": "sha256:" + "0" * 64}}, "for cell 'y'"),
     ({"x": {"cell": "x", "repository": "r", "digest": "latest"}}, "not sha256:<64 hex>"),
+    ({"x": {"cell": "x", "repository": f"u:{PASSWORD}@h.io/r", "digest": "sha256:" + "0" * 64}},
+     "carries credentials"),
     ({"x": {"cell": "x", "repository": "r", "digest": "sha256:" + "0" * 64, "run": []}},
      "run of the wrong type"),
     ([], "must be mappings")])

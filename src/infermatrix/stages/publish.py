@@ -206,6 +206,8 @@ def _entry_problem(key: Any, entry: Any) -> str | None:
         return f"entry {key!r} lacks {', '.join(missing)} (as text)"
     if entry["cell"] != key:
         return f"entry {key!r} is for cell {entry['cell']!r}"
+    if reference_problem(entry["repository"]):
+        return f"entry {key!r}: {reference_problem(entry['repository'])}"
     if not DIGEST.fullmatch(entry["digest"]):
         return f"entry {key!r} has digest {entry['digest']!r}, not sha256:<64 hex>"
     wrong = [k for k, kind in ENTRY_OPTIONAL.items() if k in entry and
