@@ -34,13 +34,6 @@ def is_cell_part(value: object) -> bool:
     return isinstance(value, str) and CELL_ID.fullmatch(value) is not None
 
 
-def check_cell_id(cell_id: str) -> str:
-    """`cell_id` itself, or UnsafeName when it could escape a directory or a Dockerfile."""
-    if not is_cell_part(cell_id):
-        raise UnsafeName(f"{cell_id!r} is not a valid cell id: expected {CELL_ID.pattern}")
-    return cell_id
-
-
 def inside(root: Path, *parts: str) -> Path:
     """`root/parts...`, proven (symlinks resolved) to stay inside `root`; else UnsafeName.
 
