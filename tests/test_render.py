@@ -288,6 +288,26 @@ def test_arm64_bytecode_is_compiled_on_the_build_machine_with_the_same_python(
         assert not any(ins.startswith("RUN") for ins in body)
 
 
+def test_only_other_cpu_cells_on_a_debootstrap_os_compile_bytecode_on_the_build_machine() -> None:
+    """bytecode_hosts: an arm64 cell on a debootstrap OS (a wheels base's `from:` included)
+    names the base of each CPU; an amd64 cell, or an arm64 one on a registry image (whose
+    Python uv may have downloaded), compiles in its own stage."""
+    ctx = golden_context()
+    by_id = {p.id: p for p in golden_plans(ctx)}
+    arm = [p for p in by_id.values() if p.settings.platform == "linux/arm64"]
+    assert {p.settings.base for p in arm} == {"bookworm", "cuda-wheels"}
+    for plan in arm:
+        assert render.bytecode_hosts(ctx.matrix, plan) == {
+            arch: base.image_ref(ctx.matrix, "bookworm", f"linux/{arch}")
+            for arch in ("amd64", "arm64")}
+    for plan in by_id.values():
+        if plan.settings.platform == "linux/amd64":
+            assert render.bytecode_hosts(ctx.matrix, plan) == {}
+    registry = next(p for p in arm if p.settings.base == "bookworm")
+    registry.settings.base = "nvidia-devel"
+    assert render.bytecode_hosts(ctx.matrix, registry) == {}
+
+
 def test_kernel_stages_target_exactly_the_cells_arch(golden_rendered) -> None:
     by_id = {c.cell_id: c.files["Dockerfile"][0].decode() for c in golden_rendered}
     fa = by_id["cu128-torch2.10.0-vllm0.19.1-sm120"]
