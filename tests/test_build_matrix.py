@@ -134,9 +134,10 @@ def test_state_of_results(matrix_build, test_ctx):
 
 def test_verify_repro_kernels_recompiles_the_fixture_and_explains_every_difference(
         matrix_build, test_ctx):
-    """One more no-cache compile of the sm_120 fixture kernel, compared member by member with
-    the wheel the build stored in the kernel cache: identical, or every differing object is
-    explained (its device code equal, identical after `strip --strip-unneeded`)."""
+    """One more compile of the sm_120 fixture kernel (its compile step again, on the cached
+    toolchain), compared member by member with the wheel the build stored in the kernel cache:
+    identical, or every differing object is explained (its device code equal, identical after
+    `strip --strip-unneeded`)."""
     from infermatrix.stages import repro
 
     plans, _, results = matrix_build

@@ -9,6 +9,7 @@ import hashlib
 
 import io
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -203,6 +204,56 @@ def test_with_the_repro_block_two_no_cache_builds_are_identical(tmp_path, built_
     assert "buildkit" in report["unpinned"]
     assert report["files"][0] == report["files"][1] > 10000
     assert "--no-cache" in (ctx.state.cell_log(CPU_CELL, "repro")).read_text()
+
+
+# A kernel stage as templates/kernels/*.j2 lay it out: a toolchain, build tools, the nonce right
+# before the compile RUN, a FROM scratch stage with only the wheel. The "compile" writes random
+# bytes, so two wheels that differ are two runs of it.
+KERNEL_DOCKERFILE = """\
+{% from "blocks/repro.j2" import repro_args, compile_nonce %}
+FROM {{ base }} AS toolchain
+{{ repro_args(1747699200) }}
+RUN head -c 16 /dev/urandom > /toolchain-run
+
+FROM toolchain AS compile-k
+{{ repro_args(1747699200) }}
+RUN head -c 16 /dev/urandom > /build-tools-run
+{{ compile_nonce() }}
+RUN mkdir /wheels && python3 -c "import os, zipfile; zipfile.ZipFile('/wheels/k-0.1-py3-none-any.whl', 'w').writestr('k.so', os.urandom(64))"
+
+FROM scratch AS kernel-k
+COPY --from=compile-k /wheels/ /wheels/
+"""
+
+
+@pytest.mark.docker
+def test_a_kernel_compile_again_reruns_only_the_compile_step(tmp_path, built_base):
+    """verify-repro --kernels: each compile is a real run of the compile RUN (a fresh
+    INFERMATRIX_COMPILE_NONCE), on the cached toolchain and build tools, never a no-cache
+    rebuild of everything before it; a normal build (no nonce) reuses the cache."""
+    from infermatrix.stages import build
+
+    ctx = _light_cell(tmp_path, built_base, fixed=True)
+    context = tmp_path / "images" / CPU_CELL
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "templates"),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True)
+    (context / "Dockerfile").write_text(env.from_string(KERNEL_DOCKERFILE).render(base=built_base))
+    [plan] = plan_matrix(ctx, [CPU_CELL])
+    secrets = build.secrets_for(build.BuildOptions())
+    log = tmp_path / "kernel.log"
+    wheels = [repro.compile_kernel_again(ctx, plan, "k", tmp_path / str(run), {}, secrets, log)
+              for run in (1, 2)]
+    members = [repro.wheel_members(w[0])["k.so"] for w in wheels]
+    assert members[0] != members[1]  # two real compiles
+    text = log.read_text()
+    assert "--no-cache" not in text
+    assert text.count(f"--build-arg {repro.COMPILE_NONCE_ARG}=") == 2
+    # the second compile found the toolchain and the build tools in the cache
+    second = text[text.rindex("--build-arg " + repro.COMPILE_NONCE_ARG):]
+    for step in ("/toolchain-run", "/build-tools-run"):
+        assert re.search(rf"\] RUN head -c 16 /dev/urandom > {step}\n#\d+ (sha256:\S+\n#\d+ )?CACHED",
+                         second), step
 
 
 # ---- digests, builder, inputs (pure) -----------------------------------------------------------
