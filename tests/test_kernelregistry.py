@@ -144,6 +144,13 @@ def test_a_wheel_of_another_hash_or_name_is_refused(entry, tmp_path):
     assert kr.refusal({**record, "sha256": {}}, entry.key, entry.wheels)
 
 
+@pytest.mark.parametrize("damage", [[], "text", {"key": "x"}, {"sha256": ["x"]},
+                                    {"wheels": WHEEL}, {"wheels": None}])
+def test_a_malformed_record_is_refused_not_raised(entry, damage):
+    record = damage if not isinstance(damage, dict) else {**kr.record_of(entry), **damage}
+    assert kr.refusal(record, entry.key, entry.wheels)
+
+
 # --- pull and push wiring, around recording fakes of the registry calls -------------------------
 
 class FakeRegistryRecording:

@@ -75,22 +75,30 @@ def record_bytes(record: dict[str, Any]) -> bytes:
     return json.dumps(record, sort_keys=True, indent=1).encode()
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    """A record's field that should be a JSON object; anything else reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
 def key_differences(record: dict[str, Any], key: kernelcache.KernelKey) -> list[str]:
     """The key inputs in which the record differs from this build's key, as `name: X != Y`."""
-    theirs = record.get("key") if isinstance(record.get("key"), dict) else {}
+    theirs = _mapping(record.get("key"))
     ours = key.as_dict()
     return [f"{name}: {theirs.get(name)!r} != {ours.get(name)!r}"
             for name in sorted(set(ours) | set(theirs)) if theirs.get(name) != ours.get(name)]
 
 
-def refusal(record: dict[str, Any], key: kernelcache.KernelKey, wheels: list[Path]) -> str | None:
+def refusal(record: Any, key: kernelcache.KernelKey, wheels: list[Path]) -> str | None:
     """Why a pulled artifact may not be taken for `key`, or None: its record's key inputs must
     be this build's, its wheels the ones it names, each hashing to the record's sha256."""
+    if not isinstance(record, dict):
+        return "its record is not a JSON object"
     differences = key_differences(record, key)
     if differences:
         return "its record's key inputs are not this build's (" + "; ".join(differences) + ")"
-    hashes = record.get("sha256") or {}
-    named = sorted(record.get("wheels") or [])
+    hashes = _mapping(record.get("sha256"))
+    names = record.get("wheels")
+    named = sorted(str(n) for n in names) if isinstance(names, list) else []
     if not named or named != sorted(w.name for w in wheels):
         return (f"its wheels {sorted(w.name for w in wheels)} are not the ones its record "
                 f"names {named}")
@@ -141,7 +149,7 @@ def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp
             refused = refusal(record, key, artifact.files)
             if refused:
                 return _miss(say, key, f"{reference} refused: {refused}")
-            details = {**(record.get("details") or {}), "source": SOURCE,
+            details = {**_mapping(record.get("details")), "source": SOURCE,
                        "pulled_from": f"{repository}@{artifact.digest}"}
             entry = kernelcache.store(state, key, artifact.files, details=details)
         except (InfermatrixError, OSError, ValueError) as exc:
