@@ -5,13 +5,13 @@
 Phases, each timed, the lanes side by side:
 - `collect`: the whole collection once (its count is checked against the lanes' total and the
   floor of tests/ci_rules.py);
-- `bases-test`, `bases-real`: every base image the tests need, amd64 and arm64, built on the
-  machine's engine side by side with the unit lane;
+- `bases-test`, `bases-real-amd64`, `bases-real-arm64`: every base image the tests need, built
+  on the machine's engine side by side with the unit lane;
 - lane `unit`: tests that need no Docker (`-m "not docker"`), from the start;
 - lane `docker`: the Docker tests on the machine's engine (`-m "docker and not realcell"`),
   once the test matrix's base exists (`bases-test`);
 - lane `real`: the real engine cells (`-m realcell`) on their own private dockerd
-  (tests/test_build_real_cells.py), once the real matrix's bases exist (`bases-real`).
+  (tests/test_build_real_cells.py), once the real matrix's amd64 base exists.
 
 Each lane is a pytest process of its own with the CI=true rules of tests/conftest.py, a JUnit XML
 and a log under DIR (default .state/ci), and `df` of the disk at its start and end. The run fails
@@ -206,13 +206,15 @@ def phases_of(state: Path) -> list[Phase]:
         Phase("bases-test", infermatrix_argv("base", "build", "--matrix",
                                              "tests/matrix/matrix.yaml", "--state-dir",
                                              bases_state), log=state / "bases-test.log"),
-        Phase("bases-real", infermatrix_argv("base", "build", "--matrix", "tests/real/matrix.yaml",
-                                             "--state-dir", bases_state, "--platform",
-                                             "linux/amd64", "--platform", "linux/arm64"),
-              log=state / "bases-real.log"),
+        *(Phase(f"bases-real-{arch}", infermatrix_argv(
+            "base", "build", "--matrix", "tests/real/matrix.yaml", "--state-dir", bases_state,
+            "--platform", f"linux/{arch}"), log=state / f"bases-real-{arch}.log")
+          for arch in ("amd64", "arm64")),
     ]
     lanes = {"unit": ("not docker", ()), "docker": ("docker and not realcell", ("bases-test",)),
-             "real": ("realcell", ("bases-real",))}
+             # the arm64 base goes on building while the amd64 cells do: the GB10 test, last,
+             # waits for it (base.build_base's host-wide lock per recipe)
+             "real": ("realcell", ("bases-real-amd64",))}
     for lane, (marker, after) in lanes.items():
         phases.append(Phase(lane, pytest_argv(lane, marker, state), after=after,
                             junit=state / f"junit-{lane}.xml", log=state / f"{lane}.log"))
