@@ -142,3 +142,26 @@ def test_the_sm90_fixture_cell_runs_the_gpu_level_with_its_arch_and_kernels(tmp_
                               {"gpu": True})]
     dockerfile = render.render_cell(ctx, plan).files["Dockerfile"][0].decode()
     assert 'TORCH_CUDA_ARCH_LIST="9.0"' in dockerfile  # the fixture compiles for Hopper
+
+
+def _shared_object(tmp_path, name: str, constructor_body: str):
+    """A real .so (gcc) whose static initializer runs `constructor_body`."""
+    import subprocess
+
+    source = tmp_path / f"{name}.c"
+    source.write_text("__attribute__((constructor)) static void init(void) { "
+                      f"{constructor_body} }}\n")
+    library = tmp_path / f"{name}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return str(library)
+
+
+def test_an_extension_for_an_isa_this_cpu_lacks_is_noted_not_failed(tmp_path) -> None:
+    """vLLM's CPU _C (AVX512+BF16) dies of SIGILL at load on an AVX2-only CPU, where vLLM
+    loads _C_AVX2: the static level notes it; a library that crashes otherwise still fails."""
+    ill = static_check.check_extension(_shared_object(tmp_path, "isa", "__builtin_trap();"))
+    assert ill["status"] == "pass" and "SIGILL" in ill["note"]
+    crash = static_check.check_extension(
+        _shared_object(tmp_path, "segv", "*(volatile int *)0 = 1;"))
+    assert crash["status"] == "fail"
+    assert static_check.check_extension(_shared_object(tmp_path, "fine", ""))["status"] == "pass"
