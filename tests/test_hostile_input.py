@@ -235,7 +235,7 @@ def test_a_structurally_wrong_images_lock_stops_publish_before_any_push(fixture_
 
 
 @pytest.mark.parametrize("images, said", [
-    ({"x": {"cell": "x"}}, "lacks repository, digest"),
+    ({"x": {"cell": "x", "repository": ["r"], "digest": 5}}, "repository, digest of the wrong"),
     ({"x": {"cell": "y", "repository": "r", "digest": "sha256:" + "0" * 64}}, "for cell 'y'"),
     ({"x": {"cell": "x", "repository": "r", "digest": "latest"}}, "not sha256:<64 hex>"),
     ({"x": {"cell": "x", "repository": f"u:{PASSWORD}@h.io/r", "digest": "sha256:" + "0" * 64}},

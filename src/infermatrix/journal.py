@@ -171,7 +171,7 @@ def _read_or_unknown(path: Path, cell_id: str) -> tuple[dict[str, Any], str | No
         if path not in _REPORTED:
             _REPORTED.add(path)
             notice(f"warning: {exc}\n  the cell {cell_id} is treated as unknown")
-        return _empty(cell_id), str(exc)
+        return _empty(cell_id), f"unreadable journal record: {exc}"
 
 
 def load(state: StatePaths, cell_id: str) -> dict[str, Any]:

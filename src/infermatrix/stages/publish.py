@@ -150,9 +150,8 @@ def empty_lock() -> dict[str, Any]:
 
 LOCK_FIX = ("restore it (`git checkout images.lock`) or remove the damaged entry; "
             "`infermatrix publish` writes the entry again")
-ENTRY_STRINGS = ("cell", "repository", "digest")  # every entry has these
-ENTRY_OPTIONAL = {"tag": str, "reference": str, "image_id": str, "labels": dict, "run": dict,
-                  "versions": dict, "smoke": dict}
+ENTRY_TYPES = {"repository": str, "digest": str, "tag": str, "reference": str, "image_id": str,
+               "labels": dict, "run": dict, "versions": dict, "smoke": dict}  # when set
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -199,20 +198,20 @@ def lock_problems(lock: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _entry_problem(key: Any, entry: Any) -> str | None:
+    """What is wrong with one entry, or None. A field left out (or null) is the business of
+    the command that needs it (deploy: "no digest reference"); one of the wrong type is not."""
     if not isinstance(entry, dict):
         return f"entry {key!r} is not a mapping"
-    missing = [k for k in ENTRY_STRINGS if not isinstance(entry.get(k), str)]
-    if missing:
-        return f"entry {key!r} lacks {', '.join(missing)} (as text)"
-    if entry["cell"] != key:
-        return f"entry {key!r} is for cell {entry['cell']!r}"
-    if reference_problem(entry["repository"]):
-        return f"entry {key!r}: {reference_problem(entry['repository'])}"
-    if not DIGEST.fullmatch(entry["digest"]):
+    if entry.get("cell") != key:
+        return f"entry {key!r} is for cell {entry.get('cell')!r}"
+    wrong = [k for k, kind in ENTRY_TYPES.items()
+             if entry.get(k) is not None and not isinstance(entry[k], kind)]
+    if wrong:
+        return f"entry {key!r}: {', '.join(wrong)} of the wrong type"
+    if entry.get("digest") and not DIGEST.fullmatch(entry["digest"]):
         return f"entry {key!r} has digest {entry['digest']!r}, not sha256:<64 hex>"
-    wrong = [k for k, kind in ENTRY_OPTIONAL.items() if k in entry and
-             not isinstance(entry[k], kind)]
-    return f"entry {key!r}: {', '.join(wrong)} of the wrong type" if wrong else None
+    problem = reference_problem(entry["repository"]) if entry.get("repository") else None
+    return f"entry {key!r}: {problem}" if problem else None
 
 
 def dump_lock(lock: dict[str, Any]) -> str:
