@@ -114,6 +114,42 @@ def test_entries_outside_their_version_range_do_not_apply() -> None:
     assert "vllm/_deepselect_C.abi3.so" in check.data["uncovered"]
 
 
+def real_wheel_objects(name: str) -> dict[str, tuple[str, str]]:
+    """A recorded wheel's objects (tests/fixtures/wheels/: what they are and where they came
+    from is in each file's `about`) as a table of `image()`."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "wheels" / name).read_text())
+    return {rel: (code["cubins"], code["ptx"]) for rel, code in data["objects"].items()}
+
+
+def test_the_vllm_0191_floor_cell_accepts_fa3_and_flashmla_of_its_real_wheel() -> None:
+    # the floor cell (cu128-torch2.10.0-vllm0.19.1-sm120) installs PyPI's 0.19.1 wheel: it
+    # carries FA2, FA3 and FlashMLA like 0.20+, with the same loaders (issue 27)
+    table = real_wheel_objects("vllm-0.19.1-x86_64-objects.json")
+    assert {"vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/_flashmla_C.abi3.so",
+            "vllm/_flashmla_extension_C.abi3.so"} <= set(table)
+    _, ctx, objects, check = audit_of(table, {"vllm": "0.19.1"}, [Arch(12, 0)], cuda="12.8")
+    assert check.status == PASS, check.detail
+    groups = audit.object_groups(objects, Arch(12, 0))
+    not_loaded = {g["object"]: g["entry"] for g in groups["not-loaded"]}
+    assert not_loaded == {"vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": "vllm-fa3",
+                          "vllm/_flashmla_C.abi3.so": "vllm-flashmla",
+                          "vllm/_flashmla_extension_C.abi3.so": "vllm-flashmla"}
+    assert [g["object"] for g in groups["ptx-jit"]] == ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"]
+    assert groups["counts"] == {"covered": 3, "ptx-jit": 1, "not-loaded": 3, "uncovered": 0}
+    # the server maps FA3 (flash_attn_interface imports it everywhere) and not FlashMLA
+    mapped = ["vllm/_C.abi3.so", "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+              "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"]
+    assert loadedset.judge_mapped(mapped, [Arch(12, 0)], ctx).status == "pass"
+    # on Hopper the same wheel loads FA3, which covers sm_90a only
+    _, _, hopper, check90 = audit_of(table, {"vllm": "0.19.1"}, [Arch(9, 0)], cuda="12.8")
+    assert check90.status == PASS, check90.detail
+    assert "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" in \
+        audit.object_groups(hopper, Arch(9, 0))["covered"]
+
+
 def test_a_loaded_uncovered_object_still_fails_beside_waived_ones() -> None:
     table = {**VLLM_0330, "vllm/_new_kernel_C.abi3.so": ("sm_90a sm_100a", "")}
     _, _, _, check = audit_of(table, {"vllm": "0.33.0"}, [Arch(12, 0)])
