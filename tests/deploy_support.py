@@ -95,7 +95,9 @@ def cpu_lane(ctx: Context, root: Path, replicas: int = 2,
     lock = root / "images.lock"
     write_lock(ctx, lock)
     out = root / "deploy"
-    code = main(["deploy", CPU_ID, "--matrix", str(ctx.matrix.path), "--lock", str(lock),
+    # --skip-verify: the image is the local build, never published (see the docstring)
+    code = main(["deploy", CPU_ID, "--skip-verify", "--matrix", str(ctx.matrix.path),
+                 "--lock", str(lock),
                  "--cpu-lane", str(replicas), "--model-dir", str(model), "--out", str(out),
                  "--base-port", str(free_port_pair())])
     if code != 0:

@@ -111,7 +111,8 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
 
         # 3. pull by digest with the variables only
         caplog.set_level(logging.INFO, logger="infermatrix.commands")
-        code = main(["pull", CPU_ID, "--lock", str(lock_path), "--model-dir", "/srv/m"])
+        code = main(["pull", CPU_ID, "--skip-verify", "--lock", str(lock_path),
+                     "--model-dir", "/srv/m"])
         out = capsys.readouterr().out
         assert code == 0, out
         assert any("docker pull " + entry["reference"] in r.getMessage()
@@ -131,7 +132,7 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
 
         # 5. a wrong password: one line, exit 1
         monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, "wrong-" + PASSWORD)
-        code = main(["pull", CPU_ID, "--lock", str(lock_path)])
+        code = main(["pull", CPU_ID, "--skip-verify", "--lock", str(lock_path)])
         line = only_line(capsys.readouterr().err)
         assert code == 1 and "refused the credentials" in line and "fix:" in line
         assert PASSWORD not in line
@@ -139,7 +140,7 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         # 6. the registry stopped: one line, exit 1
         monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
         server.stop()
-        code = main(["pull", CPU_ID, "--lock", str(lock_path)])
+        code = main(["pull", CPU_ID, "--skip-verify", "--lock", str(lock_path)])
         line = only_line(capsys.readouterr().err)
         assert code == 1 and "registry unreachable" in line and server.host in line
     finally:

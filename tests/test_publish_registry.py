@@ -290,7 +290,8 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
 
     monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
     monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
-    code = main(["pull", "cpu-*", "--lock", str(lock_path), "--model-dir", "/srv/models/tiny",
+    code = main(["pull", "cpu-*", "--skip-verify", "--lock", str(lock_path),
+                 "--model-dir", "/srv/models/tiny",
                  "--port", "8123"])
     out = capsys.readouterr().out
     assert code == 0
@@ -418,7 +419,7 @@ def published_lock(tmp_path: Path, registry: str, cell_id: str, image_id: str) -
 
 
 def pull_cli(lock_path: Path, capsys, *extra: str) -> tuple[int, str]:
-    code = main(["pull", "*", "--lock", str(lock_path), *extra])
+    code = main(["pull", "*", "--skip-verify", "--lock", str(lock_path), *extra])
     return code, capsys.readouterr().err
 
 

@@ -30,7 +30,7 @@ from ..errors import InfermatrixError
 # Modules under infermatrix.cli, in the order `--help` lists them.
 COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
                    "report", "pipeline", "export", "deploy", "generate", "doctor",
-                   "compile_plan"]
+                   "compile_plan", "sbom"]
 
 
 def common_options(parser: argparse.ArgumentParser) -> None:

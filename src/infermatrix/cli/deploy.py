@@ -11,7 +11,10 @@ from ..errors import StageFailure, UsageError
 from ..host import proxmox
 from ..stages import deploy
 from ..stages.publish import LOCK_NAME, cell_from_labels, launch_for, read_lock
+from ..stages import sign
+from ..engine import registry as registries
 from . import common_options, load_context
+from .publish import verify_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--lxc", action="store_true",
                         help="the deployment runs inside an unprivileged Proxmox LXC guest "
                         "(toolkit no-cgroups): also pass each GPU's /dev nodes as devices")
+    verify_flags(parser)
     parser.set_defaults(func=run_deploy)
 
 
@@ -72,6 +76,11 @@ def run_deploy(args: argparse.Namespace) -> int:
         raise UsageError("--cpus shares CPUs out among CPU replicas: it needs --cpu-lane N")
     if args.lxc and not gpus:
         raise UsageError("--lxc passes GPU device nodes: it needs --gpus")
+    verify = sign.verify_options(args.key, args.skip_verify, args.require_levels)
+    if not verify.skip:  # the digest's signature and test results, in its registry
+        sign.verify_entry(entry, verify, registries.credentials_for(entry["repository"]))
+    else:
+        sign.verify_entry(entry, verify, registries.RegistryCredentials())
     lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
         if gpus else None
     lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None

@@ -14,6 +14,7 @@ from ..stages.publish import (LOCK_NAME, docker_run_line, publish, pull_entry, r
 from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
 from ..state import run_lock
+from ..stages import sign
 from . import common_options, load_context, selection_options, wait_option
 
 
@@ -58,7 +59,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="this LXC guest's Proxmox container id, for the lxc-config lines")
     pull.add_argument("--host-root", metavar="DIR", type=Path, default=Path("/"),
                       help="read proc/, sys/, run/ and dev/ under DIR (default /)")
+    verify_flags(pull)
     pull.set_defaults(func=run_pull)
+
+
+def verify_flags(parser: argparse.ArgumentParser) -> None:
+    """pull's and deploy's verification flags (stages/sign.py)."""
+    parser.add_argument("--key", metavar="PUB", type=Path, default=None,
+                        help="the publisher's cosign public key to verify the signature and "
+                        "attestations against (default: $INFERMATRIX_COSIGN_PUBLIC_KEY)")
+    parser.add_argument("--require-levels", metavar="LIST", default=None,
+                        help="smoke levels the test-result attestation must show passed "
+                        "(default: those the publisher's tag policy required)")
+    parser.add_argument("--skip-verify", action="store_true",
+                        help="do not verify the signature and test results (said in the "
+                        "output); an unsigned or failed image is otherwise refused")
 
 
 def run_publish(args: argparse.Namespace) -> int:
@@ -100,9 +115,14 @@ def run_pull(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.lock} does not exist: run `infermatrix publish` first or "
                            "pass --lock PATH")
     lock = read_lock(args.lock)
-    for entry in select_entries(lock, args.cell):
-        if not args.no_pull:
-            info = pull_entry(entry, host_check=host_checker(args))
+    entries = select_entries(lock, args.cell)
+    verify = None if args.no_pull else \
+        sign.verify_options(args.key, args.skip_verify, args.require_levels)
+    for entry in entries:
+        if args.no_pull:
+            print(f"# not pulled, not verified (--no-pull): {entry['reference']}")
+        else:
+            info = pull_entry(entry, host_check=host_checker(args), verify=verify)
             print(f"# pulled {entry['reference']} (image {info['Id']}, labels match "
                   f"images.lock)")
         print(docker_run_line(entry, args.model_dir, args.port))

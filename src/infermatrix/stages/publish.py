@@ -151,7 +151,8 @@ def empty_lock() -> dict[str, Any]:
 LOCK_FIX = ("restore it (`git checkout images.lock`) or remove the damaged entry; "
             "`infermatrix publish` writes the entry again")
 ENTRY_TYPES = {"repository": str, "digest": str, "tag": str, "reference": str, "image_id": str,
-               "labels": dict, "run": dict, "versions": dict, "smoke": dict}  # when set
+               "labels": dict, "run": dict, "versions": dict, "smoke": dict,
+               "signing": dict}  # when set
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -360,9 +361,10 @@ class Publisher:
 
     def __init__(self, ctx: Context, repository: str, creds: registries.RegistryCredentials,
                  lock_path: Path, allow_retag: bool = False,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, signer: Any = None) -> None:
         self.ctx, self.repository, self.creds = ctx, repository, creds
         self.lock_path, self.allow_retag, self.say = lock_path, allow_retag, say
+        self.signer = signer  # sign.Signer, or None: published unsigned
         self.lock = read_lock(lock_path)
         self.result = PublishResult()
 
@@ -398,6 +400,7 @@ class Publisher:
             else _now()
         entry = lock_entry(cell, self.repository, tag, digest, cand.image_id, labels,
                            cand.record, run, published)
+        entry["signing"] = self._signing(cand, cell, entry, old)
         self.lock["images"][cand.cell_id] = entry
         write_lock(self.lock_path, self.lock)
         journal.record_stage(self.ctx.state, cand.cell_id, "publish", "pass",
@@ -407,7 +410,19 @@ class Publisher:
                                       # what `report --merge` puts in a merged images.lock
                                       "lock_entry": entry})
         getattr(self.result, action).append(cand.cell_id)
-        self.say(f"{action:9} {self.repository}:{tag}  {digest}  ({cand.cell_id})")
+        signed = "signed" if entry["signing"] else "UNSIGNED"
+        self.say(f"{action:9} {self.repository}:{tag}  {digest}  ({cand.cell_id}, {signed})")
+
+    def _signing(self, cand: Candidate, cell: Cell, entry: dict[str, Any],
+                 old: dict[str, Any]) -> dict[str, Any] | None:
+        """images.lock's `signing` of a pushed digest: signed now, kept when this key's
+        signature and attestations are already on it, or None without a signing key."""
+        if self.signer is None:
+            return None
+        from . import sign
+        if sign.still_signed(old, entry, self.signer, self.creds):
+            return old["signing"]
+        return sign.sign_entry(self.ctx, self.signer, entry, cand.record, cell, self.creds)
 
     def _push_verified(self, image_id: str, tag: str) -> str:
         """Push, then read the tag back: it must hold the image that was tested."""
@@ -462,9 +477,14 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     if not candidates:
         say("no tagged cells to publish (a cell publishes after its tag stage passes)")
         return PublishResult(failed=tag_failures)
+    from . import sign
+    signer = sign.signer_from_env()  # a bad key setting stops the run before any push
     creds = creds or registries.credentials_for(repository)
     say(f"publishing {len(candidates)} cell(s) to {repository} as {creds.describe()}")
-    publisher = Publisher(ctx, repository, creds, lock_path, allow_retag, say)
+    say(f"signing: {signer.describe()}" if signer else
+        "signing: none (no INFERMATRIX_COSIGN_KEY / _KEY_FILE): published UNSIGNED; pull and "
+        "deploy refuse an unsigned digest unless given --skip-verify")
+    publisher = Publisher(ctx, repository, creds, lock_path, allow_retag, say, signer)
     publisher.result.failed.update(tag_failures)
     for cand in candidates:
         try:
@@ -519,11 +539,16 @@ HostCheck = Callable[[dict[str, Any], dict[str, str]], None]
 
 
 def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | None = None,
-               host_check: HostCheck | None = None) -> dict[str, Any]:
+               host_check: HostCheck | None = None, verify: Any = None,
+               say: Callable[[str], None] = print) -> dict[str, Any]:
     """Pull a locked cell by digest with publish's credentials (`registries.credentials_for`),
-    after `host_check(entry, labels)` (which raises when this host cannot run it)."""
+    after `host_check(entry, labels)` (which raises when this host cannot run it) and, with
+    `verify` (sign.VerifyOptions), after its signature and test result verify."""
     creds = creds or registries.credentials_for(entry["repository"])
     labels = remote_labels(entry, creds)
+    if verify is not None:
+        from . import sign
+        sign.verify_entry(entry, verify, creds, say)
     if host_check is not None:
         host_check(entry, labels)
     info = registries.pull_by_digest(entry["repository"], entry["digest"], creds)

@@ -95,6 +95,7 @@ class CellReport:
     log_tail: str | None = None
     in_plan: bool = True
     problems: list[str] = field(default_factory=list)  # e.g. an unreadable journal record
+    signing: dict[str, Any] | None = None  # a published cell's signing status (signing_status)
 
     @property
     def label(self) -> str:
@@ -525,7 +526,31 @@ def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: CellRecord
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
         audit_checks=audit_checks(stages),
         log_tail=log_tail(failed_stage, cell_id, state) if failed_stage else None,
-        in_plan=bool(plan), problems=list(record.problems))
+        in_plan=bool(plan), problems=list(record.problems), signing=signing_status(stages))
+
+
+def signing_status(stages: list[StageResult]) -> dict[str, Any] | None:
+    """A published cell's signing, from the images.lock entry publish recorded (None when it
+    was not published): signed (key fingerprint, verdict, signature and attestation digests,
+    the SBOM file publish wrote under the state directory) or unsigned."""
+    publish = next((s for s in stages if s.name == "publish"), None)
+    if publish is None or publish.status != "pass":
+        return None
+    entry = _mapping(_mapping(publish.details).get("lock_entry"))
+    signing = _mapping(entry.get("signing"))
+    if not signing.get("signed"):
+        return {"status": "unsigned", "text": "published unsigned (pull and deploy refuse it "
+                "without --skip-verify)", "sbom": None, "attestations": {}, "key": None,
+                "signature": None}
+    key = _text(signing.get("key")) or "keyless"
+    attestations = {str(k): _text(v) for k, v in _mapping(signing.get("attestations")).items()}
+    sbom_file = _text(signing.get("sbom_file"))
+    return {"status": "signed",
+            "text": f"signed, key {key[:23]}…, verdict {_text(signing.get('verdict'))!r}, "
+                    f"{_text(signing.get('mode'))}",
+            "key": key, "signature": _text(_mapping(signing.get("signature")).get("digest")),
+            "attestations": attestations,
+            "sbom": f"../{sbom_file}" if sbom_file and ".." not in sbom_file else None}
 
 
 def _plan_dicts(plans: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -708,6 +733,13 @@ def render_markdown(report: Report, html_name: str | None = "report.html",
                 "| cell | reasons |", "|---|---|"]
         out += [f"| `{_md_cell(c.id)}` | {_md_reasons(c.reasons)} |" for c in pruned]
         out += ["", "</details>", ""]
+    published = [c for c in report.cells if c.signing]
+    if published:
+        out += ["### Signing", ""]
+        out += [f"- `{_md_cell(c.id)}`: {_md_cell(c.signing['text'])}"
+                + (f" — [SBOM (CycloneDX)]({c.signing['sbom']})" if c.signing["sbom"] else "")
+                for c in published]
+        out.append("")
     for c in (c for c in active if c.throughput):
         out += _md_throughput(c)
     failures = [c for c in report.cells if c.outcome == "failed" and c.log_tail]

@@ -1,0 +1,212 @@
+"""What publish attests about a digest (besides its SBOM, stages/sbom.py), and what pull and
+deploy require of it. Pure: journal records and files in, predicates and verdicts out.
+
+- The test result (`TEST_RESULT_TYPE`): the audit and smoke verdicts of the tested image id,
+  the levels the tag policy required, the smoke host's facts (GPU, driver) and the tool's
+  version. `verdict` is "passed" for a cell tagged on every required level, "built, not
+  verified" for a static-only tag (tagging.py), "not tagged" otherwise.
+- The provenance (`PROVENANCE_TYPE`), SLSA v1: the matrix and template hashes, the base image,
+  the lock's hash, the builder and engine, the exact commands of the cell's build log, the times.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..model.cell import Cell
+from . import tagging
+
+TEST_RESULT_TYPE = "https://infermatrix.dev/attestations/test-result/v1"
+PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
+SBOM_TYPE = "https://cyclonedx.org/bom"
+BUILD_TYPE = "https://infermatrix.dev/build/v1"
+BUILDER_ID = "https://infermatrix.dev/builder/buildkit"
+PASSED = "passed"
+NOT_VERIFIED = "built, not verified"
+NOT_TAGGED = "not tagged"
+# name in images.lock -> predicate type, in the order pull checks them
+PREDICATES = {"test-result": TEST_RESULT_TYPE, "sbom": SBOM_TYPE, "provenance": PROVENANCE_TYPE}
+
+
+def _stage(record: dict[str, Any], name: str) -> dict[str, Any]:
+    return (record.get("stages") or {}).get(name) or {}
+
+
+def _level(level: dict[str, Any]) -> dict[str, Any]:
+    return {k: level.get(k) for k in ("status", "reason", "duration_s") if k in level}
+
+
+def host_facts(smoke_details: dict[str, Any]) -> dict[str, Any]:
+    """The smoke host as smoke recorded it: whether it had a GPU, and the device, compute
+    capability and driver the gpu level saw."""
+    levels = smoke_details.get("levels") or {}
+    gpu = levels.get("gpu") or {}
+    facts: dict[str, Any] = {"gpu": bool(smoke_details.get("host_gpu"))}
+    for key in ("device", "capability", "driver_version", "driver"):
+        if gpu.get(key) is not None:
+            facts[key] = gpu[key]
+    for key in ("device", "capability", "driver_version"):
+        value = (gpu.get("device_facts") or {}).get(key)
+        if value is not None:
+            facts.setdefault(key, value)
+    return facts
+
+
+def test_result(record: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """The test-result predicate of a cell from its journal record."""
+    tag, smoke, audit = _stage(record, "tag"), _stage(record, "smoke"), _stage(record, "audit")
+    tag_details = tag.get("details") or {}
+    smoke_details = smoke.get("details") or {}
+    audit_details = audit.get("details") or {}
+    policy = tag_details.get("policy") or tagging.DEFAULT_POLICY
+    kind = tag_details.get("kind")
+    if tag.get("status") == "pass" and kind == tagging.TESTED:
+        verdict = PASSED
+    elif tag.get("status") == "pass" and kind == tagging.STATIC_ONLY:
+        verdict = NOT_VERIFIED
+    else:
+        verdict = NOT_TAGGED
+    return {
+        "cell": cell.id,
+        "verdict": verdict,
+        "kind": kind,
+        "image_id": tag_details.get("image_id") or smoke_details.get("image_id"),
+        "tagged_image_id": tag_details.get("tagged_image_id"),
+        "required_levels": tagging.required_levels(policy, cell),
+        "policy": policy,
+        "levels": {name: _level(level) for name, level in
+                   sorted((smoke_details.get("levels") or {}).items())
+                   if isinstance(level, dict)},
+        "smoke": {"status": smoke.get("status"), "finished": smoke.get("finished"),
+                  "image_id": smoke_details.get("image_id"),
+                  "tokens_per_s": smoke_details.get("tokens_per_s")},
+        "audit": {"status": audit.get("status"), "finished": audit.get("finished"),
+                  "reason": audit.get("reason"),
+                  "checks": [{k: check.get(k) for k in ("name", "status", "detail")}
+                             for check in audit_details.get("checks") or []
+                             if isinstance(check, dict)]},
+        "host": host_facts(smoke_details),
+        "tool": {"name": "infermatrix", "version": __version__},
+    }
+
+
+def verdict_problem(predicate: dict[str, Any], image_id: str | None,
+                    require: list[str] | None = None) -> str | None:
+    """Why a verified test-result predicate does not let the image run, or None.
+
+    `require`: the levels the consumer requires (default: those the publisher's tag policy
+    required, as the predicate says); each must have passed, and the verdict must be "passed".
+    """
+    verdict = predicate.get("verdict")
+    if verdict != PASSED:
+        return f"the test-result attestation says {verdict!r}, not {PASSED!r}"
+    tested = predicate.get("tagged_image_id") or predicate.get("image_id")
+    if image_id and tested and image_id not in (tested, predicate.get("image_id")):
+        return f"the test-result attestation is of image {tested}, not {image_id}"
+    levels = predicate.get("levels") or {}
+    wanted = list(require) if require is not None else list(predicate.get("required_levels") or [])
+    for name in wanted:
+        status = (levels.get(name) or {}).get("status")
+        if status != "pass":
+            why = "did not run" if status is None else f"is {status!r}"
+            return f"required level {name!r} {why} in the test-result attestation"
+    return None
+
+
+# --- provenance ----------------------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+
+
+def logged_commands(log_path: Path | None) -> list[str]:
+    """The exact commands a stage log recorded (proc.run writes `$ <command>` first)."""
+    if log_path is None or not log_path.is_file():
+        return []
+    with log_path.open(encoding="utf-8", errors="replace") as handle:
+        return [line[2:].rstrip("\n") for line in handle if line.startswith("$ ")]
+
+
+def _started(stage: dict[str, Any]) -> str | None:
+    finished, seconds = stage.get("finished"), stage.get("duration_s")
+    if not finished or not isinstance(seconds, (int, float)):
+        return None
+    try:
+        end = calendar.timegm(time.strptime(finished, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end - seconds))
+
+
+def provenance(record: dict[str, Any], cell: Cell, *, matrix_path: Path, root: Path,
+               lock_path: Path, cell_dir: Path, build_log: Path | None,
+               base_images: dict[str, str | None], engine_facts: dict[str, Any]) -> dict[str, Any]:
+    """The SLSA v1 provenance predicate of a cell's image.
+
+    `base_images`: base reference -> its image id; `engine_facts`: the Docker engine's
+    version and platform (what built it)."""
+    build = _stage(record, "build")
+    details = build.get("details") or {}
+
+    def file_dep(path: Path, name: str) -> dict[str, Any]:
+        return {"uri": f"file:{name}", "digest": {"sha256": sha256_file(path)}}
+
+    def rel(path: Path) -> str:
+        try:
+            return str(path.relative_to(root))
+        except ValueError:
+            return str(path)
+
+    deps = [file_dep(matrix_path, rel(matrix_path))]
+    deps += [file_dep(p, rel(p)) for p in tree_files(root / "templates")]
+    if lock_path.is_file():
+        deps.append(file_dep(lock_path, rel(lock_path)))
+    deps += [file_dep(p, rel(p)) for p in tree_files(cell_dir)]
+    for ref, image_id in sorted(base_images.items()):
+        dep: dict[str, Any] = {"uri": f"docker-image:{ref}", "name": "base"}
+        if image_id and image_id.startswith("sha256:"):
+            dep["digest"] = {"sha256": image_id.split(":", 1)[1]}
+        deps.append(dep)
+    for name, kernel in sorted((details.get("kernels") or {}).items()):
+        if isinstance(kernel, dict):
+            deps.append({"uri": f"infermatrix-kernel:{name}", "name": kernel.get("key"),
+                         "annotations": {k: kernel.get(k) for k in ("cache", "source")
+                                         if kernel.get(k) is not None}})
+    builder = record.get("builder") or {}
+    return {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {"cell": cell.id, "matrix": rel(matrix_path),
+                                   "engine": cell.engine, "engine_version": cell.engine_version,
+                                   "arch": cell.arch, "cuda": cell.cuda, "torch": cell.torch},
+            "internalParameters": {"build_args": details.get("build_args") or {},
+                                   "secret_ids": details.get("secret_ids") or [],
+                                   "input_hash": record.get("input_hash")},
+            "resolvedDependencies": deps,
+        },
+        "runDetails": {
+            "builder": {"id": BUILDER_ID,
+                        "version": {"infermatrix": __version__,
+                                    **{k: str(v) for k, v in engine_facts.items() if v}},
+                        "builderDependencies": [{"name": builder.get("name"),
+                                                 "uri": builder.get("endpoint")}]
+                        if builder else []},
+            "metadata": {"invocationId": record.get("input_hash") or cell.id,
+                         "startedOn": _started(build), "finishedOn": build.get("finished")},
+            "byproducts": [{"name": "commands", "mediaType": "text/plain",
+                            "annotations": {"commands": logged_commands(build_log)}}],
+        },
+    }

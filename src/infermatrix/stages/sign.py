@@ -1,0 +1,242 @@
+"""Signed verdicts: publish signs each pushed digest with cosign and attaches three attestations
+(the test result, the CycloneDX SBOM, the SLSA v1 provenance); pull and deploy verify them
+before an image runs.
+
+Publish (`sign_entry`): the key comes from INFERMATRIX_COSIGN_KEY (the PEM) or
+INFERMATRIX_COSIGN_KEY_FILE, its password from INFERMATRIX_COSIGN_PASSWORD (engine/cosign.py:
+never from matrix.yaml, never in argv, a log, the journal or images.lock). Without a key the
+cell is published unsigned, said on its line; pull and deploy then refuse it unless told to skip.
+images.lock's `signing` records the key's fingerprint, the signature manifest and each
+attestation's layer digest.
+
+Verify (`verify_entry`), against the consumer's public key: the signature covers the locked
+digest; the test-result attestation verifies and says "passed" with every required level
+passed; the SBOM and provenance attestations verify. Each refusal is one line (SignatureError,
+exit 1): wrong key, unsigned, signature of another digest, missing or tampered attestation,
+failed or insufficient verdict. `--skip-verify` skips it all, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..engine import cosign
+from ..engine import docker as engine
+from ..engine import registry as registries
+from ..errors import UsageError
+from ..model.cell import Cell
+from . import attest, sbom
+
+SKIP_FLAG = "--skip-verify"
+SignatureError = cosign.SignatureError
+
+
+# --- publish -------------------------------------------------------------------------------
+
+@dataclass
+class Signer:
+    key: cosign.SigningKey
+    fingerprint: str | None
+    cosign_version: str
+
+    def describe(self) -> str:
+        fp = f" {self.fingerprint[:19]}..." if self.fingerprint else ""
+        return f"cosign {self.cosign_version}, {self.key.describe()}{fp}"
+
+
+def signer_from_env() -> Signer | None:
+    """The run's signer, or None when no key is configured (publish then does not sign)."""
+    key = cosign.signing_key()
+    if key is None:
+        return None
+    fingerprint = None if key.keyless else cosign.key_fingerprint(cosign.public_key_of(key))
+    return Signer(key, fingerprint, cosign.version())
+
+
+def predicates(ctx, cell: Cell, image_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    """name -> predicate of the three attestations of a cell's published image."""
+    from ..model.spec import lock_path
+
+    base_refs = ((record.get("stages") or {}).get("base") or {}).get("details", {}) \
+        .get("images") or []
+    bases = {}
+    for ref in base_refs:
+        info = engine.inspect_image(ref)
+        bases[ref] = info.get("Id") if info else None
+    try:
+        facts = engine.client().version()
+        engine_facts = {"docker": facts.get("Version"), "api": facts.get("ApiVersion"),
+                        "platform": f"{facts.get('Os')}/{facts.get('Arch')}"}
+    except Exception:  # noqa: BLE001 - the facts are informative; the build happened
+        engine_facts = {}
+    build_log = ((record.get("stages") or {}).get("build") or {}).get("log")
+    return {
+        "test-result": attest.test_result(record, cell),
+        "sbom": json.loads(sbom.build_sbom(ctx, cell, image_id, record)),
+        "provenance": attest.provenance(
+            record, cell, matrix_path=ctx.matrix.path, root=ctx.root,
+            lock_path=lock_path(ctx, cell.id), cell_dir=ctx.cell_dir(cell.id),
+            build_log=Path(build_log) if build_log else None, base_images=bases,
+            engine_facts=engine_facts),
+    }
+
+
+def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: dict[str, Any], cell: Cell,
+               creds: registries.RegistryCredentials) -> dict[str, Any]:
+    """Sign the entry's digest, attach its attestations; images.lock's `signing` of it."""
+    reference = entry["reference"]
+    made = predicates(ctx, cell, entry["image_id"], record)
+    made["test-result"]["digest"] = entry["digest"]
+    cosign.sign(reference, signer.key, creds)
+    for name, predicate_type in attest.PREDICATES.items():
+        cosign.attest(reference, signer.key, creds, made[name], predicate_type)
+    found = cosign.attached(entry["repository"], entry["digest"], creds)
+    sbom_file = write_sbom_file(ctx.state.root, cell.id, made["sbom"])
+    return {
+        "signed": True, "sbom_file": sbom_file, "mode": signer.key.describe(), "key": signer.fingerprint,
+        "cosign": signer.cosign_version,
+        "signed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "signature": found["signature"], "attestations_manifest": found["attestations"],
+        "attestations": {name: found["predicates"].get(kind)
+                         for name, kind in attest.PREDICATES.items()},
+        "verdict": made["test-result"]["verdict"],
+    }
+
+
+SBOM_DIR = "sbom"
+
+
+def write_sbom_file(state_root: Path, cell_id: str, document: dict[str, Any]) -> str:
+    """The attested SBOM beside the journal (`<state>/sbom/<cell>.cdx.json`, the report links
+    it); its path relative to the state directory."""
+    from ..names import inside
+    from ..state import write_json_atomic
+
+    path = inside(state_root / SBOM_DIR, f"{cell_id}.cdx.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, document)
+    return f"{SBOM_DIR}/{path.name}"
+
+
+def still_signed(old: dict[str, Any], entry: dict[str, Any], signer: Signer,
+                 creds: registries.RegistryCredentials) -> bool:
+    """Whether an unchanged digest already carries this key's signature and attestations (as
+    images.lock recorded them, and still in the registry): then nothing is signed again."""
+    signing = old.get("signing") or {}
+    if old.get("digest") != entry["digest"] or signing.get("key") != signer.fingerprint or \
+            not signing.get("signed"):
+        return False
+    found = cosign.attached(entry["repository"], entry["digest"], creds)
+    return (found["signature"] == signing.get("signature") and
+            found["attestations"] == signing.get("attestations_manifest"))
+
+
+# --- verify --------------------------------------------------------------------------------
+
+@dataclass
+class VerifyOptions:
+    public_key: Path | None = None
+    skip: bool = False
+    require_levels: list[str] | None = None  # None: the publisher's required levels
+    tlog: bool = False
+
+
+def verify_options(key: Path | None, skip: bool, require: str | None) -> VerifyOptions:
+    """From pull's / deploy's flags (and INFERMATRIX_COSIGN_PUBLIC_KEY); exit 2 when there is
+    no key to verify against and verification is not skipped."""
+    levels = [lv.strip() for lv in require.split(",") if lv.strip()] if require else None
+    if skip:
+        return VerifyOptions(skip=True, require_levels=levels)
+    import os
+    keyless = cosign._truthy(os.environ.get(cosign.KEYLESS_ENV))
+    path = cosign.public_key_path(key)
+    if path is None and not keyless:
+        raise UsageError(f"no public key to verify the image's signature against; fix: pass "
+                         f"--key cosign.pub (the publisher's public key) or set "
+                         f"{cosign.PUBLIC_KEY_ENV}, or pass {SKIP_FLAG} to run it unverified")
+    return VerifyOptions(public_key=path, require_levels=levels,
+                         tlog=keyless or cosign._truthy(os.environ.get(cosign.TLOG_ENV)))
+
+
+def _refuse(cell: str, what: str, fix: str) -> SignatureError:
+    return SignatureError(f"{cell}: {what}; fix: {fix}")
+
+
+SIGN_FIX = ("publish it with a signing key (INFERMATRIX_COSIGN_KEY_FILE + "
+            "INFERMATRIX_COSIGN_PASSWORD), or verify with the publisher's public key")
+
+
+def _signature_problem(message: str) -> str:
+    text = message.lower()
+    if "no signatures found" in text or "no matching signatures: no signatures" in text:
+        return "unsigned: the registry holds no signature of this digest"
+    if "digest" in text and ("mismatch" in text or "does not match" in text or
+                             "invalid or missing digest" in text):
+        return "the signature is of another digest"
+    if "invalid signature" in text or "no matching signatures" in text or \
+            "verification" in text:
+        return "no signature of this digest verifies against the key (wrong key, a " \
+               "signature of another digest, or a tampered one)"
+    return "the signature does not verify"
+
+
+def verify_entry(entry: dict[str, Any], options: VerifyOptions,
+                 creds: registries.RegistryCredentials,
+                 say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Check the signature and attestations of a locked digest; the verified test result."""
+    cell, reference = entry["cell"], entry["reference"]
+    if options.skip:
+        say(f"# verification SKIPPED ({SKIP_FLAG}): the signature and test results of "
+            f"{reference} were not checked")
+        return {}
+    key_name = str(options.public_key) if options.public_key else "keyless identity"
+    try:
+        payloads = cosign.verify(reference, options.public_key, creds, options.tlog)
+    except SignatureError as exc:
+        raise _refuse(cell, f"{_signature_problem(str(exc))} ({reference}, key {key_name}): "
+                      f"{cosign.error_line(str(exc).split(': ', 1)[-1])}", SIGN_FIX) from None
+    claimed = {((p.get("critical") or {}).get("image") or {}).get("docker-manifest-digest")
+               for p in payloads if isinstance(p, dict)}
+    if entry["digest"] not in claimed:
+        raise _refuse(cell, f"the signature is of another digest ({', '.join(map(str, claimed))}"
+                      f", images.lock pins {entry['digest']})", SIGN_FIX)
+    verified: dict[str, Any] = {}
+    for name, predicate_type in attest.PREDICATES.items():
+        try:
+            statements = cosign.verify_attestation(reference, options.public_key,
+                                                   predicate_type, creds, options.tlog)
+        except SignatureError as exc:
+            raise _refuse(cell, f"missing or invalid {name} attestation ({predicate_type}): "
+                          f"{str(exc).split(': ', 1)[-1]}",
+                          "publish the cell again with the signing key (it attaches the "
+                          "test result, SBOM and provenance)") from None
+        subjects = [s for s in statements
+                    if any((sub.get("digest") or {}).get("sha256") ==
+                           entry["digest"].split(":", 1)[1] for sub in s.get("subject") or [])]
+        if not subjects:
+            raise _refuse(cell, f"the {name} attestation is about another digest",
+                          "publish the cell again")
+        verified[name] = subjects[-1].get("predicate") or {}
+    problem = attest.verdict_problem(verified["test-result"], entry.get("image_id"),
+                                     options.require_levels)
+    if problem:
+        raise _refuse(cell, problem, "run the required levels where they can run (a GPU host "
+                      "for gpu/model), tag and publish again, or choose the levels you require "
+                      "with --require-levels")
+    bom = verified["sbom"]
+    if bom.get("bomFormat") != "CycloneDX" or \
+            ((bom.get("metadata") or {}).get("component") or {}).get("version") != \
+            entry.get("image_id"):
+        raise _refuse(cell, "the SBOM attestation is not a CycloneDX document of this image",
+                      "publish the cell again")
+    levels = verified["test-result"].get("levels") or {}
+    passed = [n for n, lv in levels.items() if (lv or {}).get("status") == "pass"]
+    how = "transparency log checked" if options.tlog else cosign.OFFLINE_NOTE
+    say(f"# verified {reference}: signed by {key_name} ({how}); "
+        f"test result {verified['test-result'].get('verdict')!r} (levels passed: "
+        f"{', '.join(sorted(passed)) or 'none'}); SBOM and provenance attested")
+    return verified
