@@ -149,7 +149,8 @@ VARIANT = "cu128-torch2.11.0-vllm0.20.1-sm120"  # torch's cu128 index + a declar
 WITH_CU128 = MINI.replace(
     '      "12.9": {source: https://docs.vllm.ai/, wheel: "https://example.invalid/vllm-{version}+cu129.whl"}\n',
     '      "12.9": {source: https://docs.vllm.ai/, wheel: "https://example.invalid/vllm-{version}+cu129.whl"}\n'
-    '      "12.8": {source: https://docs.vllm.ai/, wheel: "https://example.invalid/vllm-{version}+cu128-{wheel_tags}.whl"}\n')
+    '      "12.8": {source: https://docs.vllm.ai/, wheel: "https://example.invalid/vllm-{version}+cu128-{asset_tags}_{machine}.whl",\n'
+    '               asset_tags: [{versions: ">=0.20", tags: cp38-abi3-manylinux_2_35, source: the release page}]}\n')
 assert WITH_CU128 != MINI
 
 
@@ -163,13 +164,80 @@ def test_a_declared_variant_is_checked_to_exist(tmp_path, answer, status, rule):
         asked.append(url)
         return answer
     cell = next(p for p in plan(tmp_path, WITH_CU128, exists=exists).cells if p.id == VARIANT)
+    # the variant's own asset tags (manylinux_2_35), not the PyPI wheel's (manylinux_2_28)
     assert asked == ["https://download.pytorch.org/whl/cu128/torch/",
-                     ("https://example.invalid/vllm-0.20.1+cu128-cp38-abi3-manylinux_2_28_x86_64"
+                     ("https://example.invalid/vllm-0.20.1+cu128-cp38-abi3-manylinux_2_35_x86_64"
                       ".whl")]
     assert cell.status == status
     assert {v.rule for v in cell.verdicts} == ({rule} if rule else set())
-    if status != "pruned":  # the variant wheel takes the tags of the release's PyPI wheel
+    if status != "pruned":
         assert cell.settings.engine_index == asked[1]
+        assert cell.settings.source_urls["engine_variant_tags"] == "the release page"
+
+
+def test_a_release_no_asset_tags_range_covers_is_pruned_not_guessed(tmp_path):
+    asked: list[str] = []
+
+    def exists(url: str):
+        asked.append(url)
+        return True
+    text = WITH_CU128.replace('versions: ">=0.20", tags', 'versions: ">=0.21", tags')
+    cell = next(p for p in plan(tmp_path, text, exists=exists).cells if p.id == VARIANT)
+    assert cell.status == "pruned" and [v.rule for v in cell.verdicts] == ["variant-missing"]
+    assert "no asset_tags range of engines.vllm.variants.12.8 covers 0.20.1" in \
+        cell.verdicts[0].reason
+    assert not [u for u in asked if u.endswith(".whl")]  # no file name was made up
+
+
+def test_a_variant_placeholder_other_than_the_documented_ones_is_a_config_error(tmp_path):
+    # `{wheel_tags}` (the PyPI wheel's tags, which release assets need not carry) is gone
+    text = WITH_CU128.replace("{asset_tags}_{machine}", "{wheel_tags}")
+    with pytest.raises(ConfigError) as err:
+        plan(tmp_path, text)
+    assert "{wheel_tags}" in err.value.message and "{asset_tags}" in err.value.fix
+
+
+# --- the shipped matrix's vLLM release-asset URLs ---------------------------------------------------
+# The file names of vLLM's GitHub release assets (gh api repos/vllm-project/vllm/releases/tags/vX,
+# snapshot in unslothai/unsloth#8200; v0.13.0 also vllm-project/vllm#32276): an asset carries its
+# own tags, not the PyPI wheel's. GitHub cannot be reached here, so these are the recorded names.
+RELEASES = "https://github.com/vllm-project/vllm/releases/download"
+
+
+def shipped_variant(cuda: str, version: str, arch: str, pypi_cuda: str, pypi_wheel: str):
+    from infermatrix.config import load_matrix
+    from infermatrix.model.rules import EngineFacts
+    from infermatrix.stages.plan import settings_for
+
+    matrix = load_matrix(Path(__file__).resolve().parents[1] / "matrix.yaml")
+    facts = EngineFacts("https://pypi.org/simple/vllm/", (), None, pypi_cuda, wheel=pypi_wheel,
+                        cell_torch_cuda=cuda)
+    return settings_for(Cell(cuda, "2.10.0", "vllm", version, arch), matrix, facts, None)
+
+
+@pytest.mark.parametrize("arch, machine", [("sm_120", "x86_64"), ("sm_121", "aarch64")])
+def test_vllm_0191_cu130_is_the_release_asset_with_its_own_manylinux_2_35_tag(arch, machine):
+    # PyPI's 0.19.1 wheels are the CUDA 12.9 build, tagged manylinux_2_31 (pypi.org/simple/vllm)
+    settings = shipped_variant("13.0", "0.19.1", arch, "12.9",
+                               f"vllm-0.19.1-cp38-abi3-manylinux_2_31_{machine}.whl")
+    assert settings.engine_index == \
+        f"{RELEASES}/v0.19.1/vllm-0.19.1+cu130-cp38-abi3-manylinux_2_35_{machine}.whl"
+    assert "unslothai/unsloth#8200" in settings.source_urls["engine_variant_tags"]
+
+
+@pytest.mark.parametrize("arch, machine", [("sm_120", "x86_64"), ("sm_121", "aarch64")])
+def test_vllm_0330_cu130_is_the_pypi_wheel_and_its_cu129_asset_has_its_own_tags(arch, machine):
+    # from 0.20 PyPI's wheel is the CUDA 13 build and no +cu130 asset is published: no URL
+    assert shipped_variant("13.0", "0.33.0", arch, "13.0",
+                           f"vllm-0.33.0-cp38-abi3-manylinux_2_28_{machine}.whl").engine_index \
+        is None
+    assert shipped_variant("12.9", "0.33.0", arch, "13.0",
+                           f"vllm-0.33.0-cp38-abi3-manylinux_2_28_{machine}.whl").engine_index \
+        == f"{RELEASES}/v0.33.0/vllm-0.33.0+cu129-cp38-abi3-manylinux_2_28_{machine}.whl"
+    # 0.20.x: PyPI's wheel is manylinux_2_35, its +cu129 asset manylinux_2_31
+    assert shipped_variant("12.9", "0.20.2", arch, "13.0",
+                           f"vllm-0.20.2-cp38-abi3-manylinux_2_35_{machine}.whl").engine_index \
+        == f"{RELEASES}/v0.20.2/vllm-0.20.2+cu129-cp38-abi3-manylinux_2_31_{machine}.whl"
 
 
 # --- coverage read from the wheels before any build -----------------------------------------------

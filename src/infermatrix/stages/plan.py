@@ -376,9 +376,64 @@ def platform_for(cell: Cell, m: Matrix) -> str:
     return _platform_of_arch(m, cell.arch)
 
 
-def _wheel_tags(wheel: str) -> str:
-    """`cp38-abi3-manylinux_2_28_x86_64` of a wheel file name."""
-    return "-".join(wheel[:-4].split("-")[-3:]) if wheel.endswith(".whl") else ""
+VARIANT_FIELDS = ("version", "cuda_tag", "machine", "asset_tags")
+
+
+class UnknownAssetTags(Exception):
+    """No `asset_tags` range of a variant covers the engine version: its file name is unknown."""
+
+    def __init__(self, message: str, source: str) -> None:
+        super().__init__(message)
+        self.source = source
+
+
+def variant_url(cell: Cell, m: Matrix, variant: dict[str, Any], machine: str
+                ) -> tuple[str, str | None]:
+    """(URL, source of its tags) of an engine variant for the cell's machine.
+
+    `{asset_tags}` is the release asset's own python-abi-platform tags from the variant's
+    `asset_tags` (per version range, with its source): an asset off PyPI need not carry the
+    tags of the release's PyPI wheel (vLLM's +cu130 assets are manylinux_2_35 where PyPI's
+    wheel is manylinux_2_31), so they are data, never copied from that wheel."""
+    import string
+
+    key = "wheel" if variant.get("wheel") else "index"
+    template = variant.get(key) or ""
+    where = ("engines", cell.engine, "variants", cell.cuda)
+    try:
+        used = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise m.error(f"variant {cell.cuda} of engine {cell.engine}: {key} {template!r}: {exc}",
+                      *where, key) from None
+    unknown = sorted(used - set(VARIANT_FIELDS))
+    if unknown:
+        raise m.error(f"variant {cell.cuda} of engine {cell.engine}: {key} {template!r} has "
+                      f"unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)}",
+                      *where, key, fix="use " + ", ".join("{" + f + "}" for f in VARIANT_FIELDS)
+                      + " ({asset_tags}: the asset's own tags, from the variant's asset_tags)")
+    fields = {"version": cell.engine_version, "cuda_tag": cell.cuda_tag, "machine": machine}
+    tags_source = None
+    if "asset_tags" in used:
+        entry = None
+        for index, candidate in enumerate(variant.get("asset_tags", [])):
+            try:
+                spec = SpecifierSet(candidate["versions"])
+            except ValueError as exc:
+                raise m.error(f"variant {cell.cuda} of engine {cell.engine}: asset_tags[{index}]"
+                              f" versions {candidate['versions']!r}: {exc}",
+                              *where, "asset_tags", index, "versions") from None
+            if spec.contains(cell.engine_version, prereleases=True):
+                entry = candidate
+                break
+        if entry is None:
+            raise UnknownAssetTags(
+                f"{cell.engine} {cell.engine_version} {cell.cuda_tag} wheel: no asset_tags range "
+                f"of engines.{cell.engine}.variants.{cell.cuda} covers {cell.engine_version}, so "
+                "the release asset's file name is not known (its tags need not be the PyPI "
+                "wheel's): add the range with its tags and source",
+                variant.get("source", "matrix.yaml"))
+        fields["asset_tags"], tags_source = entry["tags"], entry["source"]
+    return template.format(**fields), tags_source
 
 
 def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
@@ -402,9 +457,10 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     engine_index = None
     if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
         sources["engine_variant"] = variant["source"]
-        engine_index = (variant.get("wheel") or variant.get("index") or "").format(
-            version=cell.engine_version, cuda_tag=cell.cuda_tag,
-            wheel_tags=_wheel_tags(facts.wheel))
+        engine_index, tags_source = variant_url(cell, m, variant,
+                                                machine_of(platform_for(cell, m)))
+        if tags_source:
+            sources["engine_variant_tags"] = tags_source
     # From what the engine ships (index facts); without them nothing is known to floor on.
     floor, floor_reason = driver_floor(cell, facts) if facts is not None else (None, None)
     return CellSettings(
@@ -529,7 +585,11 @@ def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
         return CellPlan(cell, "unresolved", [Verdict("index-unreachable", unresolved, "network")],
                         None, origin, resolution)
     backend, _ = choose_attention_backend(cell, m)
-    settings = settings_for(cell, m, facts, backend)
+    try:
+        settings = settings_for(cell, m, facts, backend)
+    except UnknownAssetTags as exc:
+        return CellPlan(cell, "pruned", [Verdict("variant-missing", str(exc), exc.source)],
+                        None, origin, resolution)
     missing, unverified = check_variants(cell, settings, exists)
     if missing:
         return CellPlan(cell, "pruned", missing, None, origin, resolution)
