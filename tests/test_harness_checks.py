@@ -97,7 +97,7 @@ def test_run_checks_order_and_how_a_failing_kernel_fails_the_level(monkeypatch):
     monkeypatch.setattr(gpu_check, "check_triton", stand_in("triton", {"status": "skip",
                                                                        "reason": "no triton"}))
     monkeypatch.setitem(gpu_check.KERNEL_CHECKS, "cudakern", crashing)
-    result = gpu_check.run_checks("sm_90", ["cudakern", "unknown-kernels"])
+    result = gpu_check.run_checks("sm_90", ["cudakern", "unknown-kernels"], gdn="off")
     assert ran == ["device", "torch", "triton", "cudakern"]
     assert [c["check"] for c in result["checks"]] == ["device", "torch", "triton", "cudakern",
                                                      "unknown-kernels"]

@@ -1,13 +1,22 @@
 """GPU level: the visible device is the cell's arch, and real kernels run and agree with torch.
 
-    python3 -m harness.gpu_check --arch sm_120 --kernels cudakern flash-attn
+    python3 -m harness.gpu_check --arch sm_120 --kernels flash-attn flashinfer-python \
+        [--engine vllm|sglang|none] [--gdn auto|vllm|sglang|fla|off]
 
-Checks, each pass/fail with a reason:
+Checks, each pass/fail/skip with a reason, and for numeric ones the max abs error against the
+reference, the tolerance, the shapes and the duration:
   device       compute capability of device 0 against the arch (sm_120 / sm_120a: exactly 12.0;
                sm_120f: family 12.x with minor >= 0); driver version from nvidia-smi when present
   torch        a matmul on the GPU against a float64 CPU reference
-  triton       a Triton kernel (when triton is installed): engines' GDN/attention paths use it
-  <package>    a kernel of each compiled kernel package against a torch reference
+  triton       a Triton kernel. Missing triton is a skip only where the image claims no engine
+               (`--engine`, else an importable vllm/sglang): engines' GDN/attention paths need it
+  <package>    each compiled kernel package against a torch reference, at the model's shapes
+               (harness/gpu_ops.py): flash-attn forward + backward at head dim 256 (dropout
+               backward checked, or its known refusal on 99 KB devices), FlashInfer batch
+               prefill/decode over a paged KV cache
+  gdn          Gated DeltaNet chunked prefill, recurrent decode and causal conv1d against a naive
+               recurrence: the engine's own Triton ops, else the standalone `fla` package; which
+               one ran is recorded. Required (a fail when none imports) in an engine image
 With no GPU visible the result is `skip` with the reason. Prints one result line; exit 1 on fail.
 A warning alone proves nothing: every check launches a kernel and compares numbers.
 """
@@ -24,8 +33,10 @@ from collections.abc import Callable
 from typing import Any
 
 try:
+    from . import gpu_ops
     from ._result import emit, overall
 except ImportError:  # pragma: no cover
+    import gpu_ops  # type: ignore[no-redef]
     from _result import emit, overall  # type: ignore[no-redef]
 
 
@@ -122,11 +133,11 @@ def check_torch_matmul() -> dict[str, Any]:
             **({"reason": failed[0]["reason"]} if failed else {})}
 
 
-def check_triton() -> dict[str, Any]:
+def check_triton(engine: str | None = None) -> dict[str, Any]:
     try:
         import triton  # noqa: F401
     except ImportError:
-        return {"status": "skip", "reason": "triton is not installed"}
+        return gpu_ops.triton_missing(engine)
     import torch
 
     from ._triton_kernel import triton_add
@@ -169,16 +180,8 @@ def check_cudakern() -> dict[str, Any]:
 
 
 def check_flash_attn() -> dict[str, Any]:
-    import torch
-    from flash_attn import flash_attn_func
-
-    q, k, v = (torch.randn(2, 128, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    got = flash_attn_func(q, k, v, causal=True)
-    want = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
-        is_causal=True).transpose(1, 2)
-    torch.cuda.synchronize()
-    return compare("flash_attn_func", got, want, atol=2e-2, rtol=2e-2)
+    """Forward + backward at the model's head dim 256 (the training profile), dropout included."""
+    return gpu_ops.check_flash_attn()
 
 
 def rmsnorm_reference(x, weight, eps: float):
@@ -196,7 +199,11 @@ def check_flashinfer() -> dict[str, Any]:
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     got = flashinfer.norm.rmsnorm(x, w, eps=1e-6)
     torch.cuda.synchronize()
-    return compare("flashinfer rmsnorm", got, rmsnorm_reference(x, w, 1e-6), atol=5e-2, rtol=2e-2)
+    norm = compare("flashinfer rmsnorm", got, rmsnorm_reference(x, w, 1e-6), atol=5e-2, rtol=2e-2)
+    attention = gpu_ops.check_flashinfer_attention()
+    parts = {"rmsnorm": norm, **attention.pop("compared")}
+    return gpu_ops.combine(parts, **{k: v for k, v in attention.items()
+                                     if k not in ("status", "reason", "max_abs_error")})
 
 
 def check_sgl_kernel() -> dict[str, Any]:
@@ -241,15 +248,25 @@ def no_gpu_reason() -> str | None:
     return None
 
 
-def run_checks(arch: str, kernels: list[str]) -> dict[str, Any]:
+def check_gdn(engine: str | None, gdn: str) -> dict[str, Any]:
+    """The Gated DeltaNet ops: required in an engine image (its model layers are these ops)."""
+    preferred = None if gdn == "auto" else gdn
+    return gpu_ops.check_gdn(preferred=preferred, required=bool(engine) or preferred is not None)
+
+
+def run_checks(arch: str, kernels: list[str], engine: str | None = None,
+               gdn: str = "auto") -> dict[str, Any]:
     skip = no_gpu_reason()
     if skip:
         return {"check": "gpu", "status": "skip", "reason": skip, "arch": arch, "checks": []}
     checks = [timed("device", lambda: check_device(arch)),
               timed("torch", check_torch_matmul),
-              timed("triton", check_triton)]
+              timed("triton", lambda: check_triton(engine))]
     checks += [timed(name, lambda name=name: check_kernel_package(name)) for name in kernels]
-    result = {"check": "gpu", "status": overall(checks), "arch": arch, "checks": checks}
+    if gdn != "off":
+        checks.append(timed("gdn", lambda: check_gdn(engine, gdn)))
+    result = {"check": "gpu", "status": overall(checks), "arch": arch, "engine": engine,
+              "checks": checks}
     failed = [c for c in checks if c["status"] == "fail"]
     if failed:
         result["reason"] = "; ".join(f"{c['check']}: {c['reason']}" for c in failed)
@@ -261,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", required=True, help="the cell's arch, e.g. sm_120")
     parser.add_argument("--kernels", nargs="*", default=[], metavar="DIST",
                         help="compiled kernel packages (distribution names) to run")
+    parser.add_argument("--engine", default=None,
+                        help="the engine the image claims (vllm, sglang; 'none' for no engine); "
+                             "default: an importable vllm/sglang")
+    parser.add_argument("--gdn", default="auto", choices=["auto", "vllm", "sglang", "fla", "off"],
+                        help="Gated DeltaNet implementation to check (auto: the engine's, else fla)")
     args = parser.parse_args(argv)
-    return emit(run_checks(args.arch, args.kernels))
+    engine = gpu_ops.engine_claim(args.engine)
+    return emit(run_checks(args.arch, args.kernels, engine, args.gdn))
 
 
 if __name__ == "__main__":

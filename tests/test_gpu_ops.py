@@ -1,0 +1,276 @@
+"""The GPU level's real-op checks: their pure logic, on a CPU (harness/gpu_ops.py).
+
+Tolerances and facts against data/gpu_ops.yaml, the flash-attn dropout-backward rule and its
+verdict, the triton-missing verdict in an engine image, the GDN implementation choice; and, where
+torch is installed, the torch references themselves (the naive gated-delta recurrence against a
+scalar oracle written here, attention, causal conv1d). No GPU, no Docker.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infermatrix.harness import gpu_check, gpu_ops
+
+DATA = Path(gpu_ops.__file__).resolve().parents[1] / "data" / "gpu_ops.yaml"
+
+
+@pytest.fixture(scope="module")
+def facts():
+    return yaml.safe_load(DATA.read_text())
+
+
+def test_the_harness_constants_are_the_data_file(facts):
+    assert gpu_ops.MODEL_SHAPES == facts["model"]["shapes"]
+    assert gpu_ops.TOLERANCES == {k: tuple(v) for k, v in facts["tolerances"].items()}
+    rule = facts["flash_attn_bwd_dropout"]
+    assert gpu_ops.FLASH_ATTN_BWD_DROPOUT == {k: rule[k] for k in gpu_ops.FLASH_ATTN_BWD_DROPOUT}
+    assert rule["sources"], "a fact without its source"
+    assert [i["name"] for i in gpu_ops.GDN_IMPLEMENTATIONS] == facts["gdn_implementations"]["order"]
+
+
+def test_every_compared_tensor_has_a_tolerance_and_an_unknown_name_is_an_error():
+    for name, (atol, rtol) in gpu_ops.TOLERANCES.items():
+        assert 0 < atol <= 0.1 and 0 < rtol <= 0.1, name  # bf16: loose, never meaningless
+    with pytest.raises(KeyError, match="no tolerance is known"):
+        gpu_ops.tolerance("some.new.op")
+
+
+def test_verdict_reports_the_error_and_the_tolerance():
+    ok = gpu_ops.verdict("conv1d", 0.004, finite=True, within=True)
+    assert ok == {"status": "pass", "max_abs_error": 0.004, "atol": 0.02, "rtol": 0.02}
+    off = gpu_ops.verdict("conv1d", 0.5, finite=True, within=False)
+    assert off["status"] == "fail" and "max abs error 0.5" in off["reason"] and off["atol"] == 0.02
+    nan = gpu_ops.verdict("conv1d", float("inf"), finite=False, within=False)
+    assert nan["status"] == "fail" and "non-finite" in nan["reason"]
+
+
+def test_combine_fails_on_any_part_and_keeps_the_largest_error():
+    parts = {"a": {"status": "pass", "max_abs_error": 0.01},
+             "b": {"status": "fail", "max_abs_error": 0.3, "reason": "b: differs"}}
+    result = gpu_ops.combine(parts, implementation="x")
+    assert result["status"] == "fail" and result["reason"] == "b: differs"
+    assert result["max_abs_error"] == 0.3 and result["implementation"] == "x"
+    assert gpu_ops.combine({"a": parts["a"]})["status"] == "pass"
+
+
+@pytest.mark.parametrize("head_dim,smem,expected", [
+    (256, 101376, "refused"),   # sm_120 / sm_121 / sm86 / sm89: 99 KiB
+    (256, 232448, "runs"),      # sm_90: 227 KiB
+    (256, 166912, "runs"),      # A100: 163 KiB, the 144 KiB tiles
+    (193, 101376, "refused"),   # rounded up to the hdim-256 kernels
+    (192, 101376, "runs"),      # the hdim-192 kernels: not this rule
+    (128, 101376, "runs"),
+])
+def test_the_flash_attn_dropout_backward_rule(head_dim, smem, expected, facts):
+    assert gpu_ops.dropout_bwd_expected(head_dim, smem) == expected
+    devices = facts["flash_attn_bwd_dropout"]["devices"]
+    assert gpu_ops.dropout_bwd_expected(256, devices["sm_120"]) == "refused"
+    assert gpu_ops.dropout_bwd_expected(256, devices["sm_121"]) == "refused"
+    assert gpu_ops.dropout_bwd_expected(256, devices["sm_90"]) == "runs"
+
+
+def test_dropout_backward_on_a_99_kb_arch_must_be_refused_not_silently_pass():
+    refused = gpu_ops.judge_dropout_bwd("refused", RuntimeError("no kernel for dropout"), None)
+    assert refused["status"] == "pass" and "refused as known" in refused["note"]
+    wrong = {"status": "fail", "reason": "dq: GPU result differs"}
+    silent = gpu_ops.judge_dropout_bwd("refused", None, wrong)
+    assert silent["status"] == "fail" and "silently wrong" in silent["reason"]
+    assert "dq: GPU result differs" in silent["reason"]
+    uncompared = gpu_ops.judge_dropout_bwd("refused", None, None)
+    assert uncompared["status"] == "fail"
+    stale = gpu_ops.judge_dropout_bwd("refused", None, {"status": "pass"})
+    assert stale["status"] == "pass" and "out of date" in stale["note"]
+
+
+def test_dropout_backward_where_it_should_run_is_compared():
+    assert gpu_ops.judge_dropout_bwd("runs", None, {"status": "pass", "max_abs_error": 0.01}) \
+        == {"status": "pass", "max_abs_error": 0.01, "expected": "runs"}
+    assert gpu_ops.judge_dropout_bwd("runs", None, {"status": "fail", "reason": "x"})["status"] \
+        == "fail"
+    crashed = gpu_ops.judge_dropout_bwd("runs", RuntimeError("CUDA error"), None)
+    assert crashed["status"] == "fail" and "CUDA error" in crashed["reason"]
+
+
+def test_triton_missing_is_a_failure_in_an_engine_image_and_a_skip_elsewhere():
+    assert gpu_ops.triton_missing("vllm")["status"] == "fail"
+    assert "vllm" in gpu_ops.triton_missing("vllm")["reason"]
+    assert gpu_ops.triton_missing(None)["status"] == "skip"
+
+
+def test_check_triton_without_triton(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "triton", None)  # import triton -> ImportError
+    assert gpu_check.check_triton("sglang")["status"] == "fail"
+    assert gpu_check.check_triton(None)["status"] == "skip"
+
+
+def test_the_engine_claim_is_the_callers_word_else_an_importable_engine():
+    nothing = lambda name: None  # noqa: E731
+    only_sglang = lambda name: object() if name == "sglang" else None  # noqa: E731
+    assert gpu_ops.engine_claim("vllm", find_spec=nothing) == "vllm"
+    assert gpu_ops.engine_claim("none", find_spec=only_sglang) is None
+    assert gpu_ops.engine_claim(None, find_spec=only_sglang) == "sglang"
+    assert gpu_ops.engine_claim(None, find_spec=nothing) is None
+
+
+def test_gdn_without_an_implementation_skips_only_outside_an_engine_image(monkeypatch):
+    monkeypatch.setattr(gpu_ops, "gdn_implementation",
+                        lambda preferred=None: (None, ["fla: ModuleNotFoundError: No module named 'fla'"]))
+    skipped = gpu_ops.check_gdn(required=False)
+    assert skipped["status"] == "skip" and "not part of this image" in skipped["reason"]
+    failed = gpu_ops.check_gdn(required=True)
+    assert failed["status"] == "fail" and "No module named 'fla'" in failed["reason"]
+    # gpu_check: an engine image requires it; so does naming an implementation
+    seen = []
+    monkeypatch.setattr(gpu_ops, "check_gdn",
+                        lambda preferred=None, required=False: seen.append((preferred, required)))
+    gpu_check.check_gdn("vllm", "auto")
+    gpu_check.check_gdn(None, "auto")
+    gpu_check.check_gdn(None, "fla")
+    assert seen == [(None, True), (None, False), ("fla", True)]
+
+
+def test_run_checks_passes_the_engine_to_the_triton_check_and_adds_gdn(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_check, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(gpu_check, "check_device", lambda arch: {"status": "pass"})
+    monkeypatch.setattr(gpu_check, "check_torch_matmul", lambda: {"status": "pass"})
+    monkeypatch.setattr(gpu_check, "check_triton",
+                        lambda engine=None: calls.append(("triton", engine)) or
+                        gpu_ops.triton_missing(engine))
+    monkeypatch.setattr(gpu_check, "check_gdn",
+                        lambda engine, gdn: calls.append(("gdn", engine, gdn)) or {"status": "pass"})
+    result = gpu_check.run_checks("sm_120", [], engine="vllm")
+    assert calls == [("triton", "vllm"), ("gdn", "vllm", "auto")]
+    assert result["status"] == "fail" and result["engine"] == "vllm"
+    assert result["reason"].startswith("triton: triton is not installed, but the image claims")
+    assert [c["check"] for c in result["checks"]] == ["device", "torch", "triton", "gdn"]
+    assert all("duration_s" in c for c in result["checks"])
+    off = gpu_check.run_checks("sm_120", [], engine=None, gdn="off")
+    assert [c["check"] for c in off["checks"]] == ["device", "torch", "triton"]
+    assert off["status"] == "pass"  # triton's skip outside an engine image fails nothing
+
+
+# --------------------------------------------------------------------------------------------
+# The torch references (CPU)
+# --------------------------------------------------------------------------------------------
+
+def scalar_gated_delta_rule(q, k, v, g, beta, scale, state):
+    """The recurrence with plain floats, one head: q/k [T][K], v [T][V], g/beta [T],
+    state [K][V]. The oracle the torch reference is checked against."""
+    kd, vd = len(state), len(state[0])
+    out = []
+    for t in range(len(q)):
+        decay = math.exp(g[t])
+        state = [[state[i][j] * decay for j in range(vd)] for i in range(kd)]
+        predicted = [sum(k[t][i] * state[i][j] for i in range(kd)) for j in range(vd)]
+        delta = [beta[t] * (v[t][j] - predicted[j]) for j in range(vd)]
+        state = [[state[i][j] + k[t][i] * delta[j] for j in range(vd)] for i in range(kd)]
+        out.append([sum(scale * q[t][i] * state[i][j] for i in range(kd)) for j in range(vd)])
+    return out, state
+
+
+def test_the_naive_gdn_recurrence_against_a_scalar_oracle_with_grouped_value_heads():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    b, t, h, hv, kd, vd = 2, 5, 2, 6, 3, 4
+    q, k = torch.randn(b, t, h, kd, generator=gen), torch.randn(b, t, h, kd, generator=gen)
+    v = torch.randn(b, t, hv, vd, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(b, t, hv, generator=gen))
+    beta = torch.rand(b, t, hv, generator=gen)
+    state = torch.randn(b, hv, kd, vd, generator=gen)
+    out, final = gpu_ops.gdn_recurrence_reference(q, k, v, g, beta, 0.7, state, qk_l2norm=False)
+    assert out.shape == (b, t, hv, vd) and final.shape == (b, hv, kd, vd)
+    for n in range(b):
+        for i in range(hv):
+            key_head = i // (hv // h)  # value head i reads key head i // 3
+            want_o, want_s = scalar_gated_delta_rule(
+                q[n, :, key_head].tolist(), k[n, :, key_head].tolist(), v[n, :, i].tolist(),
+                g[n, :, i].tolist(), beta[n, :, i].tolist(), 0.7, state[n, i].tolist())
+            assert torch.allclose(out[n, :, i].double(), torch.tensor(want_o, dtype=torch.float64),
+                                  atol=1e-5)
+            assert torch.allclose(final[n, i].double(), torch.tensor(want_s, dtype=torch.float64),
+                                  atol=1e-5)
+
+
+def test_the_delta_rule_stores_the_value_for_its_key():
+    """With no decay and beta 1, reading a just-written unit key returns its value exactly."""
+    torch = pytest.importorskip("torch")
+    kd = 4
+    keys = torch.eye(kd)[None, :, None, :]           # orthonormal keys, one per step
+    values = torch.arange(kd * 3, dtype=torch.float32).reshape(1, kd, 1, 3)
+    zeros, ones = torch.zeros(1, kd, 1), torch.ones(1, kd, 1)
+    out, state = gpu_ops.gdn_recurrence_reference(keys, keys, values, zeros, ones, 1.0,
+                                                  qk_l2norm=True)
+    assert torch.allclose(out, values, atol=1e-5)
+    assert torch.allclose(state[0, 0], values[0, :, 0], atol=1e-5)
+
+
+def test_the_l2norm_option_normalises_q_and_k():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 3, 1, 4, generator=gen), torch.randn(1, 3, 1, 4, generator=gen)
+    v, g, beta = torch.randn(1, 3, 1, 2, generator=gen), torch.zeros(1, 3, 1), torch.ones(1, 3, 1)
+    a, _ = gpu_ops.gdn_recurrence_reference(q, k, v, g, beta, 1.0, qk_l2norm=True)
+    b, _ = gpu_ops.gdn_recurrence_reference(q * 5, k * 3, v, g, beta, 1.0, qk_l2norm=True)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_attention_reference_gqa_and_end_aligned_causal_mask():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 3, 6, 8, generator=gen)
+    k, v = torch.randn(1, 5, 2, 8, generator=gen), torch.randn(1, 5, 2, 8, generator=gen)
+    out = gpu_ops.attention_reference(q, k, v, causal=True)
+    for t in range(3):
+        for head in range(6):
+            kv = head // 3
+            visible = 5 - 3 + t + 1  # the last query sees every key
+            scores = torch.tensor([float(q[0, t, head] @ k[0, s, kv]) / math.sqrt(8)
+                                   for s in range(visible)])
+            want = torch.softmax(scores, 0) @ v[0, :visible, kv]
+            assert torch.allclose(out[0, t, head], want, atol=1e-5)
+
+
+def test_attention_reference_applies_the_dropout_mask_and_rescales():
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(1, 1, 1, 4)
+    k = torch.zeros(1, 2, 1, 4)
+    v = torch.tensor([[[[1.0, 0, 0, 0]], [[0, 1.0, 0, 0]]]])
+    keep = torch.tensor([[[[True, False]]]])
+    out = gpu_ops.attention_reference(q, k, v, causal=False, dropout_mask=keep, dropout_p=0.5)
+    assert torch.allclose(out[0, 0, 0], torch.tensor([1.0, 0, 0, 0]))  # 0.5 / (1 - 0.5)
+
+
+def test_causal_conv1d_reference_against_a_loop():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(3)
+    b, t, d, w = 2, 6, 3, 4
+    x, weight = torch.randn(b, t, d, generator=gen), torch.randn(d, w, generator=gen)
+    bias, prefix = torch.randn(d, generator=gen), torch.randn(b, d, w - 1, generator=gen)
+    got = gpu_ops.causal_conv1d_reference(x, weight, bias, prefix, silu=False)
+    padded = torch.cat([prefix, x.transpose(1, 2)], dim=-1)   # [B, D, W-1+T]
+    for n in range(b):
+        for c in range(d):
+            for i in range(t):
+                want = sum(weight[c, j] * padded[n, c, i + j] for j in range(w)) + bias[c]
+                assert abs(float(got[n, i, c]) - float(want)) < 1e-5
+    silu = gpu_ops.causal_conv1d_reference(x, weight, bias, prefix, silu=True)
+    assert torch.allclose(silu, torch.nn.functional.silu(got))
+
+
+def test_compare_on_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    want = torch.ones(4, 4)
+    assert gpu_ops.compare("conv1d", want + 0.001, want)["status"] == "pass"
+    bad = gpu_ops.compare("conv1d", want + random.choice([0.5, -0.5]), want)
+    assert bad["status"] == "fail" and bad["max_abs_error"] == pytest.approx(0.5)
+    nan = want.clone()
+    nan[0, 0] = float("nan")
+    assert "non-finite" in gpu_ops.compare("conv1d", nan, want)["reason"]
+    assert "shape" in gpu_ops.compare("conv1d", want[:2], want)["reason"]
