@@ -9,7 +9,8 @@ attestation. No private key or password is left in the state directory, the comm
 journal, the report, images.lock, the registry's blobs or any layer of the image.
 
 The images are tiny rootfs tarballs labelled as cells of tests/matrix/matrix.yaml (as in
-test_publish_registry.py), with a dpkg status file and the CPU cell's real lock beside the matrix."""
+test_publish_registry.py), with a dpkg status file and the CPU cell's real lock beside the
+matrix."""
 
 from __future__ import annotations
 

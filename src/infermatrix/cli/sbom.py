@@ -4,6 +4,7 @@ document publish attests: stages/sbom.py)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -67,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
         out.write_text(text + "\n", encoding="utf-8")
     else:
         out = ctx.state.root / write_sbom_file(ctx.state.root, cell.id, json.loads(text))
-    import json
     count = len(json.loads(text).get("components") or [])
     print(f"{out}  (CycloneDX 1.6, {cell.id}, image {info['Id']}, {count} components)")
     return 0

@@ -97,7 +97,8 @@ def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: dict[str, Any
     found = cosign.attached(entry["repository"], entry["digest"], creds)
     sbom_file = write_sbom_file(ctx.state.root, cell.id, made["sbom"])
     return {
-        "signed": True, "sbom_file": sbom_file, "mode": signer.key.describe(), "key": signer.fingerprint,
+        "signed": True, "sbom_file": sbom_file, "mode": signer.key.describe(),
+        "key": signer.fingerprint,
         "cosign": signer.cosign_version,
         "signed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "signature": found["signature"], "attestations_manifest": found["attestations"],
