@@ -112,7 +112,9 @@ def mark_tagged(state: StatePaths, cell_id: str, image_id: str, status: str = "p
     kind = "static-only" if tagged_image_id else "tested"
     details = {"ref": f"infermatrix-test:{cell_id}", "image_id": image_id,
                "tagged_image_id": tagged_image_id or image_id, "kind": kind}
-    journal.record_stage(state, cell_id, "tag", status,
+    # the tag stage skips a cell whose smoke failed (tagging.tag_cell); "fail" is kept for a
+    # tag that could not be applied, which publish reports as a failure
+    journal.record_stage(state, cell_id, "tag", "pass" if status == "pass" else "skip",
                          reason=None if status == "pass" else "smoke failed",
                          details=details if status == "pass" else {})
 
