@@ -3,21 +3,26 @@ smoked and tagged for real) is published to a real docker-registry with htpasswd
 loopback; every local copy of the image is removed (by image id, not only its tags); `infermatrix
 pull` brings it back by digest with nothing but INFERMATRIX_REGISTRY_USER/_PASSWORD (no `docker
 login`: DOCKER_CONFIG is an empty directory); the pulled image id is the published one, and the
-`model` smoke level passes against it. Then a wrong password and a stopped registry: one line and
-exit 1 each.
+`model` smoke level passes against it. Publish signs the digest and attests its test result,
+SBOM and provenance with a key pair made here; pull and deploy verify them against the public key
+(issue 29). Then a wrong password and a stopped registry: one line and exit 1 each.
 
 Slow (a ~7 GB image goes through the registry and back): minutes on two cores."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import subprocess
 import time
 import uuid
 
 import pytest
 
-from infermatrix.stages import build, publish, render, smoke
+from infermatrix.engine import cosign
+from infermatrix.model import spec
+from infermatrix.stages import build, publish, render, sbom, smoke
 from infermatrix.engine import docker as engine
 from infermatrix import journal
 from infermatrix.engine import registry as registry_api
@@ -27,11 +32,13 @@ from infermatrix.stages.plan import plan_matrix
 from infermatrix.stages.tagging import tag_cell
 from tests.planning_support import recorded_metadata
 from tests.registry_support import start_registry
+from tests.test_signing_registry import make_keys
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.registry, pytest.mark.slow]
 
 CPU_ID = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
 USER, PASSWORD = "consumer", "pw-" + uuid.uuid4().hex[:12]
+KEY_PASSWORD = "key-" + uuid.uuid4().hex[:12]
 
 
 def tagged_cpu_plan(ctx: Context):
@@ -92,14 +99,38 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
     image_id = None
     try:
         # 1. publish the tagged CPU cell
+        #    signed with a key pair made here (issue 29): key file and password by environment
+        private, public = make_keys(tmp_path / "keys", KEY_PASSWORD)
+        monkeypatch.setenv(cosign.KEY_FILE_ENV, str(private))
+        monkeypatch.setenv(cosign.PASSWORD_ENV, KEY_PASSWORD)
         code = main(["publish", "--matrix", str(test_ctx.matrix.path), "--state-dir",
                      str(test_ctx.state.root), "--select", CPU_ID, "--registry", server.host,
                      "--lock", str(lock_path), "--wait"])
         out = capsys.readouterr().out
-        assert code == 0 and "published 1" in out, out
+        assert code == 0 and "published 1" in out and f"({CPU_ID}, signed)" in out, out
+        monkeypatch.delenv(cosign.KEY_FILE_ENV)
+        monkeypatch.delenv(cosign.PASSWORD_ENV)
         entry = publish.read_lock(lock_path)["images"][CPU_ID]
         image_id = entry["image_id"]
         assert entry["repository"].startswith(server.host + "/")
+        assert entry["signing"]["verdict"] == "passed" and all(
+            entry["signing"]["attestations"].values())
+        # the attested SBOM of the real image: the lock's packages and the base's dpkg status
+        document = (test_ctx.state.root / entry["signing"]["sbom_file"]).read_text()
+        assert sbom.validation_error(document) is None
+        refs = {c["bom-ref"] for c in json.loads(document)["components"]}
+        lock_text = spec.lock_path(test_ctx, CPU_ID).read_text()
+        assert all(f"pypi:{p.name.lower()}@{p.version}" in refs
+                   for p in sbom.lock_packages(lock_text))
+        assert any(ref.startswith("deb:libc6@") for ref in refs)
+        history = subprocess.run(["/usr/bin/docker", "history", "--no-trunc", image_id],
+                                 capture_output=True, text=True, check=True).stdout
+        assert KEY_PASSWORD not in history and PASSWORD not in history
+        for path in [lock_path, test_ctx.state.commands_log, test_ctx.state.journal,
+                     test_ctx.state.root / entry["signing"]["sbom_file"]]:
+            files = [path] if path.is_file() else list(path.rglob("*.json"))
+            for found in files:
+                assert KEY_PASSWORD.encode() not in found.read_bytes(), found
 
         # 2. remove every local copy: the image id itself, with every tag and digest naming it
         wait_until_unused(image_id)
@@ -111,16 +142,22 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
 
         # 3. pull by digest with the variables only
         caplog.set_level(logging.INFO, logger="infermatrix.commands")
-        code = main(["pull", CPU_ID, "--skip-verify", "--lock", str(lock_path),
+        code = main(["pull", CPU_ID, "--key", str(public), "--lock", str(lock_path),
                      "--model-dir", "/srv/m"])
         out = capsys.readouterr().out
         assert code == 0, out
+        assert f"# verified {entry['reference']}" in out and "'passed'" in out
         assert any("docker pull " + entry["reference"] in r.getMessage()
                    for r in caplog.records)
         pulled = engine.inspect_image(entry["reference"])
         assert pulled is not None and pulled["Id"] == image_id  # the published image id
         assert entry["reference"] in pulled["RepoDigests"]
         assert entry["reference"] in out.strip().splitlines()[-1]  # the docker run line
+        code = main(["deploy", CPU_ID, "--key", str(public), "--matrix",
+                     str(test_ctx.matrix.path), "--lock", str(lock_path), "--cpu-lane", "1",
+                     "--model-dir", str(tmp_path), "--out", str(tmp_path / "deploy")])
+        assert code == 0 and "# verified" in capsys.readouterr().out
+        assert entry["reference"] in (tmp_path / "deploy" / "compose.yaml").read_text()
 
         # 4. the model smoke level against the pulled image
         consumer = consumer_context(tmp_path, test_ctx, pulled["Id"])
