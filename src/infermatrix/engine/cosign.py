@@ -203,10 +203,17 @@ def _registry_env(repository: str | None,
         shutil.rmtree(directory, ignore_errors=True)
 
 
+DOCKER_CERTS = Path("/etc/docker/certs.d")
+
+
 def _registry_flags(repository: str) -> list[str]:
+    """Plain HTTP for what the daemon treats as insecure (127.0.0.0/8); a registry CA the
+    daemon trusts (/etc/docker/certs.d/HOST/ca.crt) is trusted by cosign too."""
     host = registries.registry_host(repository)
-    return [] if registries.registry_is_secure(host) else \
-        ["--allow-insecure-registry", "--allow-http-registry"]
+    if not registries.registry_is_secure(host):
+        return ["--allow-insecure-registry", "--allow-http-registry"]
+    ca = DOCKER_CERTS / host / "ca.crt"
+    return ["--registry-cacert", str(ca)] if ca.is_file() else []
 
 
 def _cosign(args: list[str], *, key: SigningKey | None = None, repository: str | None = None,
@@ -260,6 +267,10 @@ def attest(reference: str, key: SigningKey, creds: registries.RegistryCredential
 
 
 def _verify_flags(public_key: Path | None, tlog: bool) -> list[str]:
+    if public_key is None and not (os.environ.get(IDENTITY_ENV) and os.environ.get(ISSUER_ENV)):
+        raise UsageError(f"keyless verification needs {IDENTITY_ENV} and {ISSUER_ENV} (the "
+                         "signer's certificate identity and OIDC issuer); fix: set them, or "
+                         "verify with --key cosign.pub")
     flags = ["--key", str(public_key)] if public_key else [
         "--certificate-identity", os.environ.get(IDENTITY_ENV, ""),
         "--certificate-oidc-issuer", os.environ.get(ISSUER_ENV, "")]
