@@ -229,3 +229,33 @@ def test_the_provisioned_cosign_answers():
     out = subprocess.run([binary, "version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "GitVersion" in out.stdout + out.stderr
     assert cosign.version()
+
+
+# --- the report's signing status ------------------------------------------------------------
+
+def test_the_report_shows_signing_status_and_links_the_sbom():
+    from infermatrix.stages import report
+
+    signed, unsigned = record(), record()
+    sig, att = "sha256:" + "5" * 64, {"test-result": "sha256:" + "6" * 64,
+                                      "sbom": "sha256:" + "7" * 64,
+                                      "provenance": "sha256:" + "8" * 64}
+    signed["stages"]["publish"] = {"status": "pass", "details": {"lock_entry": {"signing": {
+        "signed": True, "key": "sha256:" + "9" * 64, "verdict": "passed",
+        "mode": "key from INFERMATRIX_COSIGN_KEY_FILE, offline", "sbom_file":
+        f"sbom/{CPU.id}.cdx.json", "signature": {"digest": sig}, "attestations": att}}}}
+    unsigned["cell"] = GPU.id
+    unsigned["stages"]["publish"] = {"status": "pass", "details": {"lock_entry": {
+        "signing": None}}}
+    built = report.build_report({CPU.id: signed, GPU.id: unsigned}, None)
+    md = report.render_markdown(built)
+    assert f"- `{CPU.id}`: signed, key sha256:9999" in md and "'passed'" in md
+    assert f"[SBOM (CycloneDX)](../sbom/{CPU.id}.cdx.json)" in md
+    assert f"- `{GPU.id}`: published unsigned" in md
+    html = report.render_html(built)
+    assert sig in html and all(d in html for d in att.values())
+    assert f'href="../sbom/{CPU.id}.cdx.json"' in html
+    data = report.report_json(built)
+    by_id = {c["id"]: c for c in data["cells"]}
+    assert by_id[CPU.id]["signing"]["status"] == "signed"
+    assert by_id[GPU.id]["signing"]["status"] == "unsigned"
