@@ -86,6 +86,30 @@ def test_a_new_release_on_the_index_is_planned_without_editing_the_matrix(tmp_pa
     assert not any("sglang0.5.11" in p.id for p in result.cells)  # superseded as `latest`
 
 
+def test_latest_passes_over_a_release_whose_pinned_dependency_is_not_on_the_index(tmp_path):
+    # as vLLM 0.34.0 did on 2026-12-02: it pinned flashinfer-python==0.7.3 before that was out
+    from .planning_support import RECORDED
+    newer = dict(RECORDED_RELEASES, vllm=(*RECORDED_RELEASES["vllm"], "0.21.0"),
+                 **{"flashinfer-python": ("0.7.2",)})
+    RECORDED[("vllm", "0.21.0")] = ("torch==2.11.0", "flashinfer-python==0.7.3")
+    try:
+        result = plan(tmp_path, with_axes(SELECTORS), lambda n: recorded_releases(n, newer))
+        waiting = ids(result)
+        published = dict(newer, **{"flashinfer-python": ("0.7.2", "0.7.3")})
+        later = plan(tmp_path / "later", with_axes(SELECTORS),
+                     lambda n: recorded_releases(n, published))
+    finally:
+        del RECORDED[("vllm", "0.21.0")]
+    assert "cu130-torch2.11.0-vllm0.20.1-sm120" in waiting
+    assert not any("vllm0.21.0" in i for i in waiting)
+    cell = next(p for p in result.cells if p.id == "cu130-torch2.11.0-vllm0.20.1-sm120")
+    assert cell.resolution["passed_over"] == [
+        "0.21.0: it pins flashinfer-python==0.7.3, which "
+        "https://pypi.org/simple/flashinfer-python/ does not have (yet)"]
+    # once the dependency is published, `latest` moves on its own
+    assert "cu130-torch2.11.0-vllm0.21.0-sm120" in ids(later)
+
+
 def test_newest_n_keeps_the_card_floor(tmp_path):
     axes = SELECTORS.replace("    sglang: [latest, floor]\n",
                              "    sglang: {versions: \">=0.5.0\", newest: 3}\n")

@@ -104,7 +104,20 @@ def run(args: argparse.Namespace) -> int:
     console.print(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")
     for why, n in sorted(full.not_generated.items()):
         console.print(f"not generated: {n} combination(s) with a {why}")
+    for line in passed_over_lines(plans):
+        console.print(line, markup=False)
     return 0
+
+
+def passed_over_lines(plans: list[CellPlan]) -> list[str]:
+    """One line per selector that skipped a release not installable yet (each said once)."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for plan in plans:
+        resolution = plan.resolution or {}
+        for why in resolution.get("passed_over", []):
+            seen.setdefault((plan.cell.engine, resolution.get("selector", "")), []).append(why)
+    return [f"{engine} {selector}: passed over {why}"
+            for (engine, selector), whys in sorted(seen.items()) for why in dict.fromkeys(whys)]
 
 
 def _print_diff(ctx: Context, plans: list[CellPlan], whole: bool) -> int:

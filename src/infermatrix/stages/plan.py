@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from ..config import Matrix
 from ..context import Context
@@ -61,10 +62,13 @@ class EngineChoice:
     resolved_at: str | None = None  # when the release list said so (None: an exact pin)
     index: str | None = None
     unresolved: str | None = None  # why it could not be resolved (index unreachable)
+    passed_over: tuple[str, ...] = ()  # newer releases the selector skipped, each with why
 
     def record(self) -> dict[str, Any]:
-        return {"selector": self.selector, "version": None if self.unresolved else self.version,
-                "resolved_at": self.resolved_at, "index": self.index}
+        record = {"selector": self.selector,
+                  "version": None if self.unresolved else self.version,
+                  "resolved_at": self.resolved_at, "index": self.index}
+        return record | ({"passed_over": list(self.passed_over)} if self.passed_over else {})
 
 
 def _engine_entries(m: Matrix) -> list[tuple[str, Any, tuple[Any, ...]]]:
@@ -98,8 +102,12 @@ def _selector(m: Matrix, engine: str, value: Any) -> tuple[str, SpecifierSet | N
     return text, SpecifierSet(text) & floor, 1, False
 
 
-def resolve_engines(m: Matrix, releases: ReleaseSource | None) -> list[EngineChoice]:
-    """Every engine release the axis selects, in axis order, each once."""
+def resolve_engines(m: Matrix, releases: ReleaseSource | None,
+                    gatherer: FactGatherer | None = None) -> list[EngineChoice]:
+    """Every engine release the axis selects, in axis order, each once. With `gatherer`, a
+    release that cannot be installed yet (it pins a dependency release the index does not
+    have: vLLM 0.34.0 pinned flashinfer-python==0.7.3 the day it came out) is passed over for
+    the next one, and the choice records why."""
     choices: dict[tuple[str, str], EngineChoice] = {}
     for engine, value, where in _engine_entries(m):
         label, spec, count, oldest = _selector(m, engine, value)
@@ -120,10 +128,13 @@ def resolve_engines(m: Matrix, releases: ReleaseSource | None) -> list[EngineCho
             choices.setdefault(key, EngineChoice(engine, label, label, where,
                                                  unresolved=f"index unreachable: {exc}"))
             continue
-        picked = _pick(listing, spec, count, oldest)
-        if not picked:
+        picked, passed_over = _pick(listing, spec, count, oldest,
+                                    _not_installable(gatherer, releases, package))
+        if not picked and not passed_over:
             raise m.error(_no_match_message(package, label, spec, listing), *where,
                           fix="widen the specifier or pin one of the releases listed")
+        if not picked:  # every candidate is waiting for a dependency: plan the newest anyway,
+            picked, passed_over = _pick(listing, spec, count, oldest)  # lock prunes it
         for version in picked:
             key = (engine, version)
             if key in choices:  # `latest` and `floor` may name the same release
@@ -131,13 +142,72 @@ def resolve_engines(m: Matrix, releases: ReleaseSource | None) -> list[EngineCho
                 choices[key] = replace(old, selector=f"{old.selector}, {label}")
             else:
                 choices[key] = EngineChoice(engine, version, label, where,
-                                            resolved_at=listing.fetched_at, index=listing.url)
+                                            resolved_at=listing.fetched_at, index=listing.url,
+                                            passed_over=tuple(passed_over))
     return list(choices.values())
 
 
-def _pick(listing: ReleaseList, spec: SpecifierSet, count: int, oldest: bool) -> list[str]:
+# how many uninstallable releases a selector looks past before it gives up on skipping
+MAX_PASSED_OVER = 3
+
+
+def _pick(listing: ReleaseList, spec: SpecifierSet, count: int, oldest: bool,
+          why_not: Callable[[str], str | None] | None = None) -> tuple[list[str], list[str]]:
+    """(picked, passed over with why) of a selector: newest first (`oldest`: the floor
+    release), skipping the releases `why_not` says cannot install."""
     found = listing.newest(spec, len(listing.versions))
-    return found[-1:] if oldest else found[:count]
+    ordered = list(reversed(found)) if oldest else found
+    wanted = 1 if oldest else count
+    if why_not is None:
+        return ordered[:wanted], []
+    picked: list[str] = []
+    passed_over: list[str] = []
+    for version in ordered:
+        if len(picked) == wanted:
+            break
+        reason = why_not(version) if len(passed_over) < MAX_PASSED_OVER else None
+        if reason:
+            passed_over.append(f"{version}: {reason}")
+        else:
+            picked.append(version)
+    return picked, passed_over
+
+
+def _not_installable(gatherer: FactGatherer | None, releases: ReleaseSource | None,
+                     package: str) -> Callable[[str], str | None] | None:
+    """Why a release of `package` cannot be installed from the index today (one of its exact
+    pins names a release the index does not list), else None. Pins with a local version
+    (`torch==2.13.0+cpu`) live on another index and are left to the lock."""
+    if gatherer is None or releases is None:
+        return None
+
+    def why_not(version: str) -> str | None:
+        try:
+            pins = gatherer.facts(package, version).exact_pins
+        except (IndexUnavailable, NotOnIndex):
+            return None  # the plan judges it with its facts
+        for name, pinned in pins:
+            if "+" in pinned:
+                continue
+            try:
+                listing = releases(name)
+            except IndexUnavailable:
+                return None
+            except NotOnIndex:
+                return f"it pins {name}=={pinned}, and the index has no {name}"
+            if not any(Version(v) == Version(pinned) for v in listing.versions
+                       if _is_version(v)):
+                return f"it pins {name}=={pinned}, which {listing.url} does not have (yet)"
+        return None
+    return why_not
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _no_match_message(package: str, label: str, spec: SpecifierSet, listing: ReleaseList) -> str:
@@ -322,7 +392,8 @@ def expand(m: Matrix, gatherer: FactGatherer | None = None,
     notes: dict[str, int] = {}
     candidates: list[Candidate] = []
     memo: dict[tuple[str, str, str], tuple[list[str], list[Verdict], str | None]] = {}
-    for choice, arch in itertools.product(resolve_engines(m, releases), axes["arch"]):
+    for choice, arch in itertools.product(resolve_engines(m, releases, gatherer),
+                                           axes["arch"]):
         machine = machine_of(_platform_of_arch(m, arch))
         key = (choice.engine, choice.version, machine)
         if key not in memo:
