@@ -274,3 +274,29 @@ def test_compare_on_cpu_tensors():
     nan[0, 0] = float("nan")
     assert "non-finite" in gpu_ops.compare("conv1d", nan, want)["reason"]
     assert "shape" in gpu_ops.compare("conv1d", want[:2], want)["reason"]
+
+
+# --------------------------------------------------------------------------------------------
+# harness.triton_warm: what can be checked without triton
+# --------------------------------------------------------------------------------------------
+
+def test_triton_warm_devices_report_the_shared_memory_of_the_data(facts):
+    from infermatrix.harness import triton_warm
+
+    devices = facts["flash_attn_bwd_dropout"]["devices"]
+    for arch, smem in devices.items():
+        assert triton_warm.DEVICES[arch]["smem"] == smem
+        assert triton_warm.FakeUtils(arch).get_device_properties(0)["max_shared_mem"] == smem
+        props = triton_warm.FakeProps(arch)
+        assert (props.major, props.minor) == triton_warm.parse_arch(arch)
+        assert props.shared_memory_per_block_optin == smem
+
+
+def test_triton_warm_compile_only_needs_an_arch(tmp_path, capsys):
+    from infermatrix.harness import triton_warm
+
+    with pytest.raises(SystemExit) as stop:
+        triton_warm.main(["--compile-only", "--cache", str(tmp_path)])
+    assert stop.value.code == 2 and "--compile-only needs --arch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        triton_warm.main(["--compile-only", "--launch", "--cache", str(tmp_path)])
