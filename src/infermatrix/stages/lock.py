@@ -187,7 +187,7 @@ def cell_requirements(ctx: Context, plan: CellPlan,
     no_deps = [_pin_engine(spec, settings.engine_package, cell.engine_version)
                for spec in install.get("no_deps", [])]
     requirements = [f"torch=={cell.torch}", *install.get("pre", []),
-                    *install.get("requirements", [])]
+                    *install.get("requirements", []), *cuda_constraints(cell.cuda)]
     package = settings.engine_package
     if package and canonicalize_name(package) not in {_name(s) for s in no_deps}:
         if settings.engine_index and settings.engine_index.endswith(".whl"):
@@ -205,6 +205,14 @@ def cell_requirements(ctx: Context, plan: CellPlan,
                                          i, fix="name the engine package or pin name==version")
                 raise error from None
     return _unique(requirements), no_deps
+
+
+def cuda_constraints(cuda: str) -> list[str]:
+    """The rules' lock constraints for a CUDA major (rules.yaml lock-constraints)."""
+    from ..model.rules import load_rules
+
+    table = load_rules().get("lock-constraints", {})
+    return [entry["requirement"] for entry in table.get(cuda.split(".")[0], [])]
 
 
 def _pin_engine(spec: str, engine_package: str | None, version: str) -> str:
