@@ -72,7 +72,18 @@ def test_unknown_distribution_is_a_config_error_with_a_line(ctx):
 
 def test_requirements_of_an_engine_cell(ctx):
     requirements, no_deps = lock.cell_requirements(ctx, _plan(SGLANG))
-    assert requirements == ["torch==2.11.0", "sglang==0.5.11"] and no_deps == []
+    # a CUDA 13 cell resolves with the rules' CUDA 13 constraints (rules.yaml lock-constraints)
+    assert requirements == ["torch==2.11.0", "cuda-python>=13", "sglang==0.5.11"]
+    assert no_deps == []
+
+
+def test_cuda_constraints_are_per_major_with_a_reason_and_a_source():
+    from infermatrix.model.rules import load_rules
+
+    assert lock.cuda_constraints("13.0") == ["cuda-python>=13"]
+    assert lock.cuda_constraints("12.8") == [] and lock.cuda_constraints("cpu") == []
+    for entries in load_rules()["lock-constraints"].values():
+        assert all(e["reason"] and e["source"] and e["checked"] for e in entries)
 
 
 def test_engine_variant_wheel_becomes_a_direct_reference(ctx):

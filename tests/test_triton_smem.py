@@ -113,3 +113,65 @@ def test_judge_reports_bytes_per_kernel() -> None:
     assert check.data["kernels"][0]["shared"] == 73728
     assert audit.judge_triton(None, "triton", "Traceback").status == FAIL
     json.dumps(check.as_dict())  # journal-ready
+
+
+AUTOTUNED = TESTS / "fixtures" / "tritonkern" / "autotuned.py"
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_autotune_is_honoured_and_an_import_time_limit_query_sees_the_target(triton_python,
+                                                                              tmp_path):
+    """As the runtime's autotuner: a kernel fails only when every config overflows; one with
+    some configs over passes with the note; a tile list chosen at import from the device's
+    shared memory gets the target's limit (sm_90's 232,448 B gives 128-wide tiles, sm_120's
+    101,376 B gives 64), never this host's."""
+    limits, _ = audit.shared_memory_limits()
+    result = run_harness(triton_python, tmp_path, "--fixture", str(AUTOTUNED),
+                         "--arch", f"sm_120={limits['sm_120']}",
+                         "--arch", f"sm_90={limits['sm_90']}")
+    by_arch = {a["arch"]: a for a in result["archs"]}
+    rows = {arch: {r["kernel"]: r for f in a["families"] for r in f["summary"]}
+            for arch, a in by_arch.items()}
+    some, every = rows["sm_120"]["some_configs_too_big"], rows["sm_120"]["every_config_too_big"]
+    assert some["configs"] == 3 and some["autotuned"] and some["over"] == 1 and some["fits"]
+    assert some["min_shared"] <= 101376 < some["max_shared"]
+    assert "1 of 3 autotune configs cannot run" in some["note"]
+    assert every["configs"] == 2 and every["over"] == 2 and not every["fits"]
+    assert by_arch["sm_120"]["status"] == "fail"
+    assert "every_config_too_big" in by_arch["sm_120"]["reason"]
+    assert "some_configs_too_big" not in by_arch["sm_120"]["reason"]
+    assert any("some_configs_too_big" in n for n in by_arch["sm_120"]["notes"])
+    # the import-time query: 64-wide tiles for sm_120's limit, 128-wide for sm_90's
+    kernels = {arch: [k for f in a["families"] for k in f["kernels"]
+                      if k["kernel"] == "tiles_from_the_device"] for arch, a in by_arch.items()}
+    assert [k["constexprs"]["BLOCK"] for k in kernels["sm_120"]] == [64]
+    assert [k["constexprs"]["BLOCK"] for k in kernels["sm_90"]] == [128]
+    assert by_arch["sm_90"]["status"] == "pass"  # 232,448 B: every config of all three fits
+    check = audit.judge_triton(result, "triton")
+    assert check.status == FAIL and "every_config_too_big" in check.detail
+    row = next(r for r in check.data["summary"] if r["kernel"] == "some_configs_too_big"
+               and r["arch"] == "sm_120")
+    assert row["over"] == 1 and row["configs"] == 3
+
+
+def test_a_cpu_only_torch_is_refused_fake_torch_module() -> None:
+    from infermatrix.harness import triton_smem
+
+    class FakeVersion:  # the refusal reads torch.version.cuda only
+        cuda = None
+
+    import sys
+    import types
+
+    fake = types.SimpleNamespace(version=FakeVersion, __version__="2.14.0+cpu")
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = fake  # type: ignore[assignment]
+    try:
+        reason = triton_smem.refuse_cpu_torch()
+    finally:
+        if saved is not None:
+            sys.modules["torch"] = saved
+        else:
+            del sys.modules["torch"]
+    assert reason and "CPU-only" in reason and "2.14.0+cpu" in reason

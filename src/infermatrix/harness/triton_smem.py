@@ -50,13 +50,28 @@ def parse_arch(text: str) -> tuple[int, int]:
 # Compile instead of launch
 # --------------------------------------------------------------------------------------------
 
+class _CompileOnlyUtils:
+    """`driver.active.utils` as far as kernels query it at import: the target's real limit.
+    FLA's `check_shared_mem()` (vLLM's and SGLang's GDN ops) picks its tile lists from
+    `get_device_properties(i)["max_shared_mem"]`; a wrong answer gives other tiles."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def get_device_properties(self, device: int = 0) -> dict[str, int]:
+        return {"max_shared_mem": self.limit, "multiprocessor_count": SM_COUNT,
+                "max_num_regs": 65536, "warpSize": 32, "sm_clock_rate": 0,
+                "mem_clock_rate": 0, "mem_bus_width": 0}
+
+
 class CompileOnlyDriver:
     """The part of Triton's driver interface a JIT launch uses, for a GPU that is not here."""
 
-    def __init__(self, cc: tuple[int, int]) -> None:
+    def __init__(self, cc: tuple[int, int], limit: int = 0) -> None:
         from triton.backends.compiler import GPUTarget
 
         self.target = GPUTarget("cuda", cc[0] * 10 + cc[1], 32)
+        self.utils = _CompileOnlyUtils(limit)
 
     def get_current_target(self):
         return self.target
@@ -98,50 +113,101 @@ def kernel_record(fn: Any, kernel: Any, kwargs: dict[str, Any]) -> dict[str, Any
             "constexprs": blocks}
 
 
+def jit_function_of(fn: Any) -> Any:
+    """The JITFunction under an Autotuner / Heuristics chain."""
+    while hasattr(fn, "fn") and not hasattr(fn, "device_caches"):
+        fn = fn.fn
+    return fn
+
+
 @contextlib.contextmanager
-def compile_only(cc: tuple[int, int], compiled: list[dict[str, Any]]) -> Iterator[None]:
-    """Every Triton JIT launch compiles for `cc` and records the kernel instead of running."""
+def compile_only(cc: tuple[int, int], compiled: list[dict[str, Any]],
+                 limit: int = 0) -> Iterator[None]:
+    """Every Triton JIT launch compiles for `cc` and records the kernel instead of running.
+    An autotuned launch compiles every config the autotuner would benchmark (after its own
+    pruning), as the runtime does at first start: each record carries its autotune group, so
+    the verdict can honour the runtime's skipping of configs that run out of resources."""
     from triton.runtime import driver
+    from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     original = JITFunction.run
+    original_tune = Autotuner.run
+    group: list[dict[str, Any] | None] = [None]
 
     def run(self, *args, grid, warmup, **kwargs):
         self.device_caches.clear()  # a binder made for another target must not be reused
+        started = time.monotonic()
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         if kernel is not None:
-            compiled.append(kernel_record(self, kernel, kwargs))
+            record = kernel_record(self, kernel, kwargs)
+            record["compile_s"] = round(time.monotonic() - started, 3)
+            if group[0] is not None:
+                record["autotune"] = group[0]["id"]
+                record["configs"] = group[0]["configs"]
+            compiled.append(record)
         return kernel
 
-    driver.set_active(CompileOnlyDriver(cc))
+    def tuned(self, *args, **kwargs):
+        self.nargs = dict(zip(self.arg_names, args))
+        try:
+            configs = self.prune_configs(kwargs) if len(self.configs) > 1 else self.configs
+        except Exception:  # noqa: BLE001 - a pruning hook that needs a GPU: take every config
+            configs = self.configs
+        outer = group[0]
+        group[0] = {"id": f"{jit_function_of(self).__name__}#{len(compiled)}",
+                    "configs": len(configs)}
+        try:
+            for config in configs:
+                try:
+                    self.fn.run(*args, **kwargs, **config.all_kwargs())
+                except Exception as exc:  # noqa: BLE001 - the runtime skips such a config too
+                    compiled.append({"kernel": jit_function_of(self).__name__,
+                                     "autotune": group[0]["id"], "configs": len(configs),
+                                     "compile_error": f"{type(exc).__name__}: {exc}"[:300],
+                                     "constexprs": dict(config.kwargs),
+                                     "num_warps": config.num_warps,
+                                     "num_stages": config.num_stages})
+        finally:
+            group[0] = outer
+            self.nargs = None
+
+    driver.set_active(CompileOnlyDriver(cc, limit))
     JITFunction.run = run
+    Autotuner.run = tuned
     try:
         yield
     finally:
         JITFunction.run = original
+        Autotuner.run = original_tune
         driver.reset_active() if driver._default is not None else None
 
 
 class _Props:
-    def __init__(self, cc: tuple[int, int]) -> None:
+    def __init__(self, cc: tuple[int, int], limit: int = 0) -> None:
         self.major, self.minor = cc
         self.name = f"compile-only sm_{cc[0]}{cc[1]}"
         self.multi_processor_count = SM_COUNT
         self.total_memory = 96 << 30
-        self.shared_memory_per_block_optin = 0  # unknown here: the host compares the limit
+        # what an import-time query of the limit must see: the target's, never this host's
+        self.shared_memory_per_block_optin = limit
         self.warp_size = 32
 
 
-def pretend_cuda(cc: tuple[int, int]) -> None:
+def pretend_cuda(cc: tuple[int, int], limit: int = 0) -> None:
     """torch.cuda answers as a device of `cc` would, for the launchers' capability checks."""
     import torch
 
     torch.cuda.is_available = lambda: True
     torch.cuda.get_device_capability = lambda device=None: cc
-    torch.cuda.get_device_properties = lambda device=None: _Props(cc)
+    torch.cuda.get_device_properties = lambda device=None: _Props(cc, limit)
     torch.cuda.get_device_name = lambda device=None: _Props(cc).name
     torch.cuda.current_device = lambda: 0
     torch.cuda.device_count = lambda: 1
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "device_index"):
+        # FLA's input_guard enters the tensor's device; CPU tensors have none to enter
+        accelerator.device_index = lambda index=None: contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,11 +292,12 @@ def import_first(names: list[str]) -> Any:
     raise ModuleNotFoundError("; ".join(errors))
 
 
-def drive_sglang(cc: tuple[int, int], shape: dict[str, int]) -> list[dict[str, Any]]:
-    pretend_cuda(cc)
+def drive_sglang(cc: tuple[int, int], shape: dict[str, int], limit: int = 0
+                 ) -> list[dict[str, Any]]:
+    pretend_cuda(cc, limit)
     banks = sglang_banks(shape)
     return [drive_one(family, lambda m=modules, f=fn, b=banks[family]: call_by_name(
-        getattr(import_first(m), f), b), cc) for family, modules, fn in SGLANG_TRITON]
+        getattr(import_first(m), f), b), cc, limit) for family, modules, fn in SGLANG_TRITON]
 
 
 def vllm_banks(cc: tuple[int, int], head_dim: int, q_heads: int, kv_heads: int,
@@ -293,11 +360,36 @@ def pretend_vllm_platform(cc: tuple[int, int]) -> None:
         def get_device_name(cls, device_id: int = 0) -> str:
             return _Props(cc).name
 
+        @classmethod
+        def num_compute_units(cls, device_id: int = 0) -> int:
+            return SM_COUNT
+
+        @classmethod
+        def get_cuda_runtime_major(cls) -> int:
+            # the image's torch CUDA runtime, as vllm.platforms.cuda reads it
+            import torch
+
+            return int((torch.version.cuda or "0").split(".")[0])
+
     platforms._current_platform = CompileOnlyCuda()
+    try:  # host-to-device copies in launchers (FLA's chunk indices): the tensors stay on CPU
+        from vllm.utils import torch_utils
+
+        def to_host_tensor(data, device=None, dtype=None, out=None, **_ignored):
+            import torch
+
+            tensor = torch.as_tensor(data, dtype=dtype if dtype is not None else
+                                     (out.dtype if out is not None else None))
+            return out.copy_(tensor) if out is not None else tensor
+
+        torch_utils.async_tensor_h2d = to_host_tensor
+    except (ImportError, AttributeError):
+        pass
 
 
-def drive_vllm(cc: tuple[int, int], shape: dict[str, int]) -> list[dict[str, Any]]:
-    pretend_cuda(cc)
+def drive_vllm(cc: tuple[int, int], shape: dict[str, int], limit: int = 0
+               ) -> list[dict[str, Any]]:
+    pretend_cuda(cc, limit)
     results = []
     try:
         pretend_vllm_platform(cc)
@@ -307,19 +399,106 @@ def drive_vllm(cc: tuple[int, int], shape: dict[str, int]) -> list[dict[str, Any
     for family, modules, fn in VLLM_TRITON:
         for case, bank in banks.items():
             results.append(drive_one(f"{family}-{case}", lambda m=modules, f=fn, b=bank:
-                                     call_by_name(getattr(import_first(m), f), b), cc))
+                                     call_by_name(getattr(import_first(m), f), b), cc, limit))
+    if shape.get("gdn_key_heads"):
+        results += [drive_one(family, call, cc, limit) for family, call in vllm_gdn_calls(shape)]
     return results
 
 
+# --------------------------------------------------------------------------------------------
+# Gated DeltaNet (linear attention) and its neighbours: the Triton ops of 48 of Qwen3.6's 64
+# layers, from vLLM's own copy of FLA (vllm.third_party.flash_linear_attention, older releases
+# vllm.model_executor.layers.fla) and its causal conv1d
+# --------------------------------------------------------------------------------------------
+
+VLLM_FLA = ["vllm.third_party.flash_linear_attention.ops",
+            "vllm.model_executor.layers.fla.ops"]
+VLLM_CONV = ["vllm.model_executor.layers.mamba.ops.causal_conv1d"]
+
+
+def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]:
+    """(family, call) of every GDN-layer Triton op vLLM's Qwen3.5/3.6 GDN layer launches, at
+    the model's shapes (TP 1): a 64-token prefill of one sequence and a 4-sequence decode."""
+    import torch
+
+    hk, hv, d, width = (shape["gdn_key_heads"], shape["gdn_value_heads"], shape["gdn_head_dim"],
+                        shape["gdn_conv_width"])
+    bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    tokens, seqs = 64, 4
+    conv_dim = 2 * hk * d + hv * d
+    cu = torch.tensor([0, tokens], dtype=torch.int64)
+
+    def fla(name: str) -> Any:
+        return getattr(import_first(VLLM_FLA), name)
+
+    def conv(name: str) -> Any:
+        return getattr(import_first(VLLM_CONV), name)
+
+    def chunk() -> Any:
+        return fla("chunk_gated_delta_rule")(
+            q=torch.zeros(1, tokens, hk, d, dtype=bf16), k=torch.zeros(1, tokens, hk, d, dtype=bf16),
+            v=torch.zeros(1, tokens, hv, d, dtype=bf16), g=torch.zeros(1, tokens, hv, dtype=f32),
+            beta=torch.zeros(1, tokens, hv, dtype=bf16),
+            initial_state=torch.zeros(1, hv, d, d, dtype=f32), output_final_state=True,
+            cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+
+    def prep() -> Any:
+        return fla("fused_post_conv_prep")(
+            conv_output=torch.zeros(tokens, conv_dim, dtype=bf16),
+            a=torch.zeros(tokens, hv, dtype=bf16), b=torch.zeros(tokens, hv, dtype=bf16),
+            A_log=torch.zeros(hv, dtype=f32), dt_bias=torch.zeros(hv, dtype=f32),
+            num_k_heads=hk, head_k_dim=d, head_v_dim=d, apply_l2norm=True, output_g_exp=False)
+
+    def decode() -> Any:
+        return fla("fused_recurrent_gated_delta_rule_packed_decode")(
+            mixed_qkv=torch.zeros(seqs, conv_dim, dtype=bf16),
+            a=torch.zeros(seqs, hv, dtype=bf16), b=torch.zeros(seqs, hv, dtype=bf16),
+            A_log=torch.zeros(hv, dtype=f32), dt_bias=torch.zeros(hv, dtype=f32),
+            scale=d ** -0.5, initial_state=torch.zeros(seqs + 1, hv, d, d, dtype=f32),
+            out=torch.zeros(seqs, 1, hv, d, dtype=bf16),
+            ssm_state_indices=torch.arange(seqs, dtype=i32), use_qk_l2norm_in_kernel=True)
+
+    def conv_prefill() -> Any:
+        return conv("causal_conv1d_fn")(
+            torch.zeros(conv_dim, tokens, dtype=bf16), torch.zeros(conv_dim, width, dtype=bf16),
+            None, conv_states=torch.zeros(2, conv_dim, width - 1, dtype=bf16),
+            query_start_loc=cu.to(i32), cache_indices=torch.tensor([0], dtype=i32),
+            has_initial_state=torch.tensor([False]), activation="silu")
+
+    def conv_decode() -> Any:
+        return conv("causal_conv1d_update")(
+            torch.zeros(seqs, conv_dim, dtype=bf16),
+            torch.zeros(seqs + 1, conv_dim, width - 1, dtype=bf16),
+            torch.zeros(conv_dim, width, dtype=bf16), None, "silu",
+            conv_state_indices=torch.arange(seqs, dtype=i32))
+
+    def gated_norm() -> Any:
+        from importlib import import_module
+        guard = import_module(import_first(VLLM_FLA).__name__ + ".layernorm_guard")
+        return guard.rmsnorm_fn(torch.zeros(tokens * hv, d, dtype=bf16),
+                                torch.ones(d, dtype=bf16), None,
+                                z=torch.zeros(tokens * hv, d, dtype=bf16), eps=1e-6,
+                                group_size=d, norm_before_gate=True)
+
+    return [("gdn-prefill-chunk", chunk), ("gdn-prefill-prep", prep), ("gdn-decode", decode),
+            ("conv1d-prefill", conv_prefill), ("conv1d-decode", conv_decode),
+            ("gated-rmsnorm", gated_norm)]
+
+
 def drive_fixture(cc: tuple[int, int], shape: dict[str, int], path: str) -> list[dict[str, Any]]:
-    """A kernel file with `drive(cc, shape)` (tests): its launcher picks blocks by capability."""
+    """A kernel file with `drive(cc, shape)` (tests): its launcher picks blocks by capability.
+    It is imported under the compile-only driver, as an engine's kernels are: a tile list
+    chosen at import from the device's limits sees the target's."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("triton_smem_fixture", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # triton.jit reads the source through the module
-    spec.loader.exec_module(module)
-    return [drive_one("fixture", lambda: module.drive(cc, shape), cc)]
+    def load_and_drive() -> None:
+        spec = importlib.util.spec_from_file_location("triton_smem_fixture", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # triton.jit reads the source through the module
+        spec.loader.exec_module(module)
+        module.drive(cc, shape)
+
+    return [drive_one("fixture", load_and_drive, cc, shape.get("limit", 0))]
 
 
 def not_driven(family: str, exc: BaseException) -> dict[str, Any]:
@@ -328,11 +507,12 @@ def not_driven(family: str, exc: BaseException) -> dict[str, Any]:
             "traceback_tail": tail[-1500:], "kernels": []}
 
 
-def drive_one(family: str, call: Callable[[], Any], cc: tuple[int, int]) -> dict[str, Any]:
+def drive_one(family: str, call: Callable[[], Any], cc: tuple[int, int],
+              limit: int = 0) -> dict[str, Any]:
     compiled: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
-        with compile_only(cc, compiled):
+        with compile_only(cc, compiled, limit):
             call()
     except Exception as exc:  # noqa: BLE001 - the launcher could not be driven: say so
         if not compiled:
@@ -355,37 +535,254 @@ DRIVERS = {"sglang": drive_sglang, "vllm": drive_vllm}
 # Verdict
 # --------------------------------------------------------------------------------------------
 
+def summarise_kernels(family: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+    """One row per kernel of a family: its configs (an autotune group, or one launch), their
+    bytes, how many are over `limit`, and the verdict as the runtime would reach it: an
+    autotuned kernel fails only when no config fits (the autotuner skips a config that runs
+    out of resources); a kernel without alternatives fails when its one config is over."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for i, record in enumerate(family.get("kernels", [])):
+        key = record.get("autotune") or f"{record['kernel']}@{i}"
+        groups.setdefault(key, []).append(record)
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for records in groups.values():
+        sizes = [r["shared"] for r in records if "shared" in r]
+        over = sum(size > limit for size in sizes)
+        broken = sum("compile_error" in r for r in records)
+        usable = len(sizes) - over
+        autotuned = len(records) > 1 or bool(records[0].get("autotune"))
+        row = {"kernel": records[0]["kernel"], "family": family["family"],
+               "configs": len(records), "autotuned": autotuned,
+               "min_shared": min(sizes) if sizes else None,
+               "max_shared": max(sizes) if sizes else None, "over": over,
+               "compile_errors": broken, "limit": limit, "fits": usable > 0,
+               "compile_s": round(sum(r.get("compile_s", 0.0) for r in records), 2)}
+        if usable and (over or broken):
+            row["note"] = (f"{over + broken} of {len(records)} autotune configs cannot run "
+                           f"(over {limit} B or not compiled); the autotuner skips them")
+        key = (row["kernel"], tuple(sorted(
+            (r.get("num_warps"), r.get("num_stages"), r["shared"] if "shared" in r else -1)
+            for r in records)))
+        rows.setdefault(key, row)  # the same kernel launched twice at the same configs
+    return list(rows.values())
+
+
 def judge(arch: str, limit: int, families: list[dict[str, Any]]) -> dict[str, Any]:
-    over, undriven = [], []
+    over, undriven, notes = [], [], []
     for family in families:
         if not family.get("driven"):
             undriven.append(f"{family['family']}: {family.get('reason')}")
+        elif family.get("note", "").startswith("launcher stopped"):
+            undriven.append(f"{family['family']} (partly: its later kernels were not reached): "
+                            f"{family['note']}")
         for kernel in family.get("kernels", []):
-            kernel["limit"] = limit
-            kernel["fits"] = kernel["shared"] <= limit
-            if not kernel["fits"]:
-                over.append(f"{kernel['kernel']} ({family['family']}) needs {kernel['shared']} "
-                            f"bytes of shared memory per block on {arch}; the limit is {limit} "
-                            f"(warps {kernel['num_warps']}, stages {kernel['num_stages']}, "
-                            f"{json.dumps(kernel['constexprs'], sort_keys=True)})")
+            if "shared" in kernel:
+                kernel["limit"] = limit
+                kernel["fits"] = kernel["shared"] <= limit
+        family["summary"] = summarise_kernels(family, limit)
+        for row in family["summary"]:
+            if not row["fits"]:
+                over.append(f"{row['kernel']} ({family['family']}) needs {row['min_shared']} "
+                            f"bytes of shared memory per block on {arch} at its smallest of "
+                            f"{row['configs']} config(s); the limit is {limit}")
+            elif row.get("note"):
+                notes.append(f"{row['kernel']} ({family['family']}): {row['note']}")
     status = "fail" if over else "skip" if undriven else "pass"
     reason = "; ".join(over) if over else \
         ("kernels not driven, so not checked: " + "; ".join(undriven)) if undriven else None
-    return {"arch": arch, "limit": limit, "status": status, "reason": reason,
+    return {"arch": arch, "limit": limit, "status": status, "reason": reason, "notes": notes,
             "families": families}
+
+
+def refuse_cpu_torch() -> str | None:
+    """Why the engine's launchers cannot be driven faithfully here: under a CPU-only torch they
+    pick other block sizes (SGLang reads torch.version.cuda), so a pass would be false."""
+    try:
+        import torch
+    except ImportError:
+        return None  # the engine import reports it
+    if getattr(torch.version, "cuda", None) is None:
+        return (f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None): "
+                "the engine's launchers would choose other block sizes than on a GPU, so the "
+                "harness refuses to judge them")
+    return None
+
+
+def model_shape(args: argparse.Namespace) -> dict[str, int]:
+    return {"head_dim": args.head_dim, "q_heads": args.q_heads, "kv_heads": args.kv_heads,
+            "vision_head_dim": args.vision_head_dim, "vision_heads": args.vision_heads,
+            "gdn_key_heads": args.gdn_key_heads, "gdn_value_heads": args.gdn_value_heads,
+            "gdn_head_dim": args.gdn_head_dim, "gdn_conv_width": args.gdn_conv_width}
 
 
 def one_arch(args: argparse.Namespace) -> int:
     arch, limit = args.one_arch.split("=")
     cc = parse_arch(arch)
-    shape = {"head_dim": args.head_dim, "q_heads": args.q_heads, "kv_heads": args.kv_heads,
-             "vision_head_dim": args.vision_head_dim, "vision_heads": args.vision_heads}
+    shape = model_shape(args)
+    refused = None if args.fixture else refuse_cpu_torch()
+    if refused:
+        return emit({"check": "triton-smem", "arch": arch, "limit": int(limit),
+                     "status": "fail", "refused": True, "reason": refused, "families": []})
+    paths = resolve_paths(args.engine, cc, shape, args.serve_arg) if not args.fixture else {}
     try:
-        families = drive_fixture(cc, shape, args.fixture) if args.fixture \
-            else DRIVERS[args.engine](cc, shape)
+        families = drive_fixture(cc, {**shape, "limit": int(limit)}, args.fixture) \
+            if args.fixture else DRIVERS[args.engine](cc, shape, int(limit))
     except Exception as exc:  # noqa: BLE001
         families = [not_driven(args.engine, exc)]
-    return emit({"check": "triton-smem", **judge(arch, int(limit), families)})
+    verdict = judge(arch, int(limit), families)
+    chosen_broken = [f"{name}: the engine chooses {p['chosen']} ({p['source']}), and "
+                     f"{p.get('kernel')} cannot run here: {p['import_error']}"
+                     for name, p in paths.items() if p.get("importable") is False]
+    if chosen_broken:
+        verdict["status"] = "fail"
+        verdict["reason"] = "; ".join(filter(None, [verdict.get("reason"), *chosen_broken]))
+    return emit({"check": "triton-smem", **verdict, "paths": paths,
+                 "first_start": first_start(families, paths)})
+
+
+def first_start(families: list[dict[str, Any]], paths: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the engine compiles at its first start for this serve path, with the cost measured
+    here where it can be: the Triton kernels (compile seconds on this CPU for the target;
+    autotuned ones also benchmark each config on the GPU) and the JIT kernels of the chosen
+    paths (not measurable without a GPU: said so)."""
+    rows = [row for family in families for row in family.get("summary", [])]
+    items = []
+    if rows:
+        tuned = [r for r in rows if r["autotuned"]]
+        items.append({"what": "Triton kernels", "count": len(rows),
+                      "configs": sum(r["configs"] for r in rows),
+                      "compile_s_here": round(sum(r["compile_s"] for r in rows), 1),
+                      "autotuned": len(tuned),
+                      "note": "compiled at first start unless the image's Triton cache holds "
+                              "them; each autotuned kernel also benchmarks its "
+                              f"{sum(r['configs'] for r in tuned)} configs on the GPU"})
+    for name, path in paths.items():
+        if path.get("chosen") and path.get("chosen") != "triton" and path.get("kernel"):
+            items.append({"what": f"{name}: {path['kernel']}",
+                          "compiled_at": path.get("compiled_at"),
+                          "note": "compiled at first start; cost not measured here (a CuTe "
+                                  "DSL compile needs the GPU's driver)"})
+    return items
+
+
+# --------------------------------------------------------------------------------------------
+# The path really taken: the engine's own selection logic, at the target's capability
+# --------------------------------------------------------------------------------------------
+
+def resolve_paths(engine: str, cc: tuple[int, int], shape: dict[str, int],
+                  serve_args: list[str]) -> dict[str, Any]:
+    """Backend choices the engine makes for this model, target and serve command, each with
+    the function that made it. A choice that cannot be resolved says why."""
+    if engine != "vllm" or not shape.get("gdn_key_heads"):
+        return {}
+    requested = flag_value(serve_args, "--gdn-prefill-backend") or "auto"
+    module_name = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+    source = f"{module_name}._resolve_gdn_prefill_backend"
+    import torch
+    from types import SimpleNamespace
+
+    try:
+        pretend_cuda(cc)
+        pretend_vllm_platform(cc)
+        resolve = engine_function(module_name, "_resolve_gdn_prefill_backend",
+                                  helpers=("_aiter_flydsl_unsupported_reasons",
+                                           "xpu_gdn_kernel_available"))
+    except Exception as exc:  # noqa: BLE001
+        return {"gdn_prefill": {"requested": requested, "chosen": None,
+                                "reason": f"not resolved: {type(exc).__name__}: {exc}"[:400],
+                                "source": source}}
+    text = SimpleNamespace(linear_key_head_dim=shape["gdn_head_dim"],
+                           linear_value_head_dim=shape["gdn_head_dim"])
+    config = SimpleNamespace(additional_config={"gdn_prefill_backend": requested},
+                             model_config=SimpleNamespace(hf_text_config=text,
+                                                          dtype=torch.bfloat16))
+    try:
+        _, chosen = resolve(config)
+    except Exception as exc:  # noqa: BLE001 - e.g. a backend the platform refuses
+        return {"gdn_prefill": {"requested": requested, "chosen": None, "source": source,
+                                "reason": f"{type(exc).__name__}: {exc}"[:400]}}
+    path = {"requested": requested, "chosen": chosen, "source": source,
+            "cuda_runtime": torch.version.cuda,
+            "fallback": "triton" if chosen != "triton" else None}
+    if chosen == "flashinfer":
+        path.update(flashinfer_gdn_kernel(cc))
+    return {"gdn_prefill": path}
+
+
+# FlashInfer's GDN prefill kernel per major (flashinfer/gdn_prefill.py dispatches on the major;
+# the sm_90 and sm_120 ones are CuTe DSL kernels, compiled at first call)
+FLASHINFER_GDN = {9: "chunk_gated_delta_rule_sm90", 10: "chunk_gated_delta_rule_sm100",
+                  12: "chunk_gated_delta_rule_sm120"}
+
+
+def flashinfer_gdn_kernel(cc: tuple[int, int]) -> dict[str, Any]:
+    """Whether the FlashInfer GDN prefill kernel the engine will call for `cc` imports in this
+    image. flashinfer.gdn_kernels sets it to None when its CuTe DSL import fails with
+    ImportError/RuntimeError, and fails to import at all on other errors: either way the
+    engine's first prefill raises."""
+    name = FLASHINFER_GDN.get(cc[0])
+    record: dict[str, Any] = {"kernel": f"flashinfer.gdn_kernels.{name}" if name else None,
+                              "compiled_at": "first call (CuTe DSL JIT)"}
+    if name is None:
+        return {**record, "importable": False,
+                "import_error": f"flashinfer has no GDN prefill kernel for major {cc[0]}"}
+    try:
+        module = importlib.import_module("flashinfer.gdn_kernels")
+        importlib.import_module("flashinfer.gdn_prefill")
+    except Exception as exc:  # noqa: BLE001 - what the engine's first prefill would raise
+        return {**record, "importable": False,
+                "import_error": f"import flashinfer.gdn_prefill: {type(exc).__name__}: {exc}"[:500]}
+    if getattr(module, name, None) is None:
+        return {**record, "importable": False,
+                "import_error": f"flashinfer.gdn_kernels.{name} is None (its CuTe DSL module "
+                                "did not import)"}
+    return {**record, "importable": True}
+
+
+def engine_function(module_name: str, name: str, helpers: tuple[str, ...] = ()) -> Any:
+    """A selection function of the engine, executed from the engine's installed source file.
+    Importing its module would load the engine's CUDA extension, which needs a driver; the
+    function itself only reads the platform and the config. Its module-level names resolve to
+    the pretended platform; anything else it reaches is an error reported as not resolved."""
+    import ast
+    import importlib.util
+    import logging
+    import typing
+
+    from vllm.platforms import current_platform
+
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or not spec.origin:
+        raise ModuleNotFoundError(module_name)
+    tree = ast.parse(open(spec.origin, encoding="utf-8").read(), spec.origin)
+    wanted = {name, *helpers}
+    body = [node for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name in wanted]
+    if name not in {node.name for node in body}:
+        raise AttributeError(f"{module_name} has no function {name}")
+    import torch
+
+    class _NotOnThisPlatform:
+        def __getattr__(self, attr: str) -> Any:
+            return lambda *a, **k: False  # ROCm/XPU-only probes: never on a CUDA target
+
+    namespace: dict[str, Any] = {
+        "current_platform": current_platform, "torch": torch, "Literal": typing.Literal,
+        "VllmConfig": Any, "logger": logging.getLogger(module_name),
+        "rocm_aiter_ops": _NotOnThisPlatform(), "__name__": module_name}
+    exec(compile(ast.Module(body=body, type_ignores=[]), spec.origin, "exec"), namespace)
+    if "xpu_gdn_kernel_available" in namespace:
+        namespace["xpu_gdn_kernel_available"] = lambda: False
+    return namespace[name]
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,6 +796,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--vision-head-dim", type=int, default=72)
     parser.add_argument("--vision-heads", type=int, default=16)
+    parser.add_argument("--gdn-key-heads", type=int, default=0,
+                        help="Gated DeltaNet key heads (0: the model has no GDN layers)")
+    parser.add_argument("--gdn-value-heads", type=int, default=0)
+    parser.add_argument("--gdn-head-dim", type=int, default=128)
+    parser.add_argument("--gdn-conv-width", type=int, default=4)
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="one argument of the cell's serve command (repeatable): flags "
+                             "such as --gdn-prefill-backend change the path resolved")
     parser.add_argument("--fixture", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--one-arch", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=float, default=600.0)

@@ -863,8 +863,10 @@ def shared_memory_limits() -> tuple[dict[str, int], str]:
 
 
 def triton_smem_args(engine_name: str, backend: str | None, targets: list[Arch],
-                     model: str | None) -> list[str] | None:
-    """The harness command line for a cell; None when no limit is known for a target."""
+                     model: str | None, serve_args: Iterable[str] = ()) -> list[str] | None:
+    """The harness command line for a cell; None when no limit is known for a target. The
+    cell's serve arguments go along: a flag such as --gdn-prefill-backend changes the path
+    the engine takes, so the audit follows it."""
     limits, _ = shared_memory_limits()
     traits = loadedset.model_traits(model) or {}
     args = ["--engine", engine_name, "--backend", backend or "default"]
@@ -874,10 +876,12 @@ def triton_smem_args(engine_name: str, backend: str | None, targets: list[Arch],
         args += ["--arch", f"{target.sm}={limits[target.sm]}"]
     for flag, key in (("--head-dim", "head_dim"), ("--q-heads", "num_q_heads"),
                       ("--kv-heads", "num_kv_heads"), ("--vision-head-dim", "vision_head_dim"),
-                      ("--vision-heads", "vision_heads")):
+                      ("--vision-heads", "vision_heads"), ("--gdn-key-heads", "gdn_key_heads"),
+                      ("--gdn-value-heads", "gdn_value_heads"),
+                      ("--gdn-head-dim", "gdn_head_dim"), ("--gdn-conv-width", "gdn_conv_width")):
         if key in traits:
             args += [flag, str(traits[key])]
-    return args
+    return args + [f"--serve-arg={arg}" for arg in serve_args]
 
 
 def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str = "") -> Check:
@@ -892,8 +896,17 @@ def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str
                    "num_warps": k.get("num_warps"), "num_stages": k.get("num_stages")}
                   for a in result.get("archs", []) for f in a.get("families", [])
                   for k in f.get("kernels", [])]
-    data = {"backend": backend, "kernels": per_kernel, "limit_source": source,
-            "archs": [{k: v for k, v in a.items() if k != "families"} |
+    summary = [{"arch": a.get("arch"), **row} for a in result.get("archs", [])
+               for f in a.get("families", []) for row in f.get("summary", [])]
+    data = {"backend": backend, "kernels": per_kernel, "summary": summary,
+            "paths": {a.get("arch"): a.get("paths", {}) for a in result.get("archs", [])},
+            "first_start": {a.get("arch"): a.get("first_start", [])
+                            for a in result.get("archs", [])},
+            "notes": [f"{a.get('arch')}: {n}" for a in result.get("archs", [])
+                      for n in a.get("notes", [])],
+            "limit_source": source,
+            "archs": [{k: v for k, v in a.items()
+                       if k not in ("families", "paths", "first_start", "notes")} |
                       {"not_driven": [f"{f['family']}: {f.get('reason')}"
                                       for f in a.get("families", []) if not f.get("driven")]}
                       for a in result.get("archs", [])]}
@@ -901,8 +914,9 @@ def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str
     sizes = ", ".join(f"{k['kernel']}[{k['family']}]@{k['arch']} {k['shared']} B"
                       for k in per_kernel)
     if status == PASS:
-        return Check("triton-smem", PASS, f"every Triton attention kernel fits the per-block "
-                     f"shared memory ({sizes})", data)
+        return Check("triton-smem", PASS, f"every Triton kernel of the serve path fits the "
+                     f"per-block shared memory ({triton_digest(summary) or sizes})"
+                     + first_start_digest(data["first_start"]), data)
     if status == SKIP and backend != "triton":
         return Check("triton-smem", SKIP, str(result.get("reason")), data)
     reason = str(result.get("reason"))
@@ -910,6 +924,26 @@ def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str
         reason = "the cell's attention backend is triton but its kernels were not verified: " \
             + reason
     return Check("triton-smem", FAIL, reason, data)
+
+
+def triton_digest(summary: list[dict[str, Any]]) -> str:
+    """`kernel[family]@arch min-max B (configs, over)` per kernel, short enough to read."""
+    parts = []
+    for row in summary:
+        size = (f"{row['min_shared']} B" if row["min_shared"] == row["max_shared"]
+                else f"{row['min_shared']}-{row['max_shared']} B")
+        tuned = f", {row['configs']} configs, {row['over']} over" if row["autotuned"] else ""
+        parts.append(f"{row['kernel']}[{row['family']}]@{row['arch']} {size}{tuned}")
+    return ", ".join(parts)
+
+
+def first_start_digest(first: dict[str, list[dict[str, Any]]]) -> str:
+    """What the engine compiles at first start, named in the verdict (never passed silently)."""
+    seen = dict.fromkeys(item["what"] + (f" ({item['count']} kernels, {item['configs']} "
+                                         f"configs, {item['compile_s_here']} s to compile here)"
+                                         if "count" in item else "")
+                         for items in first.values() for item in items)
+    return f"; compiled at first start: {'; '.join(seen)}" if seen else ""
 
 
 def emulation_of(image: str) -> str | None:
@@ -927,14 +961,15 @@ def emulation_of(image: str) -> str | None:
 
 def check_triton_smem(image: str, engine_name: str, backend: str | None, targets: list[Arch],
                       model: str | None, log_path: Path | None = None,
-                      timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None) -> Check:
+                      timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
+                      serve_args: Iterable[str] = ()) -> Check:
     from ..engine import docker as engine
     from ..harness import _result as harness_result
 
     if engine_name not in ("sglang", "vllm"):
         return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
                      "known to the harness")
-    args = triton_smem_args(engine_name, backend, targets, model)
+    args = triton_smem_args(engine_name, backend, targets, model, serve_args)
     if args is None:
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
                      + ", ".join(t.sm for t in targets) + " (rules.yaml)")
@@ -1011,9 +1046,10 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
             emulated = emulation_of(image_ref)
             result.checks.append(check_torch_cuda(facts, cell.cuda, emulated))
             backend = plan.settings.attention_backend if plan.settings else None
-            result.checks.append(check_triton_smem(image_ref, cell.engine, backend, arch_targets,
-                                                   (ctx.matrix.model or {}).get("name"),
-                                                   log_path, emulated=emulated))
+            result.checks.append(check_triton_smem(
+                image_ref, cell.engine, backend, arch_targets,
+                (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
+                serve_args=plan.settings.engine_args if plan.settings else ()))
         else:
             reason = "arch cpu: no GPU code to audit"
             result.checks += [Check("kernels", SKIP, reason),
