@@ -21,7 +21,21 @@ def check_real_vllm(result) -> None:
     assert entries["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"] == "vllm-fa3"
     assert entries["vllm/_flashmla_C.abi3.so"] == "vllm-flashmla"
     assert all(g["reason"] and g["source"] for g in groups["not-loaded"])
-    assert result.check("triton-smem").status == PASS, result.check("triton-smem").detail
+    triton = result.check("triton-smem")
+    assert triton.status == PASS, triton.detail
+    # the Gated DeltaNet ops of Qwen3.6's serve path, with autotune configs per kernel
+    families = {row["family"] for row in triton.data["summary"]}
+    assert {"unified-prefill", "unified-decode", "gdn-prefill-chunk", "gdn-decode",
+            "conv1d-prefill", "conv1d-decode", "gated-rmsnorm"} <= families
+    chunk_h = next(r for r in triton.data["summary"]
+                   if r["kernel"] == "chunk_gated_delta_rule_fwd_kernel_h_blockdim64")
+    assert chunk_h["autotuned"] and chunk_h["configs"] > 1 and chunk_h["fits"]
+    # the path taken: vLLM 0.33 chooses FlashInfer's GDN prefill (head dim 128, CUDA 13), and
+    # its sm_120 kernel imports in the image (the cuda-python>=13 constraint); it is compiled
+    # at first start, and the verdict says so
+    gdn = triton.data["paths"]["sm_120"]["gdn_prefill"]
+    assert (gdn["chosen"], gdn["importable"]) == ("flashinfer", True), gdn
+    assert "chunk_gated_delta_rule_sm120" in triton.detail and "first start" in triton.detail
     assert result.passed, result.reason
 
 

@@ -28,7 +28,7 @@ import pytest
 from infermatrix import journal
 from infermatrix.context import Context
 from infermatrix.engine import docker as engine
-from infermatrix.model.coverage import Coverage
+from infermatrix.model.coverage import Arch, Coverage
 from infermatrix.stages import audit, render
 from infermatrix.stages.build import BuildOptions, build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
@@ -125,6 +125,12 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
         assert [d.coverage for d in fixture.decisions] == [Coverage.EXACT]
         assert any(o.path == "torch/lib/libtorch_cuda.so" for o in verdict.objects)
         CHECKS[engine_name](verdict)  # the loaded set, PTX JIT and Triton verdicts (issue 13)
+        if engine_name == "vllm":  # a serve flag that switches the GDN backend changes the path
+            args = [*plan.settings.engine_args, "--gdn-prefill-backend", "triton"]
+            paths = audit.serve_paths(result.image_id, "vllm", [Arch(12, 0)],
+                                      real_ctx.matrix.model["name"], args)
+            assert paths["sm_120"]["gdn_prefill"]["chosen"] == "triton", paths
+            assert "importable" not in paths["sm_120"]["gdn_prefill"]  # no FlashInfer kernel
     finally:
         free_the_cells_disk(ref)
 

@@ -624,6 +624,10 @@ def one_arch(args: argparse.Namespace) -> int:
         return emit({"check": "triton-smem", "arch": arch, "limit": int(limit),
                      "status": "fail", "refused": True, "reason": refused, "families": []})
     paths = resolve_paths(args.engine, cc, shape, args.serve_arg) if not args.fixture else {}
+    if args.paths_only:
+        return emit({"check": "triton-paths", "arch": arch, "paths": paths,
+                     "status": "pass" if all(p.get("chosen") for p in paths.values())
+                     else "skip"})
     try:
         families = drive_fixture(cc, {**shape, "limit": int(limit)}, args.fixture) \
             if args.fixture else DRIVERS[args.engine](cc, shape, int(limit))
@@ -804,6 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="one argument of the cell's serve command (repeatable): flags "
                              "such as --gdn-prefill-backend change the path resolved")
+    parser.add_argument("--paths-only", action="store_true",
+                        help="resolve the engine's backend choices only; compile nothing")
     parser.add_argument("--fixture", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--one-arch", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=float, default=600.0)

@@ -939,10 +939,11 @@ def triton_digest(summary: list[dict[str, Any]]) -> str:
 
 def first_start_digest(first: dict[str, list[dict[str, Any]]]) -> str:
     """What the engine compiles at first start, named in the verdict (never passed silently)."""
-    seen = dict.fromkeys(item["what"] + (f" ({item['count']} kernels, {item['configs']} "
-                                         f"configs, {item['compile_s_here']} s to compile here)"
+    seen = dict.fromkeys(item["what"] + (f" for {arch} ({item['count']} kernels, "
+                                         f"{item['configs']} configs, "
+                                         f"{item['compile_s_here']} s to compile here)"
                                          if "count" in item else "")
-                         for items in first.values() for item in items)
+                         for arch, items in first.items() for item in items)
     return f"; compiled at first start: {'; '.join(seen)}" if seen else ""
 
 
@@ -995,6 +996,28 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
                      f"({proc.tail(output, 1)}); run the audit on a native host of the image's "
                      "CPU", {"backend": backend, "emulated": emulated})
     return judge_triton(parsed, backend, output)
+
+
+def serve_paths(image: str, engine_name: str, targets: list[Arch], model: str | None,
+                serve_args: Iterable[str]) -> dict[str, Any]:
+    """The backend choices the engine makes for this serve command on each target (the
+    harness's --paths-only: its own selection logic in a container of the image, no compile)."""
+    from ..engine import docker as engine
+    from ..harness import _result as harness_result
+
+    args = triton_smem_args(engine_name, None, targets, model, serve_args) or []
+    mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
+    container = engine.run_container(
+        image, [*args, "--paths-only"], entrypoint=["python3", "-m", "harness.triton_smem"],
+        mounts=[mount], network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
+        labels={"io.infermatrix.stage": "audit"})
+    try:
+        engine.wait_container(container, timeout=TRITON_TIMEOUT_S)
+        output = engine.container_logs(container)
+    finally:
+        engine.remove_container(container)
+    parsed = harness_result.parse(output) or {}
+    return {a.get("arch"): a.get("paths", {}) for a in parsed.get("archs", [])}
 
 
 def not_started(result: dict[str, Any] | None) -> bool:
