@@ -119,8 +119,8 @@ def test_the_engine_claim_is_the_callers_word_else_an_importable_engine():
 
 
 def test_gdn_without_an_implementation_skips_only_outside_an_engine_image(monkeypatch):
-    monkeypatch.setattr(gpu_ops, "gdn_implementation",
-                        lambda preferred=None: (None, ["fla: ModuleNotFoundError: No module named 'fla'"]))
+    missing = ["fla: ModuleNotFoundError: No module named 'fla'"]
+    monkeypatch.setattr(gpu_ops, "gdn_implementation", lambda preferred=None: (None, missing))
     skipped = gpu_ops.check_gdn(required=False)
     assert skipped["status"] == "skip" and "not part of this image" in skipped["reason"]
     failed = gpu_ops.check_gdn(required=True)
@@ -144,7 +144,8 @@ def test_run_checks_passes_the_engine_to_the_triton_check_and_adds_gdn(monkeypat
                         lambda engine=None: calls.append(("triton", engine)) or
                         gpu_ops.triton_missing(engine))
     monkeypatch.setattr(gpu_check, "check_gdn",
-                        lambda engine, gdn: calls.append(("gdn", engine, gdn)) or {"status": "pass"})
+                        lambda engine, gdn: calls.append(("gdn", engine, gdn))
+                        or {"status": "pass"})
     result = gpu_check.run_checks("sm_120", [], engine="vllm")
     assert calls == [("triton", "vllm"), ("gdn", "vllm", "auto")]
     assert result["status"] == "fail" and result["engine"] == "vllm"

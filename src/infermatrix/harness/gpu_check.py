@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the engine the image claims (vllm, sglang; 'none' for no engine); "
                              "default: an importable vllm/sglang")
     parser.add_argument("--gdn", default="auto", choices=["auto", "vllm", "sglang", "fla", "off"],
-                        help="Gated DeltaNet implementation to check (auto: the engine's, else fla)")
+                        help="Gated DeltaNet implementation to check (auto: the engine's, "
+                             "else fla)")
     args = parser.parse_args(argv)
     engine = gpu_ops.engine_claim(args.engine)
     return emit(run_checks(args.arch, args.kernels, engine, args.gdn))

@@ -65,7 +65,8 @@ def verdict(name: str, max_abs_error: float, finite: bool, within: bool) -> dict
     atol, rtol = tolerance(name)
     result = {"max_abs_error": max_abs_error, "atol": atol, "rtol": rtol}
     if not finite:
-        return {**result, "status": "fail", "reason": f"{name}: non-finite values in the GPU result"}
+        return {**result, "status": "fail",
+                "reason": f"{name}: non-finite values in the GPU result"}
     if not within:
         return {**result, "status": "fail",
                 "reason": f"{name}: GPU result differs from the torch reference "

@@ -28,6 +28,7 @@ Prints one result line (harness/_result.py); exit 1 on fail.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
@@ -189,19 +190,27 @@ def run_compile_only(arch: str) -> dict[str, Any]:
     except ImportError:  # pragma: no cover
         from triton_smem import CompileOnlyDriver, compile_only  # type: ignore[no-redef]
 
-    CompileOnlyDriver.utils = FakeUtils(arch)
     compiled: list[dict[str, Any]] = []
     pretend_device(arch)
-    restore = compile_only_autotune()
+    limit = DEVICES[arch]["smem"]
+    if "limit" in inspect.signature(compile_only).parameters:
+        context = compile_only(parse_arch(arch), compiled, limit)  # autotune honoured there
+        restore = lambda: None  # noqa: E731
+    else:  # an older triton_smem: no limit, no autotune handling
+        CompileOnlyDriver.utils = FakeUtils(arch)
+        context = compile_only(parse_arch(arch), compiled)
+        restore = compile_only_autotune()
     try:
-        with compile_only(parse_arch(arch), compiled):
+        with context:
+            driver.active.utils = FakeUtils(arch)  # the limit and SM count the device reports
             ops = workload("cpu")
     finally:
         restore()
     del driver
     kernels = sorted({c["kernel"] for c in compiled})
-    return {"status": "pass", "mode": "compile-only", "arch": arch, "gpus_visible": visible,
-            "ops": ops, "compiled": len(compiled), "kernels": kernels,
+    errors = [c for c in compiled if c.get("compile_error")]
+    return {"status": "pass", "compile_errors": len(errors), "mode": "compile-only", "arch": arch,
+            "gpus_visible": visible, "ops": ops, "compiled": len(compiled), "kernels": kernels,
             "configs": compiled}
 
 
