@@ -355,8 +355,11 @@ def run_gpu(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
     if not gpu_here:
         return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
     kernels = [s.split("==")[0] for s in kernel_distributions(ctx, plan)]
-    code, parsed, output = harness.run("gpu_check", ["--arch", plan.cell.arch, "--kernels",
-                                                     *kernels], timeout_s, gpu=True)
+    # the engine named by the cell: in its image a missing triton or GDN op fails the level
+    engine = plan.cell.engine if plan.cell.engine in ("vllm", "sglang") else "none"
+    code, parsed, output = harness.run("gpu_check", ["--arch", plan.cell.arch, "--engine",
+                                                     engine, "--kernels", *kernels],
+                                       timeout_s, gpu=True)
     status, reason, details = harness_level("gpu", code, parsed, output, timeout_s)
     return LevelResult("gpu", status, reason, details=details)
 
