@@ -138,8 +138,10 @@ def test_the_sm90_fixture_cell_runs_the_gpu_level_with_its_arch_and_kernels(tmp_
     assert harness.calls == []
     result = smoke.run_gpu(ctx, plan, harness, 30, gpu_here=True)
     assert result.status == "pass"
-    assert harness.calls == [("gpu_check", ["--arch", "sm_90", "--kernels", "cudakern"],
-                              {"gpu": True})]
+    # the fixture cell's engine is no vllm/sglang: `--engine none` (an engine image would be
+    # named, and then a missing triton or GDN op fails the level)
+    assert harness.calls == [("gpu_check", ["--arch", "sm_90", "--engine", "none", "--kernels",
+                                            "cudakern"], {"gpu": True})]
     dockerfile = render.render_cell(ctx, plan).files["Dockerfile"][0].decode()
     assert 'TORCH_CUDA_ARCH_LIST="9.0"' in dockerfile  # the fixture compiles for Hopper
 
