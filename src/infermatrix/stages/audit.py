@@ -964,7 +964,6 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
                       model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
                       serve_args: Iterable[str] = ()) -> Check:
-    from ..engine import docker as engine
     from ..harness import _result as harness_result
 
     if engine_name not in ("sglang", "vllm"):
@@ -974,19 +973,10 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
     if args is None:
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
                      + ", ".join(t.sm for t in targets) + " (rules.yaml)")
-    mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
-    container = engine.run_container(
-        image, args, entrypoint=["python3", "-m", "harness.triton_smem"], mounts=[mount],
-        network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
-        labels={"io.infermatrix.stage": "audit"})
     try:
-        try:
-            engine.wait_container(container, timeout=timeout)
-        except StageFailure:
-            return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
-        output = engine.container_logs(container)
-    finally:
-        engine.remove_container(container)
+        output = run_triton_harness(image, args, timeout)
+    except StageFailure:
+        return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
     if log_path is not None:
         with open(log_path, "a", encoding="utf-8") as sink:
             sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
@@ -1002,22 +992,29 @@ def serve_paths(image: str, engine_name: str, targets: list[Arch], model: str | 
                 serve_args: Iterable[str]) -> dict[str, Any]:
     """The backend choices the engine makes for this serve command on each target (the
     harness's --paths-only: its own selection logic in a container of the image, no compile)."""
-    from ..engine import docker as engine
     from ..harness import _result as harness_result
 
     args = triton_smem_args(engine_name, None, targets, model, serve_args) or []
-    mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
-    container = engine.run_container(
-        image, [*args, "--paths-only"], entrypoint=["python3", "-m", "harness.triton_smem"],
-        mounts=[mount], network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
-        labels={"io.infermatrix.stage": "audit"})
-    try:
-        engine.wait_container(container, timeout=TRITON_TIMEOUT_S)
-        output = engine.container_logs(container)
-    finally:
-        engine.remove_container(container)
+    output = run_triton_harness(image, [*args, "--paths-only"], TRITON_TIMEOUT_S)
     parsed = harness_result.parse(output) or {}
     return {a.get("arch"): a.get("paths", {}) for a in parsed.get("archs", [])}
+
+
+def run_triton_harness(image: str, args: list[str], timeout: float) -> str:
+    """harness.triton_smem in a container of the image, no network; its output. StageFailure
+    when it runs over `timeout` (the container is removed either way)."""
+    from ..engine import docker as engine
+
+    mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
+    container = engine.run_container(
+        image, args, entrypoint=["python3", "-m", "harness.triton_smem"], mounts=[mount],
+        network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
+        labels={"io.infermatrix.stage": "audit"})
+    try:
+        engine.wait_container(container, timeout=timeout)
+        return engine.container_logs(container)
+    finally:
+        engine.remove_container(container)
 
 
 def not_started(result: dict[str, Any] | None) -> bool:
