@@ -139,6 +139,8 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
                                                                              real_ctx):
     """The shipped vLLM 0.33 GB10 cell: wheels only (no kernel compile), an arm64 image."""
     assert base_on(real_engine, real_ctx, platform="linux/arm64")
+    # the build machine's base too: the installer and bytecode stages run on its CPU
+    assert base_on(real_engine, real_ctx, platform=engine.host_platform())
     plan, result = plan_render_build(real_ctx, ARM64_CELL)
     ref = local_ref(ARM64_CELL)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from infermatrix.stages import base, render
+from infermatrix.stages import lock as locks
 from infermatrix.cli import main as cli_main
 from infermatrix.context import Context
 from infermatrix.errors import ConfigError, UsageError
@@ -231,12 +232,23 @@ def test_stage_contract_kernel_cell(golden_rendered) -> None:
         text = cell.files["Dockerfile"][0].decode()
         found = stages(text)
         names = [n for n, _ in found]
-        assert names[0] == "toolchain" and names[-1] == "runtime"
-        # the image: the toolchain with the packages, or (byte-code compiled on the build
-        # machine's CPU) the packages stage, itself FROM toolchain
-        assert dict(found)["runtime"] in ("toolchain", "packages")
-        if dict(found)["runtime"] == "packages":
-            assert dict(found)["packages"] == "toolchain"
+        assert names[-1] == "runtime"
+        if "installer" in names:
+            # a cell for another CPU: its packages installed by the installer stage on the build
+            # machine's CPU, the image's OS (system) under both the toolchain and the packages
+            assert names[:5] == ["native-python-amd64", "native-python-arm64", "installer",
+                                 "system", "toolchain"]
+            assert dict(found)["installer"] == "native-python-${BUILDARCH}"
+            assert dict(found)["toolchain"] == dict(found)["packages"] == "system"
+            assert dict(found)["packages-native"] == "installer"
+            assert dict(found)["runtime"] == "packages"
+        else:
+            # the image: the toolchain with the packages, or (byte-code compiled on the build
+            # machine's CPU) the packages stage, itself FROM toolchain
+            assert names[0] == "toolchain"
+            assert dict(found)["runtime"] in ("toolchain", "packages")
+            if dict(found)["runtime"] == "packages":
+                assert dict(found)["packages"] == "toolchain"
         kernels = re.search(r'io.infermatrix.kernels="([^"]*)"', text).group(1)
         kernel_names = [k.split("=")[0] for k in kernels.split(",") if k]
         for name in kernel_names:
@@ -276,8 +288,8 @@ def test_arm64_bytecode_is_compiled_on_the_build_machine_with_the_same_python(
         refs = {arch: base.image_ref(ctx.matrix, "bookworm", f"linux/{arch}")
                 for arch in ("amd64", "arm64")}
         for arch, ref in refs.items():
-            assert f"FROM --platform=linux/{arch} {ref} AS bytecode-python-{arch}\n" in text
-        assert found["bytecode"] == "bytecode-python-${BUILDARCH}"
+            assert f"FROM --platform=linux/{arch} {ref} AS native-python-{arch}\n" in text
+        assert found["bytecode"] == "native-python-${BUILDARCH}"
         assert found["python-target"] == found["bytecode-emulated"] == "packages"
         assert "--mount=type=bind,from=packages,source=/opt/venv,target=/opt/venv,rw" in text
         assert "cmp -s /tmp/python-native /tmp/python-target" in text
@@ -286,6 +298,41 @@ def test_arm64_bytecode_is_compiled_on_the_build_machine_with_the_same_python(
         assert body[:2] == ["COPY --from=bytecode /bytecode/ /",
                             "COPY --from=bytecode-emulated /bytecode/ /"]
         assert not any(ins.startswith("RUN") for ins in body)
+
+
+def test_arm64_cells_install_their_wheels_on_the_build_machine_for_their_own_cpu(
+        golden_rendered) -> None:
+    """An arm64 cell's Python packages (uv, the CUDA toolkit wheels, torch, the lock, kernel
+    wheels) are installed by stages on the build machine's CPU for the lock's platform, with
+    nothing built from source; the image's own stages (system, toolchain, packages) run no
+    install under emulation, they COPY the trees. Only a compiled kernel runs on the image's
+    CPU (its stage is FROM toolchain)."""
+    ctx = golden_context()
+    crossed = [c for c in golden_rendered if c.cell_id.endswith("sm121")]
+    assert len(crossed) == 2
+    for cell in crossed:
+        (plan,) = [p for p in golden_plans(ctx) if p.id == cell.cell_id]
+        platform, _ = locks.platform_for_base(ctx, plan.settings.base, plan.settings.platform)
+        assert platform == "aarch64-manylinux_2_36"
+        by_stage = stage_texts(cell.files["Dockerfile"][0].decode())
+        native_installs = [ins for name in ("installer", "packages-native")
+                           for ins in by_stage[name] if "uv pip install" in ins]
+        assert len(native_installs) >= 4  # uv, the toolkit, torch, the engine (+ kernel wheels)
+        for ins in native_installs:
+            assert ins.count("uv pip install") == ins.count(
+                f"uv pip install --python-platform {platform} --no-build"), ins
+        for name in ("system", "toolchain", "packages", "runtime"):
+            assert not any("pip install" in ins for ins in by_stage[name]), name
+        for name in ("toolchain", "packages"):
+            assert "COPY --from=installer /opt/uv /opt/uv" in by_stage[name]
+            assert "COPY --from=installer /opt/cuda-toolkit /opt/cuda-toolkit" in by_stage[name]
+        assert "COPY --from=installer /opt/venv /opt/venv" in by_stage["toolchain"]
+        assert "COPY --from=packages-native /opt/venv /opt/venv" in by_stage["packages"]
+    # amd64 cells install in their own stages, without a platform of their own
+    for cell in golden_rendered:
+        if not cell.cell_id.endswith("sm121"):
+            text = cell.files["Dockerfile"][0].decode()
+            assert "--python-platform" not in text and "AS installer" not in text
 
 
 def test_only_other_cpu_cells_on_a_debootstrap_os_compile_bytecode_on_the_build_machine() -> None:
@@ -355,7 +402,9 @@ def test_secrets_only_through_secret_mounts(golden_rendered) -> None:
 def test_lock_installs_with_hash_checking(golden_rendered) -> None:
     locked = next(c for c in golden_rendered if c.cell_id == "cu130-torch2.11.0-sglang0.5.11-sm121")
     text = locked.files["Dockerfile"][0].decode()
-    assert "uv pip install --require-hashes --no-deps -r /opt/infermatrix/requirements.lock.txt" in text
+    # an arm64 cell: installed on the build machine's CPU for the image's (aarch64) wheels
+    assert ("uv pip install --python-platform aarch64-manylinux_2_36 --no-build --require-hashes "
+            "--no-deps -r /opt/infermatrix/requirements.lock.txt") in text
     source = (GOLDEN_DIR / "locks" / f"{locked.cell_id}.txt").read_text()
     shipped = locked.files["requirements.lock.txt"][0].decode()
     # every pin and hash of the committed lock, none of its comments (which name the cell)
@@ -708,7 +757,7 @@ def test_every_stage_that_runs_commands_declares_a_fixed_source_date_epoch(tmp_p
         for name, body in stage_texts(path.read_text()).items():
             if not any(ins.startswith("RUN") for ins in body):
                 # wheels only; a base the byte-code stage picks; an image made by COPY alone
-                assert name.startswith(("kernel-", "kernels-cached", "bytecode-python-")) or (
+                assert name.startswith(("kernel-", "kernels-cached", "native-python-")) or (
                     name == "runtime" and "bytecode" in stage_texts(path.read_text())), \
                     f"{path}: {name}"
                 continue
@@ -798,11 +847,15 @@ def test_toolchain_installs_torch_from_the_lock_hash_checked(golden_rendered) ->
     torch_block = re.search(r"(?m)^torch==2\.11\.0 \\\n(?:    .*\n)+", lock_text).group(0)
     assert torch_file.decode().endswith("\n" + torch_block)
     assert lock.pinned_packages(torch_file.decode()) == {"torch": "2.11.0"}
-    toolchain = stage_texts(text)["toolchain"]
-    torch_run = next(ins for ins in toolchain if "torch.lock.txt" in ins)
+    # an arm64 cell: torch is installed by the installer stage (the build machine's CPU, the
+    # image's wheels), and the toolchain COPYs its venv
+    installer, toolchain = stage_texts(text)["installer"], stage_texts(text)["toolchain"]
+    torch_run = next(ins for ins in installer if "torch.lock.txt" in ins)
     assert "--mount=type=bind,source=torch.lock.txt,target=/tmp/torch.lock.txt" in torch_run
-    assert "uv pip install --require-hashes --no-deps -r /tmp/torch.lock.txt" in torch_run
-    assert not any("torch==" in ins for ins in toolchain)
+    assert ("uv pip install --python-platform aarch64-manylinux_2_36 --no-build --require-hashes "
+            "--no-deps -r /tmp/torch.lock.txt") in torch_run
+    assert "COPY --from=installer /opt/venv /opt/venv" in toolchain
+    assert not any("torch==" in ins for ins in installer + toolchain)
     # the file's hash is in the toolchain text, so a new torch pin changes every recipe hash
     assert f"torch.lock.txt sha256:{hashlib.sha256(torch_file).hexdigest()}" in text
     unlocked = next(c for c in golden_rendered if c.cell_id.startswith("cpu-"))

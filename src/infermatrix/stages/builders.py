@@ -148,7 +148,7 @@ _FROM = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*
 
 def base_refs(dockerfile_text: str) -> list[str]:
     """The images a Dockerfile builds FROM (not its own stages, not `scratch`, not a stage
-    picked by a build arg: `bytecode-python-${BUILDARCH}`)."""
+    picked by a build arg: `native-python-${BUILDARCH}`)."""
     stages: set[str] = set()
     refs: list[str] = []
     for match in _FROM.finditer(dockerfile_text):

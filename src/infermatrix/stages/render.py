@@ -236,6 +236,23 @@ def bytecode_hosts(matrix: Matrix, plan: CellPlan) -> dict[str, str]:
             for platform in sorted(base_images.DEBIAN_ARCHITECTURES)}
 
 
+def cross_install(ctx: Context, plan: CellPlan) -> dict[str, Any]:
+    """The template variables of where Python packages are installed. A cell whose byte-code
+    is compiled on the build machine (bytecode_hosts) has its wheels installed there too
+    (templates/blocks/native-install.j2), for its own CPU: `cross_flags` are the uv flags of
+    those installs (the lock's platform, nothing built from source). `uv_flags` is what an
+    install line adds by default (none); `toolkit_env_only` leaves the wheel toolkit's RUN out
+    of a stage that COPYs it."""
+    variables: dict[str, Any] = {"uv_flags": "", "toolkit_env_only": False,
+                                 "cross_flags": None, "python_platform": None}
+    if bytecode_hosts(ctx.matrix, plan):
+        settings = _settings(plan)
+        platform, _ = locks.platform_for_base(ctx, settings.base, settings.platform)
+        variables.update(python_platform=platform,
+                         cross_flags=f"--python-platform {platform} --no-build")
+    return variables
+
+
 def registry_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | None, bool]:
     """(FROM reference, digest, unpinned) of a registry base; refuses a tag without digest."""
     spec = matrix.bases["definitions"][base_name]
@@ -604,6 +621,7 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
         "flashinfer_scope": _flashinfer_scope(ctx, plan, kernels),
         "lock": lock_text is not None, "install": install,
         "bytecode_hosts": bytecode_hosts(matrix, plan),
+        **cross_install(ctx, plan),
         "torch_lock": torch_lines, "source_date_epoch": source_date_epoch(matrix, settings.base),
         "image_env": image_env(plan, base),
         "labels": labels(ctx, plan, base, kernels, lock_text),
