@@ -8,8 +8,9 @@ Phases, each timed, the lanes side by side:
 - `bases-test`, `bases-real-amd64`, `bases-real-arm64`: every base image the tests need, built
   on the machine's engine side by side with the unit lane;
 - lane `unit`: tests that need no Docker (`-m "not docker"`), from the start;
-- lane `docker`: the Docker tests on the machine's engine (`-m "docker and not realcell"`),
-  once the test matrix's base exists (`bases-test`);
+- lanes `docker-cpu` and `docker`: the Docker tests on the machine's engine (`-m "docker and
+  not realcell"`), side by side once the test matrix's base exists (`bases-test`): the modules
+  of the CPU cell's image (DOCKER_CPU_MODULES) in `docker-cpu`, every other one in `docker`;
 - lane `real`: the real engine cells (`-m realcell`) on their own private dockerd
   (tests/test_build_real_cells.py), once the real matrix's amd64 base exists.
 
@@ -186,10 +187,20 @@ def collected_count(log: Path | None) -> int | None:
     return int(found[-1]) if found else None
 
 
-def pytest_argv(lane: str, marker: str, state: Path) -> list[str]:
+def pytest_argv(lane: str, marker: str, state: Path, extra: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "pytest", "-m", marker, "-p", "no:cacheprovider", "-ra",
             f"--junitxml={state / f'junit-{lane}.xml'}", "--durations=10",
-            "-o", f"junit_suite_name={lane}"]
+            "-o", f"junit_suite_name={lane}", *extra]
+
+
+# The Docker tests of the CPU cell's image, one lane of their own: they share that image and
+# would break each other from two processes (test_publish_consumer removes it with all its
+# tags; test_smoke_docker asserts that no container of the engine carries its smoke label).
+# test_build_matrix last: it builds the CUDA fixture cells test_audit_docker (the other
+# lane) builds first, so their layers are in BuildKit's cache by then.
+DOCKER_CPU_MODULES = tuple(f"tests/{name}.py" for name in (
+    "test_pipeline", "test_smoke_docker", "test_throughput_docker", "test_generate_docker",
+    "test_publish_consumer", "test_build_matrix"))
 
 
 def infermatrix_argv(*args: str) -> list[str]:
@@ -211,12 +222,18 @@ def phases_of(state: Path) -> list[Phase]:
             "--platform", f"linux/{arch}"), log=state / f"bases-real-{arch}.log")
           for arch in ("amd64", "arm64")),
     ]
-    lanes = {"unit": ("not docker", ()), "docker": ("docker and not realcell", ("bases-test",)),
+    docker = "docker and not realcell"
+    lanes = {"unit": ("not docker", (), ()),
+             # the Docker tests in two lanes on the machine's engine, side by side: the CPU
+             # cell's image in one, every other module (new ones included) in the other
+             "docker-cpu": (docker, ("bases-test",), DOCKER_CPU_MODULES),
+             "docker": (docker, ("bases-test",),
+                        tuple(f"--ignore={m}" for m in DOCKER_CPU_MODULES)),
              # the arm64 base goes on building while the amd64 cells do: the GB10 test, last,
              # waits for it (base.build_base's host-wide lock per recipe)
-             "real": ("realcell", ("bases-real-amd64",))}
-    for lane, (marker, after) in lanes.items():
-        phases.append(Phase(lane, pytest_argv(lane, marker, state), after=after,
+             "real": ("realcell", ("bases-real-amd64",), ())}
+    for lane, (marker, after, extra) in lanes.items():
+        phases.append(Phase(lane, pytest_argv(lane, marker, state, extra), after=after,
                             junit=state / f"junit-{lane}.xml", log=state / f"{lane}.log"))
     return phases
 
@@ -240,12 +257,12 @@ def report(runner: Runner) -> int:
             problems.append(f"{phase.name}: exit {phase.returncode}")
 
     print("\n== lanes")
-    print(f"{'lane':8} {'tests':>6} {'failed':>7} {'errors':>7} {'skipped':>8}")
+    print(f"{'lane':10} {'tests':>6} {'failed':>7} {'errors':>7} {'skipped':>8}")
     for name, c in counts.items():
-        print(f"{name:8} {c.tests:6} {c.failed:7} {c.errors:7} {c.skipped:8}")
+        print(f"{name:10} {c.tests:6} {c.failed:7} {c.errors:7} {c.skipped:8}")
     ran = set().union(*(c.node_ids for c in counts.values())) if counts else set()
     total = sum(c.tests for c in counts.values())
-    print(f"{'all':8} {total:6}  (distinct {len(ran)}; collected {collected}; "
+    print(f"{'all':10} {total:6}  (distinct {len(ran)}; collected {collected}; "
           f"floor {ci_rules.MIN_COLLECTED})")
     if collected is None:
         problems.append("the collection count could not be read")
@@ -259,7 +276,7 @@ def report(runner: Runner) -> int:
     slowest = sorted(((secs, name, node) for name, c in counts.items()
                       for secs, node in c.durations), reverse=True)[:SLOWEST]
     for secs, lane, node in slowest:
-        print(f"{secs:8.1f} s  {lane:7} {node}")
+        print(f"{secs:8.1f} s  {lane:10} {node}")
 
     if runner.guard_fired:
         problems.append("the time guard interrupted the lanes")

@@ -50,6 +50,7 @@ build:
   kernels:
     minik: {package: minik, version: "1.0", gb_per_nvcc_thread: 0.25}
   timeout_minutes: 10
+  disk: {min_free_gib: 0}   # never prune the shared engine's cache (other lanes build on it)
 """
 
 MINI = """\

@@ -213,3 +213,25 @@ def test_writers_take_the_state_lock(fixture_matrix: Path, tmp_path: Path, comma
         assert sorted(p.name for p in (fixture_matrix.parent / "images").iterdir()) == [
             "cu130-torch2.13.0-kernel-fixture1.0-sm120", "cu130-torch2.13.0-kernel-fixture1.0-sm121",
             "cu130-torch2.13.0-kernel-fixture1.0-sm90"]
+
+
+def test_recovery_leaves_the_staging_of_a_render_still_running_elsewhere(tmp_path: Path) -> None:
+    """Two renders into one images/ (two CI lanes, two users): recovery drops what a dead
+    process left and never the work in progress of a live one (its pid is in the name)."""
+    images = tmp_path / "images"
+    (images / "cell").mkdir(parents=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        (images / f".cell{render.STAGING}{live.pid}-abc").mkdir()
+        (images / f".cell{render.STAGING}{dead.pid}-def").mkdir()
+        (images / f".cell{render.STAGING}old-style").mkdir()  # before names carried a pid
+        render.recover_interrupted(images)
+        assert sorted(p.name for p in images.iterdir()) == [
+            f".cell{render.STAGING}{live.pid}-abc", "cell"]
+    finally:
+        live.kill()
+        live.wait()
+    render.recover_interrupted(images)
+    assert [p.name for p in images.iterdir()] == ["cell"]

@@ -719,7 +719,7 @@ def write_cell(directory: Path, rendered: RenderedCell) -> bool:
     if _matches(directory, rendered):
         return False
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}{STAGING}"))
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}{STAGING}{os.getpid()}-"))
     try:
         for relative, (data, executable) in sorted(rendered.files.items()):
             _write_file_atomic(staging / relative, data, executable)
@@ -807,14 +807,33 @@ def _swap_in(staging: Path, directory: Path) -> None:
     _fsync_dir(directory.parent)
 
 
+def _left_by_a_live_render(name: str) -> bool:
+    """Whether a staging or retired directory belongs to another render still running (its
+    name carries the pid that made it): never touched, it is that render's work in progress."""
+    marker = RETIRED if RETIRED in name else STAGING
+    match = re.match(r"(\d+)", name[name.index(marker) + len(marker):])
+    if not match or int(match.group(1)) == os.getpid():
+        return False
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def recover_interrupted(images_dir: Path) -> None:
     """Undo what an interrupted render left: staging directories are dropped, and a retired
-    cell directory whose replacement never landed is put back."""
+    cell directory whose replacement never landed is put back. What a render still running
+    in another process has there is left alone."""
     if not images_dir.is_dir():
         return
     for path in sorted(images_dir.iterdir()):
         name = path.name
         if not name.startswith(".") or not path.is_dir():
+            continue
+        if (RETIRED in name or STAGING in name) and _left_by_a_live_render(name):
             continue
         if RETIRED in name:
             original = images_dir / name[1:name.index(RETIRED)]
