@@ -52,7 +52,21 @@ def check_real_sglang(result) -> None:
     assert entries["sgl_kernel/sm90/common_ops.abi3.so"] == "sgl-kernel-sm90-ops"
     triton = result.check("triton-smem")
     assert triton.status == PASS, triton.detail
-    assert {k["family"] for k in triton.data["kernels"]} == {"extend", "decode", "prefill"}
+    # attention (extend, decode, the vision encoder's prefill) and every Triton op of SGLang's
+    # GDN backend for Qwen3.6's 48 linear-attention layers
+    assert {k["family"] for k in triton.data["kernels"]} == {
+        "extend", "decode", "prefill", "conv1d-prefill", "gdn-prefill-split",
+        "gdn-prefill-gating", "gdn-prefill-chunk", "gated-rmsnorm", "conv1d-decode",
+        "gdn-decode"}
+    kkt = next(r for r in triton.data["summary"]
+               if r["kernel"] == "chunk_gated_delta_rule_fwd_kkt_solve_kernel")
+    assert kkt["autotuned"] and kkt["configs"] > 1 and kkt["fits"]
+    # the path taken: SGLang 0.5.23 defaults GDN prefill to FlashInfer on SM90/SM100 only, so
+    # on sm_120 both phases run the Triton kernels audited above
+    paths = triton.data["paths"]["sm_120"]
+    assert (paths["gdn_prefill"]["chosen"], paths["gdn_decode"]["chosen"]) == \
+        ("triton", "triton"), paths
+    assert "flashinfer_gdn_prefill_default" in paths["gdn_prefill"]["source"]
     assert result.passed, result.reason
 
 

@@ -131,6 +131,14 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
                                       real_ctx.matrix.model["name"], args)
             assert paths["sm_120"]["gdn_prefill"]["chosen"] == "triton", paths
             assert "importable" not in paths["sm_120"]["gdn_prefill"]  # no FlashInfer kernel
+        else:  # SGLang: an explicit FlashInfer GDN prefill is its sm120 CuTe DSL kernel
+            args = [*plan.settings.engine_args, "--linear-attn-prefill-backend", "flashinfer"]
+            paths = audit.serve_paths(result.image_id, "sglang", [Arch(12, 0)],
+                                      real_ctx.matrix.model["name"], args)
+            prefill = paths["sm_120"]["gdn_prefill"]
+            assert (prefill["chosen"], prefill["kernel"]) == (
+                "flashinfer", "flashinfer.gdn_kernels.chunk_gated_delta_rule_sm120"), paths
+            assert prefill["importable"] is True, prefill
     finally:
         free_the_cells_disk(ref)
 

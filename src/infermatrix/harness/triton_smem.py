@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Optional
 
 try:
     from ._result import emit, parse
@@ -208,6 +208,11 @@ def pretend_cuda(cc: tuple[int, int], limit: int = 0) -> None:
     if accelerator is not None and hasattr(accelerator, "device_index"):
         # FLA's input_guard enters the tensor's device; CPU tensors have none to enter
         accelerator.device_index = lambda index=None: contextlib.nullcontext()
+    # SGLang's FLA input_guard enters torch.cuda.device(tensor.device.index) and its gated
+    # norm enters the tensor's device module's `device` (torch.cpu here): no device to enter
+    torch.cuda.device = lambda index=None: contextlib.nullcontext()
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,8 +301,12 @@ def drive_sglang(cc: tuple[int, int], shape: dict[str, int], limit: int = 0
                  ) -> list[dict[str, Any]]:
     pretend_cuda(cc, limit)
     banks = sglang_banks(shape)
-    return [drive_one(family, lambda m=modules, f=fn, b=banks[family]: call_by_name(
+    results = [drive_one(family, lambda m=modules, f=fn, b=banks[family]: call_by_name(
         getattr(import_first(m), f), b), cc, limit) for family, modules, fn in SGLANG_TRITON]
+    if shape.get("gdn_key_heads"):
+        results += [drive_one(family, call, cc, limit)
+                    for family, call in sglang_gdn_calls(shape)]
+    return results
 
 
 def vllm_banks(cc: tuple[int, int], head_dim: int, q_heads: int, kv_heads: int,
@@ -483,6 +492,89 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
     return [("gdn-prefill-chunk", chunk), ("gdn-prefill-prep", prep), ("gdn-decode", decode),
             ("conv1d-prefill", conv_prefill), ("conv1d-decode", conv_decode),
             ("gated-rmsnorm", gated_norm)]
+
+
+SGLANG_FLA = ["sglang.kernels.ops.attention.fla"]
+SGLANG_CONV = ["sglang.kernels.ops.mamba.causal_conv1d_triton"]
+
+
+def sglang_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]:
+    """(family, call) of every Triton op SGLang's GDN backend (sglang/srt/layers/attention/
+    linear/gdn_backend.py, Triton kernels) launches for a Qwen3.5/3.6 GDN layer at the model's
+    shapes (TP 1): prefill = conv1d over the strided projection (the Triton conv1d: SGLang takes
+    it for a strided input with seq_lens_cpu), the fused QKV split, the gating, the chunked
+    delta rule and the gated RMSNorm; decode = conv1d update and the packed recurrent update."""
+    import torch
+
+    hk, hv, d, width = (shape["gdn_key_heads"], shape["gdn_value_heads"], shape["gdn_head_dim"],
+                        shape["gdn_conv_width"])
+    bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    tokens, seqs, slots = 64, 4, 8
+    conv_dim = 2 * hk * d + hv * d
+    cu = torch.tensor([0, tokens], dtype=i32)
+
+    def op(modules: list[str], dotted: str) -> Any:
+        module_name, _, name = dotted.rpartition(".")
+        base = import_first(modules).__name__
+        return getattr(importlib.import_module(f"{base}.{module_name}" if module_name
+                                               else base), name)
+
+    def conv_prefill() -> Any:
+        projected = torch.zeros(tokens, conv_dim, dtype=bf16)
+        return op(SGLANG_CONV, "causal_conv1d_fn")(
+            projected.transpose(0, 1), torch.zeros(conv_dim, width, dtype=bf16), None,
+            conv_states=torch.zeros(slots, conv_dim, width - 1, dtype=bf16),
+            query_start_loc=cu, seq_lens_cpu=[tokens],
+            cache_indices=torch.tensor([0], dtype=i32),
+            has_initial_state=torch.tensor([False]), activation="silu")
+
+    def split() -> Any:
+        from importlib import import_module
+        return import_module("sglang.kernels.ops.attention.triton_gdn_fused_proj") \
+            .fused_qkv_split_gdn_prefill(torch.zeros(tokens, conv_dim, dtype=bf16), hk, hk, hv,
+                                         d, d, d)
+
+    def gating() -> Any:
+        from importlib import import_module
+        return import_module("sglang.kernels.ops.attention.linear.fused_gdn_gating") \
+            .fused_gdn_gating(torch.zeros(hv, dtype=f32), torch.zeros(tokens, hv, dtype=bf16),
+                              torch.zeros(tokens, hv, dtype=bf16), torch.zeros(hv, dtype=f32))
+
+    def chunk() -> Any:
+        return op(SGLANG_FLA, "chunk.chunk_gated_delta_rule")(
+            q=torch.zeros(1, tokens, hk, d, dtype=bf16), k=torch.zeros(1, tokens, hk, d, dtype=bf16),
+            v=torch.zeros(1, tokens, hv, d, dtype=bf16), g=torch.zeros(1, tokens, hv, dtype=f32),
+            beta=torch.zeros(1, tokens, hv, dtype=bf16),
+            initial_state=torch.zeros(slots, hv, d, d, dtype=f32),
+            initial_state_indices=torch.tensor([0], dtype=i32), cu_seqlens=cu.to(torch.int64),
+            use_qk_l2norm_in_kernel=True)
+
+    def gated_norm() -> Any:
+        return op(SGLANG_FLA, "layernorm_gated._layer_norm_fwd")(
+            torch.zeros(tokens * hv, d, dtype=bf16), torch.ones(d, dtype=bf16), None, 1e-6,
+            z=torch.zeros(tokens * hv, d, dtype=bf16), group_size=None,
+            norm_before_gate=True, is_rms_norm=True)
+
+    def conv_decode() -> Any:
+        return op(SGLANG_CONV, "causal_conv1d_update")(
+            torch.zeros(seqs, conv_dim, dtype=bf16),
+            torch.zeros(slots, conv_dim, width - 1, dtype=bf16),
+            torch.zeros(conv_dim, width, dtype=bf16), None, "silu",
+            conv_state_indices=torch.arange(seqs, dtype=i32))
+
+    def decode() -> Any:
+        return op(SGLANG_FLA, "fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode")(
+            mixed_qkv=torch.zeros(seqs, conv_dim, dtype=bf16),
+            a=torch.zeros(seqs, hv, dtype=bf16), b=torch.zeros(seqs, hv, dtype=bf16),
+            A_log=torch.zeros(hv, dtype=f32), dt_bias=torch.zeros(hv, dtype=f32),
+            scale=d ** -0.5, initial_state=torch.zeros(slots, hv, d, d, dtype=f32),
+            out=torch.zeros(seqs, 1, hv, d, dtype=bf16),
+            ssm_state_indices=torch.arange(seqs, dtype=i32), use_qk_l2norm_in_kernel=True)
+
+    return [("conv1d-prefill", conv_prefill), ("gdn-prefill-split", split),
+            ("gdn-prefill-gating", gating), ("gdn-prefill-chunk", chunk),
+            ("gated-rmsnorm", gated_norm), ("conv1d-decode", conv_decode),
+            ("gdn-decode", decode)]
 
 
 def drive_fixture(cc: tuple[int, int], shape: dict[str, int], path: str) -> list[dict[str, Any]]:
@@ -677,7 +769,11 @@ def resolve_paths(engine: str, cc: tuple[int, int], shape: dict[str, int],
                   serve_args: list[str]) -> dict[str, Any]:
     """Backend choices the engine makes for this model, target and serve command, each with
     the function that made it. A choice that cannot be resolved says why."""
-    if engine != "vllm" or not shape.get("gdn_key_heads"):
+    if not shape.get("gdn_key_heads"):
+        return {}
+    if engine == "sglang":
+        return resolve_sglang_paths(cc, shape, serve_args)
+    if engine != "vllm":
         return {}
     requested = flag_value(serve_args, "--gdn-prefill-backend") or "auto"
     module_name = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -689,8 +785,11 @@ def resolve_paths(engine: str, cc: tuple[int, int], shape: dict[str, int],
         pretend_cuda(cc)
         pretend_vllm_platform(cc)
         resolve = engine_function(module_name, "_resolve_gdn_prefill_backend",
+                                  vllm_selection_names(module_name),
                                   helpers=("_aiter_flydsl_unsupported_reasons",
                                            "xpu_gdn_kernel_available"))
+        if "xpu_gdn_kernel_available" in resolve.__globals__:
+            resolve.__globals__["xpu_gdn_kernel_available"] = lambda: False
     except Exception as exc:  # noqa: BLE001
         return {"gdn_prefill": {"requested": requested, "chosen": None,
                                 "reason": f"not resolved: {type(exc).__name__}: {exc}"[:400],
@@ -743,17 +842,32 @@ def flashinfer_gdn_kernel(cc: tuple[int, int]) -> dict[str, Any]:
     return {**record, "importable": True}
 
 
-def engine_function(module_name: str, name: str, helpers: tuple[str, ...] = ()) -> Any:
-    """A selection function of the engine, executed from the engine's installed source file.
-    Importing its module would load the engine's CUDA extension, which needs a driver; the
-    function itself only reads the platform and the config. Its module-level names resolve to
-    the pretended platform; anything else it reaches is an error reported as not resolved."""
-    import ast
-    import importlib.util
+class _NotOnThisPlatform:
+    def __getattr__(self, attr: str) -> Any:
+        return lambda *a, **k: False  # ROCm/XPU-only probes: never on a CUDA target
+
+
+def vllm_selection_names(module_name: str) -> dict[str, Any]:
+    """The module-level names vLLM's selection functions read, on the pretended platform."""
     import logging
     import typing
 
+    import torch
     from vllm.platforms import current_platform
+
+    return {"current_platform": current_platform, "torch": torch, "Literal": typing.Literal,
+            "VllmConfig": Any, "logger": logging.getLogger(module_name),
+            "rocm_aiter_ops": _NotOnThisPlatform()}
+
+
+def engine_function(module_name: str, name: str, names: dict[str, Any],
+                    helpers: tuple[str, ...] = ()) -> Any:
+    """A selection function of the engine, executed from the engine's installed source file.
+    Importing its module would load the engine's CUDA extension (or its whole runtime), which
+    needs a driver; the function itself only reads the platform, the config and the names
+    given here. Anything else it reaches is an error reported as not resolved."""
+    import ast
+    import importlib.util
 
     spec = importlib.util.find_spec(module_name)
     if spec is None or not spec.origin:
@@ -764,20 +878,89 @@ def engine_function(module_name: str, name: str, helpers: tuple[str, ...] = ()) 
             if isinstance(node, ast.FunctionDef) and node.name in wanted]
     if name not in {node.name for node in body}:
         raise AttributeError(f"{module_name} has no function {name}")
+    namespace: dict[str, Any] = {**names, "__name__": module_name}
+    exec(compile(ast.Module(body=body, type_ignores=[]), spec.origin, "exec"), namespace)
+    return namespace[name]
+
+
+SGLANG_GDN_MODULE = "sglang.srt.layers.attention.linear.gdn_backend"
+SGLANG_LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
+SGLANG_CHUNKED_PREFILL = 8192  # what SGLang sets for a GPU of this memory class (server_args)
+
+
+def resolve_sglang_paths(cc: tuple[int, int], shape: dict[str, int],
+                         serve_args: list[str]) -> dict[str, Any]:
+    """SGLang's GDN kernel choice per phase from its own functions, run from the installed
+    source: `flashinfer_gdn_prefill_default` (FlashInfer only on the SM90/SM100 domains it
+    validated) then `resolve_linear_attn_backends` (an explicit --linear-attn-*-backend
+    wins). The serve command's flags fill the runtime config they read; the GDN dispatcher
+    runs a cutedsl prefill as Triton off SM10x, and that is recorded too."""
+    import logging
+    from types import SimpleNamespace
+
     import torch
 
-    class _NotOnThisPlatform:
-        def __getattr__(self, attr: str) -> Any:
-            return lambda *a, **k: False  # ROCm/XPU-only probes: never on a CUDA target
-
-    namespace: dict[str, Any] = {
-        "current_platform": current_platform, "torch": torch, "Literal": typing.Literal,
-        "VllmConfig": Any, "logger": logging.getLogger(module_name),
-        "rocm_aiter_ops": _NotOnThisPlatform(), "__name__": module_name}
-    exec(compile(ast.Module(body=body, type_ignores=[]), spec.origin, "exec"), namespace)
-    if "xpu_gdn_kernel_available" in namespace:
-        namespace["xpu_gdn_kernel_available"] = lambda: False
-    return namespace[name]
+    source_default = f"{SGLANG_GDN_MODULE}.flashinfer_gdn_prefill_default"
+    source = f"{SGLANG_LINEAR_UTILS}.resolve_linear_attn_backends"
+    base = flag_value(serve_args, "--linear-attn-backend") or "triton"
+    requested = {phase: flag_value(serve_args, f"--linear-attn-{phase}-backend")
+                 for phase in ("prefill", "decode", "verify")}
+    try:
+        pretend_cuda(cc)
+        utils = importlib.import_module(SGLANG_LINEAR_UTILS)
+        mamba = SimpleNamespace(linear_attn_backend=base,
+                                linear_attn_prefill_backend=requested["prefill"],
+                                linear_attn_decode_backend=requested["decode"],
+                                linear_attn_verify_backend=requested["verify"])
+        runtime = SimpleNamespace(
+            mamba=mamba, deterministic=SimpleNamespace(
+                enable_deterministic_inference="--enable-deterministic-inference" in serve_args))
+        chunk = flag_value(serve_args, "--chunked-prefill-size")
+        schedule = SimpleNamespace(chunked_prefill_size=int(chunk) if chunk else
+                                   SGLANG_CHUNKED_PREFILL,
+                                   enable_dynamic_chunking="--enable-dynamic-chunking"
+                                   in serve_args)
+        names = {"torch": torch, "is_cuda": lambda: True, "get_exec": lambda: runtime,
+                 "get_schedule": lambda: schedule, "hybrid_gdn_config": lambda config: config,
+                 "rank0_log": logging.getLogger("sglang").info, "Optional": Optional,
+                 "LinearAttnKernelBackend": utils.LinearAttnKernelBackend,
+                 "LinearAttnBackends": utils.LinearAttnBackends, "ModelRunner": Any}
+        prefill_default = engine_function(SGLANG_GDN_MODULE, "flashinfer_gdn_prefill_default",
+                                          names)
+        resolve = engine_function(SGLANG_LINEAR_UTILS, "resolve_linear_attn_backends", names)
+    except Exception as exc:  # noqa: BLE001
+        return {"gdn_prefill": {"requested": requested["prefill"] or base, "chosen": None,
+                                "source": source,
+                                "reason": f"not resolved: {type(exc).__name__}: {exc}"[:400]}}
+    ssm = torch.bfloat16 if flag_value(serve_args, "--mamba-ssm-dtype") == "bfloat16" \
+        else torch.float32
+    runner = SimpleNamespace(
+        model_config=SimpleNamespace(linear_key_head_dim=shape["gdn_head_dim"],
+                                     linear_value_head_dim=shape["gdn_head_dim"]),
+        req_to_token_pool=SimpleNamespace(mamba_pool=SimpleNamespace(
+            mamba_cache=SimpleNamespace(temporal=SimpleNamespace(dtype=ssm)))))
+    try:
+        default = prefill_default(runner)
+        backends = resolve(prefill_default=default)
+    except Exception as exc:  # noqa: BLE001
+        return {"gdn_prefill": {"requested": requested["prefill"] or base, "chosen": None,
+                                "source": source, "reason": f"{type(exc).__name__}: {exc}"[:400]}}
+    prefill = {"requested": requested["prefill"] or "auto", "chosen": backends.prefill.value,
+               "default": default, "source": f"{source_default}, {source}",
+               "cuda_runtime": torch.version.cuda,
+               "fallback": "triton" if backends.prefill.value != "triton" else None}
+    if backends.prefill.value == "cutedsl" and cc[0] != 10:
+        prefill.update(chosen="triton", fallback=None,
+                       note="cutedsl GDN prefill exists on SM10x only; GDNKernelDispatcher "
+                            "runs Triton here")
+    if prefill["chosen"] == "flashinfer":
+        prefill.update(flashinfer_gdn_kernel(cc))
+    decode = {"requested": requested["decode"] or base, "chosen": backends.decode.value,
+              "source": source}
+    if decode["chosen"] in ("cutedsl", "flashinfer"):  # kernels built at their first call
+        decode.update(kernel=f"sglang.srt.layers.attention.linear.kernels.gdn_"
+                             f"{decode['chosen']}", compiled_at="first call (CuTe DSL JIT)")
+    return {"gdn_prefill": prefill, "gdn_decode": decode}
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
