@@ -221,7 +221,11 @@ def test_static_only_tag_goes_on_a_labelled_child_of_the_tested_image(cpu_smoked
     assert engine.image_id_of(ref) == derived["Id"]
 
 INTERRUPTED_RUN = """
+import signal
 import sys
+# Ctrl-C as a terminal delivers it: a suite started in the background (`cmd &` in a
+# non-interactive shell, nohup) hands its children SIGINT ignored, and Python keeps that
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from infermatrix.stages import smoke
 from infermatrix.context import Context
 from infermatrix.stages.plan import plan_matrix
