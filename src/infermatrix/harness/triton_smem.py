@@ -529,14 +529,12 @@ def sglang_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]
             has_initial_state=torch.tensor([False]), activation="silu")
 
     def split() -> Any:
-        from importlib import import_module
-        return import_module("sglang.kernels.ops.attention.triton_gdn_fused_proj") \
+        return importlib.import_module("sglang.kernels.ops.attention.triton_gdn_fused_proj") \
             .fused_qkv_split_gdn_prefill(torch.zeros(tokens, conv_dim, dtype=bf16), hk, hk, hv,
                                          d, d, d)
 
     def gating() -> Any:
-        from importlib import import_module
-        return import_module("sglang.kernels.ops.attention.linear.fused_gdn_gating") \
+        return importlib.import_module("sglang.kernels.ops.attention.linear.fused_gdn_gating") \
             .fused_gdn_gating(torch.zeros(hv, dtype=f32), torch.zeros(tokens, hv, dtype=bf16),
                               torch.zeros(tokens, hv, dtype=bf16), torch.zeros(hv, dtype=f32))
 
@@ -905,6 +903,12 @@ def resolve_sglang_paths(cc: tuple[int, int], shape: dict[str, int],
     base = flag_value(serve_args, "--linear-attn-backend") or "triton"
     requested = {phase: flag_value(serve_args, f"--linear-attn-{phase}-backend")
                  for phase in ("prefill", "decode", "verify")}
+
+    def unresolved(exc: Exception, prefix: str = "") -> dict[str, Any]:
+        return {"gdn_prefill": {"requested": requested["prefill"] or base, "chosen": None,
+                                "source": source,
+                                "reason": f"{prefix}{type(exc).__name__}: {exc}"[:400]}}
+
     try:
         pretend_cuda(cc)
         utils = importlib.import_module(SGLANG_LINEAR_UTILS)
@@ -929,9 +933,7 @@ def resolve_sglang_paths(cc: tuple[int, int], shape: dict[str, int],
                                           names)
         resolve = engine_function(SGLANG_LINEAR_UTILS, "resolve_linear_attn_backends", names)
     except Exception as exc:  # noqa: BLE001
-        return {"gdn_prefill": {"requested": requested["prefill"] or base, "chosen": None,
-                                "source": source,
-                                "reason": f"not resolved: {type(exc).__name__}: {exc}"[:400]}}
+        return unresolved(exc, "not resolved: ")
     ssm = torch.bfloat16 if flag_value(serve_args, "--mamba-ssm-dtype") == "bfloat16" \
         else torch.float32
     runner = SimpleNamespace(
@@ -942,9 +944,8 @@ def resolve_sglang_paths(cc: tuple[int, int], shape: dict[str, int],
     try:
         default = prefill_default(runner)
         backends = resolve(prefill_default=default)
-    except Exception as exc:  # noqa: BLE001
-        return {"gdn_prefill": {"requested": requested["prefill"] or base, "chosen": None,
-                                "source": source, "reason": f"{type(exc).__name__}: {exc}"[:400]}}
+    except Exception as exc:  # noqa: BLE001 - e.g. a backend the platform refuses
+        return unresolved(exc)
     prefill = {"requested": requested["prefill"] or "auto", "chosen": backends.prefill.value,
                "default": default, "source": f"{source_default}, {source}",
                "cuda_runtime": torch.version.cuda,
