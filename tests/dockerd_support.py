@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -175,3 +176,38 @@ class PrivateDockerd:
             subprocess.run(["iptables", "-t", table, "-D", chain, *rule], capture_output=True)
         shutil.rmtree(self.data, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+STALE_DATA = re.compile(r"im[a-z0-9]+-engine-[a-z0-9_]+")  # PrivateDockerd's data roots
+
+
+def _live_command_lines() -> str:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found.append(cmdline.read_bytes().replace(b"\0", b" ").decode("utf-8", "replace"))
+        except OSError:
+            continue
+    return "\n".join(found)
+
+
+def stale_engine_dirs(parent: Path = Path("/var/lib")) -> list[Path]:
+    """Data roots of private engines no process uses any more: a run killed before `stop()`
+    (CI cancelled, the time guard, a SIGKILL) leaves one behind, up to 30 GB for the real
+    lane's."""
+    live = _live_command_lines()
+    return sorted(d for d in parent.iterdir()
+                  if d.is_dir() and STALE_DATA.fullmatch(d.name) and str(d) not in live)
+
+
+def reclaim_stale_engines(parent: Path = Path("/var/lib")) -> list[Path]:
+    """Unmount what the dead engines left mounted (deepest first) and remove their data."""
+    stale = stale_engine_dirs(parent)
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    for directory in stale:
+        for line in reversed(mounts):
+            target = line.split()[1]
+            if target.startswith(str(directory) + "/"):
+                subprocess.run(["umount", "-l", target], capture_output=True)
+        shutil.rmtree(directory, ignore_errors=True)
+    return stale

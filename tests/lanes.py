@@ -290,6 +290,26 @@ def report(runner: Runner) -> int:
     return 1 if problems else 0
 
 
+def reclaim_disk(say) -> None:  # type: ignore[no-untyped-def]
+    """Before any lane: remove what killed runs left on this machine (a persistent CI machine
+    keeps it): private engines' data roots no process uses (the real lane's holds ~30 GB) and
+    the machine engine's dangling images. Caches of earlier runs stay (they are what makes a
+    warm run fast); nothing a test of this run made exists yet."""
+    from tests.dockerd_support import reclaim_stale_engines
+
+    before = disk_line("start")
+    removed = reclaim_stale_engines()
+    dangling = subprocess.run(["docker", "image", "prune", "--force"], capture_output=True,
+                              text=True)
+    say(f"disk: {before}; removed {len(removed)} dead private engine(s)"
+        + (f" ({', '.join(d.name for d in removed)})" if removed else "")
+        + f", dangling images: {dangling.stdout.strip().splitlines()[-1:] or ['none']}; "
+        + disk_line("end").replace(" at end", " now"))
+    usage = subprocess.run(["docker", "system", "df"], capture_output=True, text=True)
+    for line in usage.stdout.splitlines():
+        say(f"  {line}")
+
+
 def ci_start() -> float:
     """INFERMATRIX_CI_START (epoch seconds, set by .ci/run) on the monotonic clock."""
     given = os.environ.get("INFERMATRIX_CI_START")
@@ -307,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     state.mkdir(parents=True, exist_ok=True)
     budget = float(os.environ.get("INFERMATRIX_CI_BUDGET_S", CI_LIMIT_S))
     runner = Runner(phases_of(state), ci_start(), budget)
+    reclaim_disk(runner.say)
     try:
         runner.run()
     except KeyboardInterrupt:

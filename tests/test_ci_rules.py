@@ -96,3 +96,25 @@ def test_under_ci_a_whole_suite_below_the_floor_fails_and_a_selection_does_not(
                                  f"{ci_rules.MIN_COLLECTED}*"])
     assert run(suite, monkeypatch, True, "tests/test_sample.py").ret == 0  # a selection
     assert run(suite, monkeypatch, True, "-k", "one").ret == 0
+
+
+def test_a_dead_private_engines_data_is_reclaimed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """What a killed run leaves (tests/lanes.py's reclaim_disk): a data root no process names
+    is removed; one a running process names, and any other directory, stay."""
+    import subprocess
+    import sys
+
+    from tests.dockerd_support import reclaim_stale_engines
+
+    dead, live, other = (tmp_path / "imreal-engine-ab12cd", tmp_path / "im19-engine-xy_9",
+                         tmp_path / "imreal-notes")
+    for directory in (dead, live, other):
+        (directory / "docker" / "overlay2").mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                               f"--data-root={live}/docker"])
+    try:
+        assert reclaim_stale_engines(tmp_path) == [dead]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not dead.exists() and live.is_dir() and other.is_dir()

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print the results as a JSON list instead of tables")
     parser.add_argument("--all", action="store_true", dest="all_objects",
-                        help="list every object with GPU code, not only the problems")
+                        help="the full tables, listing every object with GPU code")
     parser.add_argument("--no-record", action="store_true",
                         help="do not write the result to the journal")
     parser.set_defaults(func=run)
@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..stages.audit import audit_cell, images_to_audit, parse_targets, render
+    from .views import audit_lines, print_lines
 
     targets = parse_targets(args.target)  # bad arch names: exit 2 before any work
     audit_run = load_run(args, quiet=args.json)
@@ -50,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         console = Console()
-        for result in results:
-            render(result, console, all_objects=args.all_objects)
+        for result in results:  # short by default; every reason with --verbose / --all
+            if args.verbose or args.all_objects:
+                render(result, console, all_objects=args.all_objects)
+            else:
+                print_lines(audit_lines(result.as_dict()), console)
         failed = [r.cell_id for r in results if not r.passed]
         console.print(f"audit: {len(results) - len(failed)} passed, {len(failed)} failed"
                       + (f": {', '.join(failed)}" if failed else ""))

@@ -16,9 +16,7 @@ from ..model.cell import CellPlan
 from ..stages.plan import Plan, plan_full
 from ..state import run_lock
 from . import common_options, load_context, selection_options, wait_option
-
-STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta",
-                "unverified": "cyan"}
+from .views import STATUS_STYLE, plan_view, print_lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--planned", action="store_true", help="list planned cells only")
     parser.add_argument("--all", action="store_true",
-                        help="one row per cell, pruned ones included (default: planned cells "
-                        "and the pruned ones grouped by rule)")
+                        help="one row per cell, pruned ones included, each reason in full with "
+                        "its source (default: one line per cell, pruned ones grouped by rule, "
+                        "each reason once below)")
     parser.add_argument("--diff", action="store_true",
                         help="what changed since the committed plan (locks/plan.json, written "
                         "by `infermatrix lock`): cells that appear or go away, and why; exit 1 "
@@ -98,7 +97,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     console = Console()
-    console.print(plan_table(plans, args.all))
+    if args.all:  # every row, every reason in full with its source
+        console.print(plan_table(plans, every_row=True))
+    else:  # one line per cell, the reasons once each below
+        print_lines(plan_view(plans, _settings_text), console)
     counts = {s: sum(p.status == s for p in plans)
               for s in ("planned", "unverified", "pruned", "unresolved")}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")

@@ -69,6 +69,7 @@ class Entry:
     chosen_by: str = ""
     only_if_unlinked: bool = False
     features: tuple[str, ...] = ()  # loaded only when the cell's launch enables one of these
+    key: str = ""  # short reason key for terminal lines; default: from the condition that held
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Entry:
@@ -80,7 +81,7 @@ class Entry:
                    cuda_major=raw.get("cuda_major"), one_of=bool(raw.get("one_of", False)),
                    chosen_by=raw.get("chosen_by", ""),
                    only_if_unlinked=bool(raw.get("only_if_unlinked", False)),
-                   features=tuple(raw.get("features", ())))
+                   features=tuple(raw.get("features", ())), key=raw.get("key", ""))
 
     def matches_path(self, path: str) -> bool:
         return any(fnmatchcase(path, p) for p in self.paths)
@@ -122,6 +123,7 @@ class LoadVerdict:
     source: str = ""
     mapped: bool | None = None  # for not-loaded: may the process still map it?
     runtime_cuda: bool = False  # not loaded because another CUDA major's build is chosen
+    key: str = ""  # for not-loaded: the condition that held, short (`mla-only`, `hopper-only`)
 
     @property
     def counts_as_loaded(self) -> bool:
@@ -129,7 +131,7 @@ class LoadVerdict:
 
     def as_dict(self) -> dict[str, Any]:
         return {"state": self.state, "entry": self.entry, "reason": self.reason,
-                "source": self.source, "mapped": self.mapped}
+                "source": self.source, "mapped": self.mapped, "key": self.key}
 
 
 def entries(matrix_data: dict[str, Any] | None = None) -> list[Entry]:
@@ -141,7 +143,8 @@ def entries(matrix_data: dict[str, Any] | None = None) -> list[Entry]:
         found.append(Entry(id=f"matrix audit.not_loaded[{index}]", paths=(raw["path"],),
                            reason=" ".join(raw["reason"].split()),
                            source=raw.get("source", "matrix.yaml"),
-                           used_on=archs or ("none",), mapped=raw.get("mapped")))
+                           used_on=archs or ("none",), mapped=raw.get("mapped"),
+                           key="matrix-waiver"))
     return found
 
 
@@ -185,12 +188,14 @@ def verdict(path: str, target: Arch | None, ctx: Context) -> LoadVerdict:
 
 def _entry_verdict(entry: Entry, path: str, target: Arch | None,
                    ctx: Context) -> LoadVerdict | None:
-    def not_loaded(why: str, mapped: bool | None = entry.mapped, **extra: Any) -> LoadVerdict:
-        return LoadVerdict(NOT_LOADED, entry.id, why, entry.source, mapped, **extra)
+    def not_loaded(why: str, key: str, mapped: bool | None = entry.mapped,
+                   **extra: Any) -> LoadVerdict:
+        return LoadVerdict(NOT_LOADED, entry.id, why, entry.source, mapped,
+                           key=entry.key or key, **extra)
 
     if entry.features and not set(entry.features) & set(ctx.features):
         return not_loaded(f"loaded only with {' or '.join(entry.features)}, which this cell "
-                          f"does not enable: {entry.reason}")
+                          f"does not enable: {entry.reason}", "feature-off")
     if entry.cuda_major:
         major = entry.cuda_major_of(path)
         if major is not None and ctx.cuda_major is not None and major == ctx.cuda_major:
@@ -198,19 +203,44 @@ def _entry_verdict(entry: Entry, path: str, target: Arch | None,
                                + entry.reason, entry.source)
         built_for = f"a CUDA {major} build" if major is not None else "a non-CUDA build"
         return not_loaded(f"{built_for}, not chosen on CUDA {ctx.cuda_major}: {entry.reason}",
+                          "other-cuda-major" if major is not None else "non-cuda-build",
                           mapped=False, runtime_cuda=True)
     if entry.one_of:
         return LoadVerdict(LOADED, entry.id, f"one of {len(entry.paths)} builds, chosen by "
                            f"{entry.chosen_by}: {entry.reason}", entry.source)
+    other_models = bool(entry.models and ctx.traits is not None
+                        and not set(entry.models) & set(ctx.traits))
+    models_key = f"{'-'.join(entry.models)}-only"
     if not _used_on(entry, target):
         where = target.sm if target is not None else "this arch"
-        return not_loaded(f"not used on {where}: {entry.reason}")
-    if entry.models and ctx.traits is not None and not set(entry.models) & set(ctx.traits):
+        # the key names the model condition when it holds too: it holds on every arch
+        return not_loaded(f"not used on {where}: {entry.reason}",
+                          models_key if other_models else used_on_key(entry.used_on))
+    if other_models:
         return not_loaded(f"not used for this model (used for {', '.join(entry.models)} "
-                          f"models only): {entry.reason}")
+                          f"models only): {entry.reason}", models_key)
     if entry.loaded or entry.used_on or entry.models:  # used here (or model unknown)
         return LoadVerdict(LOADED, entry.id, entry.reason, entry.source)
-    return not_loaded(entry.reason)  # an entry without conditions: never loaded
+    # an entry without conditions: never loaded
+    return not_loaded(entry.reason, "unlinked-stub" if entry.only_if_unlinked else "never-loaded")
+
+
+# GPU generations by compute-capability major, for short reason keys (`hopper-only`)
+GENERATIONS = {7: "turing", 8: "ampere", 9: "hopper", 10: "blackwell-dc", 11: "thor",
+               12: "blackwell-rtx"}
+
+
+def used_on_key(used_on: tuple[str, ...]) -> str:
+    """`hopper-only` (9.x), `sm90-only` (9.0), `ampere-hopper-only`, `not-sm90` (!9.0);
+    `matrix-waiver` for a matrix rule that names the archs it is not loaded on."""
+    if used_on == ("none",):
+        return "never-loaded"
+    positive = [s for s in used_on if not s.startswith("!")]
+    if not positive:
+        return "not-" + "-".join(f"sm{s.lstrip('!').replace('.', '')}" for s in used_on)
+    names = [GENERATIONS.get(int(s[:-2]), f"sm{s[:-2]}x") if s.endswith(".x")
+             else f"sm{s.replace('.', '')}" for s in positive]
+    return "-".join(dict.fromkeys(names)) + "-only"
 
 
 # --------------------------------------------------------------------------------------------

@@ -451,17 +451,33 @@ def object_groups(objects: list[AuditedObject], target: Arch) -> dict[str, Any]:
             load = obj.loads.get(str(target))
             groups[group].append({"object": obj.path, "coverage": decision.coverage.value,
                                   "entry": load.entry if load else None,
+                                  "key": (load.key if load else "") or "waived",
                                   "reason": obj.waivers[str(target)],
                                   "source": load.source if load else ""})
         elif group == "ptx-jit":
             groups[group].append({"object": obj.path, "ptx": decision.by.compute
                                   if decision.by else None, "jit_cost": decision.note})
+        elif group == "uncovered":
+            groups[group].append({"object": obj.path, "package": obj.package,
+                                  "note": decision.note, "key": uncovered_key(obj.code, target)})
         else:
             groups[group].append(obj.path)
     groups["counts"] = {"covered": len(groups["covered"]), "ptx-jit": len(groups["ptx-jit"]),
                         NOT_LOADED_GROUP: len(groups[NOT_LOADED_GROUP]),
                         "uncovered": len(groups["uncovered"])}
     return groups
+
+
+def uncovered_key(code: DeviceCode, target: Arch) -> str:
+    """Short key of why an object cannot run on `target`: `no-gpu-code`, `sm_120a-only`,
+    `built-for-sm_80-sm_90`, or `ptx-compute_100-too-new`."""
+    if not code.cubins and not code.ptx:
+        return "no-gpu-code"
+    if code.cubins and all(a.sm.endswith("a") for a in code.cubins) and not code.ptx:
+        return f"{'-'.join(a.sm for a in code.cubins)}-only"
+    if code.ptx and not code.cubins:
+        return f"ptx-{'-'.join(a.compute for a in code.ptx)}-not-for-{target.sm}"
+    return f"built-for-{'-'.join(dict.fromkeys(a.sm for a in code.cubins))}"
 
 
 def check_kernels(objects: list[AuditedObject], targets: list[Arch]) -> Check:

@@ -1,0 +1,174 @@
+"""Short terminal views of long results (issue 31): the audit, the plan, the pipeline summary.
+
+Pure functions: a result's dict form (what the journal, `--json` and the report hold) in, Rich
+markup lines out. Failures come first and are never cut; everything else is one line each,
+shortened to the terminal's width by the caller (`print_lines`), with the full text one flag away
+(`--verbose`, `--all`, `--json`, the report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.markup import escape
+
+NOT_LOADED = "not-loaded"
+
+
+@dataclass(frozen=True)
+class Line:
+    markup: str
+    wrap: bool = False  # a failure's text: folded over several lines, never cut
+
+
+def print_lines(lines: Iterable[Line], console: Any) -> None:
+    """On a terminal each line fits its width (failures fold); in a pipe or a log every line is
+    whole, one line each (grep finds it)."""
+    for line in lines:
+        if not console.is_terminal:
+            console.print(line.markup, soft_wrap=True)
+        elif line.wrap:
+            console.print(line.markup, overflow="fold")
+        else:
+            console.print(line.markup, no_wrap=True, overflow="ellipsis", crop=True)
+
+
+# ---- the audit -------------------------------------------------------------------------------
+
+def audit_lines(details: dict[str, Any]) -> list[Line]:
+    """One audit (AuditResult.as_dict()): a header, the failing checks in full, one line of the
+    others, then per target one line of counts and one short line per object that is not
+    plainly covered: failing ones first (red), then PTX-JIT, then not loaded, each with a short
+    reason key."""
+    status = str(details.get("status", "?")).upper()
+    style = "bold red" if status == "FAIL" else "green"
+    image = str(details.get("image", ""))
+    objects = len(details.get("coverage") or [])
+    header = (f"audit [bold]{escape(str(details.get('cell', '?')))}[/]: [{style}]{status}[/]"
+              f"  ({escape(_short_image(image))}"
+              + (f", {objects} objects with GPU code" if objects else "")
+              + (f", {details['duration_s']:.0f} s" if details.get("duration_s") else "") + ")")
+    lines = [Line(header)]
+    checks = details.get("checks") or []
+    for check in checks:
+        if check.get("status") == "fail":
+            lines.append(Line(f"  [bold red]FAIL[/] {escape(check['name'])}: "
+                              f"{escape(str(check.get('detail', '')))}", wrap=True))
+    passed = [c["name"] for c in checks if c.get("status") == "pass"]
+    if passed:
+        lines.append(Line(f"  [green]pass[/]: {escape(' '.join(passed))}"))
+    for check in checks:
+        if check.get("status") == "skip":
+            lines.append(Line(f"  [yellow]skip[/] {escape(check['name'])}: "
+                              f"{escape(_first_clause(str(check.get('detail', ''))))}"))
+    for target, group in (details.get("groups") or {}).items():
+        lines += _target_lines(target, group)
+    lines.append(Line("  [dim]full reasons and sources: --verbose, --json, or the report[/]"))
+    return lines
+
+
+def _target_lines(target: str, group: dict[str, Any]) -> list[Line]:
+    counts = group.get("counts") or {}
+    failing = counts.get("uncovered", 0)
+    lines = [Line(f"  [bold]{escape(target)}[/]: {counts.get('covered', 0)} covered · "
+                  f"{counts.get('ptx-jit', 0)} PTX-JIT · {counts.get(NOT_LOADED, 0)} not loaded"
+                  f" · " + (f"[bold red]{failing} failing[/]" if failing else "0 failing"))]
+    rows: list[tuple[str, str, str]] = []
+    for item in group.get("uncovered") or []:
+        path, key = (item["object"], item.get("key", "uncovered")) if isinstance(item, dict) \
+            else (item, "uncovered")
+        rows.append(("[bold red]FAIL[/]      ", path, key))
+    for item in group.get("ptx-jit") or []:
+        rows.append(("[yellow]PTX-JIT[/]   ", item["object"],
+                     f"{item.get('ptx') or 'PTX'}, compiled by the driver at first load"))
+    for item in group.get(NOT_LOADED) or []:
+        entry = f" ({item['entry']})" if item.get("entry") else ""
+        rows.append(("[dim]not loaded[/]", item["object"], f"{item.get('key') or 'waived'}{entry}"))
+    width = max((len(path) for _, path, _ in rows), default=0)
+    lines += [Line(f"    {label} {escape(path.ljust(width))}  {escape(key)}")
+              for label, path, key in rows]
+    return lines
+
+
+def _short_image(image: str) -> str:
+    return image[:19] if image.startswith("sha256:") else image
+
+
+def _first_clause(text: str, limit: int = 90) -> str:
+    """The start of a long detail, up to its first `;` (the rest is in --verbose)."""
+    head = text.split("; ")[0]
+    return head if len(head) <= limit else head[:limit - 1] + "…"
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+STATUS_STYLE = {"planned": "green", "pruned": "yellow", "unresolved": "magenta",
+                "unverified": "cyan"}
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    cell: str
+    status: str
+    text: str  # settings, or the reasons' subjects with their footnote numbers
+
+
+def split_reason(rule: str, reason: str) -> tuple[str, str]:
+    """(subject, explanation) of a verdict: `torch 2.10.0+cu130: download.pytorch.org cannot
+    be reached ...` splits at its first `: ` when what precedes it is short; else no subject."""
+    head, sep, rest = reason.partition(": ")
+    if sep and len(head) <= 60 and rest:
+        return head, f"{rule}: {rest}"
+    return "", f"{rule}: {reason}"
+
+
+def plan_rows(plans: list[Any], settings_text: Any) -> tuple[list[PlanRow], list[str]]:
+    """One row per cell that is not pruned, one per pruning rule (its cells counted), and the
+    distinct reasons once each as footnotes [n]. `settings_text(plan)`: a planned cell's text."""
+    notes: dict[str, int] = {}
+
+    def note(text: str) -> int:
+        return notes.setdefault(text, len(notes) + 1)
+
+    rows: list[PlanRow] = []
+    pruned: dict[str, list[Any]] = {}
+    for plan in plans:
+        if plan.status == "pruned":
+            pruned.setdefault(plan.verdicts[0].rule if plan.verdicts else "?", []).append(plan)
+            continue
+        if not plan.verdicts:
+            rows.append(PlanRow(plan.id, plan.status, settings_text(plan)))
+            continue
+        parts = []
+        for verdict in plan.verdicts:
+            subject, explanation = split_reason(verdict.rule, verdict.reason)
+            parts.append(f"[{note(explanation)}] {subject or verdict.rule}")
+        rows.append(PlanRow(plan.id, plan.status, "; ".join(parts)))
+    for rule, members in sorted(pruned.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        first = members[0].verdicts[0] if members[0].verdicts else None
+        number = note(f"{rule}: {first.reason}") if first else 0
+        rows.append(PlanRow(f"{len(members)} × {rule}", "pruned",
+                            f"[{number}] e.g. {members[0].id}" if number else ""))
+    return rows, [f"[{n}] {text}" for text, n in notes.items()]
+
+
+def plan_view(plans: list[Any], settings_text: Any) -> list[Line]:
+    """The default `plan` view: one line per row (the cell and status never cut, the rest
+    shortened to the width), then the footnotes, one line each (the whole text and sources:
+    `plan --all` or `--json`)."""
+    rows, footnotes = plan_rows(plans, settings_text)
+    cell_w = max((len(r.cell) for r in rows), default=4)
+    status_w = max((len(r.status) for r in rows), default=6)
+    lines = [Line(f"[bold]{'cell'.ljust(cell_w)}  {'status'.ljust(status_w)}  "
+                  "settings / reasons[/]")]
+    for row in rows:
+        style = STATUS_STYLE.get(row.status, "white")
+        lines.append(Line(f"{escape(row.cell.ljust(cell_w))}  "
+                          f"[{style}]{row.status.ljust(status_w)}[/]  {escape(row.text)}"))
+    lines += [Line(escape(text)) for text in footnotes]
+    if footnotes:
+        lines.append(Line("[dim]every pruned cell, each reason in full with its source: "
+                          "plan --all, or plan --json[/]"))
+    return lines
