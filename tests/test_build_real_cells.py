@@ -125,6 +125,7 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
         assert [d.coverage for d in fixture.decisions] == [Coverage.EXACT]
         assert any(o.path == "torch/lib/libtorch_cuda.so" for o in verdict.objects)
         CHECKS[engine_name](verdict)  # the loaded set, PTX JIT and Triton verdicts (issue 13)
+        check_the_short_view(verdict)
         if engine_name == "vllm":  # a serve flag that switches the GDN backend changes the path
             args = [*plan.settings.engine_args, "--gdn-prefill-backend", "triton"]
             paths = audit.serve_paths(result.image_id, "vllm", [Arch(12, 0)],
@@ -141,6 +142,27 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
             assert prefill["importable"] is True, prefill
     finally:
         free_the_cells_disk(ref)
+
+
+def check_the_short_view(verdict: audit.AuditResult) -> None:
+    """The terminal's audit of the real image (issue 31): under 40 lines at 100 columns, every
+    waived object named on a line of its own with a reason key other than the fallback."""
+    import io
+
+    from rich.console import Console
+
+    from infermatrix.cli.views import audit_lines, print_lines
+
+    out = io.StringIO()
+    print_lines(audit_lines(verdict.as_dict()),
+                Console(file=out, width=100, force_terminal=True, color_system=None))
+    shown = out.getvalue().splitlines()
+    assert len(shown) < 40, "\n".join(shown)
+    for target, group in verdict.groups().items():
+        for item in group["not-loaded"]:
+            [line] = [line for line in shown if line.endswith(item["object"])]
+            assert "not loaded" in line and "waived" not in line, line
+            assert item["key"] in line, (item, line)
 
 
 def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(real_engine,

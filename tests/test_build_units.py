@@ -167,26 +167,3 @@ def test_emulated_compile_uses_the_measured_native_time_and_the_cache(tmp_path):
     kernelcache.store(ctx.state, arm, [wheel])  # in the cache: nothing to compile
     assert build.emulated_compile_refusal(ctx, _arm_plan(), {"flashinfer": arm},
                                           "linux/arm64") is None
-
-
-def test_closing_summary_gives_every_cell_not_built_its_one_line_reason(tmp_path):
-    from types import SimpleNamespace
-
-    from infermatrix import journal
-    from infermatrix.model.cell import Cell, CellPlan
-    from infermatrix.state import StatePaths
-
-    state = StatePaths(tmp_path / "state")
-    cells = [Cell("12.8", "2.10.0", "vllm", "0.19.1", "sm_120"),
-             Cell("13.0", "2.14.1", "sglang", "0.5.23", "sm_121"),
-             Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_121")]
-    plans = [CellPlan(c, "planned") for c in cells]
-    journal.record_stage(state, plans[0].id, "build", "fail", log=tmp_path / "b.log",
-                         reason="cannot reach NVIDIA's CUDA apt repository X; do Y")
-    journal.record_stage(state, plans[1].id, "build", "skip", reason="compiling flashinfer ~1.7 h")
-    lines = build.closing_summary(SimpleNamespace(state=state), plans)
-    assert lines[:2] == ["built (0):", "audited (0):"] and lines[2] == "not built (3):"
-    assert lines[3] == (f"  {plans[0].id}: cannot reach NVIDIA's CUDA apt repository X; do Y"
-                        f" [log: {tmp_path / 'b.log'}]")
-    assert lines[4] == f"  {plans[1].id}: compiling flashinfer ~1.7 h"
-    assert lines[5].endswith("not reached (an earlier step stopped it)")

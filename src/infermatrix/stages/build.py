@@ -673,36 +673,6 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
 # The closing summary of the main job
 # --------------------------------------------------------------------------------------------
 
-def closing_summary(ctx: Context, plans: list[CellPlan]) -> list[str]:
-    """What was built and audited, and for every planned cell that was not built its one-line
-    reason (which carries the fix), from the journal."""
-    built, audited, not_built = [], [], []
-    for plan in (p for p in plans if p.planned):
-        record = journal.load(ctx.state, plan.id)
-        stage = record.get("stages", {}).get("build", {})
-        if stage.get("status") == "pass":
-            image = engine.inspect_image(record.get("image_id") or local_ref(plan.id)) or {}
-            size = f"{image['Size'] / 1e9:.1f} GB, " if image.get("Size") else ""
-            compiled = "".join(
-                f"; {name} {kernelcache.describe_stats(k['compile'])}"
-                for name, k in (stage.get("details", {}).get("kernels") or {}).items()
-                if k.get("compile"))
-            took = f"{stage['duration_s']:.0f} s" if stage.get("duration_s") else "reused"
-            built.append(f"  {plan.id} ({size}{took}{compiled})")
-        else:
-            reason = stage.get("reason") or "not reached (an earlier step stopped it)"
-            log = f" [log: {stage['log']}]" if stage.get("log") and stage.get("status") == "fail" else ""
-            not_built.append(f"  {plan.id}: {reason.splitlines()[0]}{log}")
-        checked = record.get("stages", {}).get("audit") or {}
-        if checked.get("status"):
-            why = f": {checked['reason'].splitlines()[0]}" if checked.get("reason") else ""
-            audited.append(f"  {plan.id}: {checked['status']}{why}")
-    lines = [f"built ({len(built)}):", *built, f"audited ({len(audited)}):", *audited]
-    if not_built:
-        lines += [f"not built ({len(not_built)}):", *not_built]
-    return lines
-
-
 # --------------------------------------------------------------------------------------------
 # All selected cells
 # --------------------------------------------------------------------------------------------

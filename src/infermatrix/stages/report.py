@@ -822,7 +822,7 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
     return files
 
 
-_RICH_STYLES = {"tagged": "bold green", "verified": "bold blue", "built": "yellow",
+RICH_STYLES = {"tagged": "bold green", "verified": "bold blue", "built": "yellow",
                 "failed": "bold red", "not-built": "dim", "pruned": "dim"}
 
 
@@ -845,7 +845,7 @@ def summary_table(report: Report, html_path: Path | str | None = None) -> Table:
     for c in report.cells:
         if c.outcome == "pruned":
             continue
-        table.add_row(Text(c.id), Text(c.label, style=_RICH_STYLES[c.outcome]),
+        table.add_row(Text(c.id), Text(c.label, style=RICH_STYLES[c.outcome]),
                       human_duration(c.total_duration_s) if c.stages else "",
                       human_size(c.image_size),
                       f"{c.tokens_per_s:.1f}" if c.tokens_per_s is not None else "",
