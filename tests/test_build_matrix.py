@@ -115,6 +115,35 @@ def test_second_cell_with_the_same_key_hits_the_kernel_cache(matrix_build):
     assert {first["cache"], second["cache"]} == {"miss", "hit"}
 
 
+def test_the_compile_shows_ninjas_files_and_records_their_times(matrix_build, test_ctx):
+    """The kernel stage's output reaches the build log with ninja's [N/M] line per file (pip -v,
+    lines shortened by `measure`); the compile history keeps each file's seconds for the next
+    compile's ETA (issue 31)."""
+    from infermatrix.model import compileplan, compileprogress
+
+    plans, _wanted, results = matrix_build
+    compiled = [cell for cell in (_id(plans, "kernel-fixture1.0-sm120"),
+                                  _id(plans, "kernel-fixture2.0-sm120"),
+                                  _id(plans, "kernel-fixture1.0-sm121"))
+                if results[cell].kernels["cudakern"]["cache"] == "miss"]
+    assert compiled
+    for cell in compiled:
+        log = Path(journal.load(test_ctx.state, cell)["stages"]["build"]["log"]).read_text()
+        statuses = [compileprogress.parse_status(line) for line in log.splitlines()]
+        seen = [s for s in statuses if s is not None]
+        # 3 translation units and the link, in the order they finished
+        assert sorted(s[0] for s in seen) == [1, 2, 3, 4] and {s[1] for s in seen} == {4}, seen
+        assert {compileprogress.unit_key(s[2]) for s in seen} == {
+            "saxpy", "scale", "reduce", "libcudakern.so"}
+        assert all(len(line) < 420 for line in log.splitlines() if "[" in line[:20])
+        key = results[cell].kernels["cudakern"]["key"]
+        [record] = [r for r in compileplan.read_history(
+            compileplan.history_path(test_ctx.state.root)) if r.get("key") == key]
+        assert record["files"] == 4 and set(record["unit_seconds"]) == {
+            "saxpy", "scale", "reduce", "libcudakern.so"}
+        assert all(v >= 0 for v in record["unit_seconds"].values())
+
+
 def test_rerun_does_no_work(matrix_build, test_ctx):
     plans, wanted, _results = matrix_build
     broken = _id(plans, "broken-fixture1.0-sm120")

@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def tail(text: str, lines: int = 40) -> str:
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
         log_path: Path | None = None, timeout: float | None = None, check: bool = True,
-        input_bytes: bytes | None = None, tail_lines: int = 40) -> Completed:
-    """Run `argv`, logging the exact command; stream output to `log_path` when given.
+        input_bytes: bytes | None = None, tail_lines: int = 40,
+        on_line: Callable[[str], None] | None = None) -> Completed:
+    """Run `argv`, logging the exact command; stream output to `log_path` when given, and
+    each output line to `on_line` as it arrives (a progress display).
 
     With `check`, a non-zero exit or a timeout raises CommandFailed carrying the command and
     the log tail.
@@ -78,7 +81,7 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
             proc.stdin.write(input_bytes)
             proc.stdin.close()
         try:
-            returncode = _pump(proc, sink, kept, started, timeout)
+            returncode = _pump(proc, sink, kept, started, timeout, on_line)
         except BaseException:
             proc.kill()
             proc.wait()
@@ -91,7 +94,7 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
 
 
 def _pump(proc: subprocess.Popen, sink, kept: deque[str], started: float,
-          timeout: float | None) -> int | None:
+          timeout: float | None, on_line: Callable[[str], None] | None = None) -> int | None:
     """Copy the process output to the sink; kill it past the timeout (returns None then)."""
     import selectors
 
@@ -118,6 +121,8 @@ def _pump(proc: subprocess.Popen, sink, kept: deque[str], started: float,
             text = raw.decode("utf-8", "replace") + "\n"
             kept.append(text)
             sink.write(text)
+            if on_line is not None:
+                on_line(text)
         sink.flush()
     if buffer:
         text = buffer.decode("utf-8", "replace")

@@ -45,7 +45,8 @@ def run_build(args: argparse.Namespace) -> int:
     for name in names:
         for platform in args.platforms or [None]:
             result = base.build_base(ctx.matrix, name, ctx.state, force=args.force,
-                                     timeout=args.timeout_min * 60, platform=platform)
+                                     timeout=args.timeout_min * 60, platform=platform,
+                                     echo=lambda line: print(line, flush=True))
             what = "built" if result.built else "present"
             print(f"{name}{f' ({platform})' if platform else ''}: {result.ref} {what} "
                   f"({result.image_id[:19]}, {result.duration_s:.1f} s)")

@@ -35,6 +35,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Iterable, Iterator, Literal
 
 from .. import proc
@@ -492,8 +493,10 @@ class Engine:
                     secrets: dict[str, Path] | None = None, output_dir: Path | None = None,
                     log_path: Path | None = None, timeout: float | None = None,
                     labels: dict[str, str] | None = None, no_cache: bool = False,
-                    platform: str | None = None) -> str:
+                    platform: str | None = None,
+                    on_line: Callable[[str], None] | None = None) -> str:
         """Run one BuildKit build; return the image id ("" when exporting to `output_dir`).
+        `on_line` sees each line of BuildKit's plain progress as it comes (a progress display).
 
         Raises CommandFailed (exact command + log tail) when the build fails or times out.
         """
@@ -512,7 +515,7 @@ class Engine:
                 request.output_dir.mkdir(parents=True, exist_ok=True)
             argv = request.argv(client)
             proc.run(self.cli(argv[0], argv[1:]), env={**client.env(), **self.cli_env()},
-                     log_path=log_path, timeout=timeout)
+                     log_path=log_path, timeout=timeout, on_line=on_line)
             if request.output_dir is not None:
                 return ""
             assert request.iidfile is not None

@@ -139,7 +139,8 @@ def step_base(run: Run, alive: list[CellPlan]) -> StepRecord:
     refs: dict[str, list[str]] = {}
     for (name, platform), cells in sorted(needs.items()):
         try:
-            result = build_base(run.ctx.matrix, name, run.ctx.state, platform=platform)
+            result = build_base(run.ctx.matrix, name, run.ctx.state, platform=platform,
+                                echo=echo)
             echo(f"base {name} ({platform}): {result.ref}")
             made.append(name)
             for cell_id in cells:

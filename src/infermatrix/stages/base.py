@@ -23,6 +23,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..config import Matrix
 from ..errors import ConfigError, UsageError
 from ..model.spec import os_base
 from ..state import StatePaths
+from .watch import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -276,9 +278,10 @@ def _base_lock(recipe: BaseRecipe) -> Iterator[None]:
 
 
 def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = False,
-               timeout: float = 1800, platform: str | None = None) -> BaseResult:
+               timeout: float = 1800, platform: str | None = None,
+               echo: Callable[[str], None] | None = None) -> BaseResult:
     """Make the base image (for `platform`, default this host's) unless its content-derived
-    tag exists already."""
+    tag exists already; `echo` gets a line a minute while debootstrap runs."""
     recipe = recipe_for(matrix, base_name, architecture=architecture_of(platform))
     if not can_run_foreign(recipe.architecture) and not engine.image_id_of(recipe.ref):
         raise UsageError(
@@ -297,7 +300,9 @@ def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = 
         log_path = state.logs / "_bases" / f"{base_name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")
-        image_id = _debootstrap_and_import(recipe, log_path, timeout)
+        with Heartbeat(f"base {base_name} ({recipe.architecture}): debootstrap and import",
+                       echo or (lambda _: None)):
+            image_id = _debootstrap_and_import(recipe, log_path, timeout)
     return BaseResult(base_name, recipe.ref, image_id, True, time.monotonic() - started)
 
 

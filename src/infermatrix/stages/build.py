@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..model import compileplan
+from ..model import compileplan, compileprogress
 from ..engine import docker as engine
 from .. import journal, proc
-from . import kernelcache, kernelregistry
+from . import kernelcache, kernelregistry, watch
 from . import lock as locks
 from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
@@ -422,18 +422,23 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
     entry = kernelcache.lookup(ctx.state, key)
     started = time.monotonic()
     if entry is None:
-        echo(f"{cell_id}: compiling kernel {name} ({key.slug})")
+        prior = compile_prior(ctx, key, build_args)
+        echo(f"{cell_id}: compiling kernel {name} ({key.slug}); "
+             + (f"expected {compileprogress.clock(prior.total_s)} ({prior.origin})"
+                if prior.total_s else "no earlier compile to time it by"))
         with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
                                          dir=_tmp_root(ctx)) as out:
-            with compileplan.JobSampler(scope=name) as sampler:  # this kernel's jobs only
+            with compileplan.JobSampler(scope=name) as sampler, \
+                    watch.CompileWatch(f"{cell_id}: {name}", prior, echo) as shown:
                 engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
                                    secrets=secrets, output_dir=Path(out), log_path=log_path,
                                    timeout=deadline.remaining(), no_cache=no_cache,
-                                   platform=platform)
+                                   platform=platform, on_line=shown.on_line)
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
-            sampled = _record_compile(ctx, key, sampler, build_args)  # per job, for the planner
+            # per job and per file, for the planner and the next compile's ETA
+            sampled = _record_compile(ctx, key, sampler, build_args, shown.progress)
             stats = kernelcache.read_build_stats(Path(out)).get(name, {})  # the RUN's own figure
             if stats:
                 echo(f"{cell_id}: kernel {name} compiled: {kernelcache.describe_stats(stats)}")
@@ -453,14 +458,28 @@ def _builder_name() -> str | None:
     return endpoint.name if endpoint else None
 
 
+def compile_prior(ctx: Context, key: kernelcache.KernelKey,
+                  build_args: dict[str, str]) -> compileprogress.Prior:
+    """What the ETA of this compile starts from: this state's last compile of the key, or the
+    compile model's measurement."""
+    return compileprogress.prior_for(
+        key.slug, key.package, key.version, key.cuda, int(build_args.get("MAX_JOBS", 1) or 1),
+        compileplan.read_history(compileplan.history_path(ctx.state.root)),
+        compileplan.load_model())
+
+
 def _record_compile(ctx: Context, key: kernelcache.KernelKey,
-                    sampler: compileplan.JobSampler, build_args: dict[str, str]
-                    ) -> dict[str, Any]:
-    """Append the compile's measured peak and wall time to the planner's history (the next plan
-    for the same package, version, CUDA and targets uses it). A compile whose jobs the sampler
-    never saw (too short, or a builder on another host) records no peak."""
+                    sampler: compileplan.JobSampler, build_args: dict[str, str],
+                    progress: compileprogress.Progress | None = None) -> dict[str, Any]:
+    """Append the compile's measured peak, wall time and seconds per file to the planner's
+    history (the next plan for the same package, version, CUDA and targets uses the peak, the
+    next compile of the key its file times for the ETA). A compile whose jobs the sampler never
+    saw (too short, or a builder on another host) records no peak, only its file times."""
     stats = sampler.stats()
-    if stats["job_peak_max_gib"] > 0:
+    if progress is not None and progress.total:
+        stats["files"] = progress.total
+        stats["unit_seconds"] = dict(progress.unit_seconds)
+    if stats["job_peak_max_gib"] > 0 or stats.get("unit_seconds"):  # the planner skips no-peak
         compileplan.record_build(compileplan.history_path(ctx.state.root),
                                  kernel_need({}, key), stats, key=key.slug,
                                  max_jobs=int(build_args.get("MAX_JOBS", 0)),
@@ -588,10 +607,13 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
             shutil.copytree(directory, context, symlinks=True)
             kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
             labels = {INPUT_HASH_LABEL: digest}
-            image_id = engine.build_image(context, tag=local_ref(cell_id), build_args=build_args,
-                                          secrets=secrets, log_path=log_path, labels=labels,
-                                          timeout=deadline.remaining(),
-                                          no_cache=options.no_cache, platform=platform)
+            with watch.Heartbeat(f"{cell_id}: image build", options.echo) as beat:
+                image_id = engine.build_image(context, tag=local_ref(cell_id),
+                                              build_args=build_args, secrets=secrets,
+                                              log_path=log_path, labels=labels,
+                                              timeout=deadline.remaining(),
+                                              no_cache=options.no_cache, platform=platform,
+                                              on_line=beat.on_line)
     except CommandFailed as exc:
         reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
         if "no space left on device" in (exc.log_tail or "").lower():
