@@ -238,8 +238,35 @@ def _cli(ctx: Context, *args: str) -> list[str]:
             "--state-dir", str(ctx.state.root), *args]
 
 
-def test_sigint_midway_then_rerun_resumes(mini_ctx):
-    mini1, slow = _cell(mini_ctx, "mini1.0"), _cell(mini_ctx, "slow1.0")
+def fresh_slow_cell(ctx: Context, built_base: str) -> str:
+    """The slow cell with new layers (a new token): its build is not in BuildKit's cache."""
+    slow = _cell(ctx, "slow1.0")
+    dockerfile = ctx.images_dir / slow / "Dockerfile"
+    label = dockerfile.read_text().splitlines()[-1]  # the lock label write_cell added
+    dockerfile.write_text(SLOW.format(base=built_base, token=uuid.uuid4().hex, cell=slow)
+                          + label + "\n")
+    return slow
+
+
+def other_processes_naming(text: str) -> list[str]:
+    """Command lines of running processes that contain `text` (a build client left behind)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if text in line and "pytest" not in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_midway_then_rerun_resumes(mini_ctx, built_base, signum):
+    """SIGINT (Ctrl-C) and SIGTERM (CI cancelling, `timeout`, `docker stop`) take one path:
+    the `docker build` client is signalled and gone, the state's tmp/ and the run lock are
+    clean, exit 128 + the signal with the line that says to rerun; the rerun resumes."""
+    mini1, slow = _cell(mini_ctx, "mini1.0"), fresh_slow_cell(mini_ctx, built_base)
     args = ("--select", "*mini1.0*", "--select", "*slow1.0*")
     first = subprocess.Popen(_cli(mini_ctx, *args), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -254,9 +281,14 @@ def test_sigint_midway_then_rerun_resumes(mini_ctx):
         first.kill()
         pytest.fail(f"the slow cell never started: {first.communicate()[0]}")
     time.sleep(2)
-    first.send_signal(signal.SIGINT)
+    first.send_signal(signum)
     output, _ = first.communicate(timeout=60)
-    assert first.returncode == 130, output
+    assert first.returncode == 128 + signum, output
+    assert f"interrupted ({signal.Signals(signum).name}); finished cells are kept, rerun to " \
+        "resume" in output
+    assert not other_processes_naming(f"/context-{slow}-"), "a build client was left running"
+    assert not any((mini_ctx.state.root / "tmp").glob(f"context-{slow}-*"))
+    assert (mini_ctx.state.root / "run.lock").read_text() == ""  # no dead pid in it
     assert journal.stage_status(journal.load(mini_ctx.state, slow), "build") == "running"
     assert journal.stage_status(journal.load(mini_ctx.state, mini1), "build") == "pass"
     # Every record is whole JSON (atomic writes), and no temporary file is left behind.

@@ -151,3 +151,55 @@ def test_tampered_hash_makes_the_install_fail(tmp_path):
     assert "hash" in failed.output.lower() and "six" in failed.output
     with pytest.raises(CommandFailed):
         proc.run([str(tmp_path / "b" / "venv" / "bin" / "python"), "-c", "import six"])
+
+
+def uv_compiles_of(pid: int) -> dict[int, Path]:
+    """`uv pip compile` processes started by `pid` (their own session: proc.run), with the
+    temporary work directory each runs in."""
+    import os
+
+    found = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            parent = int(next(line.split()[1] for line in status.read_text().splitlines()
+                              if line.startswith("PPid:")))
+            cmdline = (status.parent / "cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(status.parent / "cwd"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        if parent == pid and b"compile" in cmdline and cwd.name.startswith("infermatrix-lock-"):
+            found[int(status.parent.name)] = cwd
+    return found
+
+
+@pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_lock_stops_uv_and_leaves_nothing(tmp_path, signum):
+    """Issue 32: SIGTERM took `lock` down with 143 and no word, left `uv pip compile` running
+    orphaned and its temp directory behind; Ctrl-C waited for uv. Now both signal uv's process
+    group, remove the temp directory, release the run lock, and say to rerun."""
+    import signal
+    import subprocess
+    import time
+
+    matrix = _copy_matrix(ROOT / "tests" / "matrix" / "matrix.yaml", tmp_path)
+    state = tmp_path / ".state"
+    run = subprocess.Popen([sys.executable, "-m", "infermatrix", "lock", "--matrix", str(matrix),
+                            "--state-dir", str(state)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline, seen = time.monotonic() + 300, {}
+    while time.monotonic() < deadline and run.poll() is None and not seen:
+        seen = uv_compiles_of(run.pid)
+        time.sleep(0.05)
+    if not seen:
+        run.kill()
+        pytest.fail(f"no uv pip compile seen: {run.communicate()[0][-2000:]}")
+    run.send_signal(signum)
+    output, _ = run.communicate(timeout=60)  # acts at once: uv is signalled, not waited for
+    assert run.returncode == 128 + signum, output
+    name = signal.Signals(signum).name
+    assert f"interrupted ({name}); finished cells are kept, rerun to resume" in output
+    for pid, workdir in seen.items():
+        assert not Path(f"/proc/{pid}").exists() or \
+            "zombie" in Path(f"/proc/{pid}/status").read_text(), f"uv {pid} left running"
+        assert not workdir.exists(), f"{workdir} left behind"
+    assert (state / "run.lock").read_text() == ""

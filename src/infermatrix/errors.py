@@ -62,3 +62,16 @@ class CommandFailed(StageFailure):
         if log_tail:
             text += "\n  last lines:\n" + "\n".join("    " + ln for ln in log_tail.splitlines())
         super().__init__(text)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP reached the run: unwound like Ctrl-C (temp directories removed,
+    the run lock released, containers stopped), exit 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

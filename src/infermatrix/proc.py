@@ -7,10 +7,13 @@ first). Secret values never reach argv or the environment shown: callers pass se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -73,9 +76,14 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
     with (open(log_path, "a", encoding="utf-8", errors="replace") if log_path else _Null()) as sink:
         sink.write(f"$ {command}\n")
         sink.flush()
+        # its own process group: an interrupt of this run signals it and all it started
+        # (children()), whatever signal reached us and from where
         proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=full_env,
                                 stdin=subprocess.PIPE if input_bytes is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
         if input_bytes is not None:
             assert proc.stdin is not None
             proc.stdin.write(input_bytes)
@@ -83,14 +91,50 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
         try:
             returncode = _pump(proc, sink, kept, started, timeout, on_line)
         except BaseException:
-            proc.kill()
+            _kill_group(proc, signal.SIGKILL)
             proc.wait()
             raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
     duration = time.monotonic() - started
     output = "".join(kept)
     if check and returncode != 0:
         raise CommandFailed(command, returncode, tail(output, tail_lines), log_path)
     return Completed(command, -1 if returncode is None else returncode, output, duration, log_path)
+
+
+_LIVE: set[subprocess.Popen] = set()  # the commands running now, in any thread
+_LIVE_LOCK = threading.Lock()
+
+
+def _kill_group(proc: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signum)
+
+
+def signal_children(signum: int = signal.SIGTERM) -> int:
+    """Send `signum` to every running command's process group (an interrupt of this run:
+    `docker build` cancels its build, uv stops resolving); how many were signalled. Safe in a
+    signal handler: it only reads the set and calls killpg."""
+    with _LIVE_LOCK:
+        running = [p for p in _LIVE if p.poll() is None]
+    for proc in running:
+        _kill_group(proc, signum)
+    return len(running)
+
+
+def reap_children(grace_s: float = 10.0) -> None:
+    """After signal_children: wait up to `grace_s` for them, then SIGKILL what is left."""
+    deadline = time.monotonic() + grace_s
+    with _LIVE_LOCK:
+        running = list(_LIVE)
+    for proc in running:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
 
 
 def _pump(proc: subprocess.Popen, sink, kept: deque[str], started: float,
@@ -105,7 +149,7 @@ def _pump(proc: subprocess.Popen, sink, kept: deque[str], started: float,
     while True:
         remaining = None if timeout is None else timeout - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:
-            proc.kill()
+            _kill_group(proc, signal.SIGKILL)
             proc.wait()
             sink.write(f"\n[infermatrix] killed after {timeout:.0f} s timeout\n")
             return None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -15,6 +17,8 @@ from contextlib import contextmanager
 
 from .errors import ConfigError, UsageError
 from .names import inside
+
+log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = ".state"
 
@@ -115,6 +119,24 @@ def notice(text: str) -> None:
 _HELD: dict[Path, int] = {}  # state roots this process holds, with nesting depth
 
 
+def clear_stale_tmp(tmp: Path) -> list[str]:
+    """Remove what a killed run left in the state's tmp/ (build contexts, kernel outputs): only
+    the holder of the run lock writes there, so at its start anything there is a dead run's."""
+    if not tmp.is_dir():
+        return []
+    left = sorted(entry.name for entry in tmp.iterdir())
+    for name in left:
+        target = tmp / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+    if left:
+        log.info("removed %d entries a killed run left in %s: %s", len(left), tmp,
+                 ", ".join(left[:5]))
+    return left
+
+
 @contextmanager
 def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> Iterator[None]:
     """Hold the state directory for one run; a second run waits (`wait`) or refuses.
@@ -148,6 +170,7 @@ def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> 
         handle.truncate()
         handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         handle.flush()
+        clear_stale_tmp(state.root / "tmp")
         _HELD[state.root] = 1
         try:
             yield

@@ -25,7 +25,8 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import traceback  # noqa: E402
 
-from ..errors import InfermatrixError
+from .. import proc
+from ..errors import InfermatrixError, Interrupted
 
 # Modules under infermatrix.cli, in the order `--help` lists them.
 COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         with contextlib.suppress(ValueError):  # ValueError: called outside the main thread
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, _interrupt)
         parser = build_parser()
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
@@ -144,10 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         _show_traceback(debug)
         print(f"infermatrix: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         _show_traceback(debug)
-        print("infermatrix: interrupted; finished cells are kept, rerun to resume", file=sys.stderr)
-        return 130
+        proc.reap_children()
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(f"infermatrix: interrupted ({signal.Signals(signum).name}); finished cells are "
+              "kept, rerun to resume", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # `infermatrix plan | head`: the reader left, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
         return 1
@@ -161,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"infermatrix: internal error: {type(exc).__name__}: {exc}"
               + ("" if debug else " (rerun with --debug for the traceback)"), file=sys.stderr)
         return 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """One path for SIGINT, SIGTERM and SIGHUP (CI cancelling, `timeout`, systemd, `docker
+    stop`, a closed terminal): every running command's process group gets SIGTERM at once (so
+    worker threads waiting on them return), then the main thread unwinds as for Ctrl-C."""
+    proc.signal_children(signal.SIGTERM)
+    raise Interrupted(signum)
 
 
 def _show_traceback(debug: bool) -> None:

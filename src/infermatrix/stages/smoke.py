@@ -42,7 +42,7 @@ from typing import Any
 from ..engine import docker as engine
 from .. import journal
 from ..context import Context
-from ..errors import InfermatrixError, StageFailure, UsageError
+from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
@@ -209,12 +209,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
     """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop our containers."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or \
+            callable(signal.getsignal(signal.SIGTERM)):  # the CLI's one signal path has it
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Interrupted(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
