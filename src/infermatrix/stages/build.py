@@ -496,7 +496,7 @@ def _tmp_root(ctx: Context) -> Path:
 LOCK_LABEL = re.compile(r'io\.infermatrix\.lock="([^"]*)"')
 
 
-DEFAULT_MIN_FREE_GIB = 30.0  # one GPU cell: a 10-12 GiB image, its uv cache mount, the unpack
+DEFAULT_MIN_FREE_GIB = 40.0  # one GPU cell: a 10-12 GiB image, its uv cache mount, the unpack (GB10: more)
 
 
 def free_gib(path: Path) -> float:
