@@ -50,6 +50,8 @@ def test_this_hosts_file_times_make_an_uneven_compile_predictable() -> None:
     record = {"unit_seconds": {"a": 20.0, "b": 20.0, "c": 20.0, "heavy": 400.0}}
     progress = cp.Progress(prior=cp.Prior.from_history(record), started=0.0)
     assert progress.eta_s(0.0) == pytest.approx(460.0)  # before any file: the recorded total
+    assert progress.eta_s(4.0) == pytest.approx(460.0)  # the toolchain stages do not count
+    assert progress.line(4.0).startswith("the stages before the compile run, 0m04s elapsed")
     progress.feed("#9 0.5 measure: x: start", 5.0)  # the compile's own clock starts here
     for n, name, at in ((1, "a", 25.0), (2, "b", 45.0), (3, "c", 65.0)):
         progress.feed(status(n, 4, name), at)

@@ -103,15 +103,17 @@ class Progress:
     _run_total: int = 0
     _last_end: float = 0.0
     unit_seconds: dict[str, float] = field(default_factory=dict)  # unit -> since the last end
+    compiling: bool = False  # the compile command started (else: the stages before it run)
 
     def feed(self, line: str, now: float) -> bool:
         """Take one output line; True when it was a status line."""
         if COMPILE_START.match(line) and not self.done:
-            self.started = now
+            self.started, self.compiling = now, True
             return False
         status = parse_status(line)
         if status is None:
             return False
+        self.compiling = True
         finished, total, name = status
         if self._run_total and (total != self._run_total or finished <= self._run_done):
             self._offset += self._run_done  # the counter started again: another ninja run
@@ -143,14 +145,15 @@ class Progress:
             rate = done_weight / elapsed if elapsed > 0 else 0.0  # weight per second
             if rate > 0:
                 return self.remaining_weight() / rate
-        if self.prior.total_s is not None:
-            return max(self.prior.total_s - elapsed, 0.0)
+        if self.prior.total_s is not None:  # the whole compile while it has not started
+            return max(self.prior.total_s - (elapsed if self.compiling else 0.0), 0.0)
         return None
 
     def line(self, now: float) -> str:
         """`12/74 files, 5m12s elapsed, ETA 23m40s (history)`."""
         eta = self.eta_s(now)
-        files = f"{self.done}/{self.total} files" if self.total else "no file done yet"
+        files = f"{self.done}/{self.total} files" if self.total else \
+            "no file done yet" if self.compiling else "the stages before the compile run"
         return (f"{files}, {clock(now - self.started)} elapsed, "
                 + (f"ETA {clock(eta)} ({self.prior.origin})" if eta is not None else "ETA unknown"))
 

@@ -72,9 +72,8 @@ class CompileWatch:
         if self.terminal:
             self._bar = _shared_bar()
             self._task = self._bar.add_task(self.label, total=None, eta=self._eta_text())
-        else:
-            self._ticker = threading.Thread(target=self._tick, daemon=True)
-            self._ticker.start()
+        self._ticker = threading.Thread(target=self._tick, daemon=True)
+        self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -89,17 +88,21 @@ class CompileWatch:
         with self._lock:
             if not self.progress.feed(line, self.now()):
                 return
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.progress.done,
-                             total=self.progress.total or None, eta=self._eta_text())
+            if self._bar is not None:
+                self._bar.update(self._task, completed=self.progress.done,
+                                 total=self.progress.total or None, eta=self._eta_text())
 
     def _eta_text(self) -> str:
         eta = self.progress.eta_s(self.now())
         return f"ETA {clock(eta)} ({self.progress.prior.origin})" if eta is not None else ""
 
     def _tick(self) -> None:
-        while not self._stop.wait(min(self.every, 5.0)):
-            if self.now() - self._said >= self.every:
+        """The bar's ETA counts down between files; without a bar, a line every `every` s."""
+        while not self._stop.wait(1.0 if self._bar is not None else min(self.every, 5.0)):
+            if self._bar is not None:
+                with self._lock:
+                    self._bar.update(self._task, eta=self._eta_text())
+            elif self.now() - self._said >= self.every:
                 self.say()
 
     def say(self) -> None:
