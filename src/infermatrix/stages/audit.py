@@ -57,6 +57,7 @@ from ..model.loadedset import LoadVerdict
 from ..model.cell import CellPlan
 from ..model.index import cached_entry
 from ..state import StatePaths, write_json_atomic
+from .watch import Heartbeat
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -1069,7 +1070,8 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     log_path = ctx.state.cell_log(cell.id, "audit")
     result = AuditResult(cell.id, image_ref, arch_targets)
     try:
-        facts = probe_image(image_ref, log_path)
+        with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
+            facts = probe_image(image_ref, log_path)
         load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                                 (ctx.matrix.model or {}).get("name"))
         if cell.is_gpu:
@@ -1082,10 +1084,12 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
             emulated = emulation_of(image_ref)
             result.checks.append(check_torch_cuda(facts, cell.cuda, emulated))
             backend = plan.settings.attention_backend if plan.settings else None
-            result.checks.append(check_triton_smem(
-                image_ref, cell.engine, backend, arch_targets,
-                (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
-                serve_args=plan.settings.engine_args if plan.settings else ()))
+            with Heartbeat(f"{cell.id}: Triton kernels compiled for "
+                           f"{', '.join(str(t) for t in arch_targets)}"):
+                result.checks.append(check_triton_smem(
+                    image_ref, cell.engine, backend, arch_targets,
+                    (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
+                    serve_args=plan.settings.engine_args if plan.settings else ()))
         else:
             reason = "arch cpu: no GPU code to audit"
             result.checks += [Check("kernels", SKIP, reason),

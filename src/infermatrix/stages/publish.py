@@ -38,6 +38,7 @@ from ..model.selectors import Selection, matches
 from ..state import DamagedStateFile, StatePaths, read_state_text
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM, driver_table
 from ..model.spec import min_driver_for
+from .watch import Heartbeat
 
 LOCK_NAME = "images.lock"
 LOCK_VERSION = 1
@@ -426,7 +427,8 @@ class Publisher:
 
     def _push_verified(self, image_id: str, tag: str) -> str:
         """Push, then read the tag back: it must hold the image that was tested."""
-        digest = registries.push_image(image_id, self.repository, tag, self.creds)
+        with Heartbeat(f"push of {self.repository}:{tag}"):
+            digest = registries.push_image(image_id, self.repository, tag, self.creds)
         remote = registries.remote_manifest(self.repository, tag, self.creds)
         if remote is None or remote.digest != digest or remote.config_digest != image_id:
             raise StageFailure(f"after the push {self.repository}:{tag} holds "
@@ -551,7 +553,8 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
         sign.verify_entry(entry, verify, creds, say)
     if host_check is not None:
         host_check(entry, labels)
-    info = registries.pull_by_digest(entry["repository"], entry["digest"], creds)
+    with Heartbeat(f"pull of {entry['reference']}"):
+        info = registries.pull_by_digest(entry["repository"], entry["digest"], creds)
     problems = verify_pulled(entry, info)
     if problems:
         raise registries.DigestMismatch(

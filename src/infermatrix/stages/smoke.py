@@ -47,6 +47,7 @@ from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
+from .watch import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +468,8 @@ def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: Launch
         host, port = published_port(cid)
         client = harness_probe.Client(f"http://{host}:{port}",
                                       timeout_s=min(300.0, settings.health_timeout_s))
-        probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
+        with Heartbeat(f"{plan.id}: the engine server starts and answers the probe"):
+            probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
         loaded = observe_loaded_set(ctx, plan, cid, details)
         engine_log = engine.container_logs(cid)
     append_log(harness.log_path, f"engine server: {' '.join(spec.command)}", engine_log)

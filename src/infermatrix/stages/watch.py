@@ -26,6 +26,11 @@ def is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
+def to_stderr(text: str) -> None:
+    """The default echo of a heartbeat: a line on stderr (stdout stays the command's result)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def _shared_bar() -> Any:
     """The one rich Progress display of this process (started by its first user)."""
     from rich.console import Console
@@ -119,8 +124,8 @@ class Heartbeat:
     image build, push, pull, the audit's probe, the smoke's server start): what runs, for how
     long, and its last output line."""
 
-    def __init__(self, label: str, echo: Callable[[str], None], every: float = PLAIN_EVERY_S,
-                 now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, label: str, echo: Callable[[str], None] = to_stderr,
+                 every: float = PLAIN_EVERY_S, now: Callable[[], float] = time.monotonic) -> None:
         self.label, self.echo, self.every, self.now = label, echo, every, now
         self.started = now()
         self.last = ""
