@@ -27,10 +27,13 @@ STATUS = re.compile(r"^(?:#\d+ [\d.]+ )?\[(\d+)/(\d+)\] (.*)$")
 # templates/files/measure.sh.j2 says this as the compile command starts (after the toolchain
 # stages, which may take long on a cold cache): the compile's clock starts there
 COMPILE_START = re.compile(r"^(?:#\d+ [\d.]+ )?measure: \S+: start\b")
-_DEPFILE = re.compile(r"--dependency-output\s+(\S+?)\.o\.d\b")
+# the dependency file nvcc writes (torch's cpp_extension: --dependency-output; FlashInfer: -MF)
+_DEPFILE = re.compile(r"(?:--dependency-output|-MF)\s+(\S+?)\.o\.d\b")
 _SOURCE = re.compile(r"(?:^|\s)-c\s+(\S+\.(?:cu|cpp|cc|cxx|c))(?:\s|$)")
 _OUTPUT = re.compile(r"(?:^|\s)-o\s+(\S+)")
 _ANY_SOURCE = re.compile(r"(\S+\.(?:cu|cpp|cc|cxx))\b")
+# a line `measure` shortened keeps its end: the object or library the edge writes
+_TRAILING_OUTPUT = re.compile(r"(\S+\.(?:o|so))\s*$")
 
 
 def parse_status(line: str) -> tuple[int, int, str] | None:
@@ -43,20 +46,24 @@ def parse_status(line: str) -> tuple[int, int, str] | None:
 
 def edge_name(command: str) -> str:
     """The file an edge compiles (`flash_bwd_hdim256_bf16_sm80.cu`) or links (its output)."""
-    for pattern in (_DEPFILE, _SOURCE, _ANY_SOURCE, _OUTPUT):
+    for pattern in (_DEPFILE, _SOURCE, _TRAILING_OUTPUT, _ANY_SOURCE, _OUTPUT):
         found = pattern.search(command)
-        if found:
-            return PurePosixPath(found.group(1)).name
-    return command.split(" ", 1)[0][:60]
+        if found:  # the file and its directory: FlashInfer's modules reuse file names
+            return "/".join(PurePosixPath(found.group(1)).parts[-2:])[-120:]
+    return command.strip().split(" ", 1)[0][:60]
 
 
 def unit_key(name: str) -> str:
-    """The comparable part of a unit's name: no directory, no source or object suffix."""
-    stem = PurePosixPath(name).name
-    for suffix in (".cuda.o", ".o", ".cu", ".cpp", ".cc", ".cxx", ".c"):
-        if stem.endswith(suffix):
-            return stem[: -len(suffix)]
-    return stem
+    """The comparable part of a unit's name (its directory, if any, kept): no source or
+    object suffix."""
+    for suffix in (".cuda.o", ".cuda", ".o", ".cu", ".cpp", ".cc", ".cxx", ".c", ".so"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def base_key(key: str) -> str:
+    return key.rsplit("/", 1)[-1]
 
 
 @dataclass
@@ -97,7 +104,7 @@ class Progress:
     started: float = 0.0
     done: int = 0
     total: int = 0
-    finished: dict[str, float] = field(default_factory=dict)  # unit key -> when it ended
+    finished: list[str] = field(default_factory=list)  # unit keys, in the order they ended
     _offset: int = 0  # edges of earlier ninja runs of this compile (one setup.py may run several)
     _run_done: int = 0
     _run_total: int = 0
@@ -121,17 +128,21 @@ class Progress:
         self.done = self._offset + finished
         self.total = self._offset + total
         key = unit_key(name)
-        self.finished[key] = now
+        self.finished.append(key)
         self.unit_seconds[key] = round(now - (self._last_end or self.started), 3)
         self._last_end = now
         return True
 
     def weight(self, key: str) -> float:
-        return self.prior.weights.get(key, self.prior.default_weight)
+        """A unit's prior weight: by its key, else by its file name (the compile model names
+        files without their directory), else the default."""
+        weights = self.prior.weights
+        return weights.get(key, weights.get(base_key(key), self.prior.default_weight))
 
     def remaining_weight(self) -> float:
         """The weight of the units not done: the known ones not seen, and the unnamed rest."""
-        not_seen = [w for k, w in self.prior.weights.items() if k not in self.finished]
+        seen = set(self.finished) | {base_key(k) for k in self.finished}
+        not_seen = [w for k, w in self.prior.weights.items() if k not in seen]
         unnamed = max(self.total - self.done - len(not_seen), 0)
         return sum(not_seen) + unnamed * self.prior.default_weight
 
