@@ -83,6 +83,14 @@ def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(untagged, tmp_path):
     html = (state / "reports" / "report.html").read_text()
     assert f'data-cell="{CPU_CELL}" data-outcome="tagged"' in html  # the cell, not the legend
     check_the_reports_fixture_against(record, state)
+    # The main job ends with one table: the cell tagged and published, each step's time
+    summary = first.stderr[first.stderr.rindex("summary"):]
+    header = next(line for line in summary.splitlines() if line.startswith("cell "))
+    assert header.split()[:3] == ["cell", "outcome", "build"] and header.split()[-1] == "size"
+    row = next(line for line in summary.splitlines() if line.startswith(CPU_CELL))
+    assert row.split()[1] == "tagged", row
+    if stages.get("publish", {}).get("status") == "pass":  # done: nothing left to do for it
+        assert "what now:" not in summary
     # A rerun resumes: the build is reused, not redone.
     second = run_pipeline(state, "--levels", "static")
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
