@@ -81,7 +81,9 @@ def wait_until_unused(image_id: str, timeout_s: float = 900) -> None:
 
 
 def only_line(err: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    """The one error line; a long step's progress line (watch.Heartbeat: `...: still running,
+    1m00s elapsed`, on stderr) is not an error."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip() and ": still running, " not in ln]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
