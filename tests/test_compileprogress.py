@@ -30,6 +30,8 @@ def test_status_lines_name_their_unit() -> None:
     assert cp.parse_status(FLASHINFER) == (
         13, 19, "batch_decode_with_kv_cache_dtype_q_bf16_head_256/batch_decode_kernel.cuda")
     assert cp.parse_status("[1/2] nvcc x.cu") == (1, 2, "x.cu")  # no BuildKit prefix
+    assert cp.parse_status("#13 5.759   [1/4] /usr/local/cuda/bin/nvcc -c /src/k/src/reduce.cu "
+                           "-o /b/reduce.o") == (1, 4, "src/reduce.cu")  # pip -v's indent
     assert cp.parse_status("#12 3.1 Building wheel for flash_attn: still running...") is None
     assert cp.base_key(cp.unit_key(cp.parse_status(FLASH)[2])) == cp.unit_key(
         "flash_bwd_hdim256_bf16_sm80.cu")  # what the compile model names

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-STATUS = re.compile(r"^(?:#\d+ [\d.]+ )?\[(\d+)/(\d+)\] (.*)$")
+# pip -v indents a build backend's output by two spaces
+STATUS = re.compile(r"^(?:#\d+ [\d.]+ )?\s*\[(\d+)/(\d+)\] (.*)$")
 # templates/files/measure.sh.j2 says this as the compile command starts (after the toolchain
 # stages, which may take long on a cold cache): the compile's clock starts there
 COMPILE_START = re.compile(r"^(?:#\d+ [\d.]+ )?measure: \S+: start\b")

@@ -51,6 +51,9 @@ LOCAL_REPOSITORY = "infermatrix-local"
 LOCAL_TAG = "build"
 # Build args that size the compile but do not change what is built (left out of the hash).
 SPEED_ONLY_ARGS = ("MAX_JOBS", "NVCC_THREADS")
+# The build arg that only a kernel stage's compile RUN sees (templates/blocks/repro.j2,
+# compile_nonce): a new value reruns that RUN and nothing before it.
+COMPILE_NONCE_ARG = "INFERMATRIX_COMPILE_NONCE"
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 KERNEL_WHEELS_DIR = "kernel-wheels"
 INPUT_HASH_LABEL = "io.infermatrix.input-hash"
@@ -75,6 +78,7 @@ class BuildOptions:
     no_cache: bool = False  # BuildKit `--no-cache` (cold-build benchmarks)
     builders: list[str] = field(default_factory=list)  # --builder (else build.builders)
     echo: Callable[[str], None] = print
+    compile_nonce: str = ""  # a new value compiles the kernels again (BuildKit's cache aside)
 
 
 @dataclass
@@ -563,6 +567,8 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     if problem:
         return _record_failure(ctx, cell_id, 0.0, None, problem, None, None)
     build_args = compile.build_args()
+    if options.compile_nonce:
+        build_args[COMPILE_NONCE_ARG] = options.compile_nonce
     try:
         keys = kernel_keys_for(ctx, plan, text)
     except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version

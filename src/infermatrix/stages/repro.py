@@ -628,9 +628,7 @@ def compare_kernel_wheels(first: list[Path], second: list[Path]
     return differences, members
 
 
-# The build arg that only a kernel stage's compile RUN sees (templates/blocks/repro.j2,
-# compile_nonce): a new value reruns that RUN and nothing before it.
-COMPILE_NONCE_ARG = "INFERMATRIX_COMPILE_NONCE"
+COMPILE_NONCE_ARG = build.COMPILE_NONCE_ARG
 
 
 def compile_kernel_again(ctx: Context, plan: CellPlan, name: str, out: Path,
