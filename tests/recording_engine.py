@@ -39,6 +39,7 @@ class RecordingEngine(Engine):
     fail_builds: set[str] = field(default_factory=set)
     present: set[str] = field(default_factory=set)  # refs that exist (bases, say)
     data_root: Path | None = None  # a folder standing for Docker's data root (None: remote)
+    cache_bytes: int = 0  # what its BuildKit cache holds (`docker system df`)
     calls: list[Call] = field(default_factory=list)
     images: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> inspect record
     tags: dict[str, str] = field(default_factory=dict)  # ref -> id
@@ -65,8 +66,12 @@ class RecordingEngine(Engine):
     def local_data_root(self) -> Path | None:
         return self.data_root
 
-    def prune_build_cache(self, log_path: Path | None = None) -> None:
-        self._record("prune_build_cache")
+    def prune_build_cache(self, log_path: Path | None = None,
+                          keep_bytes: int | None = None) -> None:
+        self._record("prune_build_cache", keep_bytes=keep_bytes)
+
+    def build_cache_bytes(self) -> int:
+        return self.cache_bytes
 
     # -- builds ------------------------------------------------------------------------------
     def build_image(self, context_dir: Path, **options: Any) -> str:

@@ -60,7 +60,7 @@ def real_engine(docker_available) -> Iterator[engine.Engine]:
                 as private:
             yield private
     finally:
-        daemon.stop()
+        daemon.stop(background_removal=True)  # the lane's last step: it need not wait
 
 
 def base_on(private: engine.Engine, ctx: Context, platform: str | None = None) -> str:

@@ -219,6 +219,37 @@ def test_a_cell_short_of_disk_is_refused_before_its_build_after_pruning_when_all
     assert journal.load(ctx.state, CPU)["stages"]["build"]["status"] == "fail"
 
 
+def test_a_short_disk_prunes_the_least_recently_used_cache_first_then_all(ctx, tmp_path):
+    """The guard first asks BuildKit to keep all but what the cell lacks (--keep-storage:
+    the newest records, the uv cache mount, stay), and prunes everything only when that was
+    not enough."""
+    from infermatrix.stages import build, render
+
+    ctx.matrix.build["disk"] = {"min_free_gib": 10**9}  # never there
+    plans = plan_cells(ctx, [CPU], source=recorded_metadata)
+    render.render_cells(ctx, plans)
+    fake = RecordingEngine(data_root=tmp_path, cache_bytes=2 * 10**9 * 2**30)
+    with engine.use(fake):
+        result = build.build_cells(ctx, plans, build.BuildOptions(echo=lambda _: None))[CPU]
+    assert result.status == "fail"
+    first, last = [c.args["keep_bytes"] for c in fake.named("prune_build_cache")]
+    assert first is not None and 0 < first < fake.cache_bytes and last is None
+    log = ctx.state.cell_log(CPU, "build").read_text()
+    assert "--keep-storage" in log and "docker builder prune --all --force" in log
+
+
+@pytest.mark.parametrize(("cache_gib", "free", "need", "keep_gib"), [
+    (30, 27.6, 40, 30 - 13.4),   # the GB10 cell after an sm_120 one: 13.4 GiB of the oldest go
+    (10, 27.6, 40, None),        # the cache holds less than the cell lacks: all of it goes
+    (0, 5, 10, None),
+])
+def test_the_lru_prune_keeps_all_but_what_the_cell_lacks(cache_gib, free, need, keep_gib):
+    from infermatrix.stages.build import GIB, lru_keep_bytes
+
+    keep = lru_keep_bytes(int(cache_gib * GIB), free, need)
+    assert keep == (None if keep_gib is None else pytest.approx(keep_gib * GIB, abs=GIB / 100))
+
+
 def test_a_cell_with_enough_free_space_builds_without_a_prune(ctx, tmp_path):
     from infermatrix.stages import build, render
 

@@ -480,11 +480,23 @@ class Engine:
             root = self.sdk().info().get("DockerRootDir")
         return Path(root) if root and Path(root).exists() else None
 
-    def prune_build_cache(self, log_path: Path | None = None) -> None:
+    def prune_build_cache(self, log_path: Path | None = None,
+                          keep_bytes: int | None = None) -> None:
         """`docker builder prune --all --force`: BuildKit's cache records no build is using
-        (layers of removed images, cache mounts); images and running builds are kept."""
-        proc.run(self.cli(docker_cli(), ["builder", "prune", "--all", "--force"]),
+        (layers of removed images, cache mounts); images and running builds are kept. With
+        `keep_bytes` (`--keep-storage`), BuildKit removes the least recently used records
+        only until the cache holds that much: the newest (the uv cache mount the next cell
+        reuses) stay."""
+        keep = ["--keep-storage", str(keep_bytes)] if keep_bytes is not None else []
+        proc.run(self.cli(docker_cli(), ["builder", "prune", "--all", "--force", *keep]),
                  env=self.cli_env() or None, log_path=log_path, timeout=1800)
+
+    def build_cache_bytes(self) -> int:
+        """What BuildKit's cache holds (`docker system df`'s Build Cache size)."""
+        _sdk_log("docker system df")
+        with _translated("docker system df"):
+            records = self.sdk().df().get("BuildCache") or []
+        return sum(int(r.get("Size") or 0) for r in records)
 
     # -- builds (BuildKit through a CLI) ---------------------------------------------------
     def build_image(self, context_dir: Path, dockerfile: Path | None = None,
@@ -945,8 +957,12 @@ def local_data_root() -> Path | None:
     return current().local_data_root()
 
 
-def prune_build_cache(log_path: Path | None = None) -> None:
-    current().prune_build_cache(log_path)
+def prune_build_cache(log_path: Path | None = None, keep_bytes: int | None = None) -> None:
+    current().prune_build_cache(log_path, keep_bytes)
+
+
+def build_cache_bytes() -> int:
+    return current().build_cache_bytes()
 
 
 # Registries (credentials, HTTP API v2, push and pull): registry.py.

@@ -29,6 +29,8 @@ mapped, once the `model` smoke level recorded it (server_mapped_objects).
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import json
 import os
 import re
@@ -399,6 +401,7 @@ class AuditResult:
     checks: list[Check] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
     duration_s: float = 0.0
+    phase_s: dict[str, float] = field(default_factory=dict)  # probe, device code, Triton
 
     @property
     def status(self) -> str:
@@ -434,7 +437,8 @@ class AuditResult:
                 "coverage": [o.row() for o in self.objects],
                 "groups": self.groups(),
                 "uncovered": self.uncovered, "versions": self.versions,
-                "duration_s": round(self.duration_s, 3)}
+                "duration_s": round(self.duration_s, 3),
+                "phase_s": {k: round(v, 1) for k, v in self.phase_s.items()}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1069,27 +1073,29 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
                     for t in targets] if targets else default_targets(plan)
     log_path = ctx.state.cell_log(cell.id, "audit")
     result = AuditResult(cell.id, image_ref, arch_targets)
+    triton = start_triton_check(ctx, plan, image_ref, arch_targets, log_path) \
+        if cell.is_gpu else None
     try:
         with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
             facts = probe_image(image_ref, log_path)
+        result.phase_s["probe"] = time.monotonic() - started
         load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                                 (ctx.matrix.model or {}).get("name"))
         if cell.is_gpu:
             gpu = [o for o in facts.objects if o.get("gpu_code")]
+            mark = time.monotonic()
             codes = device_code_of(image_ref, gpu, ctx.state, log_path)
+            result.phase_s["device_code"] = time.monotonic() - mark
             result.objects = audited_objects(facts, codes, arch_targets, load_ctx)
             result.checks.append(check_kernels(result.objects, arch_targets))
             result.checks.append(check_cuda_major(facts, cell.cuda,
                                                   runtime_chosen_builds(facts, load_ctx)))
-            emulated = emulation_of(image_ref)
-            result.checks.append(check_torch_cuda(facts, cell.cuda, emulated))
-            backend = plan.settings.attention_backend if plan.settings else None
-            with Heartbeat(f"{cell.id}: Triton kernels compiled for "
-                           f"{', '.join(str(t) for t in arch_targets)}"):
-                result.checks.append(check_triton_smem(
-                    image_ref, cell.engine, backend, arch_targets,
-                    (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
-                    serve_args=plan.settings.engine_args if plan.settings else ()))
+            result.checks.append(check_torch_cuda(facts, cell.cuda, emulation_of(image_ref)))
+            assert triton is not None
+            mark = time.monotonic()
+            result.checks.append(triton.result())
+            result.phase_s["triton_wait"] = time.monotonic() - mark  # beyond the overlap
+            result.phase_s["triton"] = result.checks[-1].data.get("seconds", 0.0)
         else:
             reason = "arch cpu: no GPU code to audit"
             result.checks += [Check("kernels", SKIP, reason),
@@ -1105,12 +1111,45 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
                                               [o.row() for o in result.objects]))
     except StageFailure as exc:  # the probe or cuobjdump failed: the audit fails, with why
         result.checks.append(Check("probe", FAIL, str(exc)))
+    finally:
+        if triton is not None and not triton.done():
+            triton.cancel() or concurrent.futures.wait([triton])  # its container is removed
     result.duration_s = time.monotonic() - started
     if record:
         journal.record_stage(ctx.state, cell.id, "audit", result.status,
                              duration_s=result.duration_s, log=log_path, reason=result.reason,
                              details=result.as_dict())
     return result
+
+
+def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
+                       log_path: Path) -> concurrent.futures.Future[Check]:
+    """The Triton compile check, started in a thread of its own: it needs only the image, so
+    it runs while the probe and cuobjdump read the objects (both mostly one CPU each; on the
+    2-core CI machine the vLLM cell's audit went from the sum to about the longer of the two).
+    The thread talks to this thread's engine."""
+    from ..engine import docker as engine
+
+    cell, here = plan.cell, engine.current()
+    backend = plan.settings.attention_backend if plan.settings else None
+
+    def run() -> Check:
+        began = time.monotonic()
+        with engine.bound(here), Heartbeat(f"{cell.id}: Triton kernels compiled for "
+                                           f"{', '.join(str(t) for t in targets)}"):
+            check = check_triton_smem(
+                image_ref, cell.engine, backend, targets, (ctx.matrix.model or {}).get("name"),
+                log_path, emulated=emulation_of(image_ref),
+                serve_args=plan.settings.engine_args if plan.settings else ())
+        check.data["seconds"] = round(time.monotonic() - began, 1)
+        return check
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="infermatrix-triton")
+    try:
+        return pool.submit(run)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],

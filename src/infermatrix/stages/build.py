@@ -507,11 +507,25 @@ def free_gib(path: Path) -> float:
     return shutil.disk_usage(path).free / 2**30
 
 
+GIB = 2**30
+PRUNE_SLACK_GIB = 1.0  # what --keep-storage's accounting (shared records) may miss
+
+
+def lru_keep_bytes(cache_bytes: int, free: float, need: float) -> int | None:
+    """How much BuildKit's cache may keep so that `need` GiB are free, pruning the least
+    recently used records first; None when all of it must go (or it holds too little)."""
+    deficit = int((need - free + PRUNE_SLACK_GIB) * GIB)
+    keep = cache_bytes - deficit
+    return keep if keep > 0 else None
+
+
 def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
                  echo: Callable[[str], None]) -> str | None:
     """Why the cell is not started for want of disk, or None. A build that fills the disk fails
     mid-way after minutes or hours; this one is refused before it starts, after pruning
-    BuildKit's unused cache when build.disk.prune_when_low allows it (the default)."""
+    BuildKit's unused cache when build.disk.prune_when_low allows it (the default): first only
+    the least recently used records, as much as the cell lacks (the uv cache mount and the
+    shared toolchain layers the next cell reuses stay), then, if that was not enough, all."""
     settings = ctx.matrix.build.get("disk") or {}
     need = float(settings.get("min_free_gib", DEFAULT_MIN_FREE_GIB))
     root = engine.local_data_root()
@@ -521,15 +535,21 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
     if free >= need:
         return None
     if settings.get("prune_when_low", True):
-        echo(f"  {cell_id}: {free:.1f} GiB free under {root}, the cell needs {need:g} GiB: "
-             "pruning BuildKit's unused cache (docker builder prune --all --force)")
-        with log_path.open("a", encoding="utf-8") as log:
-            log.write(f"# {free:.1f} GiB free under {root} < build.disk.min_free_gib "
-                      f"{need:g}: pruning BuildKit's unused cache\n")
-        engine.prune_build_cache(log_path)
-        free = free_gib(root)
-        if free >= need:
-            return None
+        keep = lru_keep_bytes(engine.build_cache_bytes(), free, need)
+        for step in ([keep] if keep is not None else []) + [None]:
+            what = ("the least recently used build cache, keeping "
+                    f"{step / GIB:.1f} GiB (docker builder prune --all --keep-storage)"
+                    if step is not None else
+                    "BuildKit's unused cache (docker builder prune --all --force)")
+            echo(f"  {cell_id}: {free:.1f} GiB free under {root}, the cell needs {need:g} GiB: "
+                 f"pruning {what}")
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(f"# {free:.1f} GiB free under {root} < build.disk.min_free_gib "
+                          f"{need:g}: pruning {what}\n")
+            engine.prune_build_cache(log_path, step)
+            free = free_gib(root)
+            if free >= need:
+                return None
     return (f"not started: {free:.1f} GiB free under Docker's data root {root}, the cell needs "
             f"{need:g} GiB (build.disk.min_free_gib); free space (`docker image prune`, "
             "`docker builder prune --all`) then rerun")
