@@ -76,6 +76,11 @@ def test_a_kernel_tuned_too_large_fails_on_sm120_and_passes_on_sm90(triton_pytho
     assert f"needs {sm120['shared']} bytes" in reason and "the limit is 101376" in reason
     check = audit.judge_triton(result, "triton")
     assert check.status == FAIL and "tuned_for_hopper_matmul" in check.detail
+    # compiled for a twin's foreign arch too (model/tritontwin.py), the result is judged per
+    # cell: the sm_90 cell passes on its own arch, the foreign cell adopting sm_120 fails
+    from infermatrix.model.tritontwin import restrict_to_archs
+    assert audit.judge_triton(restrict_to_archs(result, ["sm_90"]), "triton").status == PASS
+    assert audit.judge_triton(restrict_to_archs(result, ["sm_120"]), "triton").status == FAIL
     only90 = run_harness(triton_python, tmp_path, "--fixture", str(FIXTURE),
                          "--arch", f"sm_90={limits['sm_90']}")
     assert only90["status"] == "pass" and audit.judge_triton(only90, "triton").status == PASS

@@ -38,14 +38,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from ..engine.docker import host_platform
+    from ..model.tritontwin import natives_first, twin_archs_for
     from ..stages.audit import audit_cell, images_to_audit, parse_targets, render
     from .views import audit_lines, print_lines
 
     targets = parse_targets(args.target)  # bad arch names: exit 2 before any work
     audit_run = load_run(args, quiet=args.json)
     ctx = audit_run.ctx
-    results = [audit_cell(ctx, plan, image, targets, record=not args.no_record)
-               for plan, image in images_to_audit(ctx, audit_run.plans, args.refs, args.select)]
+    host = host_platform()
+    pairs = images_to_audit(ctx, audit_run.plans, args.refs, args.select)
+    order = {p.id: i for i, p in enumerate(natives_first([p for p, _ in pairs], host))}
+    results = [audit_cell(ctx, plan, image, targets, record=not args.no_record,
+                          twin_archs=twin_archs_for(plan, audit_run.plans, host))
+               for plan, image in sorted(pairs, key=lambda pair: order[pair[0].id])]
     if args.json:
         json.dump([r.as_dict() for r in results], sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -126,6 +126,27 @@ def pip_check():
             "output": output[-4000:], "machine": platform.machine(),
             "wheel_tags": {name: wheel_tags(name) for name in other_platform}}
 
+def py_digests(names):
+    """Per distribution: sha256 over "path sha256" lines of its .py files (hashed here, not
+    taken from RECORD), the count and the version; the native twin check compares them."""
+    found = {}
+    for name in names:
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        lines = []
+        for item in dist.files or ():
+            if item.name.endswith(".py"):
+                path = str(item.locate())
+                if os.path.isfile(path):
+                    lines.append(f"{item} {sha256(path)}")
+        lines.sort()
+        found[dist.metadata["Name"].lower()] = {
+            "version": dist.version, "files": len(lines),
+            "sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest()}
+    return found
+
 dirs = site_dirs()
 has_torch = importlib.util.find_spec("torch") is not None
 result = {
@@ -134,5 +155,7 @@ result = {
     "objects": shared_objects(dirs, owners()),
     "torch": torch_facts() if has_torch else None,
     "pip_check": pip_check(),
+    "py_digests": py_digests([n for n in os.environ.get("INFERMATRIX_DIGEST_DISTS", "").split(",")
+                              if n]),
 }
 print(sys.argv[2] + json.dumps(result))

@@ -187,12 +187,16 @@ def step_audit(run: Run, alive: list[CellPlan]) -> StepRecord:
     """Kernel coverage, CUDA major, pins, pip check and the engine floor of each built image,
     without a GPU (smoke's static level then reuses this record for the same image)."""
     from .audit import audit_cell
+    from ..engine.docker import host_platform
     from ..errors import InfermatrixError
+    from ..model.tritontwin import natives_first, twin_archs_for
     passed, failed = [], []
-    for plan in alive:
+    host = host_platform()
+    for plan in natives_first(alive, host):  # a twin's Triton result before its foreign cell
         image = journal.load(run.ctx.state, plan.id).get("image_id")
         try:
-            result = audit_cell(run.ctx, plan, image)
+            result = audit_cell(run.ctx, plan, image,
+                                twin_archs=twin_archs_for(plan, run.plans, host))
             ok = result.passed
             echo(f"{plan.id}: audit {result.status}" +
                  (f": {result.reason}" if result.reason else ""))

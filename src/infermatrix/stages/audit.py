@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import journal, proc
-from ..model import loadedset
+from ..model import loadedset, tritontwin
 from ..model.coverage import (
     Arch,
     Coverage,
@@ -214,6 +214,7 @@ class ImageFacts:
     objects: list[dict[str, Any]]
     torch: dict[str, Any] | None
     pip_check: dict[str, Any]
+    py_digests: dict[str, dict[str, Any]] = field(default_factory=dict)  # the twin check's
 
     @classmethod
     def from_probe(cls, data: dict[str, Any]) -> "ImageFacts":
@@ -222,7 +223,8 @@ class ImageFacts:
         return cls(python=data["python"], site_dirs=data["site_dirs"],
                    distributions={canonicalize_name(k): v
                                   for k, v in data["distributions"].items()},
-                   objects=data["objects"], torch=data["torch"], pip_check=data["pip_check"])
+                   objects=data["objects"], torch=data["torch"], pip_check=data["pip_check"],
+                   py_digests=data.get("py_digests") or {})
 
 
 def parse_probe_output(output: str) -> dict[str, Any]:
@@ -253,14 +255,17 @@ def probe_args() -> list[str]:
 
 
 def probe_image(image: str, log_path: Path | None = None,
-                timeout: float = PROBE_TIMEOUT_S) -> ImageFacts:
-    """Run the probe in a throw-away container of `image` (no GPU, no network needed)."""
+                timeout: float = PROBE_TIMEOUT_S,
+                digest_dists: Iterable[str] = ()) -> ImageFacts:
+    """Run the probe in a throw-away container of `image` (no GPU, no network needed);
+    `digest_dists`: distributions whose .py files it hashes (the native twin check)."""
     from ..engine import docker as engine
 
     try:
         with engine.container(image, probe_args(), entrypoint=["python3"],
                               mounts=host_tool_mounts(), network="none", prefix="infermatrix-audit",
-                              env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
+                              env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent),
+                                   "INFERMATRIX_DIGEST_DISTS": ",".join(digest_dists)},
                               labels={"io.infermatrix.stage": "audit"}) as container:
             code = engine.wait_container(container, timeout=timeout)
             output = engine.container_logs(container)
@@ -984,13 +989,16 @@ def emulation_of(image: str) -> str | None:
 def check_triton_smem(image: str, engine_name: str, backend: str | None, targets: list[Arch],
                       model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
-                      serve_args: Iterable[str] = ()) -> Check:
+                      serve_args: Iterable[str] = (), extra_archs: Iterable[Arch] = ()) -> Check:
+    """The harness for `targets` (and `extra_archs`, a twin's foreign archs, compiled and
+    recorded under data["harness"] but not judged here)."""
     from ..harness import _result as harness_result
 
     if engine_name not in ("sglang", "vllm"):
         return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
                      "known to the harness")
-    args = triton_smem_args(engine_name, backend, targets, model, serve_args)
+    extra_archs = list(extra_archs)
+    args = triton_smem_args(engine_name, backend, [*targets, *extra_archs], model, serve_args)
     if args is None:
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
                      + ", ".join(t.sm for t in targets) + " (rules.yaml)")
@@ -1006,7 +1014,12 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
         return Check("triton-smem", SKIP, f"not verified here: the harness cannot run {emulated} "
                      f"({proc.tail(output, 1)}); run the audit on a native host of the image's "
                      "CPU", {"backend": backend, "emulated": emulated})
-    return judge_triton(parsed, backend, output)
+    own = tritontwin.restrict_to_archs(parsed, [t.sm for t in targets]) \
+        if parsed is not None and extra_archs else parsed
+    check = judge_triton(own, backend, output)
+    if parsed is not None:
+        check.data["harness"] = parsed
+    return check
 
 
 def serve_paths(image: str, engine_name: str, targets: list[Arch], model: str | None,
@@ -1065,19 +1078,27 @@ def default_targets(plan: CellPlan) -> list[Arch]:
 
 
 def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
-               targets: Iterable[Arch | str] | None = None, *, record: bool = True) -> AuditResult:
-    """Audit one built image against its cell; record it in the journal (stage `audit`)."""
+               targets: Iterable[Arch | str] | None = None, *, record: bool = True,
+               twin_archs: Iterable[str] = ()) -> AuditResult:
+    """Audit one built image against its cell; record it in the journal (stage `audit`).
+    `twin_archs`: archs of foreign-CPU cells this native cell is the twin of (tritontwin):
+    its Triton check compiles for them too, for those cells to adopt."""
     started = time.monotonic()
     cell = plan.cell
     arch_targets = [Arch.parse(t).device if isinstance(t, str) else t.device
                     for t in targets] if targets else default_targets(plan)
     log_path = ctx.state.cell_log(cell.id, "audit")
     result = AuditResult(cell.id, image_ref, arch_targets)
-    triton = start_triton_check(ctx, plan, image_ref, arch_targets, log_path) \
-        if cell.is_gpu else None
+    emulated = emulation_of(image_ref) if cell.is_gpu else None
+    extra = [Arch.parse(a).device for a in twin_archs
+             if a not in {t.sm for t in arch_targets}]
+    # under emulation Triton cannot start: a native twin's recorded result is looked for first
+    triton = start_triton_check(ctx, plan, image_ref, arch_targets, log_path, extra) \
+        if cell.is_gpu and not emulated else None
     try:
         with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
-            facts = probe_image(image_ref, log_path)
+            facts = probe_image(image_ref, log_path, digest_dists=tritontwin.digest_distributions(
+                plan.settings.engine_package if plan.settings else None) if cell.is_gpu else ())
         result.phase_s["probe"] = time.monotonic() - started
         load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                                 (ctx.matrix.model or {}).get("name"))
@@ -1090,12 +1111,17 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
             result.checks.append(check_kernels(result.objects, arch_targets))
             result.checks.append(check_cuda_major(facts, cell.cuda,
                                                   runtime_chosen_builds(facts, load_ctx)))
-            result.checks.append(check_torch_cuda(facts, cell.cuda, emulation_of(image_ref)))
-            assert triton is not None
+            result.checks.append(check_torch_cuda(facts, cell.cuda, emulated))
             mark = time.monotonic()
-            result.checks.append(triton.result())
+            if triton is None:
+                triton_check = twin_or_own_triton_check(ctx, plan, image_ref, arch_targets,
+                                                        log_path, facts, emulated)
+            else:
+                triton_check = triton.result()
+                triton_check.data.update(python=facts.python, py_digests=facts.py_digests)
+            result.checks.append(triton_check)
             result.phase_s["triton_wait"] = time.monotonic() - mark  # beyond the overlap
-            result.phase_s["triton"] = result.checks[-1].data.get("seconds", 0.0)
+            result.phase_s["triton"] = triton_check.data.get("seconds", 0.0)
         else:
             reason = "arch cpu: no GPU code to audit"
             result.checks += [Check("kernels", SKIP, reason),
@@ -1122,27 +1148,35 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     return result
 
 
+def timed_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
+                       log_path: Path, extra: list[Arch] = (),  # type: ignore[assignment]
+                       emulated: str | None = None) -> Check:
+    """check_triton_smem for the cell, with a heartbeat and its seconds in the data."""
+    cell = plan.cell
+    began = time.monotonic()
+    with Heartbeat(f"{cell.id}: Triton kernels compiled for "
+                   f"{', '.join(str(t) for t in [*targets, *extra])}"):
+        check = check_triton_smem(
+            image_ref, cell.engine, plan.settings.attention_backend if plan.settings else None,
+            targets, (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
+            serve_args=plan.settings.engine_args if plan.settings else (), extra_archs=extra)
+    check.data["seconds"] = round(time.monotonic() - began, 1)
+    return check
+
+
 def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
-                       log_path: Path) -> concurrent.futures.Future[Check]:
+                       log_path: Path, extra: list[Arch]) -> concurrent.futures.Future[Check]:
     """The Triton compile check, started in a thread of its own: it needs only the image, so
-    it runs while the probe and cuobjdump read the objects (both mostly one CPU each; on the
-    2-core CI machine the vLLM cell's audit went from the sum to about the longer of the two).
-    The thread talks to this thread's engine."""
+    it runs while the probe and cuobjdump read the objects (both mostly one CPU each, so on a
+    2-core machine the audit takes about the longer of the two instead of their sum). The
+    thread talks to this thread's engine."""
     from ..engine import docker as engine
 
-    cell, here = plan.cell, engine.current()
-    backend = plan.settings.attention_backend if plan.settings else None
+    here = engine.current()
 
     def run() -> Check:
-        began = time.monotonic()
-        with engine.bound(here), Heartbeat(f"{cell.id}: Triton kernels compiled for "
-                                           f"{', '.join(str(t) for t in targets)}"):
-            check = check_triton_smem(
-                image_ref, cell.engine, backend, targets, (ctx.matrix.model or {}).get("name"),
-                log_path, emulated=emulation_of(image_ref),
-                serve_args=plan.settings.engine_args if plan.settings else ())
-        check.data["seconds"] = round(time.monotonic() - began, 1)
-        return check
+        with engine.bound(here):
+            return timed_triton_check(ctx, plan, image_ref, targets, log_path, extra)
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                  thread_name_prefix="infermatrix-triton")
@@ -1150,6 +1184,37 @@ def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: 
         return pool.submit(run)
     finally:
         pool.shutdown(wait=False)
+
+
+def twin_or_own_triton_check(ctx: "Context", plan: CellPlan, image_ref: str,
+                             targets: list[Arch], log_path: Path, facts: ImageFacts,
+                             emulated: str) -> Check:
+    """A cell whose image runs emulated here: the Triton result of its native twin when the
+    journal holds one for these archs with identical sources (tritontwin), else the harness
+    in its own image (which cannot start under qemu-user: a skip that names the fix)."""
+    audits = {cell_id: (record.get("stages", {}).get("audit") or {}).get("details") or {}
+              for cell_id, record in journal.load_all(ctx.state).items()}
+    archs = [t.sm for t in targets]
+    match, passed_over = tritontwin.adopt(plan.id, facts.python, facts.py_digests, archs,
+                                          audits)
+    backend = plan.settings.attention_backend if plan.settings else None
+    if match is None:
+        check = timed_triton_check(ctx, plan, image_ref, targets, log_path, emulated=emulated)
+        if check.status == SKIP:
+            check.detail += ("; no native twin stands for it: " + "; ".join(passed_over)
+                             if passed_over else
+                             "; no native twin (a cell of the same CUDA, torch and engine "
+                             "for this machine's CPU) is audited in this state directory")
+        return check
+    check = judge_triton(match.result, backend)
+    names = ", ".join(f"{n} {d.get('version')}" for n, d in sorted(match.digests.items()))
+    check.detail = (f"compiled in the image of its native twin {match.cell_id}, whose Python "
+                    f"sources are identical ({names}: every .py file's sha256): "
+                    + check.detail)
+    check.data.update(twin={"cell": match.cell_id, "image": match.image,
+                            "digests": match.digests, "emulated": emulated},
+                      python=facts.python, py_digests=facts.py_digests)
+    return check
 
 
 def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
