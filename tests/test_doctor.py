@@ -234,7 +234,15 @@ def docker_cli_info() -> dict:
     info = json.loads(done.stdout)
     return {"storage_driver": info["Driver"], "runtimes": sorted(info["Runtimes"]),
             "default_runtime": info["DefaultRuntime"], "cgroup_version": info["CgroupVersion"],
-            "server_version": info["ServerVersion"]}
+            "server_version": info["ServerVersion"],
+            "cdi_spec_dirs": info.get("CDISpecDirs") or []}
+
+
+GPU_KEYS = ("gpu_access", "gpu_access_error")
+
+
+def without_gpu_access(info: dict) -> dict:
+    return {k: v for k, v in info.items() if k not in GPU_KEYS}
 
 
 @pytest.mark.docker
@@ -242,9 +250,15 @@ def test_docker_reading_of_the_real_engine(docker_available):
     from infermatrix.engine import docker as engine
 
     expected = docker_cli_info()
-    assert engine.docker_host_info() == expected
-    assert doctor.read_docker_info() == expected
+    read = engine.docker_host_info()
+    assert without_gpu_access(read) == expected
+    assert without_gpu_access(doctor.read_docker_info()) == expected
     assert "runc" in expected["runtimes"] and expected["storage_driver"]
+    # this machine's engine (no nvidia runtime, no CDI): GPUs in containers, a clear no
+    if "nvidia" not in expected["runtimes"] and not expected["cdi_spec_dirs"]:
+        assert read["gpu_access"] is None
+        assert "cannot give a container a GPU" in read["gpu_access_error"]
+        assert "nvidia-container-toolkit" in read["gpu_access_error"]
 
 
 @pytest.mark.docker
@@ -254,7 +268,7 @@ def test_doctor_command_reads_the_real_engine(docker_available, capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["host"]["docker_error"] is None
-    assert out["host"]["docker"] == docker_cli_info()
+    assert without_gpu_access(out["host"]["docker"]) == docker_cli_info()
     facts = doctor.gather(doctor.HostReaders(root=HOST / "no-such-root",
                                              nvidia_smi=lambda: (None, doctor.NO_DRIVER_HINT)))
     line = next(ln for ln in doctor.report_lines(facts, []) if ln.startswith("docker:"))

@@ -36,10 +36,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
-from typing import Any, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
 
 from .. import proc
 from ..errors import StageFailure, UsageError
+
+if TYPE_CHECKING:
+    from ..model.gpuaccess import GpuAccess
 
 log = logging.getLogger("infermatrix.commands")
 
@@ -254,7 +257,7 @@ class Mount:
 
 def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
                      mounts: list[Mount], shm_size: str | None, ports: dict[str, Any],
-                     gpus: bool, name: str | None, entrypoint: list[str] | None) -> str:
+                     gpu_flags: list[str], name: str | None, entrypoint: list[str] | None) -> str:
     """The `docker run -d` line equivalent to an SDK run (for the log; secrets redacted)."""
     argv = ["docker", "run", "-d"]
     if name:
@@ -268,8 +271,7 @@ def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
     for container_port, host in sorted(ports.items()):
         host_part = ":".join(str(p) for p in host) if isinstance(host, tuple) else str(host)
         argv += ["-p", f"{host_part}:{container_port}" if host is not None else container_port]
-    if gpus:
-        argv += ["--gpus", "all"]
+    argv += gpu_flags  # --gpus all, or --device nvidia.com/gpu=all (CDI)
     if entrypoint:
         argv += ["--entrypoint", entrypoint[0]]
     argv.append(image)
@@ -280,13 +282,20 @@ def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
 
 
 @contextlib.contextmanager
-def _translated(what: str) -> Iterator[None]:
-    """SDK errors as EngineError (the project's), with what was being done."""
+def _translated(what: str, gpu_request: bool = False, engine: str = "") -> Iterator[None]:
+    """SDK errors as EngineError (the project's), with what was being done. A GPU request the
+    daemon cannot serve is one line naming the engine and the fix."""
     import docker
+
+    from ..model import gpuaccess
 
     try:
         yield
     except docker.errors.DockerException as exc:
+        if gpu_request and gpuaccess.refusal(str(exc)):
+            explanation = getattr(exc, "explanation", None) or str(exc)
+            raise EngineError(f"engine {engine} refused the GPU request ({explanation}); fix: "
+                              f"{gpuaccess.FIX}") from None
         raise EngineError(f"{what}: {exc}") from None
 
 
@@ -457,11 +466,43 @@ class Engine:
         """What `docker info` says about storage and runtimes (for `infermatrix doctor`)."""
         with _translated("docker info"):
             info = self.sdk().info()
+        from ..model import gpuaccess
+
+        try:
+            access = gpuaccess.choose(info, self.label())
+            gpu = {"gpu_access": f"{' '.join(access.cli)} ({access.detail})"}
+        except gpuaccess.GpuUnavailable as exc:
+            gpu = {"gpu_access": None, "gpu_access_error": str(exc)}
         return {"storage_driver": info.get("Driver"),
                 "runtimes": sorted((info.get("Runtimes") or {}).keys()),
                 "default_runtime": info.get("DefaultRuntime"),
                 "cgroup_version": info.get("CgroupVersion"),
-                "server_version": info.get("ServerVersion")}
+                "server_version": info.get("ServerVersion"),
+                "cdi_spec_dirs": info.get("CDISpecDirs") or [], **gpu}
+
+    def gpu_access(self) -> "GpuAccess":
+        """How this engine hands GPUs to containers (model/gpuaccess.py: the nvidia runtime,
+        else CDI), from its own `docker info`, read once; EngineError in one line naming the
+        engine and the fix when it has neither."""
+        from ..model import gpuaccess
+
+        if "_gpu_access" not in self.__dict__:
+            _sdk_log("docker info --format '{{json .Runtimes}} {{json .CDISpecDirs}}'")
+            with _translated("docker info"):
+                info = self.sdk().info()
+            try:
+                self._gpu_access = gpuaccess.choose(info, self.label())
+            except gpuaccess.GpuUnavailable as exc:
+                self._gpu_access = exc
+        if isinstance(self._gpu_access, Exception):
+            raise EngineError(str(self._gpu_access))
+        return self._gpu_access
+
+    def label(self) -> str:
+        """The engine as a person names it: the builder's name and address, else the address."""
+        if self.endpoint:
+            return f"{self.endpoint.name} ({self.endpoint.address})"
+        return engine_address()
 
     # -- disk ------------------------------------------------------------------------------
     def local_data_root(self) -> Path | None:
@@ -648,14 +689,22 @@ class Engine:
         None)}; `gpus`: every NVIDIA GPU (`--gpus all`)."""
         import docker
 
+        from ..model import gpuaccess
+
         mounts = list(mounts)
         env = dict(env or {})
         ports = dict(ports or {})
-        _sdk_log(run_command_line(image, command, env, mounts, shm_size, ports, gpus, name,
-                                  entrypoint))
-        requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus \
-            else None
-        with _translated(f"cannot start a container of {image}"):
+        access = self.gpu_access() if gpus else None
+        _sdk_log(run_command_line(image, command, env, mounts, shm_size, ports,
+                                  access.cli if access else [], name, entrypoint))
+        requests = None
+        if access is not None and access.kind == "runtime":
+            requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        elif access is not None:
+            requests = [docker.types.DeviceRequest(driver="cdi",
+                                                   device_ids=[gpuaccess.CDI_ALL_GPUS])]
+        with _translated(f"cannot start a container of {image}", gpu_request=gpus,
+                         engine=self.label()):
             container = self.sdk().containers.run(
                 image, command=command, detach=True, environment=env,
                 mounts=[docker.types.Mount(target=m.target, source=m.source or None,

@@ -262,8 +262,11 @@ def warnings(facts: HostFacts) -> list[str]:
         found.append("Docker uses the vfs storage driver: every layer is a full copy (ZFS before "
                      "2.2 has no overlay2; tteck/Proxmox#875). Use ZFS >= 2.2 or an ext4/xfs "
                      "volume for /var/lib/docker, 150-200 GB")
-    if facts.gpus and facts.docker is not None and "nvidia" not in docker.get("runtimes", []) \
-            and not facts.container_toolkit:
+    if facts.gpus and facts.docker is not None and docker.get("gpu_access_error"):
+        found.append(docker["gpu_access_error"]
+                     + ("" if facts.container_toolkit else " (no nvidia-ctk on this host)"))
+    elif facts.gpus and facts.docker is not None and "gpu_access_error" not in docker \
+            and "nvidia" not in docker.get("runtimes", []) and not facts.container_toolkit:
         found.append("no NVIDIA Container Toolkit (no nvidia runtime, no nvidia-ctk): "
                      "`docker run --gpus` will fail; install nvidia-container-toolkit")
     if facts.lxc and facts.gpus:
@@ -293,6 +296,9 @@ def report_lines(facts: HostFacts, cell_fits: list[Fit]) -> list[str]:
         lines.append(f"docker:   {d.get('server_version')}, storage driver "
                      f"{d.get('storage_driver')}, runtimes {', '.join(d.get('runtimes', []))}"
                      f" (default {d.get('default_runtime')})")
+        if "gpu_access" in d:
+            lines.append("          GPUs in containers: "
+                         + (d["gpu_access"] or "none (" + d.get("gpu_access_error", "") + ")"))
     else:
         lines.append(f"docker:   not reachable ({facts.docker_error})")
     lines.append(f"lxc:      {'yes: ' + facts.lxc if facts.lxc else 'no'}")
