@@ -180,19 +180,20 @@ def test_write_cell_leaves_an_unchanged_directory_alone(tmp_path: Path) -> None:
 
 
 HOLDER = textwrap.dedent("""
-    import sys, time
+    import sys
     from infermatrix.state import StatePaths, run_lock
     with run_lock(StatePaths.at(sys.argv[1])):
         print("held", flush=True)
-        time.sleep(float(sys.argv[2]))
+        sys.stdin.readline()  # until the test lets go (a fixed time raced a loaded machine)
 """)
 
 
 @pytest.mark.parametrize("command", ["render", "plan"])
 def test_writers_take_the_state_lock(fixture_matrix: Path, tmp_path: Path, command: str) -> None:
     state = tmp_path / "state"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(state), "4"],
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(state)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
+    waiter = None
     try:
         assert holder.stdout and holder.stdout.readline().strip() == "held"
         args = [command, "--offline", "--matrix", str(fixture_matrix), "--state-dir", str(state),
@@ -201,14 +202,21 @@ def test_writers_take_the_state_lock(fixture_matrix: Path, tmp_path: Path, comma
         assert refused.returncode == 2, refused.stderr
         assert "is in use by pid" in refused.stderr and "--wait" in refused.stderr
         assert not (fixture_matrix.parent / "images").exists()
-        started = time.monotonic()
-        waited = cli(*args, "--wait")
-        assert waited.returncode == 0, waited.stderr
-        assert holder.poll() is not None  # it ran only once the holder had let go
-        assert time.monotonic() - started > 0.5
+        waiter = subprocess.Popen([sys.executable, "-m", "infermatrix", *args, "--wait"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2)
+        assert waiter.poll() is None  # it waits for the holder
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=60) == 0
+        _, err = waiter.communicate(timeout=300)
+        assert waiter.returncode == 0, err
     finally:
-        holder.kill()
-        holder.wait()
+        for process in (holder, waiter):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
     if command == "render":
         assert sorted(p.name for p in (fixture_matrix.parent / "images").iterdir()) == [
             "cu130-torch2.13.0-kernel-fixture1.0-sm120", "cu130-torch2.13.0-kernel-fixture1.0-sm121",
