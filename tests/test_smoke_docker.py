@@ -111,6 +111,9 @@ def test_vllm_cpu_cell_passes_static_and_model_and_is_tagged(cpu_plan, cpu_smoke
     assert checks["greedy"]["meaning_checked"] is False  # a fixture: structure, not meaning
     assert model["tokens_per_s"]["single"] > 0 and model["tokens_per_s"]["concurrent"] > 0
     assert "--reasoning-parser" in model["command"]
+    # the fixture model has no MTP head: the serve command stays without speculative flags
+    assert model["mtp"]["present"] is False and model["mtp"]["args"] == []
+    assert not any(arg.startswith("--speculative") for arg in model["command"])
     assert stage["details"]["image_id"] == record["image_id"] == result.image_id
     assert not smoke_containers(CPU_ID), "the engine container was not removed"
 

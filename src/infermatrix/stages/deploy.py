@@ -158,7 +158,7 @@ def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bi
         env["NVIDIA_VISIBLE_DEVICES"] = str(gpu)
     body: dict[str, Any] = {
         "image": entry["reference"],
-        "command": serve_command(entry, port),
+        "command": serve_command(entry, port, model_dir),
         "environment": env,
         "ports": [f"{bind}:{port}:{port}"],
         "shm_size": run.get("shm_size") or launch.shm_size,

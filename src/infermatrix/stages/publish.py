@@ -249,9 +249,15 @@ def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
 
     `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
     """
+    from ..model.mtp import MtpWeights, launch_args
+
     launch = launch_for(matrix, cell)
-    return {"command": launch.template(), "env": dict(launch.env), "gpu": launch.gpu,
-            "shm_size": launch.shm_size, "port": launch.port}
+    run = {"command": launch.template(), "env": dict(launch.env), "gpu": launch.gpu,
+           "shm_size": launch.shm_size, "port": launch.port}
+    mtp = launch_args(matrix.model, cell.engine, MtpWeights(True, "matrix.yaml"))
+    if mtp:  # added by `deploy`/`pull` only where the model directory holds MTP weights
+        run["mtp_args"] = mtp
+    return run
 
 
 def smoke_summary(smoke: dict[str, Any]) -> dict[str, Any]:
@@ -578,13 +584,22 @@ def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = No
     for key, value in sorted(run.get("env", {}).items()):
         argv += ["-e", f"{key}={value}"]
     argv.append(entry["reference"])
-    return argv + serve_command(entry, port)
+    return argv + serve_command(entry, port, model_dir)
 
 
-def serve_command(entry: dict[str, Any], port: int) -> list[str]:
-    """The locked image's serve command with `{port}` and `{model}` filled."""
-    return [part.replace("{port}", str(port)).replace("{model}", CONTAINER_MODEL_DIR)
-            for part in entry["run"].get("command", [])]
+def serve_command(entry: dict[str, Any], port: int, model_dir: str | Path | None = None
+                  ) -> list[str]:
+    """The locked image's serve command with `{port}` and `{model}` filled; plus its MTP
+    flags (run.mtp_args) when `model_dir` holds the MTP head's weights (model/mtp.py)."""
+    from ..model.mtp import find_weights
+
+    command = [part.replace("{port}", str(port)).replace("{model}", CONTAINER_MODEL_DIR)
+               for part in entry["run"].get("command", [])]
+    mtp = entry["run"].get("mtp_args") or []
+    if mtp and model_dir is not None and Path(model_dir).is_dir() \
+            and find_weights(Path(model_dir)).present:
+        command += list(mtp)
+    return command
 
 
 def docker_run_line(entry: dict[str, Any], model_dir: str, port: int | None = None,

@@ -163,6 +163,20 @@ def launch_spec(ctx: Context, plan: CellPlan, port: int = CONTAINER_PORT,
                       shm_size=launch.shm_size, health=launch.health, gpu=launch.gpu)
 
 
+def with_mtp(ctx: Context, plan: CellPlan, spec: LaunchSpec, model_dir: Path,
+             details: dict[str, Any]) -> LaunchSpec:
+    """The launch plus the engine's MTP flags (model.mtp.launch) when the model directory
+    holds the MTP head's weights (model/mtp.py); what was found goes to the level's details."""
+    import dataclasses
+
+    from ..model.mtp import find_weights, launch_args
+
+    weights = find_weights(model_dir)
+    args = launch_args(ctx.matrix.model, plan.cell.engine, weights)
+    details["mtp"] = {**weights.as_dict(), "args": args}
+    return dataclasses.replace(spec, command=spec.command + args) if args else spec
+
+
 def model_source(ctx: Context, options: SmokeOptions) -> Path | None:
     """A host directory of real weights, or None for the fixture."""
     if options.model_path is not None:
@@ -450,6 +464,7 @@ def run_model(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
     remaining = max(30.0, timeout_s - (time.monotonic() - started))
     settings = probe_settings(ctx, real_model, health_timeout_s=remaining,
                               health_path=spec.health)
+    spec = with_mtp(ctx, plan, spec, host_model, details)
     details["command"] = spec.command
     details["env"] = spec.env
     return serve_and_probe(ctx, plan, harness, spec, host_model, settings, details)
@@ -520,6 +535,8 @@ def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: fl
                                           level="throughput", reuse=True)
         if failed:
             return failed
+    spec = with_mtp(ctx, plan, spec, host_model, details)
+    details["command"] = spec.command
     remaining = max(60.0, timeout_s - (time.monotonic() - started))
     with contextlib.ExitStack() as replicas:
         ids = [replicas.enter_context(replica_container(plan, harness, spec, host_model, i,
