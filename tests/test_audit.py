@@ -409,6 +409,8 @@ def test_header_scan_agrees_with_cuobjdump_and_sees_family_cubins(tmp_path: Path
     listings = [subprocess.run([tool, flag, str(lib)], capture_output=True, text=True).stdout
                 for flag in ("--list-elf", "--list-ptx")]
     assert audit.embedded_fatbins(lib) == device_code_from_listings(*listings)
+    # the audit's one cuobjdump run with both flags lists what the two separate runs list
+    assert list_device_code(lib) == device_code_from_listings(*listings)
     family = compile_so(tmp_path, "family.so", "arch=compute_120f,code=sm_120f")
     assert audit.embedded_fatbins(family).cubins == (Arch(12, 0, "f"),)
     code = list_device_code(family)  # cuobjdump says sm_120; the header says sm_120f

@@ -211,8 +211,9 @@ _LISTING_RE = re.compile(r"^\s*(ELF|PTX) file\s+\d+:\s*(?P<name>\S+)\s*$")
 _NAME_ARCH_RE = re.compile(r"\.(?:sm|compute)_(\d{2,3}[af]?)\.(?:cubin|ptx)$")
 
 
-def parse_listing(text: str) -> list[Arch]:
-    """Architectures named by `cuobjdump --list-elf` or `--list-ptx` output, in order.
+def parse_listing(text: str, kind: str | None = None) -> list[Arch]:
+    """Architectures named by `cuobjdump --list-elf` or `--list-ptx` output, in order; `kind`
+    ("ELF" or "PTX") keeps only those lines (one run with both flags lists both).
 
     Lines that are not listings (info messages such as "does not contain device code") are
     ignored; a listing line whose name carries no architecture is an error (a format change).
@@ -220,7 +221,7 @@ def parse_listing(text: str) -> list[Arch]:
     archs = []
     for line in text.splitlines():
         match = _LISTING_RE.match(line)
-        if not match:
+        if not match or (kind is not None and match.group(1) != kind):
             continue
         name = match.group("name")
         found = _NAME_ARCH_RE.search(name)
@@ -232,8 +233,13 @@ def parse_listing(text: str) -> list[Arch]:
 
 def device_code_from_listings(elf_listing: str, ptx_listing: str) -> DeviceCode:
     """Deduplicated, sorted cubin and PTX architectures of one object."""
-    return DeviceCode(tuple(sorted(set(parse_listing(elf_listing)))),
-                      tuple(sorted(set(parse_listing(ptx_listing)))))
+    return DeviceCode(tuple(sorted(set(parse_listing(elf_listing, "ELF")))),
+                      tuple(sorted(set(parse_listing(ptx_listing, "PTX")))))
+
+
+def device_code_from_listing(listing: str) -> DeviceCode:
+    """The same from one `cuobjdump --list-elf --list-ptx` run (its ELF and PTX lines)."""
+    return device_code_from_listings(listing, listing)
 
 
 # --- fat binaries embedded outside .nv_fatbin ---------------------------------------------------

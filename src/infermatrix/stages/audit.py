@@ -50,7 +50,7 @@ from ..model.coverage import (
     Decision,
     DeviceCode,
     decide,
-    device_code_from_listings,
+    device_code_from_listing, device_code_from_listings,
     scan_fatbins,
     union,
 )
@@ -129,13 +129,13 @@ def list_device_code(path: Path, cuobjdump: str | None = None,
     binary the CUDA runtime registers), plus the fat binaries a library keeps in its own data
     sections (cuFFT), read from their headers (coverage.scan_fatbins)."""
     tool = cuobjdump or find_cuobjdump()
-    listings = []
-    for flag in ("--list-elf", "--list-ptx"):
-        done = proc.run([tool, flag, str(path)], check=False, log_path=log_path, timeout=600)
-        if done.returncode != 0 and "does not contain device code" not in done.output:
-            raise CommandFailed(done.command, done.returncode, proc.tail(done.output), log_path)
-        listings.append(done.output)
-    return union(device_code_from_listings(*listings), embedded_fatbins(path))
+    # both listings in one run: cuobjdump reads (and decompresses) the fat binary once, not
+    # twice (libtorch_cuda.so is over 1 GB)
+    done = proc.run([tool, "--list-elf", "--list-ptx", str(path)], check=False,
+                    log_path=log_path, timeout=600)
+    if done.returncode != 0 and "does not contain device code" not in done.output:
+        raise CommandFailed(done.command, done.returncode, proc.tail(done.output), log_path)
+    return union(device_code_from_listing(done.output), embedded_fatbins(path))
 
 
 def embedded_fatbins(path: Path) -> DeviceCode:
