@@ -170,3 +170,21 @@ def test_an_audit_that_cannot_run_fails_the_static_level(ctx, monkeypatch):
     assert smoke.run_audit(ctx, plan_of(ctx, FIXTURE_ID), "sha256:" + "d" * 64, details) == "fail"
     assert details["audit"]["status"] == "fail"
     assert details["audit"]["reason"].startswith("the audit did not run: ")
+
+
+def test_the_smoke_record_names_the_gpu_it_ran_on_from_the_gpu_level():
+    """The gpu level's device check (its output recorded on the H200, docs/h200-gpu-level.txt)
+    gives the GPU facts the journal keeps beside the engine that ran the levels (issue 30)."""
+    from infermatrix.harness._result import parse
+    from infermatrix.stages.smoke import gpu_facts, harness_level
+
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "h200-gpu-level.txt"
+    line = next(ln for ln in doc.read_text().splitlines()
+                if ln.startswith("INFERMATRIX-RESULT"))
+    _, _, details = harness_level("gpu", 0, parse(line), line, 60)
+    assert gpu_facts({"gpu": details}) == {"device": "NVIDIA H200", "capability": "9.0",
+                                            "driver_version": "580.159.04",
+                                            "name": "NVIDIA H200"}
+    assert gpu_facts({"static": {"status": "pass"}}) is None

@@ -114,6 +114,8 @@ def test_vllm_cpu_cell_passes_static_and_model_and_is_tagged(cpu_plan, cpu_smoke
     # the fixture model has no MTP head: the serve command stays without speculative flags
     assert model["mtp"]["present"] is False and model["mtp"]["args"] == []
     assert not any(arg.startswith("--speculative") for arg in model["command"])
+    # the engine that ran the levels is recorded; no GPU level ran on this CPU cell
+    assert stage["details"]["engine"] and stage["details"]["gpu_facts"] is None
     assert stage["details"]["image_id"] == record["image_id"] == result.image_id
     assert not smoke_containers(CPU_ID), "the engine container was not removed"
 

@@ -649,13 +649,26 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
             result.levels[level] = timed_level(level, runners[level])
     all_levels = {**kept, **{n: lv.as_dict() for n, lv in result.levels.items()}}
     status = overall_status([lv["status"] for lv in all_levels.values()])
+    from ..engine import docker as engine
+
     details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
                "harness": harness.where, "tokens_per_s": tokens_per_s(all_levels),
-               "throughput": throughput_summary(all_levels)}
+               "throughput": throughput_summary(all_levels),
+               "engine": engine.current().label(), "gpu_facts": gpu_facts(all_levels)}
     journal.record_stage(ctx.state, plan.id, "smoke", status,
                          duration_s=time.monotonic() - started, log=log_path,
                          reason=result.reason, details=details)
     return result
+
+
+def gpu_facts(levels: dict[str, Any]) -> dict[str, Any] | None:
+    """The GPU the levels ran on, as the gpu level's device check saw it (name, compute
+    capability, driver): recorded with the engine that ran them (issue 30)."""
+    for check in (levels.get("gpu") or {}).get("checks") or []:
+        if isinstance(check, dict) and "capability" in check:
+            return {k: check.get(k) for k in ("device", "capability", "driver_version", "name")
+                    if check.get(k) is not None}
+    return None
 
 
 def tokens_per_s(levels: dict[str, Any]) -> dict[str, Any] | None:
