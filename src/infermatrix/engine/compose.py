@@ -52,9 +52,3 @@ def down(directory: Path, project: str, log_path: Path | None = None) -> None:
 
 def kill(directory: Path, project: str, service: str) -> None:
     compose(directory, project, "kill", service)
-
-
-def container_ids(directory: Path, project: str, service: str | None = None) -> list[str]:
-    result = compose(directory, project, "ps", "-q", *([service] if service else []),
-                     check=False, timeout=60)
-    return [line.strip() for line in result.output.splitlines() if len(line.strip()) >= 12]

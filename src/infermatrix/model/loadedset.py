@@ -108,10 +108,6 @@ class Entry:
         match = re.fullmatch(regex.replace(r"\*", "[^/]*"), subject)
         return int(match.group(1)) if match else None
 
-    def cite(self) -> str:
-        return f"{self.reason} (loaded.yaml {self.id}; {self.source})" if self.source else \
-            f"{self.reason} (loaded.yaml {self.id})"
-
 
 @dataclass(frozen=True)
 class LoadVerdict:

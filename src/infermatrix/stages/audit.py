@@ -50,7 +50,7 @@ from ..model.coverage import (
     Decision,
     DeviceCode,
     decide,
-    device_code_from_listing, device_code_from_listings,
+    device_code_from_listing,
     scan_fatbins,
     union,
 )

@@ -617,7 +617,3 @@ def run_batch(endpoints: list[Endpoint], prompts: list[Prompt], settings: BatchS
     finally:
         log.close()
 
-
-def default_out(prompts: Path) -> Path:
-    return prompts.with_name(prompts.stem + ".answers.jsonl")
-

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import yaml
 from packaging.version import InvalidVersion, Version
@@ -491,11 +491,6 @@ def _record(ctx: Context, report: ReproReport, log_path: Path) -> None:
         "identical": report.identical, "differences": len(report.differences),
         "digest_identical": report.digest_identical, "unpinned": report.unpinned,
         "by_category": report.by_category(), "report": str(path), "log": str(log_path)})
-
-
-def iter_lines(differences: Iterable[Difference]) -> Iterator[str]:
-    for difference in differences:
-        yield difference.line()
 
 
 # --- compiled kernels: two compiles of a kernel stage, compared member by member ------------
