@@ -78,7 +78,10 @@ def _end(process: subprocess.Popen[bytes] | None) -> None:
 
 class PrivateDockerd:
     def __init__(self, prefix: str, subnet: str, size_mb: int | None = None,
-                 tls_port: int | None = None, nat: bool = False) -> None:
+                 tls_port: int | None = None, nat: bool = False, niceness: int = 0) -> None:
+        """`niceness`: of its dockerd and containerd, so of every build step and container
+        it runs (they descend from them): the real lane's is the critical path of CI."""
+        self.niceness = niceness
         Path("/run").mkdir(exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/run"))
         if size_mb:  # a small disk of its own, to fill
@@ -115,7 +118,7 @@ class PrivateDockerd:
                "--tlscert", str(self.certs / "server-cert.pem"),
                "--tlskey", str(self.certs / "server-key.pem")] if self.tcp else []
         self.proc = subprocess.Popen(
-            ["dockerd", "--data-root", str(self.data / "docker"), "--exec-root",
+            [*self._nice(), "dockerd", "--data-root", str(self.data / "docker"), "--exec-root",
              str(self.root / "x"), "--pidfile", str(self.root / "dockerd.pid"),
              "--containerd", str(self.containerd_socket), "-H", self.host,
              f"--bridge={self.bridge}", "--iptables=false", "--ip-masq=false",
@@ -127,10 +130,13 @@ class PrivateDockerd:
         config.write_text('version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
         log = open(self.root / "containerd.log", "ab")
         self.containerd = subprocess.Popen(
-            ["containerd", "--config", str(config), "--root", str(self.data / "containerd"),
+            [*self._nice(), "containerd", "--config", str(config), "--root", str(self.data / "containerd"),
              "--state", str(self.root / "cs"), "--address", str(self.containerd_socket),
              "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
         wait_for(self.containerd_socket.exists, 60, "the private containerd socket")
+
+    def _nice(self) -> list[str]:
+        return ["nice", "-n", str(self.niceness)] if self.niceness else []
 
     def answers(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
