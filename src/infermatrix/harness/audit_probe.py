@@ -142,7 +142,7 @@ def py_digests(names):
                 if os.path.isfile(path):
                     lines.append(f"{item} {sha256(path)}")
         lines.sort()
-        found[dist.metadata["Name"].lower()] = {
+        found[re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()] = {  # PEP 503 name
             "version": dist.version, "files": len(lines),
             "sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest()}
     return found
