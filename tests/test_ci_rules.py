@@ -4,6 +4,7 @@ collection fail; outside CI they are what pytest makes of them."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,12 @@ def test_a_dead_private_engines_data_is_reclaimed_and_a_live_ones_kept(tmp_path:
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                f"--data-root={live}/docker"])
     try:
+        # a loaded machine (this lane runs nice) may not have exec'd the holder yet: its
+        # command line names the root only from then on
+        cmdline = Path(f"/proc/{holder.pid}/cmdline")
+        deadline = time.monotonic() + 60
+        while str(live).encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert reclaim_stale_engines(tmp_path) == [dead]
     finally:
         holder.kill()
