@@ -1000,14 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_arch:
         return one_arch(args)
     started = time.monotonic()
-    # one interpreter per arch, side by side (each compiles on one core; a twin's foreign arch
-    # doubled the vLLM cell's check when they ran in turn)
-    from concurrent.futures import ThreadPoolExecutor
-
-    workers = max(1, min(len(args.arch), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(lambda spec: run_arch(args, spec, argv or sys.argv[1:]),
-                                args.arch))
+    results = [run_arch(args, spec, argv or sys.argv[1:]) for spec in args.arch]
     statuses = {r["status"] for r in results}
     status = "fail" if "fail" in statuses else "skip" if "skip" in statuses or not results \
         else "pass"
