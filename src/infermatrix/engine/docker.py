@@ -466,13 +466,10 @@ class Engine:
         """What `docker info` says about storage and runtimes (for `infermatrix doctor`)."""
         with _translated("docker info"):
             info = self.sdk().info()
-        from ..model import gpuaccess
-
-        try:
-            access = gpuaccess.choose(info, self.label())
-            gpu = {"gpu_access": f"{' '.join(access.cli)} ({access.detail})"}
-        except gpuaccess.GpuUnavailable as exc:
-            gpu = {"gpu_access": None, "gpu_access_error": str(exc)}
+        access = self._gpu_verdict(info)
+        gpu = {"gpu_access": None, "gpu_access_error": str(access)} \
+            if isinstance(access, Exception) else \
+            {"gpu_access": f"{' '.join(access.cli)} ({access.detail})"}
         return {"storage_driver": info.get("Driver"),
                 "runtimes": sorted((info.get("Runtimes") or {}).keys()),
                 "default_runtime": info.get("DefaultRuntime"),
@@ -484,19 +481,22 @@ class Engine:
         """How this engine hands GPUs to containers (model/gpuaccess.py: the nvidia runtime,
         else CDI), from its own `docker info`, read once; EngineError in one line naming the
         engine and the fix when it has neither."""
-        from ..model import gpuaccess
-
         if "_gpu_access" not in self.__dict__:
             _sdk_log("docker info --format '{{json .Runtimes}} {{json .CDISpecDirs}}'")
             with _translated("docker info"):
-                info = self.sdk().info()
-            try:
-                self._gpu_access = gpuaccess.choose(info, self.label())
-            except gpuaccess.GpuUnavailable as exc:
-                self._gpu_access = exc
+                self._gpu_access = self._gpu_verdict(self.sdk().info())
         if isinstance(self._gpu_access, Exception):
             raise EngineError(str(self._gpu_access))
         return self._gpu_access
+
+    def _gpu_verdict(self, info: dict[str, Any]) -> "GpuAccess | Exception":
+        """gpuaccess.choose on this engine's info: the way to GPUs, or why there is none."""
+        from ..model import gpuaccess
+
+        try:
+            return gpuaccess.choose(info, self.label())
+        except gpuaccess.GpuUnavailable as exc:
+            return exc
 
     def label(self) -> str:
         """The engine as a person names it: the builder's name and address, else the address."""

@@ -64,8 +64,11 @@ def find_weights(model_dir: Path) -> MtpWeights:
     return MtpWeights(False, f"no mtp.* tensor ({looked})")
 
 
-def launch_args(model: Mapping[str, Any] | None, engine: str, weights: MtpWeights) -> list[str]:
-    """The engine's MTP flags (model.mtp.launch) when the weights are there, else none."""
-    if not weights.present:
-        return []
+def engine_flags(model: Mapping[str, Any] | None, engine: str) -> list[str]:
+    """The engine's MTP flags as matrix.yaml states them (model.mtp.launch), weights or not."""
     return list(((model or {}).get("mtp") or {}).get("launch", {}).get(engine) or [])
+
+
+def launch_args(model: Mapping[str, Any] | None, engine: str, weights: MtpWeights) -> list[str]:
+    """The engine's MTP flags when the weights are there, else none."""
+    return engine_flags(model, engine) if weights.present else []

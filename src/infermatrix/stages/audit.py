@@ -1138,8 +1138,8 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     except StageFailure as exc:  # the probe or cuobjdump failed: the audit fails, with why
         result.checks.append(Check("probe", FAIL, str(exc)))
     finally:
-        if triton is not None and not triton.done():
-            triton.cancel() or concurrent.futures.wait([triton])  # its container is removed
+        if triton is not None:  # a failed probe: the check still ends, its container removed
+            concurrent.futures.wait([triton])
     result.duration_s = time.monotonic() - started
     if record:
         journal.record_stage(ctx.state, cell.id, "audit", result.status,
@@ -1149,10 +1149,10 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
 
 
 def timed_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
-                       log_path: Path, extra: list[Arch] = (),  # type: ignore[assignment]
+                       log_path: Path, extra: Iterable[Arch] = (),
                        emulated: str | None = None) -> Check:
     """check_triton_smem for the cell, with a heartbeat and its seconds in the data."""
-    cell = plan.cell
+    cell, extra = plan.cell, list(extra)
     began = time.monotonic()
     with Heartbeat(f"{cell.id}: Triton kernels compiled for "
                    f"{', '.join(str(t) for t in [*targets, *extra])}"):

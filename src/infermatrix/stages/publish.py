@@ -249,12 +249,12 @@ def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
 
     `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
     """
-    from ..model.mtp import MtpWeights, launch_args
+    from ..model.mtp import engine_flags
 
     launch = launch_for(matrix, cell)
     run = {"command": launch.template(), "env": dict(launch.env), "gpu": launch.gpu,
            "shm_size": launch.shm_size, "port": launch.port}
-    mtp = launch_args(matrix.model, cell.engine, MtpWeights(True, "matrix.yaml"))
+    mtp = engine_flags(matrix.model, cell.engine)
     if mtp:  # added by `deploy`/`pull` only where the model directory holds MTP weights
         run["mtp_args"] = mtp
     return run
