@@ -141,7 +141,9 @@ def test_build_with_secret_args_labels_then_inspect_tag_copy_run(
                                      labels={"io.infermatrix.test": "1"})
     try:
         deadline = time.monotonic() + 30
-        while "hello" not in engine.container_logs(container) and time.monotonic() < deadline:
+        # both streams: the stderr line can land after the stdout one
+        while not {"hello", "to-stderr"} <= set(engine.container_logs(container).split()) \
+                and time.monotonic() < deadline:
             time.sleep(0.5)
         logs = engine.container_logs(container)
         assert "hello" in logs and "to-stderr" in logs

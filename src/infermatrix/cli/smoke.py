@@ -21,6 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     smoke.add_argument("--fixture", choices=["normal", "broken"], default="normal",
                        help="fixture variant: `broken` has shapes the CPU kernels reject "
                             "(a model level that must fail)")
+    smoke.add_argument("--image", default=None, metavar="REF",
+                       help="test this image (name or id, in the engine) as the cell's, not its "
+                            "recorded build: one made or loaded elsewhere; the journal records "
+                            "it, and `tag` only tags a cell's own built image")
     wait_option(smoke)
     smoke.set_defaults(func=run_smoke)
 
@@ -79,10 +83,15 @@ def run_smoke(args: argparse.Namespace) -> int:
     from ..stages.smoke import SmokeOptions, levels_to_run, model_source, smoke_cells
     from ..state import run_lock
 
+    if args.image and len(args.cells) != 1:
+        from ..errors import UsageError
+
+        raise UsageError("--image tests one image: name exactly one CELL_ID with it")
     run, plans = _plans(args, "build")
     ctx = run.ctx
     options = SmokeOptions(levels=levels_to_run(ctx, run.options.levels), fixture=args.fixture,
-                           model_path=Path(args.model_path) if args.model_path else None)
+                           model_path=Path(args.model_path) if args.model_path else None,
+                           image=args.image)
     model_source(ctx, options)  # a bad --model-path is a usage error before anything runs
     with run_lock(ctx.state, wait=run.options.wait):
         results = smoke_cells(ctx, plans, options, on_result=_print_smoke)

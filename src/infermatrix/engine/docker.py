@@ -42,7 +42,7 @@ from .. import proc
 from ..errors import StageFailure, UsageError
 
 if TYPE_CHECKING:
-    from ..model.gpuaccess import GpuAccess
+    from ..model.gpuaccess import GpuAccess, GpuSetting, HostGpu
 
 log = logging.getLogger("infermatrix.commands")
 
@@ -477,26 +477,47 @@ class Engine:
                 "server_version": info.get("ServerVersion"),
                 "cdi_spec_dirs": info.get("CDISpecDirs") or [], **gpu}
 
-    def gpu_access(self) -> "GpuAccess":
+    def gpu_access(self, setting: "GpuSetting | None" = None) -> "GpuAccess":
         """How this engine hands GPUs to containers (model/gpuaccess.py: the nvidia runtime,
-        else CDI), from its own `docker info`, read once; EngineError in one line naming the
-        engine and the fix when it has neither."""
-        if "_gpu_access" not in self.__dict__:
+        else CDI, else this host's device nodes), from its own `docker info`, read once per
+        setting; EngineError in one line naming the engine and the fix when it has none."""
+        from ..model.gpuaccess import GpuSetting
+
+        setting = setting or GpuSetting()
+        verdicts = self.__dict__.setdefault("_gpu_verdicts", {})
+        if setting not in verdicts:
             _sdk_log("docker info --format '{{json .Runtimes}} {{json .CDISpecDirs}}'")
             with _translated("docker info"):
-                self._gpu_access = self._gpu_verdict(self.sdk().info())
-        if isinstance(self._gpu_access, Exception):
-            raise EngineError(str(self._gpu_access))
-        return self._gpu_access
+                verdicts[setting] = self._gpu_verdict(self.sdk().info(), setting)
+        if isinstance(verdicts[setting], Exception):
+            raise EngineError(str(verdicts[setting]))
+        return verdicts[setting]
 
-    def _gpu_verdict(self, info: dict[str, Any]) -> "GpuAccess | Exception":
+    def _gpu_verdict(self, info: dict[str, Any],
+                     setting: "GpuSetting | None" = None) -> "GpuAccess | Exception":
         """gpuaccess.choose on this engine's info: the way to GPUs, or why there is none."""
         from ..model import gpuaccess
 
         try:
-            return gpuaccess.choose(info, self.label())
+            return gpuaccess.choose(info, self.label(), setting or gpuaccess.GpuSetting(),
+                                    self.host_gpu())
         except gpuaccess.GpuUnavailable as exc:
             return exc
+
+    def host_gpu(self) -> "HostGpu | None":
+        """This host's device nodes and driver files when the engine runs here (a unix
+        socket), else None: a remote engine's /dev cannot be read from here."""
+        if not self.is_local():
+            return None
+        if "_host_gpu" not in self.__dict__:
+            from ..host import gpudevices
+
+            self._host_gpu = gpudevices.scan()
+        return self._host_gpu
+
+    def is_local(self) -> bool:
+        address = self.endpoint.address if self.endpoint else engine_address()
+        return address.startswith("unix://")
 
     def label(self) -> str:
         """The engine as a person names it: the builder's name and address, else the address."""
@@ -682,37 +703,66 @@ class Engine:
     def run_container(self, image: str, command: list[str] | None = None, *,
                       env: dict[str, str] | None = None, mounts: Iterable[Mount] = (),
                       shm_size: str | None = None, ports: dict[str, Any] | None = None,
-                      gpus: bool = False, name: str | None = None,
+                      gpus: "bool | GpuSetting" = False, name: str | None = None,
                       entrypoint: list[str] | None = None, labels: dict[str, str] | None = None,
                       network: str | None = None, user: str | None = None) -> str:
         """Start a detached container; return its id. `ports`: {"8000/tcp": ("127.0.0.1",
-        None)}; `gpus`: every NVIDIA GPU (`--gpus all`)."""
+        None)}; `gpus`: every NVIDIA GPU (True, or how matrix.yaml's smoke.gpu_access asks:
+        `--gpus all`, a CDI device or the host's device nodes)."""
         import docker
-
-        from ..model import gpuaccess
 
         mounts = list(mounts)
         env = dict(env or {})
         ports = dict(ports or {})
-        access = self.gpu_access() if gpus else None
+        access = self.gpu_access(None if gpus is True else gpus) if gpus else None
+        gpu_options: dict[str, Any] = {}
+        if access is not None:
+            gpu_options = self._gpu_options(image, access)
+            env.update(gpu_options.pop("environment"))
         _sdk_log(run_command_line(image, command, env, mounts, shm_size, ports,
                                   access.cli if access else [], name, entrypoint))
-        requests = None
-        if access is not None and access.kind == "runtime":
-            requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        elif access is not None:
-            requests = [docker.types.DeviceRequest(driver="cdi",
-                                                   device_ids=[gpuaccess.CDI_ALL_GPUS])]
-        with _translated(f"cannot start a container of {image}", gpu_request=gpus,
+        with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
                          engine=self.label()):
             container = self.sdk().containers.run(
                 image, command=command, detach=True, environment=env,
                 mounts=[docker.types.Mount(target=m.target, source=m.source or None,
-                                           type=m.kind, read_only=m.read_only) for m in mounts],
-                shm_size=shm_size, ports=ports or None, device_requests=requests, name=name,
+                                           type=m.kind, read_only=m.read_only) for m in mounts]
+                + gpu_options.pop("mounts", []),
+                shm_size=shm_size, ports=ports or None, name=name,
                 entrypoint=entrypoint, labels={OWNER_LABEL: "infermatrix", **(labels or {})},
-                network=network, user=user)
+                network=network, user=user, **gpu_options)
         return container.id
+
+    def _gpu_options(self, image: str, access: "GpuAccess") -> dict[str, Any]:
+        """The SDK's arguments for a GPU request: device requests (runtime, CDI) or device
+        nodes and read-only driver mounts; `environment`: what it adds to the container's."""
+        import docker
+
+        from ..model import gpuaccess
+
+        options: dict[str, Any] = {"environment": {}}
+        if access.pid_host:
+            options["pid_mode"] = "host"
+        if access.kind == "runtime":
+            options["device_requests"] = [docker.types.DeviceRequest(count=-1,
+                                                                     capabilities=[["gpu"]])]
+        elif access.kind == "cdi":
+            options["device_requests"] = [docker.types.DeviceRequest(
+                driver="cdi", device_ids=[gpuaccess.CDI_ALL_GPUS])]
+        else:
+            assert access.host is not None
+            options["devices"] = [f"{d}:{d}:rwm" for d in access.host.devices]
+            options["mounts"] = [docker.types.Mount(target=target, source=source, type="bind",
+                                                    read_only=True)
+                                 for source, target in access.host.files]
+            options["environment"] = access.environment(self.image_env(image))
+        return options
+
+    def image_env(self, image: str) -> dict[str, str]:
+        """The image's configured environment (Config.Env)."""
+        found = self.inspect_image(image) or {}
+        pairs = (item.partition("=") for item in (found.get("Config") or {}).get("Env") or [])
+        return {key: value for key, _, value in pairs}
 
     @contextlib.contextmanager
     def container(self, image: str, command: list[str] | None = None, *,

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..engine import docker as engine
 from .. import journal
@@ -48,6 +48,9 @@ from ..harness import probe as harness_probe
 from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
 from .watch import Heartbeat
+
+if TYPE_CHECKING:
+    from ..model.gpuaccess import GpuSetting
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,10 @@ class SmokeOptions:
     model_path: Path | None = None  # host directory of real weights (mounted read-only)
     fixture: str = "normal"  # normal | broken (shapes the CPU kernels reject)
     host_gpu: bool | None = None  # None: detect
+    # an image to test as the cell's instead of its recorded build (`smoke --image`): one
+    # made or pulled elsewhere; the journal says so, and the tag policy only tags a cell's
+    # own built image
+    image: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,6 +134,15 @@ def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
     if unknown:
         raise UsageError(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(LEVELS)})")
     return [lv for lv in LEVELS if lv in levels]  # always in order: static, gpu, model, ...
+
+
+def gpu_setting(ctx: Context) -> "GpuSetting":
+    """smoke.gpu_access: how GPU containers are given their GPUs (auto when not set)."""
+    from ..model.gpuaccess import GpuSetting
+
+    declared = smoke_settings(ctx).get("gpu_access") or {}
+    return GpuSetting(mode=declared.get("mode", "auto"),
+                      pid_host=bool(declared.get("pid_host", False)))
 
 
 def level_timeout(ctx: Context, level: str) -> float:
@@ -265,13 +281,15 @@ class Harness:
     log_path: Path
     mounts: list[engine.Mount] = field(default_factory=list)
     where: str = "image"  # "image" or "mounted from the host"
+    gpus: "GpuSetting | bool" = True  # how a GPU container asks for its GPUs
 
     @classmethod
-    def for_image(cls, image_id: str, log_path: Path) -> Harness:
+    def for_image(cls, image_id: str, log_path: Path,
+                  gpus: "GpuSetting | bool" = True) -> Harness:
         """The harness of this checkout, mounted read-only into the image under test (images
         do not carry it: a harness change must not change, and rebuild, every image)."""
         mount = engine.Mount(str(HARNESS_ON_HOST), HARNESS_IN_IMAGE, read_only=True)
-        return cls(image_id, log_path, [mount], "mounted from the host")
+        return cls(image_id, log_path, [mount], "mounted from the host", gpus)
 
     def run(self, program: str, args: list[str], timeout_s: float, *,
             mounts: list[engine.Mount] = (), gpu: bool = False,
@@ -280,7 +298,7 @@ class Harness:
         env = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
         with container(self.image_id, entrypoint=["python3", "-m", f"harness.{program}"],
                        command=args, env=env, mounts=[*self.mounts, *mounts],
-                       gpus=gpu,
+                       gpus=self.gpus if gpu else False,
                        labels=labels) as cid:
             try:
                 code: int | None = engine.wait_container(cid, timeout=timeout_s)
@@ -478,7 +496,7 @@ def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: Launch
     with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
                    mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
                    ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
-                   gpus=spec.gpu,
+                   gpus=harness.gpus if spec.gpu else False,
                    labels={SMOKE_LABEL: plan.id}, name=name) as cid:
         host, port = published_port(cid)
         client = harness_probe.Client(f"http://{host}:{port}",
@@ -567,7 +585,8 @@ def replica_container(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_m
         env["CUDA_VISIBLE_DEVICES"] = str(index)  # every GPU is requested; one is used
     return container(harness.image_id, command=spec.command, env=env, shm_size=spec.shm_size,
                      mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
-                     ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)}, gpus=spec.gpu,
+                     ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
+                     gpus=harness.gpus if spec.gpu else False,
                      labels={SMOKE_LABEL: plan.id},
                      name=f"infermatrix-smoke-{plan.id}-{os.getpid()}-r{index}")
 
@@ -583,8 +602,15 @@ def replica_endpoint(container_id: str, index: int, health: str):  # -> generate
 # A cell
 # --------------------------------------------------------------------------------------------
 
-def image_under_test(ctx: Context, cell_id: str) -> str:
-    """The image id the build stage recorded; it must still be in Docker."""
+def image_under_test(ctx: Context, cell_id: str, given: str | None = None) -> str:
+    """The image id the build stage recorded (it must still be in Docker), or the id of the
+    image `smoke --image` names."""
+    if given:
+        image_id = engine.image_id_of(given)
+        if image_id is None:
+            raise UsageError(f"--image {given}: no such image in engine "
+                             f"{engine.current().label()}")
+        return image_id
     record = journal.load(ctx.state, cell_id)
     image_id = record.get("image_id")
     if not image_id or journal.stage_status(record, "build") != "pass":
@@ -624,7 +650,7 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
         raise UsageError(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
     levels = levels_to_run(ctx, options.levels)
-    image_id = image_under_test(ctx, plan.id)
+    image_id = image_under_test(ctx, plan.id, options.image)
     gpu_here = host_has_gpu() if options.host_gpu is None else options.host_gpu
     log_path = ctx.state.cell_log(plan.id, "smoke")
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -635,7 +661,7 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
     started = time.monotonic()
     result = SmokeResult(plan.id, image_id)
     with sigterm_as_interrupt():
-        harness = Harness.for_image(image_id, log_path)
+        harness = Harness.for_image(image_id, log_path, gpu_setting(ctx))
         runners: dict[str, Callable[[], LevelResult]] = {
             "static": lambda: run_static(ctx, plan, harness, level_timeout(ctx, "static")),
             "gpu": lambda: run_gpu(ctx, plan, harness, level_timeout(ctx, "gpu"), gpu_here),
@@ -654,7 +680,8 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
     details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
                "harness": harness.where, "tokens_per_s": tokens_per_s(all_levels),
                "throughput": throughput_summary(all_levels),
-               "engine": engine.current().label(), "gpu_facts": gpu_facts(all_levels)}
+               "engine": engine.current().label(), "gpu_facts": gpu_facts(all_levels),
+               "image_source": f"--image {options.image}" if options.image else "build"}
     journal.record_stage(ctx.state, plan.id, "smoke", status,
                          duration_s=time.monotonic() - started, log=log_path,
                          reason=result.reason, details=details)
