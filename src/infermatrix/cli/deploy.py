@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--lxc", action="store_true",
                         help="the deployment runs inside an unprivileged Proxmox LXC guest "
                         "(toolkit no-cgroups): also pass each GPU's /dev nodes as devices")
+    parser.add_argument("--memory-from", type=Path, default=Path("/proc/meminfo"),
+                        metavar="MEMINFO", help="where the host's available memory is read "
+                        "for a unified-memory GPU (DGX Spark / GB10): run deploy on that host, "
+                        "or give a copy of its /proc/meminfo (default: this host's)")
     verify_flags(parser)
     parser.set_defaults(func=run_deploy)
 
@@ -84,9 +88,12 @@ def run_deploy(args: argparse.Namespace) -> int:
     lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
         if gpus else None
     lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None
+    unified = _unified_sizing(cell, gpus, args.memory_from)
+    if unified is not None:
+        print(f"{cell.id}: {unified.describe()}")
     result = deploy.deployment(entry, launch_for(ctx.matrix, cell), str(model_dir), gpus,
                                args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes,
-                               cpus)
+                               cpus, unified)
     out = args.out or Path("deploy") / args.cell
     out.mkdir(parents=True, exist_ok=True)
     for name, text in result.files().items():
@@ -95,6 +102,21 @@ def run_deploy(args: argparse.Namespace) -> int:
     print(f"deployed {len(result.compose['services'])} server(s) of {entry['reference']}; "
           f"start: cd {out} && docker compose up -d   (or docker-compose up -d)")
     return 0
+
+
+def _unified_sizing(cell, gpus: list[int] | None, meminfo: Path):
+    """Each server's memory on a unified-memory GPU (an sm_121 cell), from MemAvailable now;
+    None for other cells."""
+    from ..model import unifiedmem
+
+    if not gpus or unifiedmem.unified_arch(cell.arch) is None:
+        return None
+    try:
+        total, available = unifiedmem.parse_meminfo(meminfo.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--memory-from {meminfo}: {exc}") from None
+    engine = cell.engine.split("-")[0]  # vllm, sglang
+    return unifiedmem.size(total, available, engine, servers=len(gpus))
 
 
 def _read(path: Path) -> str:

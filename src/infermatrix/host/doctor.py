@@ -130,6 +130,16 @@ def cgroup_memory_limit(readers: HostReaders) -> int | None:
     return None
 
 
+def read_meminfo(readers: HostReaders) -> tuple[int, int] | None:
+    from ..model.unifiedmem import parse_meminfo
+
+    text = readers.read("proc/meminfo")
+    try:
+        return parse_meminfo(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 @dataclass
 class HostFacts:
     gpus: list[Gpu] = field(default_factory=list)
@@ -139,17 +149,41 @@ class HostFacts:
     lxc: str | None = None  # evidence, None outside LXC
     memory_limit: int | None = None
     container_toolkit: str | None = None  # path of the NVIDIA container toolkit, if any
+    meminfo: tuple[int, int] | None = None  # (MemTotal, MemAvailable) bytes
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpus": [g.__dict__ for g in self.gpus], "gpu_error": self.gpu_error,
                 "docker": self.docker, "docker_error": self.docker_error, "lxc": self.lxc,
                 "memory_limit_bytes": self.memory_limit,
-                "container_toolkit": self.container_toolkit}
+                "container_toolkit": self.container_toolkit,
+                "unified_memory": unified_memory(self)}
+
+
+def unified_memory(facts: HostFacts) -> dict[str, Any] | None:
+    """For a GPU that shares the host's memory (GB10): the pool and what `deploy` would give
+    one engine now (model/unifiedmem.py), or why it would not start one."""
+    from ..model import unifiedmem
+
+    gpu = next((g for g in facts.gpus if unifiedmem.unified_capability(g.compute_cap)), None)
+    if gpu is None:
+        return None
+    arch = unifiedmem.unified_capability(gpu.compute_cap)
+    found: dict[str, Any] = {"gpu": gpu.index, "arch": arch,
+                             "name": unifiedmem.unified_arch(arch)["name"]}
+    if facts.meminfo is None:
+        return {**found, "error": "/proc/meminfo unreadable"}
+    total, available = facts.meminfo
+    try:
+        sizing = unifiedmem.size(total, available, "vllm")
+    except unifiedmem.UnifiedMemoryShort as exc:
+        return {**found, "total_bytes": total, "available_bytes": available, "error": str(exc)}
+    return {**found, **sizing.as_dict(), "summary": sizing.describe()}
 
 
 def gather(readers: HostReaders | None = None) -> HostFacts:
     readers = readers or HostReaders()
-    facts = HostFacts(lxc=detect_lxc(readers), memory_limit=cgroup_memory_limit(readers))
+    facts = HostFacts(lxc=detect_lxc(readers), memory_limit=cgroup_memory_limit(readers),
+                      meminfo=read_meminfo(readers))
     code, output = readers.nvidia_smi()
     if code == 0:
         try:
@@ -304,6 +338,12 @@ def report_lines(facts: HostFacts, cell_fits: list[Fit]) -> list[str]:
     lines.append(f"lxc:      {'yes: ' + facts.lxc if facts.lxc else 'no'}")
     lines.append("memory:   cgroup limit " + (_gib(facts.memory_limit) if facts.memory_limit
                                               else "none"))
+    unified = unified_memory(facts)
+    if unified is not None:
+        lines.append(f"unified:  GPU {unified['gpu']} ({unified['name']}, {unified['arch']}) "
+                     "shares the host's memory; the engine's memory fraction is no bound there")
+        lines.append("          " + (unified.get("summary") or
+                                     "no engine would start: " + unified.get("error", "")))
     for warning in warnings(facts):
         lines.append(f"warning:  {warning}")
     if not cell_fits:

@@ -21,6 +21,7 @@ import yaml
 
 from ..errors import UsageError
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, Launch
+from ..model.unifiedmem import GIB, Sizing, with_fraction
 from .publish import LOCK_NAME, serve_command
 
 COMPOSE_NAME = "compose.yaml"
@@ -148,10 +149,11 @@ def gpu_reservation(gpu: int) -> dict[str, Any]:
 
 def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bind: str,
             gpu: int | None, lxc_nodes: list[str] | None = None,
-            cpuset: str | None = None) -> dict[str, Any]:
+            cpuset: str | None = None, unified: Sizing | None = None) -> dict[str, Any]:
     """One engine server: the locked image by digest, its command on `port`, the model
     read-only, shm, health check; with `gpu`, pinned to that GPU (and, inside an LXC guest,
-    given `lxc_nodes` of /dev as devices)."""
+    given `lxc_nodes` of /dev as devices); on a unified-memory GPU (`unified`), its memory
+    fraction, container memory limit and /dev/shm from the host's available memory."""
     run = entry["run"]
     env = dict(sorted(run.get("env", {}).items()))
     if gpu is not None:
@@ -172,6 +174,11 @@ def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bi
     }
     if cpuset is not None:  # a CPU replica's own CPUs (cpu_sets)
         body["cpuset"] = cpuset
+    if unified is not None and gpu is not None:
+        body["command"] = with_fraction(body["command"], unified)
+        body["shm_size"] = unified.shm_size
+        body["mem_limit"] = f"{unified.budget // GIB}g"
+        body["labels"]["io.infermatrix.unified-memory"] = unified.describe()
     if gpu is not None:
         body["deploy"] = gpu_reservation(gpu)
         if lxc_nodes:  # no-cgroups in an unprivileged LXC: the nodes passed explicitly
@@ -183,10 +190,12 @@ def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
                      gpus: list[int] | None = None, cpu_replicas: int | None = None,
                      base_port: int | None = None, bind: str = "127.0.0.1",
                      lxc_nodes: dict[int, list[str]] | None = None,
-                     cpus: list[int] | None = None) -> dict[str, Any]:
+                     cpus: list[int] | None = None,
+                     unified: Sizing | None = None) -> dict[str, Any]:
     """One service per GPU (`gpu<N>`), or `cpu_replicas` services (`cpu<i>`) each on its own
     share of `cpus` (default: this host's), ports from `base_port` up in service order;
-    `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest."""
+    `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest; `unified`: each GPU server's share
+    of a unified-memory host (model/unifiedmem.py)."""
     check_lane(entry, launch, gpus, cpu_replicas)
     base = base_port or entry["run"].get("port") or DEFAULT_PORT
     if gpus:
@@ -196,7 +205,7 @@ def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
         named = [(f"cpu{i}", None, sets[i]) for i in range(cpu_replicas or 0)]
     return {"services": {name: service(entry, launch, model_dir, base + index, bind, gpu,
                                        (lxc_nodes or {}).get(gpu) if gpu is not None else None,
-                                       cpuset)
+                                       cpuset, unified)
                          for index, (name, gpu, cpuset) in enumerate(named)}}
 
 
@@ -251,7 +260,7 @@ PROXMOX_NOTE = (f"Inside a Proxmox LXC guest, first add the lines of `{PROXMOX_N
 
 
 def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
-                has_proxmox: bool) -> str:
+                has_proxmox: bool, unified: Sizing | None = None) -> str:
     services = compose["services"]
     rows = []
     for name, body in services.items():
@@ -260,6 +269,10 @@ def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
             (f"CPUs {body['cpuset']}" if body.get("cpuset") else "-")
         rows.append(f"| {name} | {gpu} | http://{host}:{port}/v1 |")
     notes = (GPU_NOTE if launch.gpu else "") + (PROXMOX_NOTE if has_proxmox else "")
+    if unified is not None:
+        notes += (f"This GPU shares the host's memory. Sized when this was written ("
+                  f"{unified.describe()}). Write it again with `infermatrix deploy` when the "
+                  "host's load changes (data/unified_memory.yaml says why).\n")
     return README.format(
         cell=entry["cell"], reference=entry["reference"],
         published=entry.get("published", "?"), verified=entry.get("verified", "?"),
@@ -273,12 +286,13 @@ def deployment(entry: dict[str, Any], launch: Launch, model_dir: str,
                base_port: int | None = None, bind: str = "127.0.0.1",
                lxc_lines: list[str] | None = None,
                lxc_nodes: dict[int, list[str]] | None = None,
-               cpus: list[int] | None = None) -> Deployment:
+               cpus: list[int] | None = None, unified: Sizing | None = None) -> Deployment:
     """The files of a deployment; `lxc_lines` (host.proxmox.deployment_lines, GPU lanes only)
     become proxmox-lxc.conf."""
     compose = compose_document(entry, launch, model_dir, gpus, cpu_replicas, base_port, bind,
-                               lxc_nodes, cpus)
+                               lxc_nodes, cpus, unified)
     proxmox_lines = lxc_lines if gpus else None
     return Deployment(compose, proxmox_lines,
-                      readme_text(entry, launch, compose, proxmox_lines is not None))
+                      readme_text(entry, launch, compose, proxmox_lines is not None,
+                                  unified if gpus else None))
 
