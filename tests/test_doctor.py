@@ -273,3 +273,31 @@ def test_doctor_command_reads_the_real_engine(docker_available, capsys):
                                              nvidia_smi=lambda: (None, doctor.NO_DRIVER_HINT)))
     line = next(ln for ln in doctor.report_lines(facts, []) if ln.startswith("docker:"))
     assert facts.docker["server_version"] in line and facts.docker["storage_driver"] in line
+
+
+# --- driver releases known to break (data/drivers.yaml known_bad) ----------------------------
+def test_a_known_bad_driver_is_a_warning_and_a_reason_with_its_source():
+    from infermatrix.host import hostcheck
+
+    facts = doctor.gather(readers("rtx-4090-570-sample/nvidia-smi.csv"))
+    warned = [w for w in doctor.warnings(facts) if "known to break" in w]
+    assert len(warned) == 1
+    assert "code 901" in warned[0] and "https://github.com/paiml/realizar/issues/197" in warned[0]
+    cell = entry("12.8", "vllm", "0.19.1", "sm_120")
+    reasons = doctor.cell_fit(cell, facts).reasons
+    assert any("driver 570.207 is known to break on compute capability 8.9" in r
+               for r in reasons)
+    # pull checks the same: the host is refused, with the reason
+    check = hostcheck.check_host(cell, None, readers("rtx-4090-570-sample/nvidia-smi.csv"))
+    assert not check.ok and any("known to break" in p for p in check.problems)
+
+
+def test_a_driver_outside_every_known_bad_range_is_not_flagged():
+    from infermatrix.model.rules import known_bad_driver
+
+    assert known_bad_driver("570.207", "8.9") is not None
+    assert known_bad_driver("570.211.01", "8.9") is None  # another release
+    assert known_bad_driver("570.207", "12.0") is None  # seen on Ada only
+    assert known_bad_driver("not-a-version", "8.9") is None
+    facts = doctor.gather(readers("h200-580/nvidia-smi.csv"))
+    assert not [w for w in doctor.warnings(facts) if "known to break" in w]

@@ -22,6 +22,7 @@ from ..model.compileplan import parse_limit
 from ..model.coverage import Arch, cubin_runs_on
 from ..errors import InfermatrixError
 from ..model.cell import CPU
+from ..model.rules import known_bad_driver
 from ..model.spec import min_driver_for
 
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version",
@@ -233,6 +234,11 @@ def gpu_problems(entry: dict[str, Any], gpu: Gpu) -> list[str]:
         how = "a different major" if built.major != device.major else "a lower minor"
         problems.append(f"arch mismatch: built for {built.sm} (compute capability "
                         f"{built.major}.{built.minor}); {gpu.describe()} is {how}")
+    bad = known_bad_driver(gpu.driver, gpu.compute_cap)
+    if bad is not None:
+        problems.append(f"driver {gpu.driver} is known to break on compute capability "
+                        f"{gpu.compute_cap}: {bad['symptom']}; fix: {bad['fix']} "
+                        f"({bad['source']}, data/drivers.yaml)")
     minimum, why = driver_floor_of(entry)
     have, need = _version(gpu.driver), _version(minimum or "")
     if need is not None and (have is None or have < need):
@@ -291,6 +297,11 @@ def fits(lock: dict[str, Any], facts: HostFacts) -> list[Fit]:
 def warnings(facts: HostFacts) -> list[str]:
     """What will go wrong on this host, from failure-modes.md."""
     found = []
+    for gpu in facts.gpus:
+        bad = known_bad_driver(gpu.driver, gpu.compute_cap)
+        if bad is not None:
+            found.append(f"{gpu.describe()}: driver {gpu.driver} is known to break: "
+                         f"{bad['symptom']}; fix: {bad['fix']} ({bad['source']})")
     docker = facts.docker or {}
     if docker.get("storage_driver") == "vfs":
         found.append("Docker uses the vfs storage driver: every layer is a full copy (ZFS before "

@@ -107,6 +107,24 @@ def min_driver_of_cuda(cuda: str) -> str | None:
     return load_drivers()["min_driver"].get(cuda)
 
 
+def known_bad_driver(driver: str, compute_cap: str) -> dict[str, Any] | None:
+    """The data/drivers.yaml `known_bad` entry a GPU's driver falls in, else None."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion
+
+    try:
+        have = Version(driver)
+    except InvalidVersion:
+        return None
+    for entry in load_drivers().get("known_bad") or []:
+        caps = entry.get("capabilities")
+        if caps and compute_cap not in caps:
+            continue
+        if SpecifierSet(entry["versions"]).contains(have, prereleases=True):
+            return entry
+    return None
+
+
 def cuda_of_ptx_isa(isa: str) -> str | None:
     """The CUDA release that writes PTX ISA `isa` (e.g. "8.8" -> "12.9")."""
     return load_drivers()["ptx_isa"]["cuda"].get(isa)
