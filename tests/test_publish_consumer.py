@@ -58,13 +58,6 @@ def tagged_cpu_plan(ctx: Context):
     return plan
 
 
-def consumer_context(tmp_path, plan_ctx: Context, image_id: str) -> Context:
-    """A consumer's own state: its journal knows only the pulled image."""
-    ctx = Context.load(plan_ctx.matrix.path, tmp_path / "consumer-state")
-    journal.record_stage(ctx.state, CPU_ID, "build", "pass", image_id=image_id)
-    return ctx
-
-
 def wait_until_unused(image_id: str, timeout_s: float = 900) -> None:
     """On a shared engine another run's container may be using the cell's image (the same
     build gives the same id): wait for it to end rather than fail on the removal."""
@@ -161,13 +154,29 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         assert code == 0 and "# verified" in capsys.readouterr().out
         assert entry["reference"] in (tmp_path / "deploy" / "compose.yaml").read_text()
 
-        # 4. the model smoke level against the pulled image
-        consumer = consumer_context(tmp_path, test_ctx, pulled["Id"])
-        (consumer_plan,) = plan_matrix(consumer, select=[CPU_ID], source=recorded_metadata)
-        result = smoke.smoke_cell(consumer, consumer_plan, smoke.SmokeOptions(levels=["model"]))
-        model = result.levels["model"].as_dict()
-        assert result.image_id == image_id
-        assert model["status"] == "pass", model.get("engine_log_tail")
+        # 4. the consumer's own verification of the pulled image, from images.lock alone:
+        #    the model level with the serve command it recorded, on weights of a host
+        #    directory (the tiny fixture, made by the image's own transformers: random
+        #    weights, so the answers' structure is checked, not their meaning)
+        weights = tmp_path / "consumer-weights"
+        weights.mkdir()
+        maker = smoke.Harness.for_image(pulled["Id"], tmp_path / "fixture.log")
+        code, _, output = maker.run("make_fixture_model", ["--out", "/fixture/model"], 600,
+                                    mounts=[engine.Mount(str(weights), "/fixture",
+                                                         read_only=False)])
+        assert code == 0, output[-2000:]
+        verdict_path = tmp_path / "verdict.json"
+        code = main(["verify", CPU_ID, "--lock", str(lock_path), "--model-dir",
+                     str(weights / "model"), "--no-answer-check", "--out", str(verdict_path)])
+        out = capsys.readouterr().out
+        verdict = json.loads(verdict_path.read_text())
+        model = verdict["levels"]["model"]
+        assert code == 0, model.get("engine_log_tail") or out
+        assert verdict["image_id"] == image_id and verdict["status"] == "pass"
+        assert verdict["levels"]["gpu"]["status"] == "skip"  # a CPU cell: n/a
+        assert model["status"] == "pass" and model["answer_checked"] is False
+        assert model["command"][:3] == entry["run"]["command"][:3]  # images.lock's command
+        assert verdict["host"]["hostname"] and f"{CPU_ID}: pass on" in out
 
         # 5. a wrong password: one line, exit 1
         monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, "wrong-" + PASSWORD)

@@ -491,19 +491,31 @@ def run_model(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
 def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: LaunchSpec,
                     host_model: Path, settings: harness_probe.ProbeSettings,
                     details: dict[str, Any]) -> LevelResult:
-    """Start the server, probe it, keep the log; the container never outlives this call."""
-    name = f"infermatrix-smoke-{plan.id}-{os.getpid()}"
+    """The model level of a cell: serve, probe, and judge what the live server maps."""
+    return serve_image_and_probe(
+        harness, spec, host_model, settings, details, plan.id,
+        observe=lambda cid: observe_loaded_set(ctx, plan, cid, details))
+
+
+def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
+                          settings: harness_probe.ProbeSettings, details: dict[str, Any],
+                          label: str, observe: Callable[[str], dict[str, Any]] | None = None
+                          ) -> LevelResult:
+    """Start the server of `harness.image_id`, probe it, keep the log (`observe`: a look at
+    the live container before it stops); the container never outlives this call. Needs no
+    matrix: `infermatrix verify` runs it from images.lock alone."""
+    name = f"infermatrix-smoke-{label}-{os.getpid()}"
     with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
                    mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
                    ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
                    gpus=harness.gpus if spec.gpu else False,
-                   labels={SMOKE_LABEL: plan.id}, name=name) as cid:
+                   labels={SMOKE_LABEL: label}, name=name) as cid:
         host, port = published_port(cid)
         client = harness_probe.Client(f"http://{host}:{port}",
                                       timeout_s=min(300.0, settings.health_timeout_s))
-        with Heartbeat(f"{plan.id}: the engine server starts and answers the probe"):
+        with Heartbeat(f"{label}: the engine server starts and answers the probe"):
             probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
-        loaded = observe_loaded_set(ctx, plan, cid, details)
+        loaded = observe(cid) if observe else {}
         engine_log = engine.container_logs(cid)
     append_log(harness.log_path, f"engine server: {' '.join(spec.command)}", engine_log)
     details.update({k: v for k, v in probe.items() if k not in ("status", "reason", "check")})

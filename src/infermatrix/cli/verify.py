@@ -1,0 +1,65 @@
+"""`infermatrix verify CELL --model-dir DIR`: the consumer's own gpu and model levels of a
+pulled image, on this host, from images.lock alone (stages/verify.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UsageError
+from ..stages.publish import LOCK_NAME, read_lock
+from ..stages.verify import VERIFY_LEVELS, default_verdict_path, verify_entry, write_verdict
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "verify", help="run the gpu and model levels of a pulled image on this host",
+        description="After `infermatrix pull`: run the gpu level (the device, torch, Triton, "
+        "GDN ops in a container with this host's GPUs) and the model level (the serve "
+        "command images.lock recorded, on the weights of --model-dir, probed with thinking "
+        "on and off) of the pulled image, and write this host's verdict as JSON. Exit 1 "
+        "when a level fails.")
+    parser.add_argument("cell", metavar="CELL", help="a cell id of images.lock")
+    parser.add_argument("--model-dir", required=True, type=Path, metavar="DIR",
+                        help="host directory with the model weights, mounted read-only")
+    parser.add_argument("--lock", metavar="PATH", type=Path, default=Path(LOCK_NAME),
+                        help=f"the lock to read (default: ./{LOCK_NAME})")
+    parser.add_argument("--levels", default=",".join(VERIFY_LEVELS), metavar="LIST",
+                        help=f"comma-separated subset of {','.join(VERIFY_LEVELS)} "
+                        "(default: both)")
+    parser.add_argument("--expect", default="Paris", metavar="TEXT",
+                        help="the word the probe's answer must hold (default: Paris, for "
+                        "the default question)")
+    parser.add_argument("--no-answer-check", action="store_true",
+                        help="check the answers' structure only (random fixture weights)")
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE",
+                        help="the verdict file (default: verdicts/CELL-HOSTNAME.json)")
+    parser.set_defaults(func=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from ..stages.deploy import locked_entry
+
+    levels = [part.strip() for part in args.levels.split(",") if part.strip()]
+    unknown = [level for level in levels if level not in VERIFY_LEVELS]
+    if unknown or not levels:
+        raise UsageError(f"--levels {args.levels!r}: expected a comma-separated subset of "
+                         f"{','.join(VERIFY_LEVELS)}")
+    if not args.lock.is_file():
+        raise UsageError(f"{args.lock} does not exist: pass --lock PATH (the images.lock "
+                         "you pulled from)")
+    if not args.model_dir.is_dir():
+        raise UsageError(f"--model-dir {args.model_dir} is not a directory")
+    entry = locked_entry(read_lock(args.lock), args.cell, str(args.lock))
+    out = args.out or default_verdict_path(args.cell)
+    verdict = verify_entry(entry, args.model_dir.absolute(), out.with_suffix(".log"), levels,
+                           args.expect, not args.no_answer_check)
+    write_verdict(verdict, out)
+    for name, level in verdict["levels"].items():
+        reason = f"  {level.get('reason')}" if level.get("reason") else ""
+        print(f"  {name:<7}{level['status']:<5} {level.get('duration_s', 0):7.1f} s{reason}")
+    host = verdict["host"]
+    gpus = ", ".join(f"{g['name']} ({g['compute_cap']}, driver {g['driver']})"
+                     for g in host["gpus"]) or "no GPU"
+    print(f"{args.cell}: {verdict['status']} on {host['hostname']} ({gpus}); verdict: {out}")
+    return 1 if verdict["status"] == "fail" else 0

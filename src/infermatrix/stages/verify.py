@@ -1,0 +1,121 @@
+"""`infermatrix verify`: the consumer's own check of a pulled image, on their host (issue 30).
+
+From images.lock alone (no matrix): the image is the entry's digest reference, pulled before
+(`infermatrix pull`), and its id must be the one images.lock records. Then:
+  gpu    harness.gpu_check in a container with the host's GPUs: the device is the cell's arch,
+         torch, Triton and the engine's Gated DeltaNet ops compute right (skip without a GPU,
+         n/a for a CPU cell);
+  model  the serve command images.lock recorded, on the weights of `--model-dir` (with the
+         MTP flags when the head is there), probed with thinking on and off, the answer
+         checked against `--expect` unless `--no-answer-check` (random fixture weights).
+The verdict (the host's facts: name, GPUs, driver; each level) is written as JSON for that host.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from ..engine import docker as engine
+from ..errors import UsageError
+from ..harness import probe as harness_probe
+from ..model.spec import CONTAINER_MODEL
+from . import smoke
+from .publish import serve_command
+from .smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
+
+VERIFY_LEVELS = ("gpu", "model")
+DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0}
+
+
+def image_of(entry: dict[str, Any]) -> str:
+    """The pulled image's id; a UsageError when it is not here or is not images.lock's."""
+    found = engine.inspect_image(entry["reference"])
+    if found is None:
+        raise UsageError(f"{entry['reference']} is not in engine {engine.current().label()}: "
+                         f"run `infermatrix pull {entry['cell']}` first")
+    if entry.get("image_id") and found["Id"] != entry["image_id"]:
+        raise UsageError(f"{entry['reference']} is image {found['Id']}, images.lock records "
+                         f"{entry['image_id']}: pull it again")
+    return found["Id"]
+
+
+def host_facts() -> dict[str, Any]:
+    from ..host import doctor
+
+    facts = doctor.gather()
+    return {"hostname": platform.node(), "machine": platform.machine(),
+            "gpus": [g.__dict__ for g in facts.gpus], "gpu_error": facts.gpu_error,
+            "engine": engine.current().label()}
+
+
+def run_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
+            timeout_s: float) -> LevelResult:
+    if not entry["run"].get("gpu"):
+        return LevelResult("gpu", "skip", "a CPU cell: the gpu level does not apply",
+                           details={"applicable": False})
+    if not gpu_here:
+        return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
+    engine_name = (entry.get("labels") or {}).get("io.infermatrix.engine", "none")
+    engine_name = engine_name if engine_name in ("vllm", "sglang") else "none"
+    code, parsed, output = harness.run("gpu_check", ["--arch", entry["arch"], "--engine",
+                                                     engine_name], timeout_s, gpu=True)
+    status, reason, details = smoke.harness_level("gpu", code, parsed, output, timeout_s)
+    return LevelResult("gpu", status, reason, details=details)
+
+
+def run_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
+              settings: harness_probe.ProbeSettings) -> LevelResult:
+    run = entry["run"]
+    if run.get("gpu") and not gpu_here:
+        return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
+    command = serve_command(entry, CONTAINER_PORT, model_dir)
+    spec = LaunchSpec(command, dict(run.get("env") or {}), run.get("shm_size") or "1g",
+                      settings.health_path, bool(run.get("gpu")))
+    details: dict[str, Any] = {"model_source": str(model_dir), "command": command,
+                               "answer_checked": settings.real_model}
+    return smoke.serve_image_and_probe(harness, spec, model_dir, settings, details,
+                                       entry["cell"])
+
+
+def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
+                 levels: list[str] | None = None, expect: str | None = "Paris",
+                 answer_check: bool = True, gpu_here: bool | None = None,
+                 gpus: Any = True) -> dict[str, Any]:
+    """The verdict of this host for one images.lock entry (levels run in order)."""
+    image_id = image_of(entry)
+    gpu_here = smoke.host_has_gpu() if gpu_here is None else gpu_here
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(f"verify {entry['cell']} {entry['reference']}\n")
+    harness = Harness.for_image(image_id, log_path, gpus)
+    settings = harness_probe.ProbeSettings(
+        expect=expect if answer_check else None, real_model=answer_check,
+        health_path=entry["run"].get("health") or "/health",
+        health_timeout_s=DEFAULT_TIMEOUTS["model"])
+    runners = {
+        "gpu": lambda: run_gpu(entry, harness, gpu_here, DEFAULT_TIMEOUTS["gpu"]),
+        "model": lambda: run_model(entry, harness, model_dir, gpu_here, settings),
+    }
+    results = {name: smoke.timed_level(name, runners[name]) for name in levels or VERIFY_LEVELS}
+    status = smoke.overall_status([r.status for r in results.values()])
+    return {"cell": entry["cell"], "reference": entry["reference"], "image_id": image_id,
+            "status": status, "host": host_facts(), "model_dir": str(model_dir),
+            "levels": {name: r.as_dict() for name, r in results.items()},
+            "verified_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "container_model_dir": CONTAINER_MODEL}
+
+
+def write_verdict(verdict: dict[str, Any], out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(verdict, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return out
+
+
+def default_verdict_path(cell: str) -> Path:
+    return Path("verdicts") / f"{cell}-{platform.node() or 'host'}.json"
+
+
