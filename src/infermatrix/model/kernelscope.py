@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+from .spec import PIN_LINE
+
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 # The attention modules the FlashInfer AOT build covers per head dim (templates/files/
@@ -33,7 +34,7 @@ def locked_hashes(lock_text: str | None, package: str) -> list[str]:
     hashes: list[str] = []
     inside = False
     for line in lock_text.splitlines():
-        match = _PIN.match(line)
+        match = PIN_LINE.match(line)
         if match:
             inside = normalize(match.group(1)) == normalize(package)
         elif inside and line.startswith("    "):

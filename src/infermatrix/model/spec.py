@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -24,6 +24,7 @@ from ..errors import UsageError
 from ..names import inside
 from ..state import read_state_text
 from .cell import CPU, Cell, CellPlan
+from .rules import load_drivers
 
 LOCKS_DIR = "locks"
 MATCH_ENGINE = "match-engine"  # build.kernels.<k>.version: the version the lock resolves
@@ -68,14 +69,15 @@ def check_lock_files(ctx: Any, plans: Iterable[Any]) -> None:
             read_lock_text(lock_path(ctx, plan.id), plan.id)
 
 
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
+# a `name==version` line of a uv lock (also read by model/kernelscope.py)
+PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 
 
 def pinned_packages(text: str | None) -> dict[str, str]:
     """canonical name -> version of every `name==version` pin of a lock file."""
     pins: dict[str, str] = {}
     for line in (text or "").splitlines():
-        match = _PIN.match(line.strip())
+        match = PIN_LINE.match(line.strip())
         if match:
             pins[canonicalize_name(match.group(1))] = match.group(2)
     return pins
@@ -114,10 +116,10 @@ def kernel_pins_from_lock(text: str) -> dict[str, dict[str, str]]:
 
 # --- the driver floor ------------------------------------------------------------------------
 
-@lru_cache(maxsize=1)
 def driver_table() -> dict[str, Any]:
-    """data/drivers.yaml: the minimum Linux driver of each CUDA version, with its source."""
-    return yaml.safe_load((DATA_DIR / "drivers.yaml").read_text(encoding="utf-8"))
+    """data/drivers.yaml: the minimum Linux driver of each CUDA version, with its source (one
+    loader: model/rules.py's)."""
+    return load_drivers()
 
 
 def min_driver_for(cuda: str) -> str | None:
