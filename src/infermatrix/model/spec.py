@@ -16,7 +16,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
 from packaging.utils import canonicalize_name
 
 from ..config import DATA_DIR, Matrix
