@@ -73,6 +73,20 @@ def built_base(docker_available, test_ctx) -> str:
 # tests/ci_rules.py.
 
 
+@pytest.fixture(scope="session")
+def session_registry(tmp_path_factory: pytest.TempPathFactory):
+    """One real registry (docker-registry, htpasswd auth, loopback) for the publishing tests of
+    a session (registry_support.SESSION_USER/_PASSWORD): the main job's test publishes the CPU
+    cell there first, so the consumer test's push of the same layers from the same engine is
+    a cross-repository blob mount instead of compressing ~7 GB again. Stopped at the end, or
+    by a test that stops it on purpose (the consumer's "registry stopped" case, last)."""
+    from tests.registry_support import SESSION_PASSWORD, SESSION_USER, start_registry
+
+    server = start_registry(tmp_path_factory.mktemp("registry"), SESSION_USER, SESSION_PASSWORD)
+    yield server
+    server.stop()
+
+
 def _skip_reason(report) -> str:
     return str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
 

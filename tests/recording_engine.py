@@ -62,6 +62,11 @@ class RecordingEngine(Engine):
     def available(self) -> bool:
         return True
 
+    def host_facts(self) -> dict[str, Any]:
+        """What the smoke records of its engine's host: made up, and said so."""
+        self._record("host_facts")
+        return {"engine": self.label(), "name": "recording-engine (FAKE)"}
+
     # -- disk ------------------------------------------------------------------------------
     def local_data_root(self) -> Path | None:
         return self.data_root

@@ -7,12 +7,17 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
+
+
+# The session registry's credentials (tests/conftest.py: session_registry)
+SESSION_USER, SESSION_PASSWORD = "publisher", "pw-" + uuid.uuid4().hex[:12]
 
 
 def free_port() -> int:

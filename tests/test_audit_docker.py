@@ -226,3 +226,83 @@ def test_missing_image_fails_the_audit_with_a_reason(test_ctx, docker_available)
     assert not result.passed
     [probe] = result.checks
     assert probe.name == "probe" and "no-such-tag" in probe.detail
+
+
+# ---- an image whose programs run emulated here: its probe runs natively ----------------------
+
+REAL_MATRIX = Path(__file__).resolve().parent / "real" / "matrix.yaml"
+DYNLOAD = "/usr/lib/python3.11/lib-dynload"
+
+
+@pytest.fixture(scope="module")
+def arm64_image(tmp_path_factory: pytest.TempPathFactory, docker_available) -> str:
+    """The real matrix's arm64 base (CI's bases phase makes it) plus a package of aarch64
+    objects taken from it: one plain, one carrying a fat binary's magic (GPU code to the
+    probe, so it is hashed) and a .py file (the twin check's digests)."""
+    from infermatrix.config import load_matrix
+    from infermatrix.model.coverage import FATBIN_MAGIC
+    from infermatrix.stages import base
+    from infermatrix.state import StatePaths
+
+    workdir = tmp_path_factory.mktemp("arm64-probe")
+    ref = base.build_base(load_matrix(REAL_MATRIX), "bookworm",
+                          StatePaths.at(workdir / "state"), platform="linux/arm64").ref
+    if engine.host_platform() == "linux/arm64":
+        pytest.skip("this host runs arm64 images natively: nothing is emulated")
+    site = workdir / "ctx" / "site"
+    package = site / "probefixture"
+    package.mkdir(parents=True)
+    plain, other = (f"{DYNLOAD}/{name}.cpython-311-aarch64-linux-gnu.so"
+                    for name in ("_bz2", "_asyncio"))
+    copied = engine.copy_from_image(ref, [plain, other], workdir / "objects")
+    shutil.copy(copied[plain], package / "_plain.so")
+    (package / "_gpu.so").write_bytes(copied[other].read_bytes() + FATBIN_MAGIC)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    info = site / "probefixture-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: probefixture\nVersion: 1.0\n")
+    (info / "RECORD").write_text("probefixture/__init__.py,,\nprobefixture/_plain.so,,\n"
+                                 "probefixture/_gpu.so,,\nprobefixture-1.0.dist-info/METADATA,,\n"
+                                 "probefixture-1.0.dist-info/RECORD,,\n")
+    (workdir / "ctx" / "Dockerfile").write_text(f"FROM {ref}\nCOPY site/ {SITE}/\n")
+    return engine.build_image(workdir / "ctx", tag="infermatrix-audit-test:arm64-probe",
+                              platform="linux/arm64", timeout=600)
+
+
+def test_an_emulated_images_probe_runs_natively_and_sees_what_the_emulated_one_sees(
+        arm64_image, tmp_path) -> None:
+    """The GB10 cell's probe took ~3 min under QEMU: this machine's Python now reads the image
+    inside its container. Both ways give the same facts; only `pip check` differs, which the
+    emulated probe cannot run here (the host's uv needs the host's loader) and the native one
+    can."""
+    import time
+
+    emulated = audit.emulation_of(arm64_image)
+    assert emulated and emulated.startswith("linux/arm64 under QEMU")
+    native = audit.native_python()
+    assert native is not None
+    started = time.monotonic()
+    code, native_output = audit._run_probe(arm64_image, ["probefixture"], 600, native)
+    native_s = time.monotonic() - started
+    assert code == 0, native_output[-3000:]
+    started = time.monotonic()
+    code, emulated_output = audit._run_probe(arm64_image, ["probefixture"], 600, None)
+    emulated_s = time.monotonic() - started
+    assert code == 0, emulated_output[-3000:]
+    print(f"probe: native {native_s:.1f} s, emulated {emulated_s:.1f} s")
+    fast, slow = (audit.parse_probe_output(native_output),
+                  audit.parse_probe_output(emulated_output))
+    assert {k: v for k, v in fast.items() if k != "pip_check"} == \
+        {k: v for k, v in slow.items() if k != "pip_check"}
+    by_path = {o["rel"]: o for o in fast["objects"] if o["dist"] == "probefixture"}
+    assert by_path["probefixture/_gpu.so"]["gpu_code"] is True
+    assert len(by_path["probefixture/_gpu.so"]["sha256"]) == 64
+    assert by_path["probefixture/_plain.so"]["gpu_code"] is False
+    assert fast["py_digests"]["probefixture"]["files"] == 1
+    assert fast["python"].startswith("3.11") and fast["pip_check"]["machine"] == "aarch64"
+    assert fast["pip_check"]["returncode"] == 0, fast["pip_check"]
+    # probe_image takes the native way for it, and says so in the log
+    log = tmp_path / "audit.log"
+    facts = audit.probe_image(arm64_image, log, digest_dists=["probefixture"], emulated=emulated)
+    assert facts.objects == fast["objects"]
+    assert f"with native {native.binary}: exit 0" in log.read_text()

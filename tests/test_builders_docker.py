@@ -303,3 +303,51 @@ def test_merged_fragments_of_exported_jobs_equal_one_run(built_base, tmp_path: P
         assert {c["outcome"] for c in got["cells"]} == {"tagged"}
     finally:
         remove_images(engine, cells, [repository, other])
+
+
+def test_smoke_on_a_second_engine_records_its_host_and_the_tag_lands_on_the_tested_id(
+        second_engine: PrivateDockerd, cleanup, tmp_path: Path) -> None:
+    """`smoke CELL --on second` (issue 30): a cell built on this machine's engine is tested on
+    the second one, reached by tcp:// with TLS as build.builders names it: an engine
+    elsewhere as far as the tool can tell, so nothing of this machine is bind-mounted into its
+    containers (the harness and the audit's tools are copied in). The image goes there by
+    docker save | load under its own id; the journal records that engine and its host; the
+    tag then lands, on this machine's engine, on the id that was tested there."""
+    repositories, made = cleanup
+    repository = new_repository(repositories)
+    matrix = write_cells(tmp_path / "m", repository, second_engine)
+    state = tmp_path / "state"
+    cell = cell_id("alpha")
+    common = ["--matrix", str(matrix), "--state-dir", str(state)]
+    for step in (["render"], ["build", "--select", cell, "--builder", LOCAL]):
+        done = infermatrix(*step, *common)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    image_id = records(state)[cell]["image_id"]
+    assert second_engine.image_id(image_id) is None  # built here only
+
+    smoked = infermatrix("smoke", cell, "--on", "second", "--levels", "static", *common)
+    assert smoked.returncode == 0, (smoked.stdout + smoked.stderr)[-3000:]
+    details = records(state)[cell]["stages"]["smoke"]["details"]
+    assert details["levels"]["static"]["status"] == "pass", details["levels"]["static"]
+    assert details["engine"] == f"second ({second_engine.tcp})"
+    host = details["engine_host"]
+    assert host["engine"] == details["engine"] and host["server_version"]
+    assert host["platform"] == engine.host_platform() and host["cpus"] >= 1
+    assert "cannot give a container a GPU" in host["gpu_access_error"]  # no runtime there
+    assert details["image_moved"]["how"] == "docker save | docker load"
+    assert second_engine.image_id(image_id) == image_id  # the same id there
+    commands = (state / "commands.log").read_text()
+    assert re.search(r"docker cp \S+/harness \w{12}:/opt/infermatrix/harness", commands), \
+        "the harness was not copied into the remote engine's containers"
+    assert not second_engine.docker("ps", "-aq", "--filter",
+                                    "label=io.infermatrix.smoke").stdout.strip()
+
+    tagged = infermatrix("tag", cell, "--repository", repository, *common)
+    assert tagged.returncode == 0, (tagged.stdout + tagged.stderr)[-3000:]
+    assert engine.image_id_of(f"{repository}:{cell}") == image_id
+    assert records(state)[cell]["stages"]["tag"]["details"]["image_id"] == image_id
+
+    again = infermatrix("smoke", cell, "--on", "second", "--levels", "static", *common)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert records(state)[cell]["stages"]["smoke"]["details"]["image_moved"]["how"] == \
+        "already there"

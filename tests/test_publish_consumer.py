@@ -31,13 +31,13 @@ from infermatrix.context import Context
 from infermatrix.stages.plan import plan_matrix
 from infermatrix.stages.tagging import tag_cell
 from tests.planning_support import recorded_metadata
-from tests.registry_support import start_registry
+from tests.registry_support import SESSION_PASSWORD, SESSION_USER
 from tests.test_signing_registry import make_keys
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.registry, pytest.mark.slow]
 
 CPU_ID = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
-USER, PASSWORD = "consumer", "pw-" + uuid.uuid4().hex[:12]
+USER, PASSWORD = SESSION_USER, SESSION_PASSWORD
 KEY_PASSWORD = "key-" + uuid.uuid4().hex[:12]
 
 
@@ -82,9 +82,9 @@ def only_line(err: str) -> str:
 
 
 def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx, monkeypatch,
-                                                 capsys, caplog):
+                                                 capsys, caplog, session_registry):
     tagged_cpu_plan(test_ctx)
-    server = start_registry(tmp_path / "registry", USER, PASSWORD)
+    server = session_registry  # the main job's test may have pushed these layers already
     lock_path = tmp_path / "images.lock"
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty-docker-config"))  # no login
     (tmp_path / "empty-docker-config").mkdir()

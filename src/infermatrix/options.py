@@ -43,6 +43,19 @@ def level_list(text: str) -> list[str]:
     return levels
 
 
+def engine_endpoint(text: str) -> str:
+    """[NAME=]unix://, ssh://, tcp:// or a name (a builder of build.builders, a Docker
+    context): checked for form here, resolved against the matrix by the step."""
+    from .engine.docker import parse_builder
+
+    try:
+        parse_builder(text)
+    except UsageError:
+        raise ValueError("expected [NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a "
+                         "builder of build.builders or a Docker context") from None
+    return text.strip()
+
+
 def existing_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
@@ -60,6 +73,7 @@ class RunOption:
     matrix_key: tuple[str, ...] = ()  # path in matrix.yaml, e.g. ("build", "timeout_minutes")
     default: Any = None
     metavar: str | None = None
+    aliases: tuple[str, ...] = ()  # other spellings of the flag (`smoke --on`)
 
     def from_matrix(self, data: Mapping[str, Any]) -> Any:
         if not self.matrix_key:
@@ -95,6 +109,12 @@ OPTIONS: dict[str, RunOption] = {o.name: o for o in [
     RunOption("levels", "--levels", "smoke levels, comma-separated subset of static,gpu,model,"
               "throughput (default: static,gpu,model)",
               level_list, "INFERMATRIX_LEVELS", ("smoke", "levels"), None, "LIST"),
+    RunOption("smoke_on", "--smoke-on", "run the smoke levels on this Docker engine (where the "
+              "GPUs are): [NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a builder of "
+              "build.builders or a Docker context; the image goes there by docker save | "
+              "load, the journal records that engine and its host",
+              engine_endpoint, "INFERMATRIX_SMOKE_ON", ("smoke", "on"), None, "ENGINE",
+              aliases=("--on",)),
     RunOption("wait", "--wait",
               "wait for another run holding the state directory instead of refusing"),
     RunOption("force", "--force", "rebuild even the cells whose inputs did not change"),
@@ -115,8 +135,8 @@ def add(parser: argparse.ArgumentParser, *names: str) -> None:
             where += [".".join(option.matrix_key)] if option.matrix_key else []
             default = f"; default {option.default}" if option.default is not None else ""
             suffix = f" ({', '.join(where)}{default})" if where or default else ""
-            parser.add_argument(option.flag, dest=name, default=None, metavar=option.metavar,
-                                help=option.help + suffix)
+            parser.add_argument(option.flag, *option.aliases, dest=name, default=None,
+                                metavar=option.metavar, help=option.help + suffix)
 
 
 @dataclass
@@ -128,6 +148,7 @@ class RunOptions:
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     levels: list[str] | None = None
+    smoke_on: str | None = None
     wait: bool = False
     force: bool = False
     ca_bundle: Path | None = None

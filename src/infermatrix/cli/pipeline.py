@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "others (unless --fail-fast); a rerun resumes from the journal.")
     common_options(parser)
     selection_options(parser)
-    run_options(parser, "fail_fast", "levels", "max_jobs", "nvcc_threads", "timeout_min",
+    run_options(parser, "fail_fast", "levels", "smoke_on", "max_jobs", "nvcc_threads",
+                "timeout_min",
                 "force", "ca_bundle", "wait")
     parser.add_argument("--no-publish", action="store_true", help="skip the publish step")
     from ..options import builder_option

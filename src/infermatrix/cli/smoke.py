@@ -14,10 +14,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     selection_options(smoke)
     smoke.add_argument("cells", nargs="*", metavar="CELL_ID",
                        help="cells to test (default: every planned cell with a passed build)")
-    run_options(smoke, "levels")
+    run_options(smoke, "levels", "smoke_on")
     smoke.add_argument("--model-path", default=None, metavar="HOST_DIR",
                        help="real weights on this host, mounted read-only (default: "
-                            "smoke.model_source; `fixture` generates a tiny model in the image)")
+                            "smoke.model_source; `fixture` generates a tiny model in the image); "
+                            "with --on an engine elsewhere, the same path on that engine's host "
+                            "(a shared mount), while a fixture is copied there")
     smoke.add_argument("--fixture", choices=["normal", "broken"], default="normal",
                        help="fixture variant: `broken` has shapes the CPU kernels reject "
                             "(a model level that must fail)")
@@ -80,7 +82,8 @@ def _print_smoke(result) -> None:
 
 
 def run_smoke(args: argparse.Namespace) -> int:
-    from ..stages.smoke import SmokeOptions, levels_to_run, model_source, smoke_cells
+    from ..stages.smoke import (SmokeOptions, levels_to_run, model_source, smoke_cells,
+                                smoke_endpoint)
     from ..state import run_lock
 
     if args.image and len(args.cells) != 1:
@@ -91,7 +94,7 @@ def run_smoke(args: argparse.Namespace) -> int:
     ctx = run.ctx
     options = SmokeOptions(levels=levels_to_run(ctx, run.options.levels), fixture=args.fixture,
                            model_path=Path(args.model_path) if args.model_path else None,
-                           image=args.image)
+                           image=args.image, on=smoke_endpoint(ctx, run.options.smoke_on))
     model_source(ctx, options)  # a bad --model-path is a usage error before anything runs
     with run_lock(ctx.state, wait=run.options.wait):
         results = smoke_cells(ctx, plans, options, on_result=_print_smoke)

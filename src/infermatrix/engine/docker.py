@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import itertools
 import json
 import logging
@@ -247,6 +248,15 @@ class Mount:
     target: str
     read_only: bool = True
     kind: Literal["bind", "volume", "tmpfs"] = "bind"
+    # a bind source on the engine's own host (a GPU host's weights), never this machine's;
+    # a bind of this machine's path reaches a remote engine's container as a copy instead
+    on_engine_host: bool = False
+
+    def copied_to(self, engine_is_local: bool) -> bool:
+        """Whether this mount reaches the container as a copy of this machine's path (put
+        into the created container, and for a writable one copied back when it ends): the
+        engine runs elsewhere (ssh://, tcp://), where this path does not exist."""
+        return self.kind == "bind" and not engine_is_local and not self.on_engine_host
 
     def cli(self) -> str:
         text = f"type={self.kind},target={self.target}"
@@ -257,11 +267,15 @@ class Mount:
 
 def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
                      mounts: list[Mount], shm_size: str | None, ports: dict[str, Any],
-                     gpu_flags: list[str], name: str | None, entrypoint: list[str] | None) -> str:
-    """The `docker run -d` line equivalent to an SDK run (for the log; secrets redacted)."""
-    argv = ["docker", "run", "-d"]
+                     gpu_flags: list[str], name: str | None, entrypoint: list[str] | None,
+                     network: str | None = None) -> str:
+    """The `docker create` line equivalent to the SDK's (for the log; secrets redacted);
+    `docker start` and any `docker cp` into it are logged after it."""
+    argv = ["docker", "create"]
     if name:
         argv += ["--name", name]
+    if network:
+        argv += ["--network", network]
     for key, value in sorted(proc.redact_env(env).items()):
         argv += ["-e", f"{key}={value}"]
     for mount in mounts:
@@ -279,6 +293,14 @@ def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
         argv += entrypoint[1:]
     argv += command or []
     return shlex.join(argv)
+
+
+def _network_option(network: str | None) -> dict[str, str]:
+    """The SDK's argument for `--network`: another container's namespace (`container:ID`)
+    is a network mode, never a network to connect to."""
+    if not network:
+        return {}
+    return {"network_mode" if network.startswith("container:") else "network": network}
 
 
 @contextlib.contextmanager
@@ -462,10 +484,12 @@ class Engine:
         except UsageError:
             return False
 
-    def host_info(self) -> dict[str, Any]:
-        """What `docker info` says about storage and runtimes (for `infermatrix doctor`)."""
-        with _translated("docker info"):
-            info = self.sdk().info()
+    def host_info(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What `docker info` (read now, or `info` as read) says about storage and runtimes
+        (for `infermatrix doctor`)."""
+        if info is None:
+            with _translated("docker info"):
+                info = self.sdk().info()
         access = self._gpu_verdict(info)
         gpu = {"gpu_access": None, "gpu_access_error": str(access)} \
             if isinstance(access, Exception) else \
@@ -476,6 +500,21 @@ class Engine:
                 "cgroup_version": info.get("CgroupVersion"),
                 "server_version": info.get("ServerVersion"),
                 "cdi_spec_dirs": info.get("CDISpecDirs") or [], **gpu}
+
+    def host_facts(self) -> dict[str, Any]:
+        """The host behind the engine as its `docker info` describes it (name, OS, kernel,
+        CPUs, memory, platform) with host_info's runtimes and GPU access: what the journal
+        records about the engine a smoke ran on."""
+        from ..model.spec import platform_of_machine
+
+        _sdk_log("docker info")
+        with _translated("docker info"):
+            info = self.sdk().info()
+        return {"engine": self.label(), "name": info.get("Name"),
+                "os": info.get("OperatingSystem"), "kernel": info.get("KernelVersion"),
+                "platform": platform_of_machine(str(info.get("Architecture") or "")),
+                "cpus": info.get("NCPU"), "memory_bytes": info.get("MemTotal"),
+                **self.host_info(info)}
 
     def gpu_access(self, setting: "GpuSetting | None" = None) -> "GpuAccess":
         """How this engine hands GPUs to containers (model/gpuaccess.py: the nvidia runtime,
@@ -719,19 +758,58 @@ class Engine:
         if access is not None:
             gpu_options = self._gpu_options(image, access)
             env.update(gpu_options.pop("environment"))
-        _sdk_log(run_command_line(image, command, env, mounts, shm_size, ports,
-                                  access.cli if access else [], name, entrypoint))
+        local = self.is_local()
+        copied = [m for m in mounts if m.copied_to(local)]
+        bound = [m for m in mounts if not m.copied_to(local)]
+        _sdk_log(run_command_line(image, command, env, bound, shm_size, ports,
+                                  access.cli if access else [], name, entrypoint, network))
         with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
                          engine=self.label()):
-            container = self.sdk().containers.run(
-                image, command=command, detach=True, environment=env,
+            container = self.sdk().containers.create(
+                image, command=command, environment=env,
                 mounts=[docker.types.Mount(target=m.target, source=m.source or None,
-                                           type=m.kind, read_only=m.read_only) for m in mounts]
+                                           type=m.kind, read_only=m.read_only) for m in bound]
                 + gpu_options.pop("mounts", []),
                 shm_size=shm_size, ports=ports or None, name=name,
                 entrypoint=entrypoint, labels={OWNER_LABEL: "infermatrix", **(labels or {})},
-                network=network, user=user, **gpu_options)
+                user=user, **_network_option(network), **gpu_options)
+        for mount in copied:
+            self.copy_into_container(container.id, Path(mount.source), mount.target)
+        self.__dict__.setdefault("_copy_back", {})[container.id] = \
+            [m for m in copied if not m.read_only]
+        _sdk_log(f"docker start {container.id[:12]}")
+        with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
+                         engine=self.label()):
+            container.start()
         return container.id
+
+    def copy_into_container(self, container_id: str, source: Path, target: str) -> None:
+        """`docker cp SOURCE CONTAINER:TARGET` through the API (put_archive of a tar made
+        here): how this machine's files reach a container of an engine elsewhere."""
+        _sdk_log(f"docker cp {shlex.quote(str(source))} {container_id[:12]}:{target}")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            archive.add(str(source), arcname=target.strip("/"))
+        with _translated(f"docker cp {source} {container_id[:12]}:{target}"):
+            self.sdk().api.put_archive(container_id, "/", buffer.getvalue())
+
+    def copy_back(self, container_id: str) -> None:
+        """The writable copied mounts of an ended container, back into this machine's paths
+        (`docker cp CONTAINER:TARGET SOURCE`): what a bind mount would have left there."""
+        for mount in self.__dict__.get("_copy_back", {}).pop(container_id, []):
+            _sdk_log(f"docker cp {container_id[:12]}:{mount.target} {shlex.quote(mount.source)}")
+            with _translated(f"docker cp {container_id[:12]}:{mount.target}"):
+                stream, _ = self.sdk().api.get_archive(container_id, mount.target)
+                buffer = io.BytesIO(b"".join(stream))
+            destination = Path(mount.source)
+            with tarfile.open(fileobj=buffer) as archive:
+                top = Path(mount.target).name  # the archive holds TARGET's own directory
+                for member in archive.getmembers():
+                    relative = Path(member.name).relative_to(top)
+                    if not relative.parts:
+                        continue
+                    member.name = str(relative)
+                    archive.extract(member, destination, filter="data")
 
     def _gpu_options(self, image: str, access: "GpuAccess") -> dict[str, Any]:
         """The SDK's arguments for a GPU request: device requests (runtime, CDI) or device
@@ -782,7 +860,10 @@ class Engine:
         finally:
             with contextlib.suppress(Exception):
                 self.stop_container(container_id, timeout=10)
-            self.remove_container(container_id, force=True)
+            try:
+                self.copy_back(container_id)
+            finally:
+                self.remove_container(container_id, force=True)
 
     def container_status(self, container_id: str) -> dict[str, Any]:
         """State of a container: {"Status": "running"|"exited"|..., "ExitCode": int, ...}."""

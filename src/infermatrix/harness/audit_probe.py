@@ -6,9 +6,15 @@
 Prints one line, MARKER followed by JSON: python, site dirs, distributions, every shared
 object with its fat-binary sections and NEEDED entries, torch's build facts, `pip check`.
 stages/audit.py runs it in a throw-away container (no network) and judges the result.
+
+In an image whose programs run emulated here (an arm64 image on an amd64 host, qemu-user),
+the build host's own Python runs it instead, mounted into the container
+($INFERMATRIX_PROBE_PYTHON names the image's interpreter): the image's python3 is asked only
+for its own facts (version, site dirs, machine), `import torch` and `pip check`; the scan of
+every shared object and the hashing run natively, on the same files at the same paths.
 """
-import hashlib, importlib.metadata as md, importlib.util, json, mmap, os, platform, re, shutil
-import site, subprocess, sys, sysconfig
+import hashlib, importlib.machinery, importlib.metadata as md, importlib.util, json, mmap, os
+import platform, re, shutil, site, subprocess, sys, sysconfig
 MOUNT = sys.argv[1]
 sys.path.insert(0, MOUNT + "/py")
 from elftools.elf.elffile import ELFFile
@@ -22,13 +28,51 @@ def has_embedded_fatbin(handle):
     with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         return data.find(FATBIN_MAGIC) != -1
 
+IMAGE_FACTS = ("import json, platform, site, sys, sysconfig\n"
+               "dirs = set(site.getsitepackages()) | {sysconfig.get_paths()[k] for k in "
+               "('purelib', 'platlib')}\n"
+               "print(json.dumps({'dirs': sorted(dirs), 'python': sys.version.split()[0], "
+               "'executable': sys.executable, 'machine': platform.machine()}))")
+
+def image_python():
+    """(interpreter, its facts): this Python's own, or those of the image's interpreter
+    ($INFERMATRIX_PROBE_PYTHON) when the build host's Python runs the probe."""
+    other = os.environ.get("INFERMATRIX_PROBE_PYTHON")
+    if not other:
+        found = set(site.getsitepackages()) | {sysconfig.get_paths()[k]
+                                               for k in ("purelib", "platlib")}
+        return sys.executable, {"dirs": sorted(found), "python": sys.version.split()[0],
+                                "executable": sys.executable, "machine": platform.machine()}
+    # this interpreter's home is read at its start; the image's interpreter and what runs it
+    # (uv pip check) must find their own
+    os.environ.pop("PYTHONHOME", None)
+    done = subprocess.run([other, "-c", IMAGE_FACTS], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{other} could not tell its facts: {(done.stderr or done.stdout)[-2000:]}")
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    return facts["executable"], facts
+
+PYTHON, FACTS = image_python()
+
 def site_dirs():
-    found = set(site.getsitepackages()) | {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    return sorted(d for d in found if os.path.isdir(d))
+    return sorted(d for d in FACTS["dirs"] if os.path.isdir(d))
+
+def distributions():
+    """The image interpreter's distributions (its site dirs: not this Python's path)."""
+    return md.distributions(path=site_dirs())
+
+def distribution(name):
+    for dist in md.distributions(name=name, path=site_dirs()):
+        return dist
+    raise md.PackageNotFoundError(name)
+
+def find_spec(name):
+    """A top-level module as the image's interpreter would find it (never imported here)."""
+    return importlib.machinery.PathFinder.find_spec(name, site_dirs())
 
 def owners():
     table = {}
-    for dist in md.distributions():
+    for dist in distributions():
         for item in dist.files or ():
             if SO.search(item.name):
                 table[os.path.realpath(str(item.locate()))] = dist.metadata["Name"]
@@ -84,7 +128,7 @@ def shared_objects(dirs, owner_of):
 def torch_facts():
     code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
             "'cuda': torch.version.cuda, 'arch_list': torch.cuda.get_arch_list()}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout)[-2000:], "static": torch_version_file()}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -93,7 +137,7 @@ def torch_version_file():
     """torch/version.py read as text (where torch.version.cuda comes from), for when the import
     cannot run here (an arm64 image under qemu-user: oneDNN's xbyak_aarch64 reads MIDR_EL1 from
     sysfs, which qemu-user does not provide)."""
-    spec = importlib.util.find_spec("torch")
+    spec = find_spec("torch")
     path = os.path.join(os.path.dirname(spec.origin or ""), "version.py") if spec else ""
     try:
         text = open(path, encoding="utf-8").read()
@@ -105,25 +149,31 @@ def torch_version_file():
 def wheel_tags(name):
     """The `Tag:` lines of an installed distribution's WHEEL file."""
     try:
-        text = md.distribution(name).read_text("WHEEL") or ""
+        text = distribution(name).read_text("WHEEL") or ""
     except md.PackageNotFoundError:
         return []
     return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:")]
 
 def pip_check():
-    if importlib.util.find_spec("pip") is not None:
-        argv, tool = [sys.executable, "-m", "pip", "check"], "pip"
+    if find_spec("pip") is not None:
+        argv, tool = [PYTHON, "-m", "pip", "check"], "pip"
     elif shutil.which("uv"):
-        argv, tool = ["uv", "pip", "check", "--python", sys.executable], "uv (image)"
-    else:
-        argv, tool = [MOUNT + "/uv", "pip", "check", "--python", sys.executable], "uv (host)"
+        argv, tool = ["uv", "pip", "check", "--python", PYTHON], "uv (image)"
+    else:  # the host's uv, through the host's loader when the host's Python runs this
+        loader = json.loads(os.environ.get("INFERMATRIX_NATIVE_LOADER") or "[]")
+        argv, tool = [*loader, MOUNT + "/uv", "pip", "check", "--python", PYTHON], "uv (host)"
     env = dict(os.environ, UV_NO_CACHE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    except OSError as exc:  # e.g. a host uv whose loader this image lacks
+        return {"tool": tool, "command": " ".join(argv), "returncode": None,
+                "output": f"cannot run it here: {exc}", "machine": FACTS["machine"],
+                "wheel_tags": {}}
     output = done.stdout + done.stderr
     # "The package `x` was built for a different platform": the tags its WHEEL file declares
     other_platform = re.findall(r"The package `([^`]+)` was built for a different platform", output)
     return {"tool": tool, "command": " ".join(argv), "returncode": done.returncode,
-            "output": output[-4000:], "machine": platform.machine(),
+            "output": output[-4000:], "machine": FACTS["machine"],
             "wheel_tags": {name: wheel_tags(name) for name in other_platform}}
 
 def py_digests(names):
@@ -132,7 +182,7 @@ def py_digests(names):
     found = {}
     for name in names:
         try:
-            dist = md.distribution(name)
+            dist = distribution(name)
         except md.PackageNotFoundError:
             continue
         lines = []
@@ -148,10 +198,10 @@ def py_digests(names):
     return found
 
 dirs = site_dirs()
-has_torch = importlib.util.find_spec("torch") is not None
+has_torch = find_spec("torch") is not None
 result = {
-    "python": sys.version.split()[0], "executable": sys.executable, "site_dirs": dirs,
-    "distributions": {d.metadata["Name"]: d.version for d in md.distributions()},
+    "python": FACTS["python"], "executable": PYTHON, "site_dirs": dirs,
+    "distributions": {d.metadata["Name"]: d.version for d in distributions()},
     "objects": shared_objects(dirs, owners()),
     "torch": torch_facts() if has_torch else None,
     "pip_check": pip_check(),

@@ -300,10 +300,8 @@ def release_list(root: Path, name: str, *, offline: bool = False, index: str | N
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     result = ReleaseList(canonicalize_name(name), tuple(_linux_wheel_versions(
         listing.get("files", []))), now, url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.__dict__ | {"versions": list(result.versions)}, indent=1))
-    tmp.replace(path)
+    # a temp file of its own: two planners (threads, processes) may fill the same entry
+    write_json_atomic(path, result.__dict__ | {"versions": list(result.versions)})
     return result
 
 

@@ -210,8 +210,9 @@ def step_audit(run: Run, alive: list[CellPlan]) -> StepRecord:
 def step_smoke(run: Run, alive: list[CellPlan]) -> StepRecord:
     """static (imports; the audit of the step before) → gpu → model, per matrix.yaml or
     --levels."""
-    from .smoke import SmokeOptions, smoke_cells
-    results = smoke_cells(run.ctx, alive, SmokeOptions(levels=run.options.levels))
+    from .smoke import SmokeOptions, smoke_cells, smoke_endpoint
+    results = smoke_cells(run.ctx, alive, SmokeOptions(
+        levels=run.options.levels, on=smoke_endpoint(run.ctx, run.options.smoke_on)))
     passed = [r.cell_id for r in results if r.status != "fail"]
     failed = [r.cell_id for r in results if r.status == "fail"]
     return _record("smoke", passed, failed)

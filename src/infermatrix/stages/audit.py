@@ -30,6 +30,7 @@ mapped, once the `model` smoke level recorded it (server_mapped_objects).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 
 import json
 import os
@@ -254,33 +255,116 @@ def probe_args() -> list[str]:
     return ["-m", PROBE_PROGRAM, AUDIT_MOUNT, MARKER, FATBIN_MAGIC.hex()]
 
 
+NATIVE_MOUNT = f"{AUDIT_MOUNT}/native"  # this machine's Python, for an emulated image's probe
+
+
+@dataclass(frozen=True)
+class NativePython:
+    """This machine's Python interpreter as a program that any container on this host can
+    run, whatever the image's CPU: its prefix (binary, libpython, standard library) and the
+    system library directory of its loader, mounted read-only, started through that loader
+    (the kernel runs it natively; nothing of the image's libc is used)."""
+
+    prefix: Path  # sys.base_prefix
+    binary: Path  # under prefix
+    loader: Path  # the PT_INTERP of the binary, resolved
+    library_dir: Path  # the loader's directory (libc and the rest of the system's libraries)
+
+    def mounts(self) -> list[Any]:
+        from ..engine import docker as engine
+
+        return [engine.Mount(str(self.prefix), f"{NATIVE_MOUNT}/prefix"),
+                engine.Mount(str(self.library_dir), f"{NATIVE_MOUNT}/lib")]
+
+    def loader_argv(self) -> list[str]:
+        """How a program of this machine starts in the container: through its own loader."""
+        return [f"{NATIVE_MOUNT}/lib/{self.loader.name}", "--library-path",
+                f"{NATIVE_MOUNT}/prefix/lib:{NATIVE_MOUNT}/lib"]
+
+    def entrypoint(self) -> list[str]:
+        return [*self.loader_argv(),
+                f"{NATIVE_MOUNT}/prefix/{self.binary.relative_to(self.prefix)}"]
+
+    def env(self, image_python: str = "python3") -> dict[str, str]:
+        return {"PYTHONHOME": f"{NATIVE_MOUNT}/prefix", "PYTHONNOUSERSITE": "1",
+                "PYTHONDONTWRITEBYTECODE": "1", "INFERMATRIX_PROBE_PYTHON": image_python,
+                "INFERMATRIX_NATIVE_LOADER": json.dumps(self.loader_argv())}
+
+
+@functools.cache
+def native_python() -> NativePython | None:
+    """This Python as a NativePython, or None when it cannot be (not a dynamic ELF program,
+    its binary outside its prefix)."""
+    import sys
+
+    from elftools.elf.elffile import ELFFile
+
+    binary = Path(os.path.realpath(sys.executable))
+    prefix = Path(os.path.realpath(sys.base_prefix))
+    try:
+        with open(binary, "rb") as handle:
+            interp = next((seg.get_interp_name() for seg in ELFFile(handle).iter_segments()
+                           if seg["p_type"] == "PT_INTERP"), None)
+    except Exception:  # noqa: BLE001 - not an ELF program: no native probe
+        return None
+    if not interp or not binary.is_relative_to(prefix):
+        return None
+    loader = Path(os.path.realpath(interp))
+    return NativePython(prefix, binary, loader, loader.parent)
+
+
 def probe_image(image: str, log_path: Path | None = None,
                 timeout: float = PROBE_TIMEOUT_S,
-                digest_dists: Iterable[str] = ()) -> ImageFacts:
+                digest_dists: Iterable[str] = (), emulated: str | None = None) -> ImageFacts:
     """Run the probe in a throw-away container of `image` (no GPU, no network needed);
-    `digest_dists`: distributions whose .py files it hashes (the native twin check)."""
+    `digest_dists`: distributions whose .py files it hashes (the native twin check). An image
+    whose programs run `emulated` here, on an engine of this machine, is probed by this
+    machine's own Python inside its container (the image's python3 only answers for itself):
+    the same files at the same paths, read at native speed (the GB10 cell's probe took ~3 min
+    under QEMU). Where that Python cannot start there, the image's own runs, emulated."""
     from ..engine import docker as engine
 
+    native = native_python() if emulated and engine.current().is_local() else None
+    if native is not None:
+        code, output = _run_probe(image, digest_dists, timeout, native)
+        _log_probe(log_path, image, code, output, f"native {native.binary}")
+        if code == 0:
+            return ImageFacts.from_probe(parse_probe_output(output))
+    code, output = _run_probe(image, digest_dists, timeout, None)
+    _log_probe(log_path, image, code, output, "the image's python3")
+    if code != 0:
+        raise StageFailure(f"the audit probe failed in {image} (exit {code}):\n"
+                           + proc.tail(output, 30))
+    return ImageFacts.from_probe(parse_probe_output(output))
+
+
+def _run_probe(image: str, digest_dists: Iterable[str], timeout: float,
+               native: NativePython | None) -> tuple[int, str]:
+    from ..engine import docker as engine
+
+    env = {"PYTHONPATH": str(Path(HARNESS_MOUNT).parent),
+           "INFERMATRIX_DIGEST_DISTS": ",".join(digest_dists), **(native.env() if native else {})}
     try:
-        with engine.container(image, probe_args(), entrypoint=["python3"],
-                              mounts=host_tool_mounts(), network="none", prefix="infermatrix-audit",
-                              env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent),
-                                   "INFERMATRIX_DIGEST_DISTS": ",".join(digest_dists)},
+        with engine.container(image, probe_args(),
+                              entrypoint=native.entrypoint() if native else ["python3"],
+                              mounts=host_tool_mounts() + (native.mounts() if native else []),
+                              network="none", prefix="infermatrix-audit", env=env,
                               labels={"io.infermatrix.stage": "audit"}) as container:
             code = engine.wait_container(container, timeout=timeout)
             output = engine.container_logs(container)
     except engine.EngineError as exc:  # no such image, no python3 in it, ...
         raise StageFailure(f"cannot start the audit probe in {image}: {exc}") from None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a", encoding="utf-8") as sink:
-            sink.write(f"# probe of {image}: exit {code}\n")
-            sink.write("\n".join(ln for ln in output.splitlines() if not ln.startswith(MARKER)))
-            sink.write("\n")
-    if code != 0:
-        raise StageFailure(f"the audit probe failed in {image} (exit {code}):\n"
-                           + proc.tail(output, 30))
-    return ImageFacts.from_probe(parse_probe_output(output))
+    return code, output
+
+
+def _log_probe(log_path: Path | None, image: str, code: int, output: str, how: str) -> None:
+    if log_path is None:
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as sink:
+        sink.write(f"# probe of {image} with {how}: exit {code}\n")
+        sink.write("\n".join(ln for ln in output.splitlines() if not ln.startswith(MARKER)))
+        sink.write("\n")
 
 
 def copy_rounds(paths: Iterable[str]) -> list[list[str]]:
@@ -1089,7 +1173,8 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
                     for t in targets] if targets else default_targets(plan)
     log_path = ctx.state.cell_log(cell.id, "audit")
     result = AuditResult(cell.id, image_ref, arch_targets)
-    emulated = emulation_of(image_ref) if cell.is_gpu else None
+    runs_emulated = emulation_of(image_ref)
+    emulated = runs_emulated if cell.is_gpu else None
     extra = [Arch.parse(a).device for a in twin_archs
              if a not in {t.sm for t in arch_targets}]
     # under emulation Triton cannot start: a native twin's recorded result is looked for first
@@ -1098,7 +1183,8 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     try:
         with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
             facts = probe_image(image_ref, log_path, digest_dists=tritontwin.digest_distributions(
-                plan.settings.engine_package if plan.settings else None) if cell.is_gpu else ())
+                plan.settings.engine_package if plan.settings else None) if cell.is_gpu else (),
+                emulated=runs_emulated)
         result.phase_s["probe"] = time.monotonic() - started
         load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                                 (ctx.matrix.model or {}).get("name"))

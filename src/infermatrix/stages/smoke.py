@@ -118,6 +118,9 @@ class SmokeOptions:
     # made or pulled elsewhere; the journal says so, and the tag policy only tags a cell's
     # own built image
     image: str | None = None
+    # the engine the levels run on (`--smoke-on` / `smoke --on` / smoke.on), where the GPUs
+    # are; None: the engine that built the cell
+    on: "engine.Endpoint | None" = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,27 +497,35 @@ def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: Launch
     """The model level of a cell: serve, probe, and judge what the live server maps."""
     return serve_image_and_probe(
         harness, spec, host_model, settings, details, plan.id,
-        observe=lambda cid: observe_loaded_set(ctx, plan, cid, details))
+        observe=lambda cid: observe_loaded_set(ctx, plan, cid, details),
+        weights_on_engine_host=not details["model_source"].startswith("fixture"))
 
 
 def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
                           settings: harness_probe.ProbeSettings, details: dict[str, Any],
-                          label: str, observe: Callable[[str], dict[str, Any]] | None = None
-                          ) -> LevelResult:
+                          label: str, observe: Callable[[str], dict[str, Any]] | None = None,
+                          weights_on_engine_host: bool = False) -> LevelResult:
     """Start the server of `harness.image_id`, probe it, keep the log (`observe`: a look at
     the live container before it stops); the container never outlives this call. Needs no
-    matrix: `infermatrix verify` runs it from images.lock alone."""
+    matrix: `infermatrix verify` runs it from images.lock alone. On an engine elsewhere
+    (ssh://, tcp://) the probe runs beside the server in its network namespace, and a
+    fixture model is copied in; real weights (`weights_on_engine_host`) are that host's."""
     name = f"infermatrix-smoke-{label}-{os.getpid()}"
+    local = engine.current().is_local()
     with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
-                   mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
-                   ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
+                   mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True,
+                                        on_engine_host=weights_on_engine_host)],
+                   ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)} if local else None,
                    gpus=harness.gpus if spec.gpu else False,
                    labels={SMOKE_LABEL: label}, name=name) as cid:
-        host, port = published_port(cid)
-        client = harness_probe.Client(f"http://{host}:{port}",
-                                      timeout_s=min(300.0, settings.health_timeout_s))
         with Heartbeat(f"{label}: the engine server starts and answers the probe"):
-            probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
+            if local:
+                host, port = published_port(cid)
+                client = harness_probe.Client(f"http://{host}:{port}",
+                                              timeout_s=min(300.0, settings.health_timeout_s))
+                probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
+            else:
+                probe = probe_beside(harness, cid, settings, label)
         loaded = observe(cid) if observe else {}
         engine_log = engine.container_logs(cid)
     append_log(harness.log_path, f"engine server: {' '.join(spec.command)}", engine_log)
@@ -524,6 +535,49 @@ def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
     if probe["status"] != "fail" and loaded.get("status") == "fail":
         return LevelResult("model", "fail", f"loaded set: {loaded['detail']}", details=details)
     return LevelResult("model", probe["status"], probe.get("reason"), details=details)
+
+
+def probe_args(settings: harness_probe.ProbeSettings) -> list[str]:
+    """harness.probe's command line for these settings (the probe run in a container)."""
+    return ["--url", f"http://127.0.0.1:{CONTAINER_PORT}", "--health-path", settings.health_path,
+            "--health-timeout", str(settings.health_timeout_s), "--prompt", settings.prompt,
+            "--expect", settings.expect or "", "--concurrency", str(settings.concurrency),
+            "--max-tokens", str(settings.max_tokens),
+            "--real" if settings.real_model else "--fixture"]
+
+
+def probe_beside(harness: Harness, server_id: str, settings: harness_probe.ProbeSettings,
+                 label: str, poll_s: float = 5.0) -> dict[str, Any]:
+    """harness.probe in a container of the same image that shares the server's network
+    namespace (`--network container:SERVER`): the server's port is never published on a
+    remote host. A server that ends first fails the probe at once, as the local probe's
+    liveness check does."""
+    server_gone = container_gone(server_id)
+    env = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
+    with container(harness.image_id, entrypoint=["python3", "-m", "harness.probe"],
+                   command=probe_args(settings), env=env, mounts=harness.mounts,
+                   network=f"container:{server_id}", labels={SMOKE_LABEL: label}) as probe_id:
+        deadline = time.monotonic() + settings.health_timeout_s + 600
+        code = None
+        while code is None:
+            try:
+                code = engine.wait_container(probe_id, timeout=poll_s)
+            except StageFailure:  # still probing
+                gone = server_gone()
+                if gone or time.monotonic() > deadline:
+                    output = engine.container_logs(probe_id)
+                    append_log(harness.log_path, "harness.probe (beside the server)", output)
+                    why = f"the engine server ended: {gone}" if gone else \
+                        f"no answer within {settings.health_timeout_s:.0f} s"
+                    return {"check": "model", "status": "fail", "reason": f"health: {why}",
+                            "checks": []}
+        output = engine.container_logs(probe_id)
+    append_log(harness.log_path, f"harness.probe (beside the server, exit {code})", output)
+    parsed = harness_result.parse(output)
+    if parsed is None:
+        return {"check": "model", "status": "fail", "checks": [],
+                "reason": f"the probe printed no result (exit {code}): {log_tail(output, 5)}"}
+    return parsed
 
 
 def observe_loaded_set(ctx: Context, plan: CellPlan, container_id: str,
@@ -655,18 +709,60 @@ def previous_levels(record: dict[str, Any], image_id: str) -> dict[str, Any]:
     return dict(details.get("levels") or {})
 
 
+def smoke_endpoint(ctx: Context, text: str | None) -> "engine.Endpoint | None":
+    """The engine `--smoke-on` / `smoke --on` / smoke.on names: a builder of build.builders by
+    name (its TLS files and all), else [NAME=]ENDPOINT or a Docker context."""
+    if not text:
+        return None
+    from .builders import endpoints_of_matrix
+
+    named = {e.name: e for e in endpoints_of_matrix(ctx.matrix)}
+    return named[text] if text in named else engine.parse_builder(text)
+
+
+def bring_image(source: "engine.Engine", target: "engine.Engine", image_id: str,
+                log_path: Path) -> dict[str, Any]:
+    """Put the image under test into `target` (the smoke's engine) unless it has it: `docker
+    save | docker load` keeps the image id, so the tag later lands on the id tested there."""
+    if target.image_id_of(image_id) == image_id:
+        return {"from": source.label(), "how": "already there", "seconds": 0.0}
+    started = time.monotonic()
+    with Heartbeat(f"{image_id[:19]}: docker save | docker load into {target.label()}"):
+        source.copy_image_to(image_id, target, log_path=log_path)
+    if target.image_id_of(image_id) != image_id:
+        raise StageFailure(f"{image_id}: not in {target.label()} after docker save | load")
+    return {"from": source.label(), "how": "docker save | docker load",
+            "seconds": round(time.monotonic() - started, 1)}
+
+
 def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None) -> SmokeResult:
-    """Run the requested levels on the cell's built image; record them in the journal."""
+    """Run the requested levels on the cell's built image; record them in the journal. With
+    `options.on` the levels run on that engine, the image moved there first."""
     options = options or SmokeOptions()
     if options.fixture not in FIXTURE_VARIANTS:
         raise UsageError(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
     levels = levels_to_run(ctx, options.levels)
     image_id = image_under_test(ctx, plan.id, options.image)
-    gpu_here = host_has_gpu() if options.host_gpu is None else options.host_gpu
     log_path = ctx.state.cell_log(plan.id, "smoke")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"smoke {plan.id} image {image_id} levels {','.join(levels)}\n")
+    if options.on is None:
+        return _smoke_levels(ctx, plan, options, levels, image_id, log_path, None)
+    target = engine.Engine(options.on)
+    moved = bring_image(engine.current(), target, image_id, log_path)
+    with engine.bound(target):
+        return _smoke_levels(ctx, plan, options, levels, image_id, log_path, moved)
+
+
+def _smoke_levels(ctx: Context, plan: CellPlan, options: SmokeOptions, levels: list[str],
+                  image_id: str, log_path: Path, moved: dict[str, Any] | None) -> SmokeResult:
+    """The levels on the current engine. A named smoke engine (`moved`: the image was
+    brought there) is where the GPUs are by the user's word: a GPU level it cannot serve
+    fails with its one-line refusal rather than being skipped."""
+    here = engine.current()
+    gpu_here = options.host_gpu if options.host_gpu is not None else \
+        True if moved is not None and not here.is_local() else host_has_gpu()
     kept = previous_levels(journal.load(ctx.state, plan.id), image_id)
     journal.record_stage(ctx.state, plan.id, "smoke", "running", log=log_path,
                          details={"image_id": image_id, "levels": kept})
@@ -687,17 +783,24 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
             result.levels[level] = timed_level(level, runners[level])
     all_levels = {**kept, **{n: lv.as_dict() for n, lv in result.levels.items()}}
     status = overall_status([lv["status"] for lv in all_levels.values()])
-    from ..engine import docker as engine
-
     details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
                "harness": harness.where, "tokens_per_s": tokens_per_s(all_levels),
                "throughput": throughput_summary(all_levels),
-               "engine": engine.current().label(), "gpu_facts": gpu_facts(all_levels),
+               "engine": here.label(), "engine_host": engine_host(here),
+               "image_moved": moved, "gpu_facts": gpu_facts(all_levels),
                "image_source": f"--image {options.image}" if options.image else "build"}
     journal.record_stage(ctx.state, plan.id, "smoke", status,
                          duration_s=time.monotonic() - started, log=log_path,
                          reason=result.reason, details=details)
     return result
+
+
+def engine_host(here: "engine.Engine") -> dict[str, Any]:
+    """The smoke engine's host facts (engine.host_facts), or why they could not be read."""
+    try:
+        return here.host_facts()
+    except InfermatrixError as exc:
+        return {"engine": here.label(), "error": str(exc).splitlines()[0]}
 
 
 def gpu_facts(levels: dict[str, Any]) -> dict[str, Any] | None:

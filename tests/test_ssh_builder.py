@@ -1,0 +1,82 @@
+"""An ssh:// builder cut mid-build (issue 30): a real sshd on loopback (tests/ssh_support.py)
+in front of this machine's engine, reached only as `ssh://root@127.0.0.1:PORT`. sshd and its
+sessions are killed while a build step runs through the connection: one error line, exit 1;
+with sshd back, a rerun resumes and the build passes.
+
+The main job's whole path through such a builder (build, audit, the model level, tag,
+publish) is the end-to-end test of tests/test_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.fault_support import cell_id, remove_images, write_fault_matrix
+from tests.ssh_support import serve_loopback_sshd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory, docker_available):
+    yield from serve_loopback_sshd(tmp_path_factory.mktemp("sshd"))
+
+
+def infermatrix(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infermatrix", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def record(state: Path, cell: str) -> dict:
+    return json.loads((state / "journal" / f"{cell}.json").read_text())
+
+
+def test_a_cut_ssh_connection_mid_build_is_one_line_and_a_rerun_resumes(sshd, tmp_path):
+    from infermatrix.engine import docker as engine
+
+    repository = f"im30-ssh-{uuid.uuid4().hex[:8]}"
+    name = "sshcut"
+    matrix = write_fault_matrix(tmp_path / "m", {name: {"FAULT_TOKEN": uuid.uuid4().hex,
+                                                        "FAULT_SLEEP": "45"}},
+                                repository=repository)
+    cell = cell_id(name)
+    state = tmp_path / "state"
+    argv = [sys.executable, "-m", "infermatrix", "build", "--matrix", str(matrix),
+            "--state-dir", str(state), "--builder", f"loop={sshd.endpoint}"]
+    rendered = infermatrix("render", "--matrix", str(matrix), "--state-dir", str(state))
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    try:
+        run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=ROOT)
+        log = state / "logs" / cell / "build.log"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and run.poll() is None:
+            if log.is_file() and "sleep 45" in log.read_text(errors="replace"):
+                break  # the slow step runs on the builder, through the ssh connection
+            time.sleep(0.5)
+        assert run.poll() is None, run.communicate()[0][-3000:]
+        time.sleep(3)
+        sshd.cut()
+        output, _ = run.communicate(timeout=300)
+        assert run.returncode == 1, output[-3000:]
+        failed = record(state, cell)["stages"]["build"]
+        assert failed["status"] == "fail", failed
+        assert "\n" not in failed["reason"] and "Traceback" not in output, output[-3000:]
+        print("cut:", failed["reason"])
+        # sshd back: the rerun builds the cell (nothing of the cut run is in the way)
+        sshd.start()
+        again = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+        assert record(state, cell)["stages"]["build"]["status"] == "pass"
+    finally:
+        if sshd.process is None:
+            sshd.start()
+        remove_images(engine, [cell], [repository])
