@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.registry_support import free_port
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -40,12 +42,6 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             queue.append(child)
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass

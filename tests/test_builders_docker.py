@@ -28,6 +28,7 @@ from infermatrix.engine import docker as engine
 
 from .dockerd_support import PrivateDockerd, wait_for
 from .fault_support import cell_id, remove_images, write_fault_matrix
+from .registry_support import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -43,14 +44,6 @@ def infermatrix(*args: str, cwd: Path | None = None, timeout: float = 900
 
 def records(state: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted((state / "journal").glob("*.json"))}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
