@@ -292,7 +292,9 @@ class Harness:
         """The harness of this checkout, mounted read-only into the image under test (images
         do not carry it: a harness change must not change, and rebuild, every image)."""
         mount = engine.Mount(str(HARNESS_ON_HOST), HARNESS_IN_IMAGE, read_only=True)
-        return cls(image_id, log_path, [mount], "mounted from the host", gpus)
+        how = "mounted from the host" if engine.current().is_local() else \
+            "copied from the host"  # an engine elsewhere: engine.Mount.copied_to
+        return cls(image_id, log_path, [mount], how, gpus)
 
     def run(self, program: str, args: list[str], timeout_s: float, *,
             mounts: list[engine.Mount] = (), gpu: bool = False,
@@ -605,6 +607,11 @@ def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: fl
                            "server", details={"applicable": False})
     if spec.gpu and not gpu_here:
         return LevelResult("throughput", "skip", NO_GPU, details={"needs_gpu": True})
+    if not engine.current().is_local():
+        return LevelResult("throughput", "skip", f"{NOT_VERIFIED} here: the load runs on this "
+                           f"machine and the replicas' ports stay on {engine.current().label()}'s "
+                           "host; run `infermatrix smoke CELL --levels throughput` there",
+                           details={"not_verified": True, "engine": engine.current().label()})
     started = time.monotonic()
     host_model = model_source(ctx, options)
     unverified = correctness_unverifiable(ctx, plan, host_model is not None)
