@@ -121,3 +121,32 @@ def test_doctor_reports_the_unified_pool_of_a_gb10():
     # a discrete card: nothing of the kind
     h200 = doctor.gather(readers("h200-580/nvidia-smi.csv", root=HOST / "gb10-sample" / "root"))
     assert h200.as_dict()["unified_memory"] is None
+
+
+def test_verify_sizes_an_sm121_engine_from_memavailable_before_anything_runs(tmp_path, gb10_lock,
+                                                                              capsys):
+    """The consumer's `verify` on a GB10 sizes the engine as deploy does (fraction flag,
+    container memory limit, /dev/shm) and says so before it looks for the image."""
+    from infermatrix.stages import verify
+
+    entry = publish.read_lock(gb10_lock)["images"][SM121.id]
+    sizing = verify.unified_sizing(entry, GB10_MEMINFO)
+    assert sizing is not None and sizing.fraction == 0.82 and sizing.flag == \
+        "--gpu-memory-utilization"
+    assert verify.unified_sizing({**entry, "arch": "sm_120"}, GB10_MEMINFO) is None
+    out = tmp_path / "verdict.json"
+    code = main(["verify", SM121.id, "--lock", str(gb10_lock), "--model-dir", str(tmp_path),
+                 "--memory-from", str(GB10_MEMINFO), "--out", str(out)])
+    printed = capsys.readouterr()
+    assert f"{SM121.id}: unified memory: MemAvailable 112.5 of 121.7 GiB" in printed.out
+    assert code == 2 and "pull" in printed.err and not out.exists()  # the image is not here
+
+
+def test_verify_on_a_gb10_without_room_exits_1_and_writes_no_verdict(tmp_path, gb10_lock, capsys):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 127599928 kB\nMemAvailable: 20000000 kB\n")
+    out = tmp_path / "verdict.json"
+    code = main(["verify", SM121.id, "--lock", str(gb10_lock), "--model-dir", str(tmp_path),
+                 "--memory-from", str(meminfo), "--out", str(out)])
+    assert code == 1 and not out.exists()
+    assert "under the 16 GiB floor" in capsys.readouterr().err

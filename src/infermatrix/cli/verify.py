@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..stages.publish import LOCK_NAME, read_lock
-from ..stages.verify import VERIFY_LEVELS, default_verdict_path, verify_entry, write_verdict
+from ..stages.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
+                             write_verdict)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="check the answers' structure only (random fixture weights)")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE",
                         help="the verdict file (default: verdicts/CELL-HOSTNAME.json)")
+    parser.add_argument("--memory-from", type=Path, default=Path("/proc/meminfo"),
+                        metavar="MEMINFO", help="where this host's available memory is read for "
+                        "a unified-memory GPU (DGX Spark / GB10: the engine's share is sized "
+                        "from MemAvailable, as deploy sizes it; default /proc/meminfo)")
     parser.set_defaults(func=run_verify)
 
 
@@ -51,9 +56,12 @@ def run_verify(args: argparse.Namespace) -> int:
     if not args.model_dir.is_dir():
         raise UsageError(f"--model-dir {args.model_dir} is not a directory")
     entry = locked_entry(read_lock(args.lock), args.cell, str(args.lock))
+    unified = unified_sizing(entry, args.memory_from)  # too little memory: exit 1, nothing run
+    if unified is not None:
+        print(f"{args.cell}: {unified.describe()}")
     out = args.out or default_verdict_path(args.cell)
     verdict = verify_entry(entry, args.model_dir.absolute(), out.with_suffix(".log"), levels,
-                           args.expect, not args.no_answer_check)
+                           args.expect, not args.no_answer_check, unified=unified)
     write_verdict(verdict, out)
     for name, level in verdict["levels"].items():
         reason = f"  {level.get('reason')}" if level.get("reason") else ""

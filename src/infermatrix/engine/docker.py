@@ -268,7 +268,7 @@ class Mount:
 def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
                      mounts: list[Mount], shm_size: str | None, ports: dict[str, Any],
                      gpu_flags: list[str], name: str | None, entrypoint: list[str] | None,
-                     network: str | None = None) -> str:
+                     network: str | None = None, mem_limit: str | None = None) -> str:
     """The `docker create` line equivalent to the SDK's (for the log; secrets redacted);
     `docker start` and any `docker cp` into it are logged after it."""
     argv = ["docker", "create"]
@@ -282,6 +282,8 @@ def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
         argv += ["--mount", mount.cli()]
     if shm_size:
         argv += ["--shm-size", shm_size]
+    if mem_limit:
+        argv += ["--memory", mem_limit]
     for container_port, host in sorted(ports.items()):
         host_part = ":".join(str(p) for p in host) if isinstance(host, tuple) else str(host)
         argv += ["-p", f"{host_part}:{container_port}" if host is not None else container_port]
@@ -744,7 +746,8 @@ class Engine:
                       shm_size: str | None = None, ports: dict[str, Any] | None = None,
                       gpus: "bool | GpuSetting" = False, name: str | None = None,
                       entrypoint: list[str] | None = None, labels: dict[str, str] | None = None,
-                      network: str | None = None, user: str | None = None) -> str:
+                      network: str | None = None, user: str | None = None,
+                      mem_limit: str | None = None) -> str:
         """Start a detached container; return its id. `ports`: {"8000/tcp": ("127.0.0.1",
         None)}; `gpus`: every NVIDIA GPU (True, or how matrix.yaml's smoke.gpu_access asks:
         `--gpus all`, a CDI device or the host's device nodes)."""
@@ -762,7 +765,8 @@ class Engine:
         copied = [m for m in mounts if m.copied_to(local)]
         bound = [m for m in mounts if not m.copied_to(local)]
         _sdk_log(run_command_line(image, command, env, bound, shm_size, ports,
-                                  access.cli if access else [], name, entrypoint, network))
+                                  access.cli if access else [], name, entrypoint, network,
+                                  mem_limit))
         with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
                          engine=self.label()):
             container = self.sdk().containers.create(
@@ -772,7 +776,7 @@ class Engine:
                 + gpu_options.pop("mounts", []),
                 shm_size=shm_size, ports=ports or None, name=name,
                 entrypoint=entrypoint, labels={OWNER_LABEL: "infermatrix", **(labels or {})},
-                user=user, **_network_option(network), **gpu_options)
+                user=user, mem_limit=mem_limit, **_network_option(network), **gpu_options)
         for mount in copied:
             self.copy_into_container(container.id, Path(mount.source), mount.target)
         self.__dict__.setdefault("_copy_back", {})[container.id] = \

@@ -170,6 +170,7 @@ class LaunchSpec:
     shm_size: str
     health: str
     gpu: bool
+    mem_limit: str | None = None  # the container's memory limit (a unified-memory GPU's share)
 
 
 def launch_spec(ctx: Context, plan: CellPlan, port: int = CONTAINER_PORT,
@@ -515,6 +516,7 @@ def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
     name = f"infermatrix-smoke-{label}-{os.getpid()}"
     local = engine.current().is_local()
     with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
+                   mem_limit=spec.mem_limit,
                    mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True,
                                         on_engine_host=weights_on_engine_host)],
                    ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)} if local else None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from ..engine import docker as engine
 from ..errors import UsageError
 from ..harness import probe as harness_probe
 from ..model.spec import CONTAINER_MODEL
+from ..model.unifiedmem import GIB, Sizing, with_fraction
 from . import smoke
 from .publish import serve_command
 from .smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
@@ -68,15 +68,36 @@ def run_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
     return LevelResult("gpu", status, reason, details=details)
 
 
+def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:
+    """The engine's share of a unified-memory GPU host (an sm_121 cell: DGX Spark / GB10),
+    sized from MemAvailable now, as deploy sizes it; None for other cells. Below the floor:
+    UnifiedMemoryShort (exit 1), before anything starts."""
+    from ..model import unifiedmem
+
+    if not entry["run"].get("gpu") or unifiedmem.unified_arch(entry["arch"]) is None:
+        return None
+    try:
+        total, available = unifiedmem.parse_meminfo(meminfo.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--memory-from {meminfo}: {exc}") from None
+    engine_name = (entry.get("labels") or {}).get("io.infermatrix.engine") or \
+        entry["cell"].split("-")[2].rstrip("0123456789.")
+    return unifiedmem.size(total, available, engine_name)
+
+
 def run_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
-              settings: harness_probe.ProbeSettings) -> LevelResult:
+              settings: harness_probe.ProbeSettings,
+              unified: Sizing | None = None) -> LevelResult:
     run = entry["run"]
     if run.get("gpu") and not gpu_here:
         return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
     command = serve_command(entry, CONTAINER_PORT, model_dir)
     spec = LaunchSpec(command, dict(run.get("env") or {}), run.get("shm_size") or "1g",
                       settings.health_path, bool(run.get("gpu")))
-    details: dict[str, Any] = {"model_source": str(model_dir), "command": command,
+    if unified is not None:  # the engine's share of the host's memory, not a GPU's
+        spec.command = with_fraction(spec.command, unified)
+        spec.shm_size, spec.mem_limit = unified.shm_size, f"{unified.budget // GIB}g"
+    details: dict[str, Any] = {"model_source": str(model_dir), "command": spec.command,
                                "answer_checked": settings.real_model}
     return smoke.serve_image_and_probe(harness, spec, model_dir, settings, details,
                                        entry["cell"])
@@ -85,8 +106,9 @@ def run_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here
 def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
                  levels: list[str] | None = None, expect: str | None = "Paris",
                  answer_check: bool = True, gpu_here: bool | None = None,
-                 gpus: Any = True) -> dict[str, Any]:
-    """The verdict of this host for one images.lock entry (levels run in order)."""
+                 gpus: Any = True, unified: Sizing | None = None) -> dict[str, Any]:
+    """The verdict of this host for one images.lock entry (levels run in order);
+    `unified`: the engine's memory on a unified-memory GPU host (unified_sizing)."""
     image_id = image_of(entry)
     gpu_here = smoke.host_has_gpu() if gpu_here is None else gpu_here
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,13 +120,15 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
         health_timeout_s=DEFAULT_TIMEOUTS["model"])
     runners = {
         "gpu": lambda: run_gpu(entry, harness, gpu_here, DEFAULT_TIMEOUTS["gpu"]),
-        "model": lambda: run_model(entry, harness, model_dir, gpu_here, settings),
+        "model": lambda: run_model(entry, harness, model_dir, gpu_here, settings, unified),
     }
     results = {name: smoke.timed_level(name, runners[name]) for name in levels or VERIFY_LEVELS}
     status = smoke.overall_status([r.status for r in results.values()])
     return {"cell": entry["cell"], "reference": entry["reference"], "image_id": image_id,
             "status": status, "host": host_facts(), "model_dir": str(model_dir),
             "levels": {name: r.as_dict() for name, r in results.items()},
+            "unified_memory": {"chosen": unified.describe(), **unified.as_dict()}
+            if unified is not None else None,
             "verified_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "container_model_dir": CONTAINER_MODEL}
 
