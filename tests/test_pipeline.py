@@ -73,15 +73,6 @@ FIXTURE_STATE = "/var/lib/infermatrix/.state"  # the state directory the fixture
 CPU_DEPENDENT = frozenset({"stages.smoke.details.levels.static.imports.packages[].extensions[].note"})
 
 
-def test_the_journal_fixture_was_recorded_through_an_ssh_builder_with_a_registry():
-    """The report tests read the record this test's main job writes (through an ssh://
-    builder, published): its shape is checked against it below, its content here."""
-    fixture = json.loads(FIXTURE_RECORD.read_text())
-    assert fixture["builder"]["endpoint"].startswith("ssh://root@127.0.0.1:")
-    assert fixture["stages"]["publish"]["status"] == "pass"
-    assert fixture["stages"]["smoke"]["details"]["engine"].startswith("loop (ssh://")
-
-
 def check_the_reports_fixture_against(record: dict, state: Path) -> None:
     """The report tests' CPU record (tests/fixtures/journal) was recorded from this very run;
     it must keep the shape the stages write today. INFERMATRIX_RECORD_JOURNAL=1 records it
@@ -158,3 +149,12 @@ def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(untagged, sshd, sessi
     second = run_pipeline(matrix, state, *builder, "--levels", "static", "--no-publish")
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     assert "unchanged, reused" in second.stdout + second.stderr
+
+
+def test_the_journal_fixture_was_recorded_through_an_ssh_builder_with_a_registry():
+    """The report tests read the record the main job's test writes (through an ssh://
+    builder, published): its shape is checked there, its content here."""
+    fixture = json.loads(FIXTURE_RECORD.read_text())
+    assert fixture["builder"]["endpoint"].startswith("ssh://root@127.0.0.1:")
+    assert fixture["stages"]["publish"]["status"] == "pass"
+    assert fixture["stages"]["smoke"]["details"]["engine"].startswith("loop (ssh://")
