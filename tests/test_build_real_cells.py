@@ -3,10 +3,8 @@
 Real engine wheels, real torch 2.14 (CUDA 13.0 runtime), the real CUDA 13.0 toolkit from
 NVIDIA's PyPI wheels, the shipped debootstrap base and templates; the compiled kernel is the
 fixture tests/fixtures/cudakern (the real flash-attn / FlashInfer compiles are the main job's).
-Each cell is built, checked (labels, versions inside the image, the audit on its real objects),
-then its image removed. The builds run one cell ahead of the tests, in a thread of their own
-(`BuildAhead`): while a test audits its cell (the vLLM cell's Triton check alone takes minutes),
-the next cell builds, so CI holds two 10-15 GB images at most.
+One cell at a time: built, checked (labels, versions inside the image, the audit on its real
+objects), then its image removed, so that CI holds one 10-15 GB image at most.
 
 They run on a private engine of their own (a disk-backed dockerd, tests/dockerd_support.py,
 with NAT to PyPI), CI's `real` lane (tests/lanes.py), so that what the build's disk guard prunes
@@ -23,7 +21,6 @@ objects, whose probe runs emulated too.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -75,7 +72,7 @@ def base_on(private: engine.Engine, ctx: Context, platform: str | None = None) -
     from infermatrix.stages import base
 
     machine = engine.Engine()
-    with engine.bound(machine):  # this thread only: a build-ahead thread calls it too
+    with engine.use(machine):
         ref = base.build_base(ctx.matrix, "bookworm", ctx.state, platform=platform).ref
     if not private.image_exists(ref):
         machine.copy_image_to(ref, private)
@@ -106,71 +103,11 @@ def plan_render_build(ctx: Context, cell_id: str):
     return plan, build_cells(ctx, [plan], BuildOptions(echo=lambda _: None))[cell_id]
 
 
-def cell_of(item: pytest.Item) -> str | None:
-    """The real cell a test of this module builds."""
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and "cell_id" in callspec.params:
-        return callspec.params["cell_id"]
-    return ARM64_CELL if item.name.startswith("test_real_gb10_cell") else None
-
-
-class BuildAhead:
-    """The selected cells, built in a thread of their own in the order their tests run, one
-    ahead: taking a cell's build starts the next one's, so that one cell's audit overlaps the
-    next cell's build (the lane was the sum of every build and audit). The GB10 cell's bases
-    are copied in first, as its test did."""
-
-    def __init__(self, ctx: Context, private: engine.Engine, order: list[str]) -> None:
-        self.ctx, self.private, self.order = ctx, private, order
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ahead")
-        self.builds: dict[str, Future] = {}
-        self.taken: set[str] = set()
-
-    def _build(self, cell_id: str):
-        if cell_id == ARM64_CELL:
-            base_on(self.private, self.ctx, platform="linux/arm64")
-            # the build machine's base too: the installer and bytecode stages run on its CPU
-            base_on(self.private, self.ctx, platform=engine.host_platform())
-        return plan_render_build(self.ctx, cell_id)
-
-    def start(self, cell_id: str) -> None:
-        if cell_id not in self.builds:
-            self.builds[cell_id] = self.pool.submit(self._build, cell_id)
-
-    def take(self, cell_id: str):
-        """(plan, build result) of the cell, once built; the next selected cell starts."""
-        self.start(cell_id)
-        try:
-            return self.builds[cell_id].result()
-        finally:
-            self.taken.add(cell_id)
-            later = self.order[self.order.index(cell_id) + 1:] if cell_id in self.order else []
-            if later:
-                self.start(later[0])
-
-    def close(self) -> None:
-        """Wait for a build still running; remove the images no test took."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        for cell_id in set(self.builds) - self.taken:
-            free_the_cells_disk(local_ref(cell_id))
-
-
-@pytest.fixture(scope="module")
-def builds(request, real_engine, real_ctx, real_base) -> Iterator[BuildAhead]:
-    order = [cell for item in request.session.items if item.module is request.module
-             for cell in [cell_of(item)] if cell]
-    ahead = BuildAhead(real_ctx, real_engine, order)
-    try:
-        yield ahead
-    finally:
-        ahead.close()
-
-
 @pytest.mark.parametrize("cell_id", sorted(CELLS))
-def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, builds, cell_id,
+def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_base, cell_id,
                                                                 tmp_path):
     engine_name, version, torch_version = CELLS[cell_id]
-    plan, result = builds.take(cell_id)
+    plan, result = plan_render_build(real_ctx, cell_id)
     ref = local_ref(cell_id)
     try:
         assert result.status == "pass", result.summary()
@@ -241,9 +178,12 @@ def check_the_short_view(verdict: audit.AuditResult) -> None:
 
 
 def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(real_engine,
-                                                                             real_ctx, builds):
+                                                                             real_ctx):
     """The shipped vLLM 0.33 GB10 cell: wheels only (no kernel compile), an arm64 image."""
-    plan, result = builds.take(ARM64_CELL)
+    assert base_on(real_engine, real_ctx, platform="linux/arm64")
+    # the build machine's base too: the installer and bytecode stages run on its CPU
+    assert base_on(real_engine, real_ctx, platform=engine.host_platform())
+    plan, result = plan_render_build(real_ctx, ARM64_CELL)
     ref = local_ref(ARM64_CELL)
     try:
         assert result.status == "pass", result.summary()
