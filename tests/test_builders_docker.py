@@ -307,6 +307,8 @@ def test_smoke_on_a_second_engine_records_its_host_and_the_tag_lands_on_the_test
     docker save | load under its own id; the journal records that engine and its host; the
     tag then lands, on this machine's engine, on the id that was tested there."""
     repositories, made = cleanup
+    if second_engine.proc is not None and second_engine.proc.poll() is not None:
+        second_engine.start()  # killed by the builders test before this one: up again
     repository = new_repository(repositories)
     matrix = write_cells(tmp_path / "m", repository, second_engine)
     state = tmp_path / "state"
