@@ -109,14 +109,9 @@ def _unified_sizing(cell, gpus: list[int] | None, meminfo: Path):
     None for other cells."""
     from ..model import unifiedmem
 
-    if not gpus or unifiedmem.unified_arch(cell.arch) is None:
+    if not gpus:
         return None
-    try:
-        total, available = unifiedmem.parse_meminfo(meminfo.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--memory-from {meminfo}: {exc}") from None
-    engine = cell.engine.split("-")[0]  # vllm, sglang
-    return unifiedmem.size(total, available, engine, servers=len(gpus))
+    return unifiedmem.size_from_meminfo(meminfo, cell.arch, cell.engine, servers=len(gpus))
 
 
 def _read(path: Path) -> str:

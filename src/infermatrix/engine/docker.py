@@ -456,13 +456,17 @@ class Engine:
         """`binary [global TLS options] argv...` for this engine."""
         return [binary, *(self.endpoint.cli_args() if self.endpoint else []), *argv]
 
+    def _info(self) -> dict[str, Any]:
+        """`docker info` of this engine, logged."""
+        _sdk_log("docker info")
+        with _translated("docker info"):
+            return self.sdk().info()
+
     def facts(self) -> EngineFacts:
         """CPUs, memory and platform as the engine reports them (`docker info`)."""
         from ..model.spec import platform_of_machine
 
-        _sdk_log("docker info")
-        with _translated("docker info"):
-            info = self.sdk().info()
+        info = self._info()
         return EngineFacts(cpus=int(info.get("NCPU") or 1), memory=int(info.get("MemTotal") or 0),
                            platform=platform_of_machine(str(info.get("Architecture") or "")),
                            server_version=info.get("ServerVersion"))
@@ -489,9 +493,7 @@ class Engine:
     def host_info(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
         """What `docker info` (read now, or `info` as read) says about storage and runtimes
         (for `infermatrix doctor`)."""
-        if info is None:
-            with _translated("docker info"):
-                info = self.sdk().info()
+        info = self._info() if info is None else info
         access = self._gpu_verdict(info)
         gpu = {"gpu_access": None, "gpu_access_error": str(access)} \
             if isinstance(access, Exception) else \
@@ -509,9 +511,7 @@ class Engine:
         records about the engine a smoke ran on."""
         from ..model.spec import platform_of_machine
 
-        _sdk_log("docker info")
-        with _translated("docker info"):
-            info = self.sdk().info()
+        info = self._info()
         return {"engine": self.label(), "name": info.get("Name"),
                 "os": info.get("OperatingSystem"), "kernel": info.get("KernelVersion"),
                 "platform": platform_of_machine(str(info.get("Architecture") or "")),

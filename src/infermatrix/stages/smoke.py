@@ -61,6 +61,7 @@ HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent
 CONTAINER_PORT = DEFAULT_PORT
 NO_GPU = "no GPU on this host"
 SMOKE_LABEL = "io.infermatrix.smoke"
+HARNESS_ENV = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
 LOG_TAIL_LINES = 80
 FIXTURE_VARIANTS = ("normal", "broken")
 
@@ -301,9 +302,8 @@ class Harness:
             mounts: list[engine.Mount] = (), gpu: bool = False,
             labels: dict[str, str] | None = None) -> tuple[int | None, dict[str, Any] | None, str]:
         """(exit code or None on timeout, parsed result line, output)."""
-        env = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
         with container(self.image_id, entrypoint=["python3", "-m", f"harness.{program}"],
-                       command=args, env=env, mounts=[*self.mounts, *mounts],
+                       command=args, env=HARNESS_ENV, mounts=[*self.mounts, *mounts],
                        gpus=self.gpus if gpu else False,
                        labels=labels) as cid:
             try:
@@ -541,7 +541,7 @@ def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
     return LevelResult("model", probe["status"], probe.get("reason"), details=details)
 
 
-def probe_args(settings: harness_probe.ProbeSettings) -> list[str]:
+def probe_command_line(settings: harness_probe.ProbeSettings) -> list[str]:
     """harness.probe's command line for these settings (the probe run in a container)."""
     return ["--url", f"http://127.0.0.1:{CONTAINER_PORT}", "--health-path", settings.health_path,
             "--health-timeout", str(settings.health_timeout_s), "--prompt", settings.prompt,
@@ -557,9 +557,9 @@ def probe_beside(harness: Harness, server_id: str, settings: harness_probe.Probe
     remote host. A server that ends first fails the probe at once, as the local probe's
     liveness check does."""
     server_gone = container_gone(server_id)
-    env = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
     with container(harness.image_id, entrypoint=["python3", "-m", "harness.probe"],
-                   command=probe_args(settings), env=env, mounts=harness.mounts,
+                   command=probe_command_line(settings), env=HARNESS_ENV,
+                   mounts=harness.mounts,
                    network=f"container:{server_id}", labels={SMOKE_LABEL: label}) as probe_id:
         deadline = time.monotonic() + settings.health_timeout_s + 600
         code = None

@@ -23,7 +23,7 @@ from ..engine import docker as engine
 from ..errors import UsageError
 from ..harness import probe as harness_probe
 from ..model.spec import CONTAINER_MODEL
-from ..model.unifiedmem import GIB, Sizing, with_fraction
+from ..model.unifiedmem import GIB, Sizing, size_from_meminfo, with_fraction
 from . import smoke
 from .publish import serve_command
 from .smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
@@ -72,17 +72,9 @@ def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:
     """The engine's share of a unified-memory GPU host (an sm_121 cell: DGX Spark / GB10),
     sized from MemAvailable now, as deploy sizes it; None for other cells. Below the floor:
     UnifiedMemoryShort (exit 1), before anything starts."""
-    from ..model import unifiedmem
-
-    if not entry["run"].get("gpu") or unifiedmem.unified_arch(entry["arch"]) is None:
+    if not entry["run"].get("gpu"):
         return None
-    try:
-        total, available = unifiedmem.parse_meminfo(meminfo.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--memory-from {meminfo}: {exc}") from None
-    engine_name = (entry.get("labels") or {}).get("io.infermatrix.engine") or \
-        entry["cell"].split("-")[2].rstrip("0123456789.")
-    return unifiedmem.size(total, available, engine_name)
+    return size_from_meminfo(meminfo, entry["arch"], entry["labels"]["io.infermatrix.engine"])
 
 
 def run_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
