@@ -46,3 +46,34 @@ def test_a_second_run_refuses_while_the_first_holds_the_lock(tmp_path):
     with run_lock(state):  # released when the holder died
         with run_lock(state):  # re-entrant in one process
             pass
+
+
+def test_another_thread_of_the_process_is_another_run_and_the_nesting_survives_its_release(
+        tmp_path):
+    """Seen in CI: a holder thread's release popped the depth the main thread's nested entry
+    still counted (KeyError), because re-entrancy was per process, not per thread."""
+    import threading
+
+    state = StatePaths.at(tmp_path)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with run_lock(state):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(UsageError, match="in use by pid"):
+            with run_lock(state):  # not re-entrant: the other thread holds it
+                pass
+    finally:
+        release.set()
+        holder.join()
+    with run_lock(state):
+        with run_lock(state):
+            pass
+        with run_lock(state):  # the depth is still this thread's after the inner exit
+            pass

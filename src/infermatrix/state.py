@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +117,16 @@ def notice(text: str) -> None:
     print(f"infermatrix: {text}", file=sys.stderr)
 
 
-_HELD: dict[Path, int] = {}  # state roots this process holds, with nesting depth
+# State roots this thread holds, with nesting depth. Per thread, not per process: another
+# thread of the process (a test's holder, a server's worker) is another run and must wait on
+# the flock like another process would (two open() of one file are two flock holders).
+_HELD_HERE = threading.local()
+
+
+def _held() -> dict[Path, int]:
+    if not hasattr(_HELD_HERE, "roots"):
+        _HELD_HERE.roots = {}
+    return _HELD_HERE.roots
 
 
 def clear_stale_tmp(tmp: Path) -> list[str]:
@@ -141,14 +151,15 @@ def clear_stale_tmp(tmp: Path) -> list[str]:
 def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> Iterator[None]:
     """Hold the state directory for one run; a second run waits (`wait`) or refuses.
 
-    Re-entrant within a process: the pipeline holds it and the stages it calls take it again.
+    Re-entrant within a thread: the pipeline holds it and the stages it calls take it again.
     """
-    if _HELD.get(state.root):
-        _HELD[state.root] += 1
+    held = _held()
+    if held.get(state.root):
+        held[state.root] += 1
         try:
             yield
         finally:
-            _HELD[state.root] -= 1
+            held[state.root] -= 1
         return
     state.root.mkdir(parents=True, exist_ok=True)
     path = state.root / "run.lock"
@@ -171,11 +182,11 @@ def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> 
         handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         handle.flush()
         clear_stale_tmp(state.root / "tmp")
-        _HELD[state.root] = 1
+        held[state.root] = 1
         try:
             yield
         finally:
-            _HELD.pop(state.root, None)
+            held.pop(state.root, None)
             handle.seek(0)
             handle.truncate()
             fcntl.flock(handle, fcntl.LOCK_UN)
