@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infermatrix.stages import base, render  # noqa: E402
-from infermatrix.stages.build import BuildOptions, build_cells  # noqa: E402
+from infermatrix.options import RunOptions  # noqa: E402
+from infermatrix.stages.build import build_cells  # noqa: E402
 from infermatrix.context import Context, setup_command_log  # noqa: E402
 from infermatrix.stages.plan import plan_matrix  # noqa: E402
 
@@ -38,12 +39,12 @@ def main() -> int:
         plans = [p for p in plan_matrix(ctx, select=args.select or DEFAULT_SELECT) if p.planned]
         base.build_base(ctx.matrix, ctx.matrix.bases["default"], ctx.state)
         render.render_cells(ctx, plans)
-        quiet = BuildOptions(no_cache=args.no_cache, echo=lambda _line: None)
+        quiet = RunOptions(no_cache=args.no_cache)
         started = time.monotonic()
-        cold = build_cells(ctx, plans, quiet)
+        cold = build_cells(ctx, plans, quiet, echo=lambda _line: None)
         cold_s = time.monotonic() - started
         started = time.monotonic()
-        rerun = build_cells(ctx, plans, BuildOptions(echo=lambda _line: None))
+        rerun = build_cells(ctx, plans, RunOptions(), echo=lambda _line: None)
         rerun_s = time.monotonic() - started
         builds = sum(1 for ln in ctx.state.commands_log.read_text().splitlines()
                      if "--progress=plain" in ln)

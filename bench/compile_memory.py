@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from infermatrix.options import RunOptions  # noqa: E402
 from infermatrix.stages import base, build, render
 from infermatrix.model import compileplan
 from infermatrix.engine import docker as engine  # noqa: E402
@@ -123,13 +124,13 @@ def main() -> int:
         base.build_base(ctx.matrix, ctx.matrix.bases["default"], ctx.state)
         render.render_cells(ctx, [plan])
         spec = ctx.matrix.build["kernels"][KERNEL]
-        planned = build.compile_plan_for(ctx, [[KERNEL]], build.BuildOptions())
+        planned = build.compile_plan_for(ctx, [[KERNEL]], RunOptions())
         print(planned.describe())
         image = f"infermatrix-bench/compile-{KERNEL}:{plan.id}"
         directory = build.cell_dir(ctx, plan.id)
         engine.build_image(directory, target=f"compile-{KERNEL}", tag=image,
                            build_args=planned.build_args(),
-                           secrets=build.secrets_for(build.BuildOptions()),
+                           secrets=build.secrets_for(RunOptions()),
                            log_path=ctx.state.root / "compile-stage.log", timeout=3600)
         arch_list = render.torch_arch_list(plan.cell)
         pairs = [(planned.max_jobs, planned.nvcc_threads)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 # Reasons a CI skip may carry: none. Every test runs on the machine .ci/provision sets up (a
-# GPU-less host's behaviour is checked with SmokeOptions(host_gpu=False), on any host). Add one
+# GPU-less host's behaviour is checked with RunOptions(host_gpu=False), on any host). Add one
 # only for what cannot exist on that machine, with why.
 SKIPS_ALLOWED: tuple[str, ...] = (
     # tests/test_gpu_ops.py's torch references (the naive GDN recurrence, attention, dropout and

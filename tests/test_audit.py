@@ -253,7 +253,7 @@ def test_cache_round_trip(tmp_path: Path) -> None:
 
 def test_find_cuobjdump_honours_the_environment(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv(audit.CUOBJDUMP_ENV, str(tmp_path / "missing"))
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(UsageError, match="INFERMATRIX_CUOBJDUMP .*no such file"):
         audit.find_cuobjdump()
     monkeypatch.delenv(audit.CUOBJDUMP_ENV)
     assert Path(audit.find_cuobjdump()).name == "cuobjdump"

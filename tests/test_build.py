@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix.engine import docker as engine
 from infermatrix import journal
-from infermatrix.stages.build import BuildOptions, build_cells, local_ref
+from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.context import Context
 from infermatrix.stages.plan import plan_matrix
 from infermatrix.state import run_lock
@@ -134,7 +135,7 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
     setup_command_log(mini_ctx.state)
     echoed: list[str] = []
     results = build_cells(mini_ctx, _plans(mini_ctx, "mini", "broken"),
-                          BuildOptions(echo=echoed.append))
+                          RunOptions(), echo=echoed.append)
     mini1, mini2 = _cell(mini_ctx, "mini1.0"), _cell(mini_ctx, "mini2.0")
     broken = _cell(mini_ctx, "broken1.0")
     assert results[mini1].status == results[mini2].status == "pass"
@@ -179,7 +180,7 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
 
 def test_rerun_does_no_work(mini_ctx):
     before = len(_build_commands(mini_ctx))
-    results = build_cells(mini_ctx, _plans(mini_ctx, "mini"), BuildOptions(echo=lambda _: None))
+    results = build_cells(mini_ctx, _plans(mini_ctx, "mini"), RunOptions(), echo=lambda _: None)
     assert all(r.status == "pass" and r.reused for r in results.values())
     assert len(_build_commands(mini_ctx)) == before
 
@@ -189,7 +190,7 @@ def test_changed_context_rebuilds_only_that_cell(mini_ctx):
     extra = mini_ctx.images_dir / mini2 / "notes.txt"
     extra.write_text("a new file in the build context\n")
     try:
-        results = build_cells(mini_ctx, _plans(mini_ctx, "mini"), BuildOptions(echo=lambda _: None))
+        results = build_cells(mini_ctx, _plans(mini_ctx, "mini"), RunOptions(), echo=lambda _: None)
         assert not results[mini2].reused and results[mini2].status == "pass"
         assert results[_cell(mini_ctx, "mini1.0")].reused
     finally:
@@ -199,14 +200,14 @@ def test_changed_context_rebuilds_only_that_cell(mini_ctx):
 def test_per_cell_timeout(mini_ctx):
     slow = _cell(mini_ctx, "slow1.0")
     results = build_cells(mini_ctx, _plans(mini_ctx, "slow"),
-                          BuildOptions(timeout_min=3 / 60, echo=lambda _: None))
+                          RunOptions(timeout_min=3 / 60), echo=lambda _: None)
     assert results[slow].status == "fail" and results[slow].reason == "timed out"
     assert journal.load(mini_ctx.state, slow)["stages"]["build"]["status"] == "fail"
 
 
 def test_fail_fast_stops_after_the_first_failure(mini_ctx):
     plans = sorted(_plans(mini_ctx, "broken", "slow"), key=lambda p: p.cell.engine)
-    results = build_cells(mini_ctx, plans, BuildOptions(fail_fast=True, echo=lambda _: None))
+    results = build_cells(mini_ctx, plans, RunOptions(fail_fast=True), echo=lambda _: None)
     assert list(results) == [_cell(mini_ctx, "broken1.0")]
 
 
@@ -226,7 +227,7 @@ def test_not_rendered_cell_fails_with_the_fix(mini_ctx, tmp_path):
     hidden = moved.with_name(moved.name + ".hidden")
     moved.rename(hidden)
     try:
-        results = build_cells(ctx, plans[:1], BuildOptions(echo=lambda _: None))
+        results = build_cells(ctx, plans[:1], RunOptions(), echo=lambda _: None)
     finally:
         hidden.rename(moved)
     assert results[plans[0].id].status == "fail"
@@ -307,7 +308,7 @@ def test_parallel_cells_share_one_kernel_compile(mini_ctx, tmp_path):
     ctx = Context.load(mini_ctx.matrix.path, tmp_path / "state")
     ctx.matrix.data.setdefault("build", {})["max_parallel_cells"] = 2
     echoed: list[str] = []
-    results = build_cells(ctx, _plans(ctx, "mini"), BuildOptions(echo=echoed.append))
+    results = build_cells(ctx, _plans(ctx, "mini"), RunOptions(), echo=echoed.append)
     assert "2 cell(s) compiling at once" in echoed[0]
     assert all(r.status == "pass" and not r.reused for r in results.values())
     caches = sorted(r.kernels["minik"]["cache"] for r in results.values())
@@ -329,7 +330,7 @@ def test_second_run_with_wait_runs_after_the_first(mini_ctx):
     started = time.monotonic()
     threading.Timer(2, released.set).start()
     results = build_cells(mini_ctx, _plans(mini_ctx, "mini"),
-                          BuildOptions(wait=True, echo=lambda _: None))
+                          RunOptions(wait=True), echo=lambda _: None)
     holder.join()
     assert time.monotonic() - started >= 1.5  # it waited for the holder
     assert all(r.status == "pass" for r in results.values())

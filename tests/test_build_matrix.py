@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix.engine import docker as engine
 from infermatrix import journal
 from infermatrix.stages import render
-from infermatrix.stages.build import BuildOptions, build_cells, local_ref
+from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
@@ -64,7 +65,7 @@ def matrix_build(built_base, test_ctx):
     wanted = [p for p in plans if p.cell.engine == "vllm-cpu"
               or any(p.id.endswith(s) for s in KERNEL_CELLS)]
     render.render_cells(test_ctx, wanted)
-    results = build_cells(test_ctx, wanted, BuildOptions())
+    results = build_cells(test_ctx, wanted, RunOptions())
     return plans, wanted, results
 
 
@@ -139,8 +140,8 @@ def test_the_compile_shows_ninjas_files_and_records_their_times(matrix_build, te
         plan = next(p for p in plans if p.id == cell)
         import uuid
 
-        result = build_cells(fresh, [plan], BuildOptions(compile_nonce=uuid.uuid4().hex,
-                                                         echo=lambda _: None))
+        result = build_cells(fresh, [plan], RunOptions(compile_nonce=uuid.uuid4().hex),
+                             echo=lambda _: None)
         assert result[cell].status == "pass", result[cell].summary()
         real = [(fresh, cell, result[cell])]
     for ctx, cell, result in real:
@@ -164,7 +165,7 @@ def test_rerun_does_no_work(matrix_build, test_ctx):
     plans, wanted, _results = matrix_build
     broken = _id(plans, "broken-fixture1.0-sm120")
     good = [p for p in wanted if p.id != broken]
-    again = build_cells(test_ctx, good, BuildOptions(echo=lambda _: None))
+    again = build_cells(test_ctx, good, RunOptions(), echo=lambda _: None)
     assert all(r.status == "pass" and r.reused for r in again.values()), \
         [r.summary() for r in again.values()]
 

@@ -25,13 +25,14 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix import journal
 from infermatrix.context import Context
 from infermatrix.engine import docker as engine
 from infermatrix.model.coverage import Arch, Coverage
 from infermatrix.model.tritontwin import twin_archs_for
 from infermatrix.stages import audit, render
-from infermatrix.stages.build import BuildOptions, build_cells, local_ref
+from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
 from tests.dockerd_support import PrivateDockerd
 from tests.real_audit_checks import CHECKS
@@ -100,7 +101,7 @@ def plan_render_build(ctx: Context, cell_id: str):
     [plan] = plan_matrix(ctx, select=[cell_id])
     assert plan.planned, plan.verdicts
     render.render_cells(ctx, [plan])
-    return plan, build_cells(ctx, [plan], BuildOptions(echo=lambda _: None))[cell_id]
+    return plan, build_cells(ctx, [plan], RunOptions(), echo=lambda _: None)[cell_id]
 
 
 @pytest.mark.parametrize("cell_id", sorted(CELLS))

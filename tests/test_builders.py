@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix.config import load_matrix
 from infermatrix.engine.docker import Endpoint, Engine, EngineFacts, parse_builder
 from infermatrix.errors import ConfigError, UsageError
@@ -132,11 +133,11 @@ def test_no_builder_for_a_platform_says_which_are_there_and_which_are_down() -> 
 
 def test_each_builder_plans_its_compile_from_its_own_figures(tmp_path) -> None:
     from infermatrix.context import Context
-    from infermatrix.stages.build import BuildOptions, compile_plan_for
+    from infermatrix.stages.build import compile_plan_for
 
     ctx = Context.load(TESTS / "matrix" / "matrix.yaml", tmp_path / "state")
     small, big = builder("small", "linux/amd64", 2, 8), builder("big", "linux/amd64", 32, 256)
-    plans = {b.name: compile_plan_for(ctx, [["cudakern"]], BuildOptions(), builder=b)
+    plans = {b.name: compile_plan_for(ctx, [["cudakern"]], RunOptions(), builder=b)
              for b in (small, big)}
     assert (plans["small"].max_jobs, plans["big"].max_jobs) == (2, 32)  # CPUs bound both
     assert plans["big"].as_dict()["memory_gb"] == 256.0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix.model import compileplan as cp
 from infermatrix.model.compileplan import GIB, HostReading
 
@@ -371,14 +372,14 @@ def test_build_records_a_kernel_compile_and_the_next_plan_of_that_key_uses_it(tm
     key = kernelcache.make_key(spec, torch="2.11.0", cuda="13.0", python="3.12",
                                archs=["sm_120"], source_root=ctx.root)
     reading = HostReading(mem_available=64 * GIB, cpus_affinity=16)
-    first = build.compile_plan_for(ctx, [[key]], build.BuildOptions(), reading)
+    first = build.compile_plan_for(ctx, [[key]], RunOptions(), reading)
     assert first.figures[0].origin != "recorded"
     source = Path(__file__).parent / "fixtures" / "cudakern" / "src" / "reduce.cu"
     with cp.JobSampler(interval=0.1, root_pid=os.getpid()) as sampler:
         subprocess.run([nvcc, "-gencode", "arch=compute_120,code=sm_120", "-c", str(source),
                         "-o", str(tmp_path / "reduce.o")], check=True)
     stats = build._record_compile(ctx, key, sampler, {"MAX_JOBS": "1", "NVCC_THREADS": "1"})
-    second = build.compile_plan_for(ctx, [[key]], build.BuildOptions(), reading)
+    second = build.compile_plan_for(ctx, [[key]], RunOptions(), reading)
     assert second.figures[0].origin == "recorded" and key.slug in second.figures[0].source
     assert second.job_gib == pytest.approx(stats["job_peak_max_gib"] * 1.15, abs=1e-3)
     assert "[recorded]" in second.explain()

@@ -19,11 +19,12 @@ import pytest
 import requests
 import yaml
 
+from infermatrix.options import RunOptions
 from infermatrix import journal
 from infermatrix.context import Context, setup_command_log
 from infermatrix.engine import docker as engine
 from infermatrix.stages import kernelcache, kernelregistry
-from infermatrix.stages.build import BuildOptions, build_cells, local_ref
+from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
 from tests.registry_support import free_port, start_registry
 from tests.test_build import MATRIX, MINI, write_cell
@@ -63,7 +64,7 @@ def build_in(ctx: Context):
     setup_command_log(ctx.state)
     plans = plan_matrix(ctx)
     echoed: list[str] = []
-    result = build_cells(ctx, plans, BuildOptions(echo=echoed.append))[plans[0].id]
+    result = build_cells(ctx, plans, RunOptions(), echo=echoed.append)[plans[0].id]
     assert result.status == "pass", result.summary()
     record = journal.load(ctx.state, plans[0].id)["stages"]["build"]["details"]["kernels"]
     return result, record["minik"], ctx.state.commands_log.read_text(), echoed

@@ -210,7 +210,7 @@ def test_a_cell_short_of_disk_is_refused_before_its_build_after_pruning_when_all
     render.render_cells(ctx, plans)
     fake = RecordingEngine(data_root=tmp_path)
     with engine.use(fake):
-        result = build.build_cells(ctx, plans, build.BuildOptions(echo=lambda _: None))[CPU]
+        result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None)[CPU]
     assert result.status == "fail"
     assert result.reason.startswith("not started: ") and "build.disk.min_free_gib" in result.reason
     assert str(tmp_path) in result.reason
@@ -230,7 +230,7 @@ def test_a_short_disk_prunes_the_least_recently_used_cache_first_then_all(ctx, t
     render.render_cells(ctx, plans)
     fake = RecordingEngine(data_root=tmp_path, cache_bytes=2 * 10**9 * 2**30)
     with engine.use(fake):
-        result = build.build_cells(ctx, plans, build.BuildOptions(echo=lambda _: None))[CPU]
+        result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None)[CPU]
     assert result.status == "fail"
     first, last = [c.args["keep_bytes"] for c in fake.named("prune_build_cache")]
     assert first is not None and 0 < first < fake.cache_bytes and last is None
@@ -258,7 +258,7 @@ def test_a_cell_with_enough_free_space_builds_without_a_prune(ctx, tmp_path):
     ctx.matrix.build["disk"] = {"min_free_gib": 0.001}
     fake = RecordingEngine(data_root=tmp_path)
     with engine.use(fake):
-        result = build.build_cells(ctx, plans, build.BuildOptions(echo=lambda _: None))[CPU]
+        result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None)[CPU]
     assert result.status == "pass", result.summary()
     assert fake.named("prune_build_cache") == [] and fake.named("build_image")
 
@@ -288,3 +288,47 @@ def test_a_cell_that_fails_at_tag_fails_the_pipeline(ctx):
     ctx.matrix.data["publish"]["registry"] = "127.0.0.1:9/never-reached"
     result = publish.publish(ctx, say=lambda line: None)
     assert not result.pushed and CPU in result.failed and not result.ok
+
+
+def test_the_option_table_is_the_dataclass_and_every_flag_parses_through_it():
+    """One declaration per option: each RunOptions field (but `sources`) has its row, and a
+    parser built from the rows gives back each flag's value through `resolve`."""
+    import argparse
+    import dataclasses
+
+    from infermatrix.options import OPTIONS, add
+
+    assert [f.name for f in dataclasses.fields(RunOptions) if f.name != "sources"] == list(OPTIONS)
+    parser = argparse.ArgumentParser()
+    add(parser, *[name for name, row in OPTIONS.items() if row.flag])
+    args = parser.parse_args(["--no-publish", "--builder", "a=unix:///x.sock", "--builder",
+                              "ssh://root@h", "--on", "ssh://root@gpu", "--fixture", "broken",
+                              "--index-url", "https://mirror.example/simple/"])
+    options = resolve(args, {}, env={})
+    assert options.publish is False and options.sources["publish"] == "--no-publish"
+    assert options.builders == ["a=unix:///x.sock", "ssh://root@h"]
+    assert options.smoke_on == "ssh://root@gpu" and options.fixture == "broken"
+    assert options.index_url == "https://mirror.example/simple"
+    assert resolve(parser.parse_args([]), {}, env={}).publish is True  # a switch not given
+    with pytest.raises(Exception, match="--fixture 'odd'"):
+        resolve(parser.parse_args(["--fixture", "odd"]), {}, env={})
+
+
+def test_options_without_a_flag_come_from_their_variables_through_the_table():
+    from infermatrix.errors import UsageError
+    from infermatrix.options import from_environment, package_index
+
+    assert from_environment("index_url", env={"UV_INDEX_URL": "https://b.example/simple"}) == \
+        "https://b.example/simple"
+    assert from_environment("index_url", env={"INFERMATRIX_INDEX_URL": "https://a.example/s",
+                                              "PIP_INDEX_URL": "https://c.example/s"}) == \
+        "https://a.example/s"  # the first variable set wins
+    assert from_environment("index_ttl_s", env={}) is None
+    assert from_environment("index_ttl_s", env={"INFERMATRIX_INDEX_TTL": "0"}) == 0.0
+    with pytest.raises(UsageError, match="INFERMATRIX_INDEX_TTL '-1'"):
+        from_environment("index_ttl_s", env={"INFERMATRIX_INDEX_TTL": "-1"})
+    with pytest.raises(UsageError, match="INFERMATRIX_CUOBJDUMP '/no/such'"):
+        from_environment("cuobjdump", env={"INFERMATRIX_CUOBJDUMP": "/no/such"})
+    assert package_index().startswith(("http://", "https://", "file://"))
+    with pytest.raises(TypeError, match="not run options: echo"):
+        resolve(None, {}, env={}, echo=print)

@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix.engine import cosign
 from infermatrix.model import spec
 from infermatrix.stages import build, publish, render, sbom, smoke
@@ -46,7 +47,7 @@ def tagged_cpu_plan(ctx: Context):
     tag the CPU cell in the session's shared state."""
     (plan,) = plan_matrix(ctx, select=[CPU_ID], source=recorded_metadata)
     render.render_cells(ctx, [plan])
-    built = build.build_cells(ctx, [plan], build.BuildOptions(wait=True))[CPU_ID]
+    built = build.build_cells(ctx, [plan], RunOptions(wait=True))[CPU_ID]
     assert built.status == "pass", built.reason
     record = journal.load(ctx.state, CPU_ID)
     smoked = record.get("stages", {}).get("smoke", {})

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from infermatrix.options import RunOptions
 from infermatrix.cli import main
 from infermatrix.journal import STAGES
 from infermatrix.stages.report import (OUTCOMES, StageResult, build_report,
@@ -487,7 +488,7 @@ def writers_template(tmp_path: Path) -> dict:
                                                            kernels=["flashinfer"]))
     levels = stages["smoke"]["details"]["levels"]
     skipped_gpu = smoke.run_gpu(ctx, plan, None, 30, gpu_here=False).as_dict()
-    skipped_model = smoke.run_model(ctx, plan, None, 30, False, smoke.SmokeOptions()).as_dict()
+    skipped_model = smoke.run_model(ctx, plan, None, 30, False, RunOptions()).as_dict()
 
     class PassingHarness:  # a recording fake: the result line a passing gpu_check prints
         image_id = "sha256:"

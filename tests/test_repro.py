@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix import journal
 from infermatrix.stages import repro
 from infermatrix.cli import main
@@ -240,7 +241,7 @@ def test_a_kernel_compile_again_reruns_only_the_compile_step(tmp_path, built_bas
                              lstrip_blocks=True, keep_trailing_newline=True)
     (context / "Dockerfile").write_text(env.from_string(KERNEL_DOCKERFILE).render(base=built_base))
     [plan] = plan_matrix(ctx, [CPU_CELL])
-    secrets = build.secrets_for(build.BuildOptions())
+    secrets = build.secrets_for(RunOptions())
     log = tmp_path / "kernel.log"
     wheels = [repro.compile_kernel_again(ctx, plan, "k", tmp_path / str(run), {}, secrets, log)
               for run in (1, 2)]

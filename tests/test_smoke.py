@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix.stages import smoke, tagging
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
@@ -72,10 +73,10 @@ def test_levels_are_validated_and_ordered(ctx):
 
 
 def test_model_source_is_a_host_directory_or_the_fixture(ctx, tmp_path):
-    assert smoke.model_source(ctx, smoke.SmokeOptions()) is None
-    assert smoke.model_source(ctx, smoke.SmokeOptions(model_path=tmp_path)) == tmp_path.resolve()
+    assert smoke.model_source(ctx, RunOptions()) is None
+    assert smoke.model_source(ctx, RunOptions(model_path=tmp_path)) == tmp_path.resolve()
     with pytest.raises(UsageError, match="not a directory"):
-        smoke.model_source(ctx, smoke.SmokeOptions(model_path=tmp_path / "missing"))
+        smoke.model_source(ctx, RunOptions(model_path=tmp_path / "missing"))
 
 
 def test_overall_status():
@@ -129,7 +130,7 @@ def shipped(tmp_path):
 def test_gpu_cell_model_level_without_real_weights_is_not_verified_never_pass(shipped):
     assert shipped.matrix.smoke["model_source"] == "fixture"
     plan = CellPlan(GPU_CELL, "planned", settings=CellSettings("3.11", "bookworm", "sglang"))
-    result = smoke.run_model(shipped, plan, None, 30.0, True, smoke.SmokeOptions())
+    result = smoke.run_model(shipped, plan, None, 30.0, True, RunOptions())
     assert result.status == "skip" and result.reason.startswith("not verified: ")
     assert "real weights" in result.reason and result.details["needs_weights"] is True
     # ...and the tag stage does not tag it, not even static-only
@@ -150,7 +151,7 @@ def test_gpu_cell_with_weights_needs_an_expected_answer(shipped, tmp_path):
     reason = smoke.correctness_unverifiable(shipped, plan, real_model=True)
     assert reason.startswith("not verified: ") and "expect" in reason
     result = smoke.run_model(shipped, plan, None, 30.0, True,
-                             smoke.SmokeOptions(model_path=tmp_path))
+                             RunOptions(model_path=tmp_path))
     assert result.status == "skip" and result.details["needs_weights"] is False
 
 

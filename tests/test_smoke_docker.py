@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix.stages import build, render, smoke
 from infermatrix.engine import docker as engine
 from infermatrix import journal
@@ -45,7 +46,7 @@ def built_plan(ctx: Context, cell_id: str):
     """Plan (recorded index answers), render and build one cell of the test matrix."""
     (plan,) = plan_matrix(ctx, select=[cell_id], source=recorded_metadata)
     render.render_cells(ctx, [plan])
-    result = build.build_cells(ctx, [plan], build.BuildOptions(wait=True))[cell_id]
+    result = build.build_cells(ctx, [plan], RunOptions(wait=True))[cell_id]
     assert result.status == "pass", result.reason
     return plan
 
@@ -149,7 +150,7 @@ def test_a_tag_naming_another_image_is_not_moved(cpu_plan, cpu_smoked, built_bas
 def test_broken_shape_fixture_fails_model_with_the_engine_log_and_is_not_tagged(
         cpu_plan, test_ctx, tmp_path):
     ctx = isolated(test_ctx, tmp_path, CPU_ID)
-    smoke.smoke_cell(ctx, cpu_plan, smoke.SmokeOptions(levels=["model"], fixture="broken"))
+    smoke.smoke_cell(ctx, cpu_plan, RunOptions(levels=["model"], fixture="broken"))
     stage = journal.load(ctx.state, CPU_ID)["stages"]["smoke"]
     model = stage["details"]["levels"]["model"]
     assert stage["status"] == "fail"
@@ -168,7 +169,7 @@ def test_launched_without_the_reasoning_parser_fails_thinking_on(cpu_plan, test_
     ctx = isolated(test_ctx, tmp_path, CPU_ID)
     settings = dataclasses.replace(cpu_plan.settings, engine_args=["--enforce-eager"])
     plan = dataclasses.replace(cpu_plan, settings=settings)
-    smoke.smoke_cell(ctx, plan, smoke.SmokeOptions(levels=["model"]))
+    smoke.smoke_cell(ctx, plan, RunOptions(levels=["model"]))
     model = journal.load(ctx.state, CPU_ID)["stages"]["smoke"]["details"]["levels"]["model"]
     checks = {c["check"]: c for c in model["checks"]}
     assert model["status"] == "fail"
@@ -183,7 +184,7 @@ def test_cuda_cell_on_a_gpu_less_host_skips_gpu_and_is_not_tagged(cuda_plan, tes
     """host_gpu=False: what a host without a GPU gets, on any host (no skip on a GPU host)."""
     ctx = isolated(test_ctx, tmp_path, CUDA_ID, tag_policy={
         "require": ["static", "gpu", "model"], "allow_static_only": False})
-    smoke.smoke_cell(ctx, cuda_plan, smoke.SmokeOptions(host_gpu=False))
+    smoke.smoke_cell(ctx, cuda_plan, RunOptions(host_gpu=False))
     levels = journal.load(ctx.state, CUDA_ID)["stages"]["smoke"]["details"]["levels"]
     assert levels["gpu"]["status"] == "skip" and levels["gpu"]["reason"] == "no GPU on this host"
     assert levels["gpu"]["needs_gpu"] is True
@@ -233,12 +234,13 @@ import sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from infermatrix.stages import smoke
 from infermatrix.context import Context
+from infermatrix.options import RunOptions
 from infermatrix.stages.plan import plan_matrix
 from tests.planning_support import recorded_metadata
 
 ctx = Context.load(sys.argv[1], sys.argv[2])
 (plan,) = plan_matrix(ctx, select=[sys.argv[3]], source=recorded_metadata)
-smoke.smoke_cell(ctx, plan, smoke.SmokeOptions(levels=["model"]))
+smoke.smoke_cell(ctx, plan, RunOptions(levels=["model"]))
 """
 
 

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from infermatrix.options import RunOptions
 from infermatrix import journal
 from infermatrix.context import Context
 from infermatrix.engine import docker as engine
@@ -36,7 +37,7 @@ def measured(docker_available, test_ctx, tmp_path_factory):
                                                         "smoke": settings})
     ctx = Context(matrix=matrix, state=state)
     (plan,) = plan_matrix(ctx, select=[CPU_ID], source=recorded_metadata)
-    smoke.smoke_cell(ctx, plan, smoke.SmokeOptions(levels=["throughput"]))
+    smoke.smoke_cell(ctx, plan, RunOptions(levels=["throughput"]))
     return ctx, journal.load(state, CPU_ID)
 
 

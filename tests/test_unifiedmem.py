@@ -3,7 +3,6 @@ issue 30): sizing from MemAvailable, the deploy it writes and doctor's report. P
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

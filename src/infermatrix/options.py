@@ -1,17 +1,21 @@
-"""Run options, each declared once: flag, environment variable, matrix key, default, validator.
+"""Run options, each declared once, as a typed field of `RunOptions` that carries its row:
+flag, environment variable(s), matrix key, default, validator. Adding an option is that one
+field (and its test); the parsers, the resolution and the preamble read the table.
 
 Every command that takes an option adds it with `add(parser, name, ...)`; `resolve(args,
 matrix)` gives the value in one order everywhere: the flag, else the environment variable,
 else the matrix key, else the default. A bad value is a usage error (exit 2) naming where it
 came from, whichever command reads it: `--max-jobs -3`, `--max-jobs 0` and
-`INFERMATRIX_MAX_JOBS=x` are refused alike.
+`INFERMATRIX_MAX_JOBS=x` are refused alike. Options without a flag (the package index, the
+cuobjdump to use) are set in the environment; code deep in a step reads them with
+`from_environment(name)`, through the same row.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -56,6 +60,42 @@ def engine_endpoint(text: str) -> str:
     return text.strip()
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
+def existing_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise ValueError("no such directory")
+    return path.resolve()
+
+
+def one_of(*choices: str) -> Callable[[str], str]:
+    def choice(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+    choice.__name__ = f"one_of({', '.join(choices)})"
+    return choice
+
+
+def boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError("expected true or false")
+    return lowered in ("true", "1", "yes")
+
+
+def url(text: str) -> str:
+    if not text.startswith(("http://", "https://", "file://")):
+        raise ValueError("expected an http(s):// or file:// URL")
+    return text.rstrip("/")
+
+
 def existing_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
@@ -65,15 +105,19 @@ def existing_file(text: str) -> Path:
 
 @dataclass(frozen=True)
 class RunOption:
+    """One row of the table: where a run option's value can come from, and how it is checked."""
+
     name: str  # attribute on the parsed args and on RunOptions
-    flag: str
+    flag: str | None  # None: no flag (the environment, the matrix or code sets it)
     help: str
-    parse: Callable[[str], Any] | None = None  # None: a switch (store_true)
-    env: str | None = None
+    parse: Callable[[str], Any] | None = None  # None: a switch
+    env: tuple[str, ...] = ()  # variables, first set wins (`INFERMATRIX_INDEX_URL`, `UV_...`)
     matrix_key: tuple[str, ...] = ()  # path in matrix.yaml, e.g. ("build", "timeout_minutes")
     default: Any = None
     metavar: str | None = None
     aliases: tuple[str, ...] = ()  # other spellings of the flag (`smoke --on`)
+    repeatable: bool = False  # `--builder A --builder B`
+    switch_sets: Any = True  # what a switch's flag sets (`--no-publish` sets publish False)
 
     def from_matrix(self, data: Mapping[str, Any]) -> Any:
         if not self.matrix_key:
@@ -90,70 +134,106 @@ class RunOption:
             return raw
         if isinstance(raw, list) and self.parse is level_list:
             raw = ",".join(map(str, raw))
+        if isinstance(raw, list):  # a repeatable flag: each value checked
+            return [self.check(item, where) for item in raw]
         try:
             return self.parse(str(raw))
         except (ValueError, TypeError) as exc:
             raise UsageError(f"{where} {raw!r}: {exc}") from None
 
-
-OPTIONS: dict[str, RunOption] = {o.name: o for o in [
-    RunOption("fail_fast", "--fail-fast", "stop at the first failed cell or step"),
-    RunOption("timeout_min", "--timeout-min", "per-cell build time limit in minutes",
-              positive_float, "INFERMATRIX_TIMEOUT_MIN", ("build", "timeout_minutes"), 180.0,
-              "N"),
-    RunOption("max_jobs", "--max-jobs", "MAX_JOBS of kernel builds (default: the compile "
-              "planner's figure)", positive_int, "INFERMATRIX_MAX_JOBS", metavar="N"),
-    RunOption("nvcc_threads", "--nvcc-threads", "NVCC_THREADS of kernel builds (default: the "
-              "compile planner's figure)", positive_int, "INFERMATRIX_NVCC_THREADS",
-              metavar="N"),
-    RunOption("levels", "--levels", "smoke levels, comma-separated subset of static,gpu,model,"
-              "throughput (default: static,gpu,model)",
-              level_list, "INFERMATRIX_LEVELS", ("smoke", "levels"), None, "LIST"),
-    RunOption("smoke_on", "--smoke-on", "run the smoke levels on this Docker engine (where the "
-              "GPUs are): [NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a builder of "
-              "build.builders or a Docker context; the image goes there by docker save | "
-              "load, the journal records that engine and its host",
-              engine_endpoint, "INFERMATRIX_SMOKE_ON", ("smoke", "on"), None, "ENGINE",
-              aliases=("--on",)),
-    RunOption("wait", "--wait",
-              "wait for another run holding the state directory instead of refusing"),
-    RunOption("force", "--force", "rebuild even the cells whose inputs did not change"),
-    RunOption("ca_bundle", "--ca-bundle", "CA bundle passed to builds as the `ca_bundle` "
-              "secret (default: $SSL_CERT_FILE or the system bundle)", existing_file,
-              metavar="FILE"),
-]}
+    def from_env(self, env: Mapping[str, str]) -> tuple[Any, str] | None:
+        """(value, variable) of the first of its variables that is set, checked; else None."""
+        for variable in self.env:
+            if env.get(variable):
+                return self.check(env[variable], variable), variable
+        return None
 
 
-def add(parser: argparse.ArgumentParser, *names: str) -> None:
-    """Add the named options to a command's parser (values are resolved by `resolve`)."""
-    for name in names:
-        option = OPTIONS[name]
-        if option.parse is None:
-            parser.add_argument(option.flag, action="store_true", dest=name, help=option.help)
-        else:
-            where = [f"${option.env}"] if option.env else []
-            where += [".".join(option.matrix_key)] if option.matrix_key else []
-            default = f"; default {option.default}" if option.default is not None else ""
-            suffix = f" ({', '.join(where)}{default})" if where or default else ""
-            parser.add_argument(option.flag, *option.aliases, dest=name, default=None,
-                                metavar=option.metavar, help=option.help + suffix)
+def option(flag: str | None, help: str, parse: Callable[[str], Any] | None = None, *,
+           env: str | tuple[str, ...] = (), matrix: tuple[str, ...] = (), default: Any = None,
+           metavar: str | None = None, aliases: tuple[str, ...] = (), repeatable: bool = False,
+           switch_sets: Any = True) -> Any:
+    """A RunOptions field and its row of the table (the name is the field's)."""
+    if parse is None and default is None:
+        default = not switch_sets  # a switch is off until its flag is given
+    row = RunOption("", flag, help, parse, (env,) if isinstance(env, str) else env, matrix,
+                    default, metavar, aliases, repeatable, switch_sets)
+    if repeatable:
+        return field(default_factory=list, metadata={"option": row})
+    return field(default=default, metadata={"option": row})
 
 
 @dataclass
 class RunOptions:
-    """Resolved values of every run option; `sources` says where each came from."""
+    """The option table: every run option's resolved value, its row in the field's metadata;
+    `sources` says where each value that is not the default came from."""
 
-    fail_fast: bool = False
-    timeout_min: float | None = None
-    max_jobs: int | None = None
-    nvcc_threads: int | None = None
-    levels: list[str] | None = None
-    smoke_on: str | None = None
-    wait: bool = False
-    force: bool = False
-    ca_bundle: Path | None = None
-    publish: bool = True
-    builders: list[str] = field(default_factory=list)  # --builder, repeatable
+    fail_fast: bool = option("--fail-fast", "stop at the first failed cell or step")
+    timeout_min: float = option(
+        "--timeout-min", "per-cell build time limit in minutes", positive_float,
+        env="INFERMATRIX_TIMEOUT_MIN", matrix=("build", "timeout_minutes"), default=180.0,
+        metavar="N")
+    max_jobs: int | None = option(
+        "--max-jobs", "MAX_JOBS of kernel builds (default: the compile planner's figure)",
+        positive_int, env="INFERMATRIX_MAX_JOBS", metavar="N")
+    nvcc_threads: int | None = option(
+        "--nvcc-threads", "NVCC_THREADS of kernel builds (default: the compile planner's "
+        "figure)", positive_int, env="INFERMATRIX_NVCC_THREADS", metavar="N")
+    levels: list[str] | None = option(
+        "--levels", "smoke levels, comma-separated subset of static,gpu,model,throughput "
+        "(default: static,gpu,model)", level_list, env="INFERMATRIX_LEVELS",
+        matrix=("smoke", "levels"), metavar="LIST")
+    smoke_on: str | None = option(
+        "--smoke-on", "run the smoke levels on this Docker engine (where the GPUs are): "
+        "[NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a builder of build.builders or "
+        "a Docker context; the image goes there by docker save | load, the journal records "
+        "that engine and its host", engine_endpoint, env="INFERMATRIX_SMOKE_ON",
+        matrix=("smoke", "on"), metavar="ENGINE", aliases=("--on",))
+    wait: bool = option("--wait", "wait for another run holding the state directory instead "
+                        "of refusing")
+    force: bool = option("--force", "rebuild even the cells whose inputs did not change")
+    ca_bundle: Path | None = option(
+        "--ca-bundle", "CA bundle passed to builds as the `ca_bundle` secret (default: "
+        "$SSL_CERT_FILE or the system bundle)", existing_file, metavar="FILE")
+    publish: bool = option("--no-publish", "skip the publish step", switch_sets=False)
+    builders: list[str] = option(
+        "--builder", "a Docker engine to build on: unix://PATH, ssh://USER@HOST, "
+        "tcp://HOST:PORT or a Docker context name; repeatable (cells are shared out by "
+        "platform and capacity; default: build.builders, else DOCKER_HOST / the current "
+        "context)", str, metavar="[NAME=]ENDPOINT", repeatable=True)
+    model_path: Path | None = option(
+        "--model-path", "real weights on this host, mounted read-only (default: "
+        "smoke.model_source; `fixture` generates a tiny model in the image); with --on an "
+        "engine elsewhere, the same path on that engine's host (a shared mount), while a "
+        "fixture is copied there", existing_dir, metavar="HOST_DIR")
+    fixture: str = option(
+        "--fixture", "fixture variant: `broken` has shapes the CPU kernels reject (a model "
+        "level that must fail)", one_of("normal", "broken"), default="normal",
+        metavar="{normal,broken}")
+    image: str | None = option(
+        "--image", "test this image (name or id, in the engine) as the cell's, not its "
+        "recorded build: one made or loaded elsewhere; the journal records it, and `tag` only "
+        "tags a cell's own built image", str, metavar="REF")
+    index_url: str | None = option(
+        "--index-url", "package index (default: PyPI's simple index); the torch variant index "
+        "follows INFERMATRIX_TORCH_INDEX", url,
+        env=("INFERMATRIX_INDEX_URL", "UV_INDEX_URL", "PIP_INDEX_URL"), metavar="URL")
+    index_ttl_s: float | None = option(
+        None, "seconds an online plan trusts a cached release listing (default 3600)",
+        non_negative_float, env="INFERMATRIX_INDEX_TTL")
+    torch_index: str | None = option(
+        None, "the torch variant index, {cuda_tag} filled in (default: the rule "
+        "torch-cuda-variant's)", str, env="INFERMATRIX_TORCH_INDEX")
+    cuobjdump: Path | None = option(
+        None, "the cuobjdump the audit runs (default: the nvidia-cuda-cuobjdump wheel, PATH, "
+        "$CUDA_HOME/bin)", existing_file, env="INFERMATRIX_CUOBJDUMP")
+    # Set by code only (benchmarks, tests): no flag, no variable.
+    no_cache: bool = option(None, "BuildKit --no-cache (cold-build benchmarks)")
+    compile_nonce: str = option(
+        None, "a new value compiles the kernels again (BuildKit's cache aside)", str, default="")
+    host_gpu: bool | None = option(
+        None, "smoke as on a host with (true) or without (false) a GPU; default: detect",
+        boolean)
     sources: dict[str, str] = field(default_factory=dict)
 
     def preamble(self) -> str:
@@ -163,48 +243,74 @@ class RunOptions:
         return "options: " + (", ".join(shown) if shown else "defaults")
 
 
+OPTIONS: dict[str, RunOption] = {f.name: replace(f.metadata["option"], name=f.name)
+                                  for f in fields(RunOptions) if "option" in f.metadata}
+
+
+def add(parser: argparse.ArgumentParser, *names: str) -> None:
+    """Add the named options to a command's parser (values are resolved by `resolve`)."""
+    for name in names:
+        option = OPTIONS[name]
+        assert option.flag, f"{name} has no flag"
+        if option.parse is None:
+            parser.add_argument(option.flag, *option.aliases, action="store_const",
+                                const=option.switch_sets, default=None, dest=name,
+                                help=option.help)
+            continue
+        where = [f"${v}" for v in option.env] + (
+            [".".join(option.matrix_key)] if option.matrix_key else [])
+        default = f"; default {option.default}" if option.default not in (None, "") else ""
+        suffix = f" ({', '.join(where)}{default})" if where or default else ""
+        parser.add_argument(option.flag, *option.aliases, dest=name, default=None,
+                            action="append" if option.repeatable else "store",
+                            metavar=option.metavar, help=option.help + suffix)
+
+
 def _show(value: Any) -> str:
-    return ",".join(value) if isinstance(value, list) else str(value)
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def resolve(args: argparse.Namespace | None, matrix_data: Mapping[str, Any] | None = None,
-            env: Mapping[str, str] | None = None) -> RunOptions:
-    """Flag, else environment variable, else matrix key, else default; each value validated."""
+            env: Mapping[str, str] | None = None, **given: Any) -> RunOptions:
+    """Flag, else environment variable, else matrix key, else default; each value validated.
+    `given`: values set by code (a test, a benchmark), taken as they are, as flags are."""
     env = os.environ if env is None else env
     matrix_data = matrix_data or {}
     resolved = RunOptions()
     for name, option in OPTIONS.items():
-        given = getattr(args, name, None) if args is not None else None
-        if option.parse is None:
-            if given:
-                setattr(resolved, name, True)
-                resolved.sources[name] = option.flag
-            continue
-        if given is not None:
-            value, where = option.check(given, option.flag), option.flag
-        elif option.env and env.get(option.env):
-            value, where = option.check(env[option.env], option.env), option.env
+        flag = getattr(args, name, None) if args is not None else None
+        from_env = option.from_env(env)
+        if name in given:
+            value, where = given[name], "code"
+        elif flag is not None and flag != [] and (option.parse or flag == option.switch_sets):
+            value = flag if option.parse is None else option.check(flag, option.flag or name)
+            where = option.flag
+        elif from_env is not None:
+            value, where = from_env
         elif option.from_matrix(matrix_data) is not None:
             where = ".".join(option.matrix_key)
             value = option.check(option.from_matrix(matrix_data), where)
         else:
-            value, where = option.default, None
+            continue  # the field's default
         setattr(resolved, name, value)
         if where:
             resolved.sources[name] = where
-    if args is not None and getattr(args, "no_publish", False):
-        resolved.publish = False
-        resolved.sources["publish"] = "--no-publish"
-    if args is not None and getattr(args, "builder", None):
-        resolved.builders = list(args.builder)
-        resolved.sources["builders"] = "--builder"
+    unknown = set(given) - set(OPTIONS)
+    if unknown:
+        raise TypeError(f"not run options: {', '.join(sorted(unknown))}")
     return resolved
 
 
-def builder_option(parser: argparse.ArgumentParser) -> None:
-    """`--builder`, repeatable: the Docker engines that build (replaces build.builders)."""
-    parser.add_argument("--builder", action="append", default=[], metavar="[NAME=]ENDPOINT",
-                        help="a Docker engine to build on: unix://PATH, ssh://USER@HOST, "
-                             "tcp://HOST:PORT or a Docker context name; repeatable (cells are "
-                             "shared out by platform and capacity; default: build.builders, "
-                             "else DOCKER_HOST / the current context)")
+def package_index() -> str:
+    """The package index every step reads: the `index_url` option's variables, else PyPI."""
+    from .model.index import index_url
+
+    return index_url(from_environment("index_url"))
+
+
+def from_environment(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """An option without a flag, read where a step needs it: its variables, else its default
+    (a bad value is a usage error naming the variable)."""
+    option = OPTIONS[name]
+    found = option.from_env(os.environ if env is None else env)
+    return found[0] if found is not None else option.default

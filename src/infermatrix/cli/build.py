@@ -12,23 +12,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common_options(parser)
     selection_options(parser)
     run_options(parser, "fail_fast", "timeout_min", "max_jobs", "nvcc_threads", "wait", "force",
-                "ca_bundle")
+                "ca_bundle", "builders")
     parser.add_argument("--explain", action="store_true",
                         help="print the compile plan with where each figure came from; "
                              "build nothing")
-    from ..options import builder_option
-    builder_option(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..stages.build import BuildOptions, build_cells
+    from ..stages.build import build_cells
 
     build_run = load_run(args)
-    o = build_run.options
-    options = BuildOptions(fail_fast=o.fail_fast, timeout_min=o.timeout_min,
-                           max_jobs=o.max_jobs, nvcc_threads=o.nvcc_threads, wait=o.wait,
-                           force=o.force, ca_bundle=o.ca_bundle, builders=o.builders)
+    options = build_run.options
     if args.explain:
         from ..stages.build import compile_plan_for_cells
 

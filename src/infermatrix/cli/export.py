@@ -62,10 +62,9 @@ def run(args: argparse.Namespace) -> int:
 def _bake(args: argparse.Namespace, export_run, out: Path | None) -> tuple[str, list]:
     """The bake file, its args from the compile planner as `build` sizes them."""
     from ..stages import export
-    from ..stages.build import BuildOptions, compile_plan_for_cells, secrets_for
+    from ..stages.build import compile_plan_for_cells, secrets_for
 
-    o = export_run.options
-    options = BuildOptions(max_jobs=o.max_jobs, nvcc_threads=o.nvcc_threads, ca_bundle=o.ca_bundle)
+    options = export_run.options
     compile = compile_plan_for_cells(export_run.ctx, export_run.plans, options)
     out_dir = out.parent if out else Path.cwd()
     data, unrendered = export.bake_file(export_run.ctx, export_run.plans, compile.build_args(),

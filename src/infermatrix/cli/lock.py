@@ -10,7 +10,8 @@ from ..context import Context
 from ..errors import UsageError
 from ..options import positive_int
 from ..state import run_lock
-from . import common_options, load_run, selection_options, wait_option
+from . import (common_options, compile_options, load_run, run_options, selection_options,
+               wait_option)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,10 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming the cells whose committed lock "
                         "differs from a fresh resolution")
-    parser.add_argument("--index-url", default=None, metavar="URL",
-                        help="package index (default: INFERMATRIX_INDEX_URL, UV_INDEX_URL, "
-                        "PIP_INDEX_URL or PyPI); the torch variant index follows "
-                        "INFERMATRIX_TORCH_INDEX")
+    run_options(parser, "index_url")
     parser.add_argument("--jobs", type=positive_int, default=4, metavar="N",
                         help="cells resolved at once (default 4)")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
@@ -59,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     repro.add_argument("--against-cache", action="store_true",
                        help="with --kernels: compile once and compare with the kernel cache's "
                        "wheel of the same key")
+    compile_options(repro)
+    run_options(repro, "ca_bundle")
     wait_option(repro)
     repro.set_defaults(func=run_verify_repro)
 
@@ -74,11 +74,11 @@ def run_lock_command(args: argparse.Namespace) -> int:
     if not any(p.planned for p in plans):
         raise UsageError("no planned cell in the selection (see `infermatrix plan`)")
     if args.check:  # writes nothing: no need to hold the state directory
-        run = lock.lock_cells(ctx, plans, check=True, index=args.index_url, jobs=args.jobs,
+        run = lock.lock_cells(ctx, plans, check=True, index=lock_run.options.index_url, jobs=args.jobs,
                               all_planned=all_planned)
     else:
         with run_lock(ctx.state, wait=lock_run.options.wait):
-            run = lock.lock_cells(ctx, plans, index=args.index_url, jobs=args.jobs,
+            run = lock.lock_cells(ctx, plans, index=lock_run.options.index_url, jobs=args.jobs,
                                   all_planned=all_planned)
             if all_planned is not None:  # the whole matrix: commit what its selectors resolved
                 from ..stages.plandiff import write_snapshot
@@ -148,7 +148,8 @@ def run_verify_repro(args: argparse.Namespace) -> int:
         raise UsageError("--against-cache needs --kernels")
     if args.kernels:
         with run_lock(ctx.state, wait=repro_run.options.wait):
-            reports = repro.verify_kernels(ctx, plan, against_cache=args.against_cache)
+            reports = repro.verify_kernels(ctx, plan, against_cache=args.against_cache,
+                                           options=repro_run.options)
         if args.json:
             json.dump([r.__dict__ | {"differences": [d.__dict__ for d in r.differences]}
                        for r in reports], sys.stdout, indent=2, sort_keys=True, default=str)
@@ -157,7 +158,7 @@ def run_verify_repro(args: argparse.Namespace) -> int:
             print("\n".join(r.summary() for r in reports))
         return 0 if all(r.identical for r in reports) else 1
     with run_lock(ctx.state, wait=repro_run.options.wait):
-        report = repro.verify_repro(ctx, plan, keep=args.keep)
+        report = repro.verify_repro(ctx, plan, keep=args.keep, options=repro_run.options)
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

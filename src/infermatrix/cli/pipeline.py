@@ -22,10 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     selection_options(parser)
     run_options(parser, "fail_fast", "levels", "smoke_on", "max_jobs", "nvcc_threads",
                 "timeout_min",
-                "force", "ca_bundle", "wait")
-    parser.add_argument("--no-publish", action="store_true", help="skip the publish step")
-    from ..options import builder_option
-    builder_option(parser)
+                "force", "ca_bundle", "wait", "publish", "builders")
     parser.set_defaults(func=run)
 
 

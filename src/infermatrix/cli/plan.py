@@ -14,6 +14,7 @@ from ..context import Context
 from ..stages.lock import prune_unsatisfiable
 from ..model.cell import CellPlan
 from ..stages.plan import Plan, plan_full
+from ..options import from_environment, package_index
 from ..state import run_lock
 from . import common_options, load_context, selection_options, wait_option
 from .views import STATUS_STYLE, plan_view, print_lines
@@ -135,7 +136,9 @@ def _print_diff(ctx: Context, plans: list[CellPlan], whole: bool) -> int:
     for engine, spec in ctx.matrix.engines.items():
         if spec.get("package"):
             try:
-                listing = release_list(ctx.state.index_cache, spec["package"], offline=ctx.offline)
+                listing = release_list(ctx.state.index_cache, spec["package"], offline=ctx.offline,
+                                       index=package_index(),
+                                       ttl_s=from_environment("index_ttl_s"))
                 on_index[engine] = set(listing.versions)
             except IndexUnavailable:
                 pass

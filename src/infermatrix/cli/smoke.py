@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from . import common_options, load_run, run_options, selection_options, wait_option
 
@@ -14,19 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     selection_options(smoke)
     smoke.add_argument("cells", nargs="*", metavar="CELL_ID",
                        help="cells to test (default: every planned cell with a passed build)")
-    run_options(smoke, "levels", "smoke_on")
-    smoke.add_argument("--model-path", default=None, metavar="HOST_DIR",
-                       help="real weights on this host, mounted read-only (default: "
-                            "smoke.model_source; `fixture` generates a tiny model in the image); "
-                            "with --on an engine elsewhere, the same path on that engine's host "
-                            "(a shared mount), while a fixture is copied there")
-    smoke.add_argument("--fixture", choices=["normal", "broken"], default="normal",
-                       help="fixture variant: `broken` has shapes the CPU kernels reject "
-                            "(a model level that must fail)")
-    smoke.add_argument("--image", default=None, metavar="REF",
-                       help="test this image (name or id, in the engine) as the cell's, not its "
-                            "recorded build: one made or loaded elsewhere; the journal records "
-                            "it, and `tag` only tags a cell's own built image")
+    run_options(smoke, "levels", "smoke_on", "model_path", "fixture", "image")
     wait_option(smoke)
     smoke.set_defaults(func=run_smoke)
 
@@ -82,8 +69,7 @@ def _print_smoke(result) -> None:
 
 
 def run_smoke(args: argparse.Namespace) -> int:
-    from ..stages.smoke import (SmokeOptions, levels_to_run, model_source, smoke_cells,
-                                smoke_endpoint)
+    from ..stages.smoke import levels_to_run, model_source, smoke_cells, smoke_endpoint
     from ..state import run_lock
 
     if args.image and len(args.cells) != 1:
@@ -92,10 +78,11 @@ def run_smoke(args: argparse.Namespace) -> int:
         raise UsageError("--image tests one image: name exactly one CELL_ID with it")
     run, plans = _plans(args, "build")
     ctx = run.ctx
-    options = SmokeOptions(levels=levels_to_run(ctx, run.options.levels), fixture=args.fixture,
-                           model_path=Path(args.model_path) if args.model_path else None,
-                           image=args.image, on=smoke_endpoint(ctx, run.options.smoke_on))
-    model_source(ctx, options)  # a bad --model-path is a usage error before anything runs
+    options = run.options
+    # usage errors before anything runs: a bad level list, model path or smoke engine
+    levels_to_run(ctx, options.levels)
+    model_source(ctx, options)
+    smoke_endpoint(ctx, options.smoke_on)
     with run_lock(ctx.state, wait=run.options.wait):
         results = smoke_cells(ctx, plans, options, on_result=_print_smoke)
     failed = [r.cell_id for r in results if r.status == "fail"]

@@ -72,12 +72,10 @@ class ReleaseMetadata:
         return found
 
 
-def index_url() -> str:
-    """The index to read: UV_INDEX_URL / PIP_INDEX_URL if set, else PyPI's simple index."""
-    for var in ("INFERMATRIX_INDEX_URL", "UV_INDEX_URL", "PIP_INDEX_URL"):
-        if os.environ.get(var):
-            return os.environ[var].rstrip("/")
-    return DEFAULT_INDEX
+def index_url(configured: str | None = None) -> str:
+    """The index to read: the configured one (the run option `index_url`:
+    options.package_index()), else PyPI's simple index."""
+    return (configured or DEFAULT_INDEX).rstrip("/")
 
 
 def _ssl_context() -> ssl.SSLContext:
@@ -287,7 +285,7 @@ def release_list(root: Path, name: str, *, offline: bool = False, index: str | N
     """The releases of `name` on the index: from the cache when offline or fresh enough."""
     index = index or index_url()
     path = _listing_path(root, index, name)
-    ttl = float(os.environ.get("INFERMATRIX_INDEX_TTL", LISTING_TTL_S)) if ttl_s is None else ttl_s
+    ttl = LISTING_TTL_S if ttl_s is None else ttl_s  # the run option index_ttl_s
     if path.is_file() and (offline or time.time() - path.stat().st_mtime < ttl):
         cached = cached_entry(path, lambda d: typed(ReleaseList, d, ("versions",)))
         if cached is not None:

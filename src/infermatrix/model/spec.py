@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from packaging.utils import canonicalize_name
 
-from ..config import DATA_DIR, Matrix
+from ..config import Matrix
 from ..errors import UsageError
 from ..names import inside
 from ..state import read_state_text

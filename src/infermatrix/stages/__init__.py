@@ -172,12 +172,8 @@ def _base_platforms(run: Run, plan: CellPlan) -> list[str]:
 
 
 def step_build(run: Run, alive: list[CellPlan]) -> StepRecord:
-    from .build import BuildOptions, build_cells
-    o = run.options
-    results = build_cells(run.ctx, alive, BuildOptions(
-        fail_fast=o.fail_fast, timeout_min=o.timeout_min, max_jobs=o.max_jobs,
-        nvcc_threads=o.nvcc_threads, wait=o.wait, force=o.force, ca_bundle=o.ca_bundle,
-        builders=o.builders, echo=echo))
+    from .build import build_cells
+    results = build_cells(run.ctx, alive, run.options, echo=echo)
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
     return _record("build", passed, failed)
@@ -210,9 +206,8 @@ def step_audit(run: Run, alive: list[CellPlan]) -> StepRecord:
 def step_smoke(run: Run, alive: list[CellPlan]) -> StepRecord:
     """static (imports; the audit of the step before) → gpu → model, per matrix.yaml or
     --levels."""
-    from .smoke import SmokeOptions, smoke_cells, smoke_endpoint
-    results = smoke_cells(run.ctx, alive, SmokeOptions(
-        levels=run.options.levels, on=smoke_endpoint(run.ctx, run.options.smoke_on)))
+    from .smoke import smoke_cells
+    results = smoke_cells(run.ctx, alive, run.options)
     passed = [r.cell_id for r in results if r.status != "fail"]
     failed = [r.cell_id for r in results if r.status == "fail"]
     return _record("smoke", passed, failed)

@@ -59,6 +59,7 @@ from ..errors import CommandFailed, StageFailure, UsageError
 from ..model.loadedset import LoadVerdict
 from ..model.cell import CellPlan
 from ..model.index import cached_entry
+from ..options import OPTIONS, from_environment
 from ..state import StatePaths, write_json_atomic
 from .watch import Heartbeat
 
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 NOT_LOADED_GROUP = "not-loaded"
-CUOBJDUMP_ENV = "INFERMATRIX_CUOBJDUMP"
+CUOBJDUMP_ENV = OPTIONS["cuobjdump"].env[0]
 CUOBJDUMP_DIST = "nvidia-cuda-cuobjdump"
 HARNESS_DIR = Path(__file__).resolve().parents[1] / "harness"  # in-image programs, mounted
 HARNESS_MOUNT = "/opt/infermatrix/harness"
@@ -88,11 +89,9 @@ _CUDA_WHEEL = re.compile(r"^nvidia-(cuda-runtime|cublas|cuda-nvrtc|nvjitlink)(?:
 
 def find_cuobjdump() -> str:
     """$INFERMATRIX_CUOBJDUMP, the `nvidia-cuda-cuobjdump` wheel, PATH, then $CUDA_HOME/bin."""
-    explicit = os.environ.get(CUOBJDUMP_ENV)
+    explicit = from_environment("cuobjdump")  # checked there: a missing file is a usage error
     if explicit:
-        if not Path(explicit).is_file():
-            raise UsageError(f"{CUOBJDUMP_ENV}={explicit} does not exist")
-        return explicit
+        return str(explicit)
     from_wheel = _cuobjdump_from_wheel()
     if from_wheel:
         return from_wheel

@@ -42,8 +42,11 @@ from . import lock as locks
 from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
 from ..model.cell import CellPlan
+from ..options import RunOptions
 from ..model.spec import read_lock_text, resolve
 from ..state import run_lock
+
+Echo = Callable[[str], None]  # where progress lines go (print; a test's list.append)
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +66,6 @@ _KERNEL_STAGE = re.compile(r"^\s*FROM\s+\S+\s+AS\s+kernel-([A-Za-z0-9_.-]+)\s*$"
 
 def local_ref(cell_id: str) -> str:
     return f"{LOCAL_REPOSITORY}/{cell_id}:{LOCAL_TAG}"
-
-
-@dataclass
-class BuildOptions:
-    fail_fast: bool = False
-    timeout_min: float | None = None  # per cell; default build.timeout_minutes
-    max_jobs: int | None = None
-    nvcc_threads: int | None = None
-    wait: bool = False  # wait for another run holding the state directory
-    ca_bundle: Path | None = None  # default: SSL_CERT_FILE or the system bundle
-    secrets: dict[str, Path] = field(default_factory=dict)  # extra secrets (pip_index, ...)
-    force: bool = False  # rebuild even when the input hash is unchanged
-    no_cache: bool = False  # BuildKit `--no-cache` (cold-build benchmarks)
-    builders: list[str] = field(default_factory=list)  # --builder (else build.builders)
-    echo: Callable[[str], None] = print
-    compile_nonce: str = ""  # a new value compiles the kernels again (BuildKit's cache aside)
 
 
 @dataclass
@@ -188,11 +175,11 @@ def build_platform(plan: CellPlan) -> str | None:
     return wanted if wanted and wanted != engine.engine_platform() else None
 
 
-def secrets_for(options: BuildOptions) -> dict[str, Path]:
+def secrets_for(options: RunOptions) -> dict[str, Path]:
     import os
 
     bundle = options.ca_bundle or Path(os.environ.get("SSL_CERT_FILE") or DEFAULT_CA_BUNDLE)
-    secrets = dict(options.secrets)
+    secrets: dict[str, Path] = {}
     if bundle.is_file():
         secrets.setdefault("ca_bundle", bundle)
     return secrets
@@ -264,7 +251,7 @@ def emulated_compile_refusal(ctx: Context, plan: CellPlan,
 # The compile plan for this run
 # --------------------------------------------------------------------------------------------
 
-def compile_plan_for(ctx: Context, kernels_needed: list[list[Any]], options: BuildOptions,
+def compile_plan_for(ctx: Context, kernels_needed: list[list[Any]], options: RunOptions,
                      reading: compileplan.HostReading | None = None,
                      builder: Any = None) -> compileplan.CompilePlan:
     """Size MAX_JOBS/NVCC_THREADS for the kernels the selected cells compile.
@@ -571,7 +558,8 @@ def lock_problem(ctx: Context, cell_id: str, dockerfile_text: str) -> str | None
 
 
 def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
-               options: BuildOptions, builder: dict[str, Any] | None = None) -> CellResult:
+               options: RunOptions, builder: dict[str, Any] | None = None,
+               echo: Echo = print) -> CellResult:
     """Build one cell on the current engine; `builder`: its identity (several builders), kept
     in the journal with the result."""
     cell_id = plan.id
@@ -614,11 +602,11 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     secrets = secrets_for(options)
     platform = build_platform(plan)
     kernels: dict[str, dict[str, Any]] = {}
-    short = disk_refusal(ctx, cell_id, log_path, options.echo)
+    short = disk_refusal(ctx, cell_id, log_path, echo)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
         return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
                                builder)
-    shared = _take_shared_kernels(ctx, cell_id, keys, log_path, options.echo)
+    shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
     refusal = emulated_compile_refusal(ctx, plan, keys, platform)
     if refusal:
         journal.record_stage(ctx.state, cell_id, "build", "skip", log=log_path, reason=refusal,
@@ -626,14 +614,14 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
         return CellResult(cell_id, "skip", reason=refusal)
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
-                                           log_path, deadline, options.echo, options.no_cache,
+                                           log_path, deadline, echo, options.no_cache,
                                            platform, shared)
         with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
             context = Path(tmp) / "context"
             shutil.copytree(directory, context, symlinks=True)
             kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
             labels = {INPUT_HASH_LABEL: digest}
-            with watch.Heartbeat(f"{cell_id}: image build", options.echo) as beat:
+            with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
                 image_id = engine.build_image(context, tag=local_ref(cell_id),
                                               build_args=build_args, secrets=secrets,
                                               log_path=log_path, labels=labels,
@@ -737,7 +725,7 @@ def _kernels_to_compile(ctx: Context, plan: CellPlan) -> list[kernelcache.Kernel
     return [key for key in keys.values() if kernelcache.lookup(ctx.state, key) is None]
 
 
-def compile_plan_for_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions,
+def compile_plan_for_cells(ctx: Context, plans: list[CellPlan], options: RunOptions,
                            reading: compileplan.HostReading | None = None, builder: Any = None
                            ) -> compileplan.CompilePlan:
     """The compile plan for the kernels the planned cells still have to compile."""
@@ -745,88 +733,89 @@ def compile_plan_for_cells(ctx: Context, plans: list[CellPlan], options: BuildOp
                             options, reading, builder)
 
 
-def build_cells(ctx: Context, plans: list[CellPlan], options: BuildOptions | None = None
-                ) -> dict[str, CellResult]:
+def build_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None = None,
+                echo: Echo = print) -> dict[str, CellResult]:
     """Build every planned cell of `plans` (pruned ones are skipped); hold the state lock.
 
     Up to `compile.parallel_cells` cells build at once (the planner caps it so that their
     compile budgets sum under the memory available); one at a time when it is 1.
     """
-    options = options or BuildOptions()
+    options = options or RunOptions()
     planned = [p for p in plans if p.planned]
     results: dict[str, CellResult] = {}
     from .builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:
         with run_lock(ctx.state, wait=options.wait):
-            _build_on_builders(ctx, planned, endpoints, options, results)
+            _build_on_builders(ctx, planned, endpoints, options, results, echo)
     else:
-        _build_here(ctx, planned, options, results)
+        _build_here(ctx, planned, options, results, echo)
     for plan in plans:
         if plan.id not in results and not plan.planned:
             results[plan.id] = CellResult(plan.id, "skip", reason="pruned by the planner")
     return results
 
 
-def _build_here(ctx: Context, planned: list[CellPlan], options: BuildOptions,
-                results: dict[str, CellResult]) -> None:
+def _build_here(ctx: Context, planned: list[CellPlan], options: RunOptions,
+                results: dict[str, CellResult], echo: Echo) -> None:
     """Every cell on the one engine of DOCKER_HOST / the current context."""
     compile = compile_plan_for_cells(ctx, planned, options)
-    options.echo(compile.describe())
+    echo(compile.describe())
     with run_lock(ctx.state, wait=options.wait):
         if compile.parallel_cells <= 1 or len(planned) <= 1:
-            _build_in_order(ctx, planned, compile, options, results)
+            _build_in_order(ctx, planned, compile, options, results, echo)
         else:
-            _build_in_parallel(ctx, planned, compile, options, results)
+            _build_in_parallel(ctx, planned, compile, options, results, echo)
 
 
 def _bases_then_build(ctx: Context, plan: CellPlan, builder: Any, local: engine.Engine,
-                      options: BuildOptions, identity: dict[str, Any],
-                      ensure_bases: Callable[..., None]) -> CellResult:
+                      options: RunOptions, identity: dict[str, Any],
+                      ensure_bases: Callable[..., None], echo: Echo) -> CellResult:
     dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
     if dockerfile.is_file():
         log_path = ctx.state.cell_log(plan.id, "build")
         try:
-            ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), options.echo,
+            ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), echo,
                          log_path)
         except InfermatrixError as exc:
             return _record_failure(ctx, plan.id, 0.0, log_path, f"copying the base image to "
                                    f"builder {builder.name}: {exc}".splitlines()[0],
                                    getattr(exc, "command", None), getattr(exc, "log_tail", None),
                                    builder=identity)
-    return build_cell(ctx, plan, builder.compile, options, builder=identity)
+    return build_cell(ctx, plan, builder.compile, options, builder=identity, echo=echo)
 
 
 def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[Any],
-                       options: BuildOptions, results: dict[str, CellResult]) -> None:
+                       options: RunOptions, results: dict[str, CellResult], echo: Echo
+                       ) -> None:
     """One worker thread per builder, each bound to its engine, working through its queue
     (builders.py: who gets which cell). A builder that stops answering fails the cell it was
     building and every cell left in its queue, with the reason; the others go on."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .builders import assign, connect
-    up, down = connect(endpoints, options.echo)
+    up, down = connect(endpoints, echo)
     previous = {p.id: ((journal.load(ctx.state, p.id).get("builder") or {}).get("name") or "")
                 for p in planned}
     for cell_id, reason in assign(planned, up, previous, down).items():
         results[cell_id] = _record_failure(ctx, cell_id, 0.0, None, reason, None, None)
-        options.echo(results[cell_id].summary())
+        echo(results[cell_id].summary())
     busy = [b for b in up if b.queue]
     local = engine.Engine()  # this machine's engine: where the debootstrap bases are made
     for builder in busy:
         builder.compile = compile_plan_for_cells(ctx, builder.queue, options, builder=builder)
-        options.echo(f"{builder.name}: {len(builder.queue)} cell(s) "
+        echo(f"{builder.name}: {len(builder.queue)} cell(s) "
                      f"({', '.join(p.id for p in builder.queue)}); {builder.compile.describe()}")
     if not busy:
         return
     with ThreadPoolExecutor(max_workers=len(busy), thread_name_prefix="infermatrix-builder") \
             as pool:
-        for done in [pool.submit(_work_queue, ctx, b, local, options) for b in busy]:
+        for done in [pool.submit(_work_queue, ctx, b, local, options, echo) for b in busy]:
             results.update(done.result())
 
 
-def _work_queue(ctx: Context, builder: Any, local: engine.Engine, options: BuildOptions
-                ) -> dict[str, CellResult]:
+def _work_queue(ctx: Context, builder: Any, local: engine.Engine, options: RunOptions,
+                echo: Echo) -> dict[str, CellResult]:
     from .builders import ensure_bases
 
     results: dict[str, CellResult] = {}
@@ -838,7 +827,7 @@ def _work_queue(ctx: Context, builder: Any, local: engine.Engine, options: Build
                                          builder=identity)
             else:
                 result = _bases_then_build(ctx, plan, builder, local, options, identity,
-                                           ensure_bases)
+                                           ensure_bases, echo)
                 if result.status == "fail" and not builder.engine.answers():
                     builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
                                     "stopped answering during the run; rerun to build on the "
@@ -848,33 +837,33 @@ def _work_queue(ctx: Context, builder: Any, local: engine.Engine, options: Build
                                              result.command, result.log_tail, result.kernels,
                                              builder=identity)
             results[plan.id] = result
-            options.echo(f"[{builder.name}] {result.summary()}")
+            echo(f"[{builder.name}] {result.summary()}")
             if result.status == "fail" and options.fail_fast:
                 break
     return results
 
 
 def _build_in_order(ctx: Context, planned: list[CellPlan], compile: compileplan.CompilePlan,
-                    options: BuildOptions, results: dict[str, CellResult]) -> None:
+                    options: RunOptions, results: dict[str, CellResult], echo: Echo) -> None:
     for plan in planned:
-        result = build_cell(ctx, plan, compile, options)
+        result = build_cell(ctx, plan, compile, options, echo=echo)
         results[plan.id] = result
-        options.echo(result.summary())
+        echo(result.summary())
         if result.status == "fail" and options.fail_fast:
-            options.echo("stopping: --fail-fast")
+            echo("stopping: --fail-fast")
             return
 
 
 def _build_in_parallel(ctx: Context, planned: list[CellPlan],
-                       compile: compileplan.CompilePlan, options: BuildOptions,
-                       results: dict[str, CellResult]) -> None:
+                       compile: compileplan.CompilePlan, options: RunOptions,
+                       results: dict[str, CellResult], echo: Echo) -> None:
     """A pool of `parallel_cells` workers. On --fail-fast or an interrupt the cells not
     started are cancelled; the ones under way finish and are journaled."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     pool = ThreadPoolExecutor(max_workers=compile.parallel_cells,
                               thread_name_prefix="infermatrix-build")
-    futures = {pool.submit(build_cell, ctx, plan, compile, options): plan for plan in planned}
+    futures = {pool.submit(build_cell, ctx, plan, compile, options, None, echo): plan for plan in planned}
     pending = set(futures)
     try:
         while pending:
@@ -884,9 +873,9 @@ def _build_in_parallel(ctx: Context, planned: list[CellPlan],
                     continue
                 result = future.result()
                 results[futures[future].id] = result
-                options.echo(result.summary())
+                echo(result.summary())
                 if result.status == "fail" and options.fail_fast:
-                    options.echo("stopping: --fail-fast (cells under way finish)")
+                    echo("stopping: --fail-fast (cells under way finish)")
                     for other in pending:
                         other.cancel()
     finally:

@@ -46,7 +46,8 @@ from .. import journal, proc
 from . import kernelcache
 from ..context import Context
 from ..errors import CommandFailed, StageFailure
-from ..model.index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get, index_url
+from ..model.index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get
+from ..options import package_index
 from ..model.cell import CellPlan, Verdict
 from ..model.spec import (LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base,
                           read_lock_text)
@@ -195,7 +196,8 @@ def cell_requirements(ctx: Context, plan: CellPlan,
         else:
             requirements.append(f"{package}=={cell.engine_version}")
     if no_deps:
-        metadata = metadata or MetadataCache(ctx.state.index_cache, offline=ctx.offline)
+        metadata = metadata or MetadataCache(ctx.state.index_cache, offline=ctx.offline,
+                                             index=package_index())
         pinned = {_name(r) for r in requirements} | {_name(s) for s in no_deps}
         for i, spec in enumerate(no_deps):
             try:
@@ -267,7 +269,7 @@ def _sdist_hash(ctx: Context, package: str, version: str) -> str:
     """sha256 of a release's sdist from the simple index (PEP 691 JSON)."""
     if ctx.offline:
         return "(offline: not checked)"
-    url = f"{index_url()}/{canonicalize_name(package)}/"
+    url = f"{package_index()}/{canonicalize_name(package)}/"
     listing = json.loads(_http_get(url, {"Accept": SIMPLE_JSON}))
     for entry in listing.get("files", []):
         name = entry["filename"]
@@ -292,7 +294,7 @@ def lock_inputs(ctx: Context, plan: CellPlan, *, index: str | None = None,
         extra.append(settings.engine_index)
     return LockInputs(
         cell_id=plan.id, python=settings.python, platform=platform, platform_reason=reason,
-        index_url=index or index_url(), extra_index_urls=tuple(_unique(extra)),
+        index_url=index or package_index(), extra_index_urls=tuple(_unique(extra)),
         requirements=tuple(requirements), no_deps=tuple(no_deps),
         kernels=tuple(kernel_pins(ctx, plan)), uv_version=uv_version())
 

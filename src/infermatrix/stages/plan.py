@@ -11,7 +11,6 @@ need an index off PyPI, one existence check of that source.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 from urllib.parse import urlparse
@@ -26,7 +25,8 @@ from ..context import Context
 from ..model.coverage import Coverage, decide
 from ..errors import UsageError
 from ..model.index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
-                    index_lists, index_url, release_list, url_exists)
+                    index_lists, release_list, url_exists)
+from ..options import from_environment, package_index
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
 from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
                     evaluate, exact_pin, load_rules, torch_satisfies)
@@ -520,7 +520,7 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     torch_index = None
     pypi_cuda = facts.cell_torch_cuda if facts else None
     if cell.cuda != CPU and pypi_cuda is not None and pypi_cuda != cell.cuda:
-        index = os.environ.get("INFERMATRIX_TORCH_INDEX") or load_rules()["torch-cuda-variant"]["index"]
+        index = from_environment("torch_index") or load_rules()["torch-cuda-variant"]["index"]
         torch_index = index.format(cuda_tag=cell.cuda_tag)
     sources = {}
     if facts and facts.metadata_url:
@@ -697,9 +697,11 @@ class Plan:
 
 
 def default_sources(ctx: Context) -> tuple[MetadataSource, ReleaseSource]:
-    cache = MetadataCache(ctx.state.index_cache, offline=ctx.offline)
+    index, ttl_s = package_index(), from_environment("index_ttl_s")
+    cache = MetadataCache(ctx.state.index_cache, offline=ctx.offline, index=index)
     return cache.release, lambda name: release_list(ctx.state.index_cache, name,
-                                                    offline=ctx.offline)
+                                                    offline=ctx.offline, index=index,
+                                                    ttl_s=ttl_s)
 
 
 def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
@@ -712,7 +714,7 @@ def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = ()
     if source is None:
         source, default_releases = default_sources(ctx)
         releases = releases or default_releases
-        code = code or WheelCodeCache(ctx.state.index_cache / "wheel-code", index_url(),
+        code = code or WheelCodeCache(ctx.state.index_cache / "wheel-code", package_index(),
                                       offline=ctx.offline)
     gatherer = FactGatherer(source)
     expansion = expand(m, gatherer, releases)

@@ -37,6 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import build, kernelcache
 from ..engine import docker as engine
+from ..options import RunOptions
 from .. import journal
 from . import lock as locks
 from ..config import DATA_DIR
@@ -423,17 +424,20 @@ def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: d
 
 def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
                 build_args: dict[str, str] | None = None,
-                secrets: dict[str, Path] | None = None) -> tuple[list[str], list[float], dict]:
-    """Two complete no-cache builds of a rendered cell (kernels included); their image ids."""
+                secrets: dict[str, Path] | None = None, options: RunOptions | None = None
+                ) -> tuple[list[str], list[float], dict]:
+    """Two complete no-cache builds of a rendered cell (kernels included); their image ids.
+    Build args and secrets as `build` sizes them under `options` (--max-jobs, --ca-bundle)."""
+    options = options or RunOptions()
     dockerfile = build.cell_dir(ctx, plan.id) / "Dockerfile"
     if not dockerfile.is_file():
         raise StageFailure(f"{plan.id}: not rendered ({dockerfile} is missing); run "
                            f"`infermatrix render --select {plan.id}` first")
     stages = build.kernel_stages(dockerfile.read_text(encoding="utf-8"))
     if build_args is None:
-        build_args = build.compile_plan_for(ctx, [stages], build.BuildOptions()).build_args()
+        build_args = build.compile_plan_for(ctx, [stages], options).build_args()
     if secrets is None:
-        secrets = build.secrets_for(build.BuildOptions())
+        secrets = build.secrets_for(options)
     images, durations = [], []
     root = ctx.state.root / "tmp"
     root.mkdir(parents=True, exist_ok=True)
@@ -458,7 +462,8 @@ def compare_images(first: str, second: str) -> tuple[list[Difference], list[int]
     return differences, [len(a), len(b)]
 
 
-def verify_repro(ctx: Context, plan: CellPlan, keep: bool = False) -> ReproReport:
+def verify_repro(ctx: Context, plan: CellPlan, keep: bool = False,
+                 options: RunOptions | None = None) -> ReproReport:
     """Build twice without cache, compare files, config and digests, list the inputs; record
     the result (journal field `repro` and <state>/reports/repro-<cell>.json); remove the two
     images unless `keep`."""
@@ -466,7 +471,7 @@ def verify_repro(ctx: Context, plan: CellPlan, keep: bool = False) -> ReproRepor
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"# infermatrix verify-repro {plan.id}\n", encoding="utf-8")
     try:
-        images, durations, build_args = build_twice(ctx, plan, log_path)
+        images, durations, build_args = build_twice(ctx, plan, log_path, options=options)
         differences, files = compare_images(images[0], images[1])
         infos = [engine.inspect_image(image) or {} for image in images]
         builder = builder_info()
@@ -641,8 +646,8 @@ def compile_kernel_again(ctx: Context, plan: CellPlan, name: str, out: Path,
     return wheels
 
 
-def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False
-                   ) -> list[KernelReproReport]:
+def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False,
+                   options: RunOptions | None = None) -> list[KernelReproReport]:
     """Compile each kernel stage of the cell (its compile step again, on the cached toolchain:
     compile_kernel_again) and compare the wheels member by member with a second such compile,
     or (`against_cache`) with the wheel the kernel cache holds for the same key (what a rebuild
@@ -654,8 +659,9 @@ def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False
     stages = build.kernel_stages(text)
     if not stages:
         raise StageFailure(f"{plan.id} compiles no kernel (no kernel-* stage)")
-    build_args = build.compile_plan_for(ctx, [stages], build.BuildOptions()).build_args()
-    secrets = build.secrets_for(build.BuildOptions())
+    options = options or RunOptions()
+    build_args = build.compile_plan_for(ctx, [stages], options).build_args()
+    secrets = build.secrets_for(options)
     keys = build.kernel_keys_for(ctx, plan, text)
     log_path = ctx.state.cell_log(plan.id, "repro-kernels")
     log_path.parent.mkdir(parents=True, exist_ok=True)

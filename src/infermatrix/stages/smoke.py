@@ -47,6 +47,7 @@ from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
+from ..options import RunOptions
 from .watch import Heartbeat
 
 if TYPE_CHECKING:
@@ -107,21 +108,6 @@ def overall_status(statuses: list[str]) -> str:
     if "fail" in statuses:
         return "fail"
     return "pass" if "pass" in statuses else "skip"
-
-
-@dataclass
-class SmokeOptions:
-    levels: list[str] | None = None  # default: matrix smoke.levels
-    model_path: Path | None = None  # host directory of real weights (mounted read-only)
-    fixture: str = "normal"  # normal | broken (shapes the CPU kernels reject)
-    host_gpu: bool | None = None  # None: detect
-    # an image to test as the cell's instead of its recorded build (`smoke --image`): one
-    # made or pulled elsewhere; the journal says so, and the tag policy only tags a cell's
-    # own built image
-    image: str | None = None
-    # the engine the levels run on (`--smoke-on` / `smoke --on` / smoke.on), where the GPUs
-    # are; None: the engine that built the cell
-    on: "engine.Endpoint | None" = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,7 +184,7 @@ def with_mtp(ctx: Context, plan: CellPlan, spec: LaunchSpec, model_dir: Path,
     return dataclasses.replace(spec, command=spec.command + args) if args else spec
 
 
-def model_source(ctx: Context, options: SmokeOptions) -> Path | None:
+def model_source(ctx: Context, options: RunOptions) -> Path | None:
     """A host directory of real weights, or None for the fixture."""
     if options.model_path is not None:
         path = Path(options.model_path)
@@ -463,7 +449,7 @@ def published_port(container_id: str, deadline_s: float = 10.0) -> tuple[str, in
 
 
 def run_model(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
-              gpu_here: bool, options: SmokeOptions) -> LevelResult:
+              gpu_here: bool, options: RunOptions) -> LevelResult:
     spec = launch_spec(ctx, plan)
     if spec is None:
         return LevelResult("model", "skip", f"engine {plan.cell.engine} defines no server "
@@ -599,7 +585,7 @@ def observe_loaded_set(ctx: Context, plan: CellPlan, container_id: str,
 
 
 def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
-                   gpu_here: bool, options: SmokeOptions) -> LevelResult:
+                   gpu_here: bool, options: RunOptions) -> LevelResult:
     """N replicas of the server under the bounded load of stages/throughput.py."""
     from . import throughput
 
@@ -744,10 +730,10 @@ def bring_image(source: "engine.Engine", target: "engine.Engine", image_id: str,
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None) -> SmokeResult:
+def smoke_cell(ctx: Context, plan: CellPlan, options: RunOptions | None = None) -> SmokeResult:
     """Run the requested levels on the cell's built image; record them in the journal. With
-    `options.on` the levels run on that engine, the image moved there first."""
-    options = options or SmokeOptions()
+    `options.smoke_on` the levels run on that engine, the image moved there first."""
+    options = options or RunOptions()
     if options.fixture not in FIXTURE_VARIANTS:
         raise UsageError(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
@@ -756,15 +742,16 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: SmokeOptions | None = None
     log_path = ctx.state.cell_log(plan.id, "smoke")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"smoke {plan.id} image {image_id} levels {','.join(levels)}\n")
-    if options.on is None:
+    on = smoke_endpoint(ctx, options.smoke_on)
+    if on is None:
         return _smoke_levels(ctx, plan, options, levels, image_id, log_path, None)
-    target = engine.Engine(options.on)
+    target = engine.Engine(on)
     moved = bring_image(engine.current(), target, image_id, log_path)
     with engine.bound(target):
         return _smoke_levels(ctx, plan, options, levels, image_id, log_path, moved)
 
 
-def _smoke_levels(ctx: Context, plan: CellPlan, options: SmokeOptions, levels: list[str],
+def _smoke_levels(ctx: Context, plan: CellPlan, options: RunOptions, levels: list[str],
                   image_id: str, log_path: Path, moved: dict[str, Any] | None) -> SmokeResult:
     """The levels on the current engine. A named smoke engine (`moved`: the image was
     brought there) is where the GPUs are by the user's word: a GPU level it cannot serve
@@ -835,7 +822,7 @@ def throughput_summary(levels: dict[str, Any]) -> dict[str, Any] | None:
                                       "scaling_ratio", "errors")}
 
 
-def smoke_cells(ctx: Context, plans: list[CellPlan], options: SmokeOptions | None = None,
+def smoke_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None = None,
                 on_result: Callable[[SmokeResult], None] | None = None) -> list[SmokeResult]:
     """Smoke each cell in turn (one engine server at a time: vLLM on CPU takes a core)."""
     results = []
