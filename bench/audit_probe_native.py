@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infermatrix.config import load_matrix  # noqa: E402
+from infermatrix.engine.docker import Engine  # noqa: E402
 from infermatrix.stages import audit, base  # noqa: E402
 from infermatrix.state import StatePaths  # noqa: E402
 
@@ -37,7 +38,7 @@ def default_image() -> str:
 def timed(image: str, digests: list[str], native: audit.NativePython | None
           ) -> tuple[float, dict]:
     started = time.monotonic()
-    code, output = audit._run_probe(image, digests, audit.PROBE_TIMEOUT_S, native)
+    code, output = audit._run_probe(image, digests, audit.PROBE_TIMEOUT_S, native, Engine())
     seconds = time.monotonic() - started
     if code != 0:
         raise SystemExit(f"{image}: the probe ({'native' if native else 'emulated'}) exited "
@@ -56,7 +57,7 @@ def main() -> int:
     if native is None:
         raise SystemExit("this Python cannot run inside a container (not a dynamic ELF program)")
     for image in args.images or [default_image()]:
-        emulated = audit.emulation_of(image)
+        emulated = audit.emulation_of(image, Engine())
         if not emulated:
             print(f"{image}: runs natively here, nothing to compare")
             continue

@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from infermatrix.engine.docker import Engine  # noqa: E402
 from infermatrix.stages import repro  # noqa: E402
 
 
@@ -28,7 +29,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every difference here")
     parser.add_argument("--max-list", type=int, default=200, metavar="N")
     args = parser.parse_args()
-    differences, files = repro.compare_images(args.first, args.second)
+    differences, files = repro.compare_images(args.first, args.second, Engine())
     by_category = repro.ReproReport("", [args.first, args.second], files,
                                     differences).by_category()
     print(f"{args.first}: {files[0]} paths, {args.second}: {files[1]} paths")

@@ -29,6 +29,9 @@ from infermatrix.engine import docker as engine  # noqa: E402
 from infermatrix.context import Context, setup_command_log  # noqa: E402
 from infermatrix.stages.plan import plan_matrix  # noqa: E402
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 GIB = compileplan.GIB
 KERNEL = "cudakern"
 COMPILE = ("rm -rf /tmp/k /tmp/out && cp -r /src/cudakern /tmp/k && rm -rf /tmp/k/build "
@@ -69,7 +72,7 @@ class PeakSampler(threading.Thread):
             return _stat(self.directory, "total_rss")
         if self.kind == "v2":
             return _stat(self.directory, "anon")
-        current, _peak = engine.container_memory(self.container_id)
+        current, _peak = DOCKER.container_memory(self.container_id)
         return current or 0
 
     def run(self) -> None:
@@ -93,19 +96,19 @@ class PeakSampler(threading.Thread):
 def compile_once(image: str, jobs: int, threads: int, arch_list: str) -> dict:
     env = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "TORCH_CUDA_ARCH_LIST": arch_list}
     started = time.monotonic()
-    container = engine.run_container(image, ["sh", "-c", COMPILE], env=env,
+    container = DOCKER.run_container(image, ["sh", "-c", COMPILE], env=env,
                                      labels={"io.infermatrix.bench": "compile_memory"})
     sampler = PeakSampler(container)
     sampler.start()
     try:
-        code = engine.wait_container(container, timeout=1800)
+        code = DOCKER.wait_container(container, timeout=1800)
         wall = time.monotonic() - started
         sampler.stop.set()
         sampler.join()
         peak = sampler.peak_cgroup
-        tail = engine.container_logs(container, tail=3)
+        tail = DOCKER.container_logs(container, tail=3)
     finally:
-        engine.remove_container(container)
+        DOCKER.remove_container(container)
     return {"jobs": jobs, "threads": threads, "wall_s": wall, "exit": code,
             "peak_rss": sampler.peak_rss, "cgroup_peak": peak, "how": sampler.kind, "tail": tail}
 
@@ -128,7 +131,7 @@ def main() -> int:
         print(planned.describe())
         image = f"infermatrix-bench/compile-{KERNEL}:{plan.id}"
         directory = build.cell_dir(ctx, plan.id)
-        engine.build_image(directory, target=f"compile-{KERNEL}", tag=image,
+        DOCKER.build_image(directory, target=f"compile-{KERNEL}", tag=image,
                            build_args=planned.build_args(),
                            secrets=build.secrets_for(RunOptions()),
                            log_path=ctx.state.root / "compile-stage.log", timeout=3600)
@@ -143,7 +146,7 @@ def main() -> int:
             for jobs, threads in pairs:
                 rows.append(compile_once(image, jobs, threads, arch_list))
         finally:
-            engine.remove_image(image, force=True)
+            DOCKER.remove_image(image, force=True)
     gb = float(spec["gb_per_nvcc_thread"])
     print(f"\n{KERNEL} for {plan.cell.arch} ({args.cell}); model {gb:g} GB per nvcc thread")
     print(f"{'MAX_JOBS':>8} {'THREADS':>7} {'wall s':>7} {'peak RSS GB':>11} "

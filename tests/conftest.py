@@ -32,7 +32,7 @@ def docker_available() -> None:
     problem = None
     try:
         engine.build_client()
-        if not engine.engine_available():
+        if not engine.Engine().available():
             problem = "the Docker engine does not answer (is dockerd running? DOCKER_HOST?)"
     except UsageError as exc:
         problem = str(exc)

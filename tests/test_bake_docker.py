@@ -26,6 +26,9 @@ from infermatrix.engine import docker as engine
 
 from .fault_support import cell_id, remove_images, write_fault_matrix
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 BUILDX = Path(os.environ.get("INFERMATRIX_BUILDX", "/opt/infermatrix-buildx")) / "cli-plugins" \
@@ -40,7 +43,7 @@ def infermatrix(*args: str) -> subprocess.CompletedProcess[str]:
 
 def files_of(image: str) -> list[tuple[str, int, int, str]]:
     """(path, mode, size, link target) of every file in the image (times left out)."""
-    with engine.exported_filesystem(image) as stream, \
+    with DOCKER.exported_filesystem(image) as stream, \
             tarfile.open(fileobj=_Reader(stream), mode="r|") as archive:
         return sorted((m.name, m.mode, m.size, m.linkname) for m in archive)
 
@@ -96,8 +99,8 @@ def test_bake_builds_the_images_infermatrix_build_builds(built_base, tmp_path: P
         assert build.returncode == 0, build.stderr[-3000:]
         journal = {c: json.loads((state / "journal" / f"{c}.json").read_text()) for c in cells}
         for cell in cells:
-            from_bake = engine.inspect_image(baked[cell])
-            from_build = engine.inspect_image(journal[cell]["image_id"])
+            from_bake = DOCKER.inspect_image(baked[cell])
+            from_build = DOCKER.inspect_image(journal[cell]["image_id"])
             assert from_bake and from_build
             same_id = from_bake["Id"] == from_build["Id"]
             print(f"{cell}: bake {from_bake['Id'][:19]} build {from_build['Id'][:19]} "
@@ -113,4 +116,4 @@ def test_bake_builds_the_images_infermatrix_build_builds(built_base, tmp_path: P
     finally:
         remove_images(engine, cells, [repository])
         for ref in baked.values():
-            engine.remove_image(ref, force=True)
+            DOCKER.remove_image(ref, force=True)

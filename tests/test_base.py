@@ -9,6 +9,9 @@ from infermatrix.engine import docker as engine
 from infermatrix.config import load_matrix
 from infermatrix.errors import ConfigError
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 DEB822 = """\
 Types: deb
 # http://snapshot.debian.org/archive/debian/20250520T000000Z
@@ -82,14 +85,14 @@ def test_registry_base_is_not_built_here():
 @pytest.mark.docker
 @pytest.mark.network
 def test_built_base_has_python_and_its_labels(built_base, test_ctx, tmp_path):
-    labels = engine.image_labels(built_base)
+    labels = DOCKER.image_labels(built_base)
     recipe = base.recipe_for(test_ctx.matrix, "bookworm")
     assert built_base == recipe.ref == base.image_ref(test_ctx.matrix, "bookworm")
     assert labels["io.infermatrix.base.suite"] == "bookworm"
     assert labels["io.infermatrix.base.mirror"] == recipe.mirror
     assert labels["io.infermatrix.base.recipe"] == recipe.digest
     assert "python3-venv" in labels["io.infermatrix.base.packages"].split(",")
-    copied = engine.copy_from_image(built_base, ["/usr/bin/python3", "/etc/debian_version"],
+    copied = DOCKER.copy_from_image(built_base, ["/usr/bin/python3", "/etc/debian_version"],
                                     tmp_path)
     assert "/usr/bin/python3" in copied
     assert (tmp_path / "debian_version").read_text().startswith("12.")

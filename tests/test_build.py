@@ -28,6 +28,9 @@ from infermatrix.context import Context
 from infermatrix.stages.plan import plan_matrix
 from infermatrix.state import run_lock
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = pytest.mark.docker
 
 MATRIX = """\
@@ -104,7 +107,7 @@ def mini_ctx(built_base, test_ctx, tmp_path_factory) -> Context:
         write_cell(ctx, plan.id, template.format(base=built_base, token=token, cell=plan.id))
     yield ctx
     for plan in plan_matrix(ctx):
-        engine.remove_image(local_ref(plan.id), force=True)
+        DOCKER.remove_image(local_ref(plan.id), force=True)
 
 
 def write_cell(ctx: Context, cell_id: str, dockerfile: str) -> None:
@@ -157,8 +160,8 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
 
     # Images exist under the local reference, with the labels and the kernel wheel inside.
     for cell in (mini1, mini2):
-        assert engine.image_id_of(local_ref(cell)) == results[cell].image_id
-        labels = engine.image_labels(local_ref(cell))
+        assert DOCKER.image_id_of(local_ref(cell)) == results[cell].image_id
+        labels = DOCKER.image_labels(local_ref(cell))
         assert labels["io.infermatrix.cell"] == cell
         assert labels["io.infermatrix.input-hash"] == journal.load(mini_ctx.state,
                                                                     cell)["input_hash"]
@@ -174,7 +177,7 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
         assert jobs.strip() == f"JOBS = {details['compile_plan']['max_jobs']}"
         assert Path(record["stages"]["build"]["log"]).is_file()
     out = Path(mini_ctx.state.root) / "copied"
-    engine.copy_from_image(local_ref(mini2), ["/kernel-wheels.txt"], out)
+    DOCKER.copy_from_image(local_ref(mini2), ["/kernel-wheels.txt"], out)
     assert (out / "kernel-wheels.txt").read_text().strip() == "minik-1.0-py3-none-any.whl"
 
 
@@ -301,7 +304,7 @@ def test_an_interrupt_midway_then_rerun_resumes(mini_ctx, built_base, signum):
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"{mini1}: pass (unchanged, reused)" in second.stdout
     assert f"{slow}: pass (built" in second.stdout
-    assert engine.image_exists(local_ref(slow))
+    assert DOCKER.image_exists(local_ref(slow))
 
 
 def test_parallel_cells_share_one_kernel_compile(mini_ctx, tmp_path):

@@ -24,6 +24,9 @@ from infermatrix.stages import render
 from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -87,7 +90,7 @@ def test_images_carry_the_cell_labels(matrix_build):
     for plan in wanted:
         if results[plan.id].status != "pass":
             continue
-        labels = engine.image_labels(local_ref(plan.id))
+        labels = DOCKER.image_labels(local_ref(plan.id))
         assert labels["io.infermatrix.cell"] == plan.id
         assert labels["io.infermatrix.arch"] == plan.cell.arch
         assert labels["io.infermatrix.torch"] == plan.cell.torch
@@ -100,7 +103,7 @@ def test_fixture_cubins_are_in_the_image_for_the_cell_arch(matrix_build, tmp_pat
                          ("kernel-fixture2.0-sm120", 120)):
         cell = _id(plans, suffix)
         out = tmp_path / cell
-        engine.copy_from_image(local_ref(cell), [f"{SITE}/cudakern/libcudakern.so"], out)
+        DOCKER.copy_from_image(local_ref(cell), [f"{SITE}/cudakern/libcudakern.so"], out)
         archs = set(fatbin_cubin_archs((out / "libcudakern.so").read_bytes()))
         # cudart's own entries aside, the fixture's kernels are there for exactly this arch.
         assert arch in archs

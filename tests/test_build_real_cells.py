@@ -60,9 +60,7 @@ def real_engine(docker_available) -> Iterator[engine.Engine]:
     daemon = PrivateDockerd("imreal", "10.231.0.1/24", nat=True, niceness=-3)
     try:
         daemon.start()
-        with engine.use(engine.Engine(engine.Endpoint(name="real-lane", host=daemon.host))) \
-                as private:
-            yield private
+        yield engine.Engine(engine.Endpoint(name="real-lane", host=daemon.host))
     finally:
         daemon.stop(background_removal=True)  # the lane's last step: it need not wait
 
@@ -73,8 +71,8 @@ def base_on(private: engine.Engine, ctx: Context, platform: str | None = None) -
     from infermatrix.stages import base
 
     machine = engine.Engine()
-    with engine.use(machine):
-        ref = base.build_base(ctx.matrix, "bookworm", ctx.state, platform=platform).ref
+    ref = base.build_base(ctx.matrix, "bookworm", ctx.state, platform=platform,
+                          docker=machine).ref
     if not private.image_exists(ref):
         machine.copy_image_to(ref, private)
     return ref
@@ -88,31 +86,32 @@ def real_base(real_engine, real_ctx) -> str:
 ARM64_CELL = "cu130-torch2.14.0-vllm0.33.0-sm121"
 
 
-def free_the_cells_disk(ref: str) -> None:
+def free_the_cells_disk(ref: str, private: engine.Engine) -> None:
     """Remove the cell's image. Its layers stay in BuildKit's cache for the next cell (the
     shared toolchain, the uv cache mount); the build's disk guard (build.disk.min_free_gib of
     tests/real/matrix.yaml) prunes this private engine's cache when the next cell would not
     fit, as it does in the main job."""
-    engine.remove_image(ref, force=True)
+    private.remove_image(ref, force=True)
 
 
-def plan_render_build(ctx: Context, cell_id: str):
-    """(plan, build result) of one real cell, planned, rendered and built."""
+def plan_render_build(ctx: Context, cell_id: str, private: engine.Engine):
+    """(plan, build result) of one real cell, planned, rendered and built on `private`."""
     [plan] = plan_matrix(ctx, select=[cell_id])
     assert plan.planned, plan.verdicts
     render.render_cells(ctx, [plan])
-    return plan, build_cells(ctx, [plan], RunOptions(), echo=lambda _: None)[cell_id]
+    return plan, build_cells(ctx, [plan], RunOptions(), echo=lambda _: None,
+                             docker=private)[cell_id]
 
 
 @pytest.mark.parametrize("cell_id", sorted(CELLS))
-def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_base, cell_id,
-                                                                tmp_path):
+def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_engine, real_base,
+                                                                cell_id, tmp_path):
     engine_name, version, torch_version = CELLS[cell_id]
-    plan, result = plan_render_build(real_ctx, cell_id)
+    plan, result = plan_render_build(real_ctx, cell_id, real_engine)
     ref = local_ref(cell_id)
     try:
         assert result.status == "pass", result.summary()
-        labels = engine.image_labels(ref)
+        labels = real_engine.image_labels(ref)
         assert labels["io.infermatrix.engine.version"] == version
         assert labels["io.infermatrix.kernel.cudakern.consumer"].startswith("fixture")
         record = journal.load(real_ctx.state, cell_id)["stages"]["build"]
@@ -122,7 +121,8 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
         # too, for the GB10 test (below, run after it) to adopt
         verdict = audit.audit_cell(real_ctx, plan, result.image_id, ["sm_120"],
                                    twin_archs=twin_archs_for(plan, plan_matrix(real_ctx),
-                                                             engine.host_platform()))
+                                                             engine.host_platform()),
+                                   docker=real_engine)
         checks = {c.name: c.status for c in verdict.checks}
         # torch 2.14 from PyPI is the CUDA 13.0 build, and the image's CUDA major is 13
         assert checks["torch-cuda"] == audit.PASS, verdict.reason
@@ -141,20 +141,20 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_b
         check_the_short_view(verdict)
         if engine_name == "vllm":  # a serve flag that switches the GDN backend changes the path
             args = [*plan.settings.engine_args, "--gdn-prefill-backend", "triton"]
-            paths = audit.serve_paths(result.image_id, "vllm", [Arch(12, 0)],
+            paths = audit.serve_paths(result.image_id, real_engine, "vllm", [Arch(12, 0)],
                                       real_ctx.matrix.model["name"], args)
             assert paths["sm_120"]["gdn_prefill"]["chosen"] == "triton", paths
             assert "importable" not in paths["sm_120"]["gdn_prefill"]  # no FlashInfer kernel
         else:  # SGLang: an explicit FlashInfer GDN prefill is its sm120 CuTe DSL kernel
             args = [*plan.settings.engine_args, "--linear-attn-prefill-backend", "flashinfer"]
-            paths = audit.serve_paths(result.image_id, "sglang", [Arch(12, 0)],
+            paths = audit.serve_paths(result.image_id, real_engine, "sglang", [Arch(12, 0)],
                                       real_ctx.matrix.model["name"], args)
             prefill = paths["sm_120"]["gdn_prefill"]
             assert (prefill["chosen"], prefill["kernel"]) == (
                 "flashinfer", "flashinfer.gdn_kernels.chunk_gated_delta_rule_sm120"), paths
             assert prefill["importable"] is True, prefill
     finally:
-        free_the_cells_disk(ref)
+        free_the_cells_disk(ref, real_engine)
 
 
 def check_the_short_view(verdict: audit.AuditResult) -> None:
@@ -184,14 +184,15 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
     assert base_on(real_engine, real_ctx, platform="linux/arm64")
     # the build machine's base too: the installer and bytecode stages run on its CPU
     assert base_on(real_engine, real_ctx, platform=engine.host_platform())
-    plan, result = plan_render_build(real_ctx, ARM64_CELL)
+    plan, result = plan_render_build(real_ctx, ARM64_CELL, real_engine)
     ref = local_ref(ARM64_CELL)
     try:
         assert result.status == "pass", result.summary()
-        info = engine.inspect_image(ref)
+        info = real_engine.inspect_image(ref)
         assert (info["Os"], info["Architecture"]) == ("linux", "arm64")
-        assert engine.image_labels(ref)["io.infermatrix.engine.version"] == "0.33.0"
-        verdict = audit.audit_cell(real_ctx, plan, result.image_id, ["sm_121"])
+        assert real_engine.image_labels(ref)["io.infermatrix.engine.version"] == "0.33.0"
+        verdict = audit.audit_cell(real_ctx, plan, result.image_id, ["sm_121"],
+                                   docker=real_engine)
         checks = {c.name: c for c in verdict.checks}
         # the aarch64 wheels' objects: vLLM's custom ops run on 12.1 by their sm_120f cubins,
         # its bundled FA2 by PTX JIT, FA3 and FlashMLA are not loaded there
@@ -230,4 +231,4 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
         assert verdict.versions["torch"].startswith("2.14.0")
         assert verdict.passed, verdict.reason
     finally:
-        free_the_cells_disk(ref)
+        free_the_cells_disk(ref, real_engine)

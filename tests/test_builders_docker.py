@@ -30,6 +30,9 @@ from .dockerd_support import PrivateDockerd, wait_for
 from .fault_support import cell_id, remove_images, write_fault_matrix
 from .registry_support import free_port
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 LOCAL = f"local={os.environ.get('DOCKER_HOST') or 'unix:///var/run/docker.sock'}"
@@ -88,7 +91,7 @@ def cleanup() -> Iterator[tuple[list[str], set[str]]]:
     yield repositories, made
     remove_images(engine, [cell_id(n) for n in NAMES], repositories)
     for image in made:
-        engine.remove_image(image, force=True)
+        DOCKER.remove_image(image, force=True)
 
 
 def new_repository(repositories: list[str]) -> str:
@@ -122,7 +125,7 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: PrivateDocker
         assert record["stages"]["build"]["details"]["builder"]["name"] == by_builder[cell]
         assert record["stages"]["tag"]["status"] == "pass", record["stages"]["tag"]
         on_second = second_engine.image_id(record["image_id"])
-        on_local = engine.image_id_of(record["image_id"])
+        on_local = DOCKER.image_id_of(record["image_id"])
         if by_builder[cell] == "second":
             assert on_second == record["image_id"] and on_local is None
         else:
@@ -201,7 +204,7 @@ def test_two_engines_build_one_matrix_then_one_dies(second_engine: PrivateDocker
     assert {final[c]["builder"]["name"] for c in cells} == {"local"}
     for cell in cells:
         assert final[cell]["stages"]["tag"]["status"] == "pass"
-        assert engine.image_id_of(final[cell]["image_id"]) == final[cell]["image_id"]
+        assert DOCKER.image_id_of(final[cell]["image_id"]) == final[cell]["image_id"]
     for cell in passed:
         assert final[cell]["image_id"] == after[cell]["image_id"]
     made.update(r["image_id"] for r in final.values())
@@ -339,7 +342,7 @@ def test_smoke_on_a_second_engine_records_its_host_and_the_tag_lands_on_the_test
 
     tagged = infermatrix("tag", cell, "--repository", repository, *common)
     assert tagged.returncode == 0, (tagged.stdout + tagged.stderr)[-3000:]
-    assert engine.image_id_of(f"{repository}:{cell}") == image_id
+    assert DOCKER.image_id_of(f"{repository}:{cell}") == image_id
     assert records(state)[cell]["stages"]["tag"]["details"]["image_id"] == image_id
 
     again = infermatrix("smoke", cell, "--on", "second", "--levels", "static", *common)

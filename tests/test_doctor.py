@@ -250,7 +250,7 @@ def test_docker_reading_of_the_real_engine(docker_available):
     from infermatrix.engine import docker as engine
 
     expected = docker_cli_info()
-    read = engine.docker_host_info()
+    read = engine.Engine().host_info()
     assert without_gpu_access(read) == expected
     assert without_gpu_access(doctor.read_docker_info()) == expected
     assert "runc" in expected["runtimes"] and expected["storage_driver"]

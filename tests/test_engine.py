@@ -15,6 +15,9 @@ import pytest
 from infermatrix.engine import docker as engine
 from infermatrix.errors import CommandFailed
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 
 # ---- pure helpers -----------------------------------------------------------------------------
 
@@ -61,7 +64,7 @@ def test_split_ref():
 def scratch_tag():
     tag = f"infermatrix-test/engine-{uuid.uuid4().hex[:8]}:t"
     yield tag
-    engine.remove_image(tag, force=True)
+    DOCKER.remove_image(tag, force=True)
 
 
 # The classic builder refuses COPY --chmod: only a BuildKit build accepts this Dockerfile.
@@ -91,7 +94,7 @@ def test_client_detection_picks_a_client_that_really_runs_buildkit(docker_availa
                 refused = _build_with(engine.BuildClient(binary, "buildkit", "?"), context)
                 assert refused.returncode != 0, f"{binary} was rejected but builds with BuildKit"
     finally:
-        engine.remove_image(image_id, force=True)
+        DOCKER.remove_image(image_id, force=True)
 
 
 @pytest.mark.docker
@@ -111,17 +114,17 @@ def test_build_with_secret_args_labels_then_inspect_tag_copy_run(
         'CMD ["sh", "-c", "cat /greeting; echo to-stderr >&2; sleep 60"]\n')
     log_path = tmp_path / "build.log"
     with caplog.at_level(logging.INFO, logger="infermatrix.commands"):
-        image_id = engine.build_image(context, tag=scratch_tag, build_args={"GREETING": "hello", "TOKEN_SHA": token_sha},
+        image_id = DOCKER.build_image(context, tag=scratch_tag, build_args={"GREETING": "hello", "TOKEN_SHA": token_sha},
                                       secrets={"token": secret}, labels={"io.infermatrix.test": "1"},
                                       log_path=log_path, timeout=600)
     assert image_id.startswith("sha256:")
-    assert engine.image_id_of(scratch_tag) == image_id
-    assert engine.image_labels(scratch_tag)["io.infermatrix.test"] == "1"
+    assert DOCKER.image_id_of(scratch_tag) == image_id
+    assert DOCKER.image_labels(scratch_tag)["io.infermatrix.test"] == "1"
     logged = log_path.read_text() + caplog.text
     assert f"id=token,src={secret}" in logged and "GREETING=hello" in logged
     assert "s3cr3t-value-never-logged" not in logged
     # The secret is not in any layer: the image's files do not hold it.
-    copied = engine.copy_from_image(image_id, ["/out", "/greeting", "/run/secrets/token",
+    copied = DOCKER.copy_from_image(image_id, ["/out", "/greeting", "/run/secrets/token",
                                                "/no/such/path"], tmp_path / "copied")
     assert (tmp_path / "copied" / "out" / "file.txt").read_text() == "data\n"
     assert (tmp_path / "copied" / "greeting").read_text() == "hello\n"
@@ -130,30 +133,30 @@ def test_build_with_secret_args_labels_then_inspect_tag_copy_run(
     assert not secret_copy.exists() or secret_copy.read_text() == ""
 
     other = scratch_tag.replace(":t", ":t2")
-    engine.tag_image(image_id, other)
+    DOCKER.tag_image(image_id, other)
     try:
-        assert engine.image_id_of(other) == image_id
+        assert DOCKER.image_id_of(other) == image_id
     finally:
-        assert engine.remove_image(other)
-    assert not engine.remove_image(other)
+        assert DOCKER.remove_image(other)
+    assert not DOCKER.remove_image(other)
 
-    container = engine.run_container(image_id, env={"A": "1"}, shm_size="128m",
+    container = DOCKER.run_container(image_id, env={"A": "1"}, shm_size="128m",
                                      labels={"io.infermatrix.test": "1"})
     try:
         deadline = time.monotonic() + 30
         # both streams: the stderr line can land after the stdout one
-        while not {"hello", "to-stderr"} <= set(engine.container_logs(container).split()) \
+        while not {"hello", "to-stderr"} <= set(DOCKER.container_logs(container).split()) \
                 and time.monotonic() < deadline:
             time.sleep(0.5)
-        logs = engine.container_logs(container)
+        logs = DOCKER.container_logs(container)
         assert "hello" in logs and "to-stderr" in logs
-        assert engine.container_status(container)["Status"] == "running"
-        code, out = engine.exec_in_container(container, ["sh", "-c", "echo $A; df -m /dev/shm"])
+        assert DOCKER.container_status(container)["Status"] == "running"
+        code, out = DOCKER.exec_in_container(container, ["sh", "-c", "echo $A; df -m /dev/shm"])
         assert code == 0 and out.startswith("1\n") and " 128 " in out
-        engine.stop_container(container, timeout=1)
-        assert engine.container_status(container)["Status"] == "exited"
+        DOCKER.stop_container(container, timeout=1)
+        assert DOCKER.container_status(container)["Status"] == "exited"
     finally:
-        engine.remove_container(container)
+        DOCKER.remove_container(container)
 
 
 @pytest.mark.docker
@@ -170,7 +173,7 @@ def test_target_stage_exported_to_a_local_directory(docker_available, built_base
         "FROM ${BASE} AS runtime\n"
         "COPY --from=kernel-demo /wheels /w\n")
     out = tmp_path / "out"
-    assert engine.build_image(context, target="kernel-demo", output_dir=out,
+    assert DOCKER.build_image(context, target="kernel-demo", output_dir=out,
                               build_args={"BASE": built_base}, timeout=600) == ""
     assert (out / "wheels" / "demo-0.1-py3-none-any.whl").read_text() == "wheel\n"
 
@@ -182,7 +185,7 @@ def test_failed_build_carries_the_command_and_log_tail(docker_available, built_b
     (context / "Dockerfile").write_text(
         f"FROM {built_base}\nRUN echo this-build-breaks-on-purpose && exit 7\n")
     with pytest.raises(CommandFailed) as failure:
-        engine.build_image(context, log_path=tmp_path / "b.log", timeout=600)
+        DOCKER.build_image(context, log_path=tmp_path / "b.log", timeout=600)
     assert "this-build-breaks-on-purpose" in failure.value.log_tail
     assert "build" in failure.value.command and str(context) in failure.value.command
 
@@ -197,9 +200,9 @@ def test_import_rootfs(docker_available, tmp_path, scratch_tag):
     tarball = tmp_path / "rootfs.tar"
     with tarfile.open(tarball, "w") as archive:
         archive.add(rootfs, arcname=".")
-    image_id = engine.import_rootfs(tarball, scratch_tag, changes=['LABEL io.infermatrix.test="x"'])
-    assert engine.image_labels(image_id)["io.infermatrix.test"] == "x"
-    engine.copy_from_image(image_id, ["/etc/marker"], tmp_path / "got")
+    image_id = DOCKER.import_rootfs(tarball, scratch_tag, changes=['LABEL io.infermatrix.test="x"'])
+    assert DOCKER.image_labels(image_id)["io.infermatrix.test"] == "x"
+    DOCKER.copy_from_image(image_id, ["/etc/marker"], tmp_path / "got")
     assert (tmp_path / "got" / "marker").read_text() == "imported\n"
 
 
@@ -209,7 +212,7 @@ def test_docker_host_is_honoured(tmp_path):
     import sys
 
     code = ("from infermatrix.engine import docker as engine\n"
-            "try:\n    engine.client()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+            "try:\n    engine.Engine().sdk()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
     env = {"PATH": "/usr/bin:/bin", "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock",
            "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

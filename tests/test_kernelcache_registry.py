@@ -29,6 +29,9 @@ from infermatrix.stages.plan import plan_matrix
 from tests.registry_support import free_port, start_registry
 from tests.test_build import MATRIX, MINI, write_cell
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 USER, PASSWORD = "kernels", "pw-" + uuid.uuid4().hex[:12]
@@ -84,7 +87,7 @@ def cell_root(built_base, test_ctx, tmp_path, registry):
     cell_id = plan_matrix(ctx)[0].id
     write_cell(ctx, cell_id, MINI.format(base=built_base, token=uuid.uuid4().hex, cell=cell_id))
     yield ctx.matrix.path
-    engine.remove_image(local_ref(cell_id), force=True)
+    DOCKER.remove_image(local_ref(cell_id), force=True)
 
 
 def test_a_second_state_takes_the_wheel_from_the_registry_without_compiling(
@@ -118,7 +121,7 @@ def test_a_second_state_takes_the_wheel_from_the_registry_without_compiling(
     assert only_wheel(b).read_bytes() == only_wheel(a).read_bytes()
     assert json.loads((only_wheel(b).parent / kernelcache.ENTRY_FILE).read_text())[
         "details"]["source"] == "registry"
-    assert engine.image_labels(local_ref(result.cell_id))["io.infermatrix.cell"] == built.cell_id
+    assert DOCKER.image_labels(local_ref(result.cell_id))["io.infermatrix.cell"] == built.cell_id
 
 
 def test_an_unreachable_registry_compiles_and_warns(cell_root, credentials):

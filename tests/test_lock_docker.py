@@ -14,6 +14,9 @@ from infermatrix.engine import docker as engine
 from infermatrix.stages import lock
 from infermatrix.errors import CommandFailed
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 ROOT = Path(__file__).resolve().parents[1]
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -57,25 +60,25 @@ def test_tampered_lock_fails_the_image_build(tmp_path, built_base):
     good_text = result.text or ""
     secrets = {"ca_bundle": CA_BUNDLE}
     tag = "infermatrix-test/lock-tamper:good"
-    image = engine.build_image(_context(tmp_path, built_base, good_text, "good"), tag=tag,
+    image = DOCKER.build_image(_context(tmp_path, built_base, good_text, "good"), tag=tag,
                                secrets=secrets, log_path=tmp_path / "good.log")
     try:
-        container = engine.run_container(image, ["python3", "-c",
+        container = DOCKER.run_container(image, ["python3", "-c",
                                                  "import six; print('six', six.__version__)"])
         try:
-            assert engine.wait_container(container, timeout=120) == 0
-            assert "six 1.16.0" in engine.container_logs(container)
+            assert DOCKER.wait_container(container, timeout=120) == 0
+            assert "six 1.16.0" in DOCKER.container_logs(container)
         finally:
-            engine.remove_container(container)
+            DOCKER.remove_container(container)
     finally:
-        engine.remove_image(tag)
+        DOCKER.remove_image(tag)
     bad_text = re.sub(r"sha256:[0-9a-f]{64}", "sha256:" + "0" * 64, good_text)
     assert bad_text != good_text
     with pytest.raises(CommandFailed) as failure:
-        engine.build_image(_context(tmp_path, built_base, bad_text, "bad"),
+        DOCKER.build_image(_context(tmp_path, built_base, bad_text, "bad"),
                            tag="infermatrix-test/lock-tamper:bad", secrets=secrets,
                            log_path=tmp_path / "bad.log")
     log = (tmp_path / "bad.log").read_text().lower()
     assert "hash mismatch" in log and "six" in failure.value.log_tail
     assert "six 1.16.0" not in log
-    assert not engine.image_exists("infermatrix-test/lock-tamper:bad")
+    assert not DOCKER.image_exists("infermatrix-test/lock-tamper:bad")

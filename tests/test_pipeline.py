@@ -99,9 +99,9 @@ def untagged(docker_available):
     tag step, as it must for a user. A fresh CI machine has none."""
     from infermatrix.engine import docker as engine
 
-    engine.remove_image(TESTED_TAG)
+    engine.Engine().remove_image(TESTED_TAG)
     yield
-    engine.remove_image(TESTED_TAG)
+    engine.Engine().remove_image(TESTED_TAG)
 
 
 def test_main_job_takes_the_cpu_cell_to_a_tag_and_a_report(untagged, sshd, session_registry,

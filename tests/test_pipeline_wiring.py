@@ -82,9 +82,9 @@ def run_wired(ctx: Context) -> tuple[RecordingEngine, int, list, Run]:
         from infermatrix.stages.base import image_ref
         base_refs.append(image_ref(ctx.matrix, name, "linux/amd64"))
     fake.present.update(base_refs)
-    run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), SELECTED, [])
-    with engine.use(fake):
-        code, records = run_pipeline(run)
+    run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), SELECTED, [],
+              docker=fake)  # every step gets the recording engine by hand
+    code, records = run_pipeline(run)
     return fake, code, records, run
 
 
@@ -160,8 +160,8 @@ def test_verify_repro_builds_for_the_cells_platform(ctx):
     directory.mkdir(parents=True)
     (directory / "Dockerfile").write_text("FROM scratch\n")
     fake = RecordingEngine()
-    with engine.use(fake):
-        repro.build_twice(ctx, arm, ctx.state.root / "repro.log", build_args={}, secrets={})
+    repro.build_twice(ctx, arm, ctx.state.root / "repro.log", build_args={}, secrets={},
+                      docker=fake)
     platforms = [c.args["platform"] for c in fake.named("build_image")]
     wanted = None if engine.host_platform() == "linux/arm64" else "linux/arm64"
     assert platforms == [wanted, wanted]
@@ -209,8 +209,7 @@ def test_a_cell_short_of_disk_is_refused_before_its_build_after_pruning_when_all
     plans = plan_cells(ctx, [CPU], source=recorded_metadata)
     render.render_cells(ctx, plans)
     fake = RecordingEngine(data_root=tmp_path)
-    with engine.use(fake):
-        result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None)[CPU]
+    result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None, docker=fake)[CPU]
     assert result.status == "fail"
     assert result.reason.startswith("not started: ") and "build.disk.min_free_gib" in result.reason
     assert str(tmp_path) in result.reason
@@ -229,8 +228,7 @@ def test_a_short_disk_prunes_the_least_recently_used_cache_first_then_all(ctx, t
     plans = plan_cells(ctx, [CPU], source=recorded_metadata)
     render.render_cells(ctx, plans)
     fake = RecordingEngine(data_root=tmp_path, cache_bytes=2 * 10**9 * 2**30)
-    with engine.use(fake):
-        result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None)[CPU]
+    result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None, docker=fake)[CPU]
     assert result.status == "fail"
     first, last = [c.args["keep_bytes"] for c in fake.named("prune_build_cache")]
     assert first is not None and 0 < first < fake.cache_bytes and last is None
@@ -257,8 +255,7 @@ def test_a_cell_with_enough_free_space_builds_without_a_prune(ctx, tmp_path):
     render.render_cells(ctx, plans)
     ctx.matrix.build["disk"] = {"min_free_gib": 0.001}
     fake = RecordingEngine(data_root=tmp_path)
-    with engine.use(fake):
-        result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None)[CPU]
+    result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None, docker=fake)[CPU]
     assert result.status == "pass", result.summary()
     assert fake.named("prune_build_cache") == [] and fake.named("build_image")
 
@@ -279,9 +276,9 @@ def test_a_cell_that_fails_at_tag_fails_the_pipeline(ctx):
     cpu_plan = next(p for p in plans if p.id == CPU)
     fake.tags[tag_ref(ctx, cpu_plan.cell)] = other
     fake.present.add(image_ref(ctx.matrix, "bookworm", "linux/amd64"))
-    run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), [CPU], [])
-    with engine.use(fake):
-        code, records = run_pipeline(run)
+    run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), [CPU], [],
+              docker=fake)
+    code, records = run_pipeline(run)
     by_step = {r.name: r for r in records}
     assert by_step["smoke"].passed == [CPU] and by_step["tag"].failed == [CPU]
     assert code == 1

@@ -35,6 +35,9 @@ from tests.planning_support import recorded_metadata
 from tests.registry_support import SESSION_PASSWORD, SESSION_USER
 from tests.test_signing_registry import make_keys
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.registry, pytest.mark.slow]
 
 CPU_ID = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
@@ -64,7 +67,7 @@ def wait_until_unused(image_id: str, timeout_s: float = 900) -> None:
     build gives the same id): wait for it to end rather than fail on the removal."""
     deadline = time.monotonic() + timeout_s
     while True:
-        users = engine.client().api.containers(filters={"ancestor": image_id})
+        users = DOCKER.sdk().api.containers(filters={"ancestor": image_id})
         if not users:
             return
         if time.monotonic() > deadline:
@@ -130,11 +133,11 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
 
         # 2. remove every local copy: the image id itself, with every tag and digest naming it
         wait_until_unused(image_id)
-        info = engine.inspect_image(image_id)
+        info = DOCKER.inspect_image(image_id)
         restore = [t for t in info.get("RepoTags") or [] if not t.startswith(server.host)]
-        assert engine.remove_image(image_id, force=True)
-        assert engine.inspect_image(image_id) is None
-        assert engine.inspect_image(entry["reference"]) is None
+        assert DOCKER.remove_image(image_id, force=True)
+        assert DOCKER.inspect_image(image_id) is None
+        assert DOCKER.inspect_image(entry["reference"]) is None
 
         # 3. pull by digest with the variables only
         caplog.set_level(logging.INFO, logger="infermatrix.commands")
@@ -145,7 +148,7 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         assert f"# verified {entry['reference']}" in out and "'passed'" in out
         assert any("docker pull " + entry["reference"] in r.getMessage()
                    for r in caplog.records)
-        pulled = engine.inspect_image(entry["reference"])
+        pulled = DOCKER.inspect_image(entry["reference"])
         assert pulled is not None and pulled["Id"] == image_id  # the published image id
         assert entry["reference"] in pulled["RepoDigests"]
         assert entry["reference"] in out.strip().splitlines()[-1]  # the docker run line
@@ -161,7 +164,7 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         #    weights, so the answers' structure is checked, not their meaning)
         weights = tmp_path / "consumer-weights"
         weights.mkdir()
-        maker = smoke.Harness.for_image(pulled["Id"], tmp_path / "fixture.log")
+        maker = smoke.Harness.for_image(DOCKER, pulled["Id"], tmp_path / "fixture.log")
         code, _, output = maker.run("make_fixture_model", ["--out", "/fixture/model"], 600,
                                     mounts=[engine.Mount(str(weights), "/fixture",
                                                          read_only=False)])
@@ -194,11 +197,11 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         assert code == 1 and "registry unreachable" in line and server.host in line
     finally:
         server.stop()
-        if image_id and engine.inspect_image(image_id) is not None:
+        if image_id and DOCKER.inspect_image(image_id) is not None:
             for ref in restore:  # the session's other tests find the cell under its tags
-                engine.tag_image(image_id, ref)
-            info = engine.inspect_image(image_id) or {}
+                DOCKER.tag_image(image_id, ref)
+            info = DOCKER.inspect_image(image_id) or {}
             for ref in [r for r in (info.get("RepoTags") or []) + (info.get("RepoDigests") or [])
                         if r.startswith(server.host + "/")]:
-                engine.remove_image(ref)
+                DOCKER.remove_image(ref)
         shutil.rmtree(server.root / "data", ignore_errors=True)  # GBs of layers

@@ -23,6 +23,9 @@ from infermatrix.errors import UsageError
 from infermatrix.state import StatePaths
 from tests.registry_support import host_address, self_signed_cert, start_registry
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 TEST_MATRIX = Path(__file__).parent / "matrix" / "matrix.yaml"
@@ -50,7 +53,7 @@ def labels_for(cell_id: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """A real registry on a free loopback port with htpasswd (bcrypt) auth; yields its host."""
-    if not engine.engine_available():
+    if not DOCKER.available():
         pytest.skip("needs a running Docker engine")
     server = start_registry(tmp_path_factory.mktemp("registry"), USER, PASSWORD)
     yield server.host
@@ -74,15 +77,15 @@ def images(tmp_path_factory, registry):
         with tarfile.open(tar_path, "w") as tar:
             tar.add(rootfs, arcname=".")
         changes = [f"LABEL {k}={v!r}".replace("'", '"') for k, v in labels_for(cell_id).items()]
-        made[key] = engine.import_rootfs(tar_path, f"infermatrix-test/publish:{key}-{suffix}",
+        made[key] = DOCKER.import_rootfs(tar_path, f"infermatrix-test/publish:{key}-{suffix}",
                                          changes=changes)
     yield made
-    for info in engine.client().api.images():
+    for info in DOCKER.sdk().api.images():
         if info["Id"] in made.values():
             for ref in info.get("RepoTags") or []:
-                engine.remove_image(ref, force=True)
+                DOCKER.remove_image(ref, force=True)
             for ref in info.get("RepoDigests") or []:
-                engine.remove_image(ref, force=True)
+                DOCKER.remove_image(ref, force=True)
 
 
 def make_context(tmp_path: Path, registry: str, repository: str,
@@ -282,8 +285,8 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     lock_path = tmp_path / "images.lock"
     publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
     entry = publish.read_lock(lock_path)["images"][CPU_CELL]
-    engine.remove_image(images["cpu"], force=True)  # ours: every tag goes, the layers too
-    assert engine.inspect_image(images["cpu"]) is None
+    DOCKER.remove_image(images["cpu"], force=True)  # ours: every tag goes, the layers too
+    assert DOCKER.inspect_image(images["cpu"]) is None
 
     info = publish.pull_entry(entry, good())  # only the registry can bring it back now
 

@@ -713,11 +713,11 @@ def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(t
     ctx = Context.load(TEST_MATRIX)
     plan = fixture_plan("sm_121")
     base_ref = render.debootstrap_image_ref(ctx.matrix, "bookworm")
-    if not engine.engine_available() or not engine.image_exists(base_ref):
+    if not engine.Engine().available() or not engine.Engine().image_exists(base_ref):
         pytest.skip(f"needs Docker and the base image {base_ref} (infermatrix base build)")
     [dockerfile] = render.render_to(ctx, [plan], tmp_path / "images")
     out = tmp_path / "out"
-    engine.build_image(dockerfile.parent, target="kernel-cudakern", output_dir=out,
+    engine.Engine().build_image(dockerfile.parent, target="kernel-cudakern", output_dir=out,
                        build_args={"MAX_JOBS": "2", "NVCC_THREADS": "1"},
                        secrets={"ca_bundle": Path("/etc/ssl/certs/ca-certificates.crt")},
                        log_path=tmp_path / "build.log", timeout=1800)

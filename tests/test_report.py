@@ -413,7 +413,7 @@ def test_cli_fills_missing_image_sizes_from_docker(built_base, tmp_path):
     from infermatrix.journal import records_of
     from infermatrix.stages.report import fill_image_sizes
 
-    info = engine.inspect_image(built_base)
+    info = engine.Engine().inspect_image(built_base)
     records = records_of({
         TAGGED: {"image_id": info["Id"], "stages": {"build": {"status": "pass"}}},
         RENDERED: {"image_id": None, "stages": {}},

@@ -142,7 +142,7 @@ def test_sbom_command_on_a_built_image(tmp_path, docker_available, capsys):
               "io.infermatrix.engine.version": "0.32.0", "io.infermatrix.arch": "cpu"}
     changes = [f'LABEL {k}="{v}"' for k, v in labels.items()]
     ref = f"infermatrix-test/sbom:{uuid.uuid4().hex[:8]}"
-    image_id = engine.import_rootfs(tar_path, ref, changes=changes)
+    image_id = engine.Engine().import_rootfs(tar_path, ref, changes=changes)
     root = tmp_path / "project"
     root.mkdir()
     data = yaml.safe_load(TEST_MATRIX.read_text())
@@ -176,4 +176,4 @@ def test_sbom_command_on_a_built_image(tmp_path, docker_available, capsys):
                      "--state-dir", str(root / "state")]) == 2
         assert "build it or pull it" in capsys.readouterr().err
     finally:
-        engine.remove_image(ref, force=True)
+        engine.Engine().remove_image(ref, force=True)

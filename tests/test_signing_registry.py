@@ -37,6 +37,9 @@ from infermatrix.stages import attest, publish, sbom
 from tests.registry_support import start_registry
 from tests.test_publish_registry import CPU_CELL, GPU_CELL, TEST_MATRIX, labels_for
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 USER, PASSWORD = "signer", "pw-" + uuid.uuid4().hex[:12]
@@ -69,7 +72,7 @@ def make_keys(directory: Path, password: str) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    if not engine.engine_available():
+    if not DOCKER.available():
         pytest.skip("needs a running Docker engine")
     server = start_registry(tmp_path_factory.mktemp("registry"), USER, PASSWORD)
     yield server
@@ -98,13 +101,13 @@ def images(tmp_path_factory):
         with tarfile.open(tar_path, "w") as tar:
             tar.add(rootfs, arcname=".")
         changes = [f"LABEL {k}={v!r}".replace("'", '"') for k, v in labels_for(cell_id).items()]
-        made[key] = engine.import_rootfs(tar_path, f"infermatrix-test/signing:{key}-{suffix}",
+        made[key] = DOCKER.import_rootfs(tar_path, f"infermatrix-test/signing:{key}-{suffix}",
                                          changes=changes)
     yield made
-    for info in engine.client().api.images():
+    for info in DOCKER.sdk().api.images():
         if info["Id"] in made.values():
             for ref in (info.get("RepoTags") or []) + (info.get("RepoDigests") or []):
-                engine.remove_image(ref, force=True)
+                DOCKER.remove_image(ref, force=True)
 
 
 def context_dir(tmp_path: Path, registry_host: str, repository: str) -> Path:
@@ -251,14 +254,14 @@ def test_signed_publish_pull_deploy_and_every_refusal(tmp_path, registry, images
     assert publish.read_lock(lock)["images"][CPU_CELL]["signing"] == signing
 
     # 3. remove every local copy; pull verifies, then pulls by digest
-    engine.remove_image(images["cpu"], force=True)
-    assert engine.inspect_image(images["cpu"]) is None
+    DOCKER.remove_image(images["cpu"], force=True)
+    assert DOCKER.inspect_image(images["cpu"]) is None
     env.delenv(cosign.KEY_FILE_ENV)
     env.delenv(cosign.PASSWORD_ENV)
     code, out, err = pull(lock, CPU_CELL, keys["public"], capsys)
     assert code == 0, err
     assert f"# verified {entry['reference']}" in out and "'passed'" in out and "offline" in out
-    assert (engine.inspect_image(entry["reference"]) or {}).get("Id") == images["cpu"]
+    assert (DOCKER.inspect_image(entry["reference"]) or {}).get("Id") == images["cpu"]
     assert entry["reference"] in out.strip().splitlines()[-1]  # the docker run line
 
     # 4. deploy verifies too, then writes the Compose file by digest
@@ -358,7 +361,7 @@ def test_signed_publish_pull_deploy_and_every_refusal(tmp_path, registry, images
     assert "cosign sign" in log and "COSIGN_PASSWORD='***'" in log and "--tlog-upload=false" in log
     history = subprocess.run(["/usr/bin/docker", "history", "--no-trunc", images["cpu"]],
                              capture_output=True, text=True, check=True).stdout
-    inspect = json.dumps(engine.inspect_image(images["cpu"]))
+    inspect = json.dumps(DOCKER.inspect_image(images["cpu"]))
     for secret in secrets:
         assert secret not in history and secret not in inspect
 

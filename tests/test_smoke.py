@@ -7,6 +7,7 @@ import pytest
 
 from infermatrix.options import RunOptions
 from infermatrix.stages import smoke, tagging
+from .recording_engine import RecordingEngine
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
 from infermatrix.model.cell import Cell, CellPlan, CellSettings
@@ -108,11 +109,13 @@ def test_an_audit_of_the_same_image_since_its_build_is_reused():
         "build": {"status": "pass", "finished": "2026-11-30T10:00:00Z"},
         "audit": {"status": "fail", "finished": "2026-11-30T10:05:00Z", "reason": "uncovered",
                   "details": {"image": image, "checks": []}}}}
-    assert smoke.recorded_audit(record, image)["reason"] == "uncovered"
+    fake = RecordingEngine()  # the recorded image is the one under test: no engine call
+    assert smoke.recorded_audit(record, image, fake)["reason"] == "uncovered"
     record["stages"]["build"]["finished"] = "2026-11-30T11:00:00Z"  # rebuilt since
-    assert smoke.recorded_audit(record, image) is None
+    assert smoke.recorded_audit(record, image, fake) is None
     record["stages"]["audit"]["status"] = "running"
-    assert smoke.recorded_audit(record, image) is None
+    assert smoke.recorded_audit(record, image, fake) is None
+    assert fake.calls == []
 
 
 # ---- the model level's correctness gate and the audit's failure (no Docker) -----------------
@@ -168,7 +171,8 @@ def test_an_audit_that_cannot_run_fails_the_static_level(ctx, monkeypatch):
     monkeypatch.delattr(infermatrix.stages, "audit", raising=False)
     monkeypatch.setitem(sys.modules, "infermatrix.stages.audit", None)
     details: dict = {}
-    assert smoke.run_audit(ctx, plan_of(ctx, FIXTURE_ID), "sha256:" + "d" * 64, details) == "fail"
+    assert smoke.run_audit(ctx, plan_of(ctx, FIXTURE_ID), "sha256:" + "d" * 64, details,
+                           RecordingEngine()) == "fail"
     assert details["audit"]["status"] == "fail"
     assert details["audit"]["reason"].startswith("the audit did not run: ")
 

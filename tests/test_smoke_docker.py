@@ -35,6 +35,9 @@ from infermatrix.stages.tagging import (
 )
 from tests.planning_support import recorded_metadata
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
 CPU_ID = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
@@ -74,7 +77,7 @@ def scratch_refs():
     refs: list[str] = []
     yield refs
     for ref in refs:
-        engine.remove_image(ref, force=True)
+        DOCKER.remove_image(ref, force=True)
 
 
 def isolated(test_ctx: Context, tmp_path, cell_id: str, **matrix_changes) -> Context:
@@ -90,7 +93,7 @@ def isolated(test_ctx: Context, tmp_path, cell_id: str, **matrix_changes) -> Con
 
 
 def smoke_containers(cell_id: str) -> list:
-    return engine.client().containers.list(all=True,
+    return DOCKER.sdk().containers.list(all=True,
                                            filters={"label": f"{smoke.SMOKE_LABEL}={cell_id}"})
 
 
@@ -125,7 +128,7 @@ def test_vllm_cpu_cell_passes_static_and_model_and_is_tagged(cpu_plan, cpu_smoke
     scratch_refs.append(ref)
     decision = tag_cell(test_ctx, cpu_plan.cell, repository)
     assert decision.allowed and decision.kind == TESTED, decision.reason
-    assert engine.image_id_of(ref) == record["image_id"]  # the exact image that was tested
+    assert DOCKER.image_id_of(ref) == record["image_id"]  # the exact image that was tested
     tag = journal.load(test_ctx.state, CPU_ID)["stages"]["tag"]
     assert tag["status"] == "pass" and tag["details"]["image_id"] == record["image_id"]
     assert tag_cell(test_ctx, cpu_plan.cell, repository).allowed  # idempotent
@@ -140,10 +143,10 @@ def test_a_tag_naming_another_image_is_not_moved(cpu_plan, cpu_smoked, built_bas
     repository = f"infermatrix-smoketest-{uuid.uuid4().hex[:8]}"
     ref = f"{repository}:{CPU_ID}"
     scratch_refs.append(ref)
-    engine.tag_image(built_base, ref)  # the name is taken by another image
+    DOCKER.tag_image(built_base, ref)  # the name is taken by another image
     decision = tag_cell(ctx, cpu_plan.cell, repository)
     assert not decision.allowed and "tags are not moved" in decision.reason
-    assert engine.image_id_of(ref) == engine.image_id_of(built_base)
+    assert DOCKER.image_id_of(ref) == DOCKER.image_id_of(built_base)
     assert journal.load(ctx.state, CPU_ID)["stages"]["tag"]["status"] == "fail"
 
 
@@ -162,7 +165,7 @@ def test_broken_shape_fixture_fails_model_with_the_engine_log_and_is_not_tagged(
     assert not smoke_containers(CPU_ID)
     decision = tag_cell(ctx, cpu_plan.cell, "infermatrix-smoketest-never")
     assert not decision.allowed and decision.reason.startswith("failed: model")
-    assert engine.image_id_of(f"infermatrix-smoketest-never:{CPU_ID}") is None
+    assert DOCKER.image_id_of(f"infermatrix-smoketest-never:{CPU_ID}") is None
 
 
 def test_launched_without_the_reasoning_parser_fails_thinking_on(cpu_plan, test_ctx, tmp_path):
@@ -197,7 +200,7 @@ def test_cuda_cell_on_a_gpu_less_host_skips_gpu_and_is_not_tagged(cuda_plan, tes
     assert not decision.allowed
     assert decision.skipped["gpu"] == "no GPU on this host"
     assert journal.load(ctx.state, CUDA_ID)["stages"]["tag"]["status"] == "skip"
-    assert engine.image_id_of(f"infermatrix-smoketest-never:{CUDA_ID}") is None
+    assert DOCKER.image_id_of(f"infermatrix-smoketest-never:{CUDA_ID}") is None
 
 
 def test_static_only_tag_goes_on_a_labelled_child_of_the_tested_image(cpu_smoked, scratch_refs):
@@ -206,25 +209,25 @@ def test_static_only_tag_goes_on_a_labelled_child_of_the_tested_image(cpu_smoked
     ref = f"infermatrix-smoketest-{uuid.uuid4().hex[:8]}:static-only"
     scratch_refs.append(ref)
     decision = TagDecision(CPU_ID, True, "static only", STATIC_ONLY, tested)
-    applied = apply_tag(decision, ref)
-    derived = engine.inspect_image(ref)
+    applied = apply_tag(decision, ref, DOCKER)
+    derived = DOCKER.inspect_image(ref)
     assert derived["Id"] == applied["tagged_image_id"] != tested
     assert applied["image_id"] == tested
     assert derived["Parent"] == tested  # nothing but labels on top of the tested image
-    assert derived["RootFS"]["Layers"] == engine.inspect_image(tested)["RootFS"]["Layers"]
+    assert derived["RootFS"]["Layers"] == DOCKER.inspect_image(tested)["RootFS"]["Layers"]
     labels = derived["Config"]["Labels"]
     assert labels[VERIFIED_LABEL] == STATIC_ONLY and labels[TESTED_IMAGE_LABEL] == tested
     assert labels["io.infermatrix.cell"] == CPU_ID  # the tested image's labels are kept
-    original = engine.inspect_image(tested)["Config"]
+    original = DOCKER.inspect_image(tested)["Config"]
     for key in ("Cmd", "Entrypoint", "Env", "WorkingDir", "User", "ExposedPorts"):
         assert derived["Config"].get(key) == original.get(key), key
     assert {k: v for k, v in labels.items() if k not in (VERIFIED_LABEL, TESTED_IMAGE_LABEL)} \
         == original["Labels"]
-    assert apply_tag(decision, ref)["unchanged"] is True
+    assert apply_tag(decision, ref, DOCKER)["unchanged"] is True
     other = TagDecision(CPU_ID, True, "static only", STATIC_ONLY, "sha256:" + "0" * 64)
     with pytest.raises(StageFailure, match="tags are not moved"):
-        apply_tag(other, ref)
-    assert engine.image_id_of(ref) == derived["Id"]
+        apply_tag(other, ref, DOCKER)
+    assert DOCKER.image_id_of(ref) == derived["Id"]
 
 INTERRUPTED_RUN = """
 import signal

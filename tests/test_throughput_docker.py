@@ -20,6 +20,9 @@ from infermatrix.state import StatePaths
 from tests.deploy_support import CPU_CELL, CPU_ID, cpu_image
 from tests.planning_support import recorded_metadata
 
+# This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
+DOCKER = engine.Engine()
+
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
 LOAD = {"replicas": 2, "concurrency": [1, 2], "thinking": [True, False], "requests": 4,
@@ -64,7 +67,7 @@ def test_the_level_records_tokens_latencies_and_scaling(measured):
     assert level["per_replica_tokens_per_s"] == round(
         max(p["tokens_per_s"] for p in points) / 2, 2)
     assert stage["details"]["throughput"]["tokens_per_s"] == level["tokens_per_s"]
-    left = engine.client().containers.list(all=True, filters={
+    left = DOCKER.sdk().containers.list(all=True, filters={
         "label": f"{smoke.SMOKE_LABEL}={CPU_ID}"})
     assert not [c.name for c in left if c.name.endswith(("-r0", "-r1"))], "a replica was left"
 

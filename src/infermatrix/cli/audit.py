@@ -47,10 +47,11 @@ def run(args: argparse.Namespace) -> int:
     audit_run = load_run(args, quiet=args.json)
     ctx = audit_run.ctx
     host = host_platform()
-    pairs = images_to_audit(ctx, audit_run.plans, args.refs, args.select)
+    pairs = images_to_audit(ctx, audit_run.plans, args.refs, args.select, audit_run.docker)
     order = {p.id: i for i, p in enumerate(natives_first([p for p, _ in pairs], host))}
     results = [audit_cell(ctx, plan, image, targets, record=not args.no_record,
-                          twin_archs=twin_archs_for(plan, audit_run.plans, host))
+                          twin_archs=twin_archs_for(plan, audit_run.plans, host),
+                          docker=audit_run.docker)
                for plan, image in sorted(pairs, key=lambda pair: order[pair[0].id])]
     if args.json:
         json.dump([r.as_dict() for r in results], sys.stdout, indent=2, sort_keys=True)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(compile_plan_for_cells(build_run.ctx, build_run.plans, options).explain())
         return 0
-    results = build_cells(build_run.ctx, build_run.plans, options)
+    results = build_cells(build_run.ctx, build_run.plans, options, docker=build_run.docker)
     built = [r for r in results.values() if r.status != "skip"]
     failed = [r for r in built if r.status == "fail"]
     reused = sum(1 for r in built if r.reused)

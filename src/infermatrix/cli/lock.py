@@ -149,7 +149,7 @@ def run_verify_repro(args: argparse.Namespace) -> int:
     if args.kernels:
         with run_lock(ctx.state, wait=repro_run.options.wait):
             reports = repro.verify_kernels(ctx, plan, against_cache=args.against_cache,
-                                           options=repro_run.options)
+                                           options=repro_run.options, docker=repro_run.docker)
         if args.json:
             json.dump([r.__dict__ | {"differences": [d.__dict__ for d in r.differences]}
                        for r in reports], sys.stdout, indent=2, sort_keys=True, default=str)
@@ -158,7 +158,8 @@ def run_verify_repro(args: argparse.Namespace) -> int:
             print("\n".join(r.summary() for r in reports))
         return 0 if all(r.identical for r in reports) else 1
     with run_lock(ctx.state, wait=repro_run.options.wait):
-        report = repro.verify_repro(ctx, plan, keep=args.keep, options=repro_run.options)
+        report = repro.verify_repro(ctx, plan, keep=args.keep, options=repro_run.options,
+                                    docker=repro_run.docker)
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -6,8 +6,7 @@ import argparse
 
 from ..pipeline import console, run_pipeline
 from ..state import run_lock
-from ..context import Context
-from ..model.cell import CellPlan
+from ..stages import Run
 from . import common_options, load_run, run_options, selection_options
 from .views import Line, pipeline_summary, print_lines
 
@@ -31,16 +30,16 @@ def run(args: argparse.Namespace) -> int:
     with run_lock(pipeline_run.ctx.state, wait=pipeline_run.options.wait):
         code, _ = run_pipeline(pipeline_run)
         console.rule("[bold]summary")
-        print_lines(closing_lines(pipeline_run.ctx, pipeline_run.plans), console)
+        print_lines(closing_lines(pipeline_run), console)
     return code
 
 
-def closing_lines(ctx: Context, plans: list[CellPlan]) -> list[Line]:
+def closing_lines(run: Run) -> list[Line]:
     """The main job's last table, from the journal: each cell's outcome, step times and image
     size, and for each cell not done its reason and the command that moves it on."""
     from ..journal import load_records
     from ..stages.report import build_report, fill_image_sizes
 
-    records = load_records(ctx.state)
-    fill_image_sizes(records)
-    return pipeline_summary(build_report(records, plans, ctx.state).cells)
+    records = load_records(run.ctx.state)
+    fill_image_sizes(records, run.docker)
+    return pipeline_summary(build_report(records, run.plans, run.ctx.state).cells)

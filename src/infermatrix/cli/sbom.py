@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import journal
-    from ..engine import docker as engine
+    from ..engine.docker import Engine
     from ..errors import StageFailure, UsageError
     from ..model.cell import Cell
     from ..stages import sbom
@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
                              f"{ctx.state.root}; fix: `infermatrix build --select {args.ref}`")
     else:
         image = args.ref
-    info = engine.inspect_image(image)
+    docker = Engine()  # DOCKER_HOST / the current context
+    info = docker.inspect_image(image)
     if info is None:
         known = ", ".join(sorted(records)) or "none"
         raise UsageError(f"{args.ref!r} is neither a built cell of {ctx.state.root} (built: "
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     except StageFailure as exc:
         raise UsageError(f"{args.ref}: not an infermatrix image ({exc})") from None
     record = record or records.get(cell.id) or {"cell": cell.id, "stages": {}}
-    text = sbom.build_sbom(ctx, cell, info["Id"], record)
+    text = sbom.build_sbom(ctx, cell, info["Id"], record, docker)
     if args.out == "-":
         sys.stdout.write(text + "\n")
         return 0

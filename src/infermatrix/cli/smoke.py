@@ -84,7 +84,7 @@ def run_smoke(args: argparse.Namespace) -> int:
     model_source(ctx, options)
     smoke_endpoint(ctx, options.smoke_on)
     with run_lock(ctx.state, wait=run.options.wait):
-        results = smoke_cells(ctx, plans, options, on_result=_print_smoke)
+        results = smoke_cells(ctx, plans, options, on_result=_print_smoke, docker=run.docker)
     failed = [r.cell_id for r in results if r.status == "fail"]
     print(f"smoke: {len(results) - len(failed)} without failure, {len(failed)} failed"
           + (f": {', '.join(failed)}" if failed else ""))
@@ -100,7 +100,7 @@ def run_tag(args: argparse.Namespace) -> int:
     refused = []
     with run_lock(ctx.state, wait=run.options.wait):
         for plan in plans:
-            decision = tag_cell(ctx, plan.cell, args.repository)
+            decision = tag_cell(ctx, plan.cell, args.repository, docker=run.docker)
             if decision.allowed:
                 print(f"{plan.id}: tagged {tag_ref(ctx, plan.cell, args.repository)} "
                       f"({decision.kind}) on {decision.image_id[:19]}")

@@ -16,8 +16,9 @@ explicitly.
 
 Several builders (issue 19): an `Engine(Endpoint)` talks to one named engine (`unix://`,
 `ssh://`, `tcp://` with TLS, or a Docker context), its SDK client and its CLI commands alike
-(the CLI gets DOCKER_HOST / DOCKER_CONTEXT / DOCKER_CERT_PATH); `bound(engine)` makes it the
-current engine of one thread, so each builder's worker calls the same module functions.
+(the CLI gets DOCKER_HOST / DOCKER_CONTEXT / DOCKER_CERT_PATH). There is no current or
+module-level engine: the command makes one (`stages.Run.docker`) and passes it by hand, each
+builder's worker passes its builder's, so every call names the engine that serves it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import re
 import shlex
 import tarfile
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
@@ -419,8 +419,9 @@ class EngineFacts:
 
 class Engine:
     """The Docker engine of this run: owns the SDK client (made on first use) and the BuildKit
-    CLI; every SDK error comes out as EngineError. The stages use the module-level functions
-    below, which call the current engine (`current()`; tests may `use(...)` another)."""
+    CLI; every SDK error comes out as EngineError. Passed by hand: the command makes one
+    (`Run.docker`) and every step and function that talks to Docker takes it as an argument,
+    so each call says which engine serves it (a builder's, the smoke's, this machine's)."""
 
     endpoint: Endpoint | None = None  # class defaults: subclasses (tests' fakes) may skip init
     _sdk: Any = None
@@ -994,159 +995,6 @@ def _extract_archive(stream: Iterable[bytes], dest_dir: Path, path: str) -> Path
         with tarfile.open(fileobj=spool) as archive:
             archive.extractall(dest_dir, filter="tar")
     return dest_dir / Path(path.rstrip("/")).name
-
-
-_current: Engine | None = None
-_thread = threading.local()  # a builder's thread talks to its own engine (`bound`)
-
-
-def current() -> Engine:
-    """The engine this thread talks to: the one `bound` to it, else the process's (made on
-    first use)."""
-    global _current
-    bound_here = getattr(_thread, "engine", None)
-    if bound_here is not None:
-        return bound_here
-    if _current is None:
-        _current = Engine()
-    return _current
-
-
-@contextlib.contextmanager
-def bound(engine: Engine) -> Iterator[Engine]:
-    """Talk to `engine` in this thread only (each builder's worker thread; others unchanged)."""
-    previous = getattr(_thread, "engine", None)
-    _thread.engine = engine
-    try:
-        yield engine
-    finally:
-        _thread.engine = previous
-
-
-def engine_platform() -> str:
-    return current().platform()
-
-
-@contextlib.contextmanager
-def use(engine: Engine) -> Iterator[Engine]:
-    """Talk to `engine` inside the block (a wiring test's recording engine, say)."""
-    global _current
-    previous, _current = _current, engine
-    try:
-        yield engine
-    finally:
-        _current = previous
-
-
-def client() -> Any:  # docker.DockerClient
-    return current().sdk()
-
-
-def engine_available() -> bool:
-    return current().available()
-
-
-# The stages call these; each is the current engine's method of the same name.
-def build_image(*args: Any, **kwargs: Any) -> str:
-    return current().build_image(*args, **kwargs)
-
-
-def import_rootfs(*args: Any, **kwargs: Any) -> str:
-    return current().import_rootfs(*args, **kwargs)
-
-
-def inspect_image(ref: str) -> dict[str, Any] | None:
-    return current().inspect_image(ref)
-
-
-def image_id_of(ref: str) -> str | None:
-    return current().image_id_of(ref)
-
-
-def image_exists(ref: str) -> bool:
-    return current().image_exists(ref)
-
-
-def image_labels(ref: str) -> dict[str, str]:
-    return current().image_labels(ref)
-
-
-def tag_image(image: str, ref: str) -> None:
-    current().tag_image(image, ref)
-
-
-def remove_image(ref: str, force: bool = False) -> bool:
-    return current().remove_image(ref, force)
-
-
-def commit_with_labels(image: str, ref: str, labels: dict[str, str]) -> str:
-    return current().commit_with_labels(image, ref, labels)
-
-
-def run_container(image: str, command: list[str] | None = None, **kwargs: Any) -> str:
-    return current().run_container(image, command, **kwargs)
-
-
-def container(image: str, command: list[str] | None = None,
-              **kwargs: Any) -> contextlib.AbstractContextManager[str]:
-    return current().container(image, command, **kwargs)
-
-
-def container_status(container_id: str) -> dict[str, Any]:
-    return current().container_status(container_id)
-
-
-def container_port(container_id: str, port: str) -> tuple[str, int] | None:
-    return current().container_port(container_id, port)
-
-
-def wait_container(container_id: str, timeout: float | None = None) -> int:
-    return current().wait_container(container_id, timeout)
-
-
-def container_logs(container_id: str, tail: int | str = "all") -> str:
-    return current().container_logs(container_id, tail)
-
-
-def container_memory(container_id: str) -> tuple[int | None, int | None]:
-    return current().container_memory(container_id)
-
-
-def stop_container(container_id: str, timeout: int = 10) -> None:
-    current().stop_container(container_id, timeout)
-
-
-def remove_container(container_id: str, force: bool = True) -> None:
-    current().remove_container(container_id, force)
-
-
-def exec_in_container(container_id: str, command: list[str],
-                      env: dict[str, str] | None = None) -> tuple[int, str]:
-    return current().exec_in_container(container_id, command, env)
-
-
-def copy_from_image(image: str, paths: Iterable[str], dest_dir: Path) -> dict[str, Path]:
-    return current().copy_from_image(image, paths, dest_dir)
-
-
-def exported_filesystem(image: str) -> contextlib.AbstractContextManager[Iterator[bytes]]:
-    return current().exported_filesystem(image)
-
-
-def docker_host_info() -> dict[str, Any]:
-    return current().host_info()
-
-
-def local_data_root() -> Path | None:
-    return current().local_data_root()
-
-
-def prune_build_cache(log_path: Path | None = None, keep_bytes: int | None = None) -> None:
-    current().prune_build_cache(log_path, keep_bytes)
-
-
-def build_cache_bytes() -> int:
-    return current().build_cache_bytes()
 
 
 # Registries (credentials, HTTP API v2, push and pull): registry.py.

@@ -196,9 +196,11 @@ class RemoteManifest:
     config_digest: str | None  # the image id for a single-platform manifest; None for an index
 
 
-def registry_is_secure(host: str) -> bool:
-    """Whether the daemon talks TLS to this registry (it treats 127.0.0.0/8 as insecure)."""
-    configs = (engine.client().info().get("RegistryConfig") or {}).get("IndexConfigs") or {}
+def registry_is_secure(host: str, docker: "engine.Engine | None" = None) -> bool:
+    """Whether the daemon (`docker`, default this machine's: the HTTP API calls are made from
+    here) talks TLS to this registry (it treats 127.0.0.0/8 as insecure)."""
+    docker = docker or engine.Engine()
+    configs = (docker.sdk().info().get("RegistryConfig") or {}).get("IndexConfigs") or {}
     if host in configs:
         return bool(configs[host].get("Secure", True))
     name = host.rsplit(":", 1)[0] if not host.startswith("[") else host
@@ -364,14 +366,16 @@ def _daemon_stream(call, what: str, host: str, creds: RegistryCredentials) -> st
     return digest
 
 
-def push_image(image_id: str, repository: str, tag: str, creds: RegistryCredentials) -> str:
-    """Tag `image_id` as repository:tag and push it; return the registry's manifest digest."""
-    engine.tag_image(image_id, f"{repository}:{tag}")
+def push_image(docker: "engine.Engine", image_id: str, repository: str, tag: str,
+               creds: RegistryCredentials) -> str:
+    """Tag `image_id` as repository:tag in `docker` and push it from there; return the
+    registry's manifest digest."""
+    docker.tag_image(image_id, f"{repository}:{tag}")
     log.info("# sdk: docker push %s  # as %s", shlex.quote(f"{repository}:{tag}"),
              creds.describe())
     digest = _daemon_stream(
-        lambda: engine.client().api.push(repository, tag, auth_config=creds.sdk_auth(),
-                                         stream=True, decode=True),
+        lambda: docker.sdk().api.push(repository, tag, auth_config=creds.sdk_auth(),
+                                      stream=True, decode=True),
         f"push of {repository}:{tag}", registry_host(repository), creds)
     if not digest:
         raise RegistryError(f"push of {repository}:{tag}: the daemon reported no digest; "
@@ -379,15 +383,16 @@ def push_image(image_id: str, repository: str, tag: str, creds: RegistryCredenti
     return digest
 
 
-def pull_by_digest(repository: str, digest: str, creds: RegistryCredentials) -> dict[str, Any]:
-    """Pull repository@digest; return its `docker image inspect` record."""
+def pull_by_digest(docker: "engine.Engine", repository: str, digest: str,
+                   creds: RegistryCredentials) -> dict[str, Any]:
+    """Pull repository@digest into `docker`; return its `docker image inspect` record."""
     ref = f"{repository}@{digest}"
     log.info("# sdk: docker pull %s  # as %s", shlex.quote(ref), creds.describe())
     _daemon_stream(
-        lambda: engine.client().api.pull(repository, tag=digest, auth_config=creds.sdk_auth(),
-                                         stream=True, decode=True),
+        lambda: docker.sdk().api.pull(repository, tag=digest, auth_config=creds.sdk_auth(),
+                                      stream=True, decode=True),
         f"pull of {ref}", registry_host(repository), creds)
-    info = engine.inspect_image(ref)
+    info = docker.inspect_image(ref)
     if info is None:
         raise RegistryError(f"pull of {ref}: finished but the image is not there; "
                             "fix: see the daemon's log")

@@ -41,7 +41,8 @@ def run_nvidia_smi() -> tuple[int | None, str]:
 
 
 def read_docker_info() -> dict[str, Any]:
-    return engine.docker_host_info()
+    """This machine's engine (DOCKER_HOST / the current context): the host doctor checks."""
+    return engine.Engine().host_info()
 
 
 @dataclass

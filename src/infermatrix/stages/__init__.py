@@ -19,6 +19,7 @@ from rich.console import Console
 
 from .. import journal
 from ..context import Context
+from ..engine.docker import Engine
 from ..model.cell import CellPlan
 from ..options import RunOptions
 from ..model.selectors import Selection
@@ -70,6 +71,10 @@ class Run:
     options: RunOptions
     select: list[str] = field(default_factory=list)
     skip: list[str] = field(default_factory=list)
+    # The Docker engine the steps talk to, passed by hand to every stage function (with
+    # several builders, a step over one builder's cells gets a Run whose `docker` is that
+    # builder's: _step_per_builder).
+    docker: Engine = field(default_factory=Engine)
 
 
 def _record(name: str, passed: list[str], failed: list[str], note: str = "",
@@ -140,7 +145,7 @@ def step_base(run: Run, alive: list[CellPlan]) -> StepRecord:
     for (name, platform), cells in sorted(needs.items()):
         try:
             result = build_base(run.ctx.matrix, name, run.ctx.state, platform=platform,
-                                echo=echo)
+                                echo=echo, docker=run.docker)
             echo(f"base {name} ({platform}): {result.ref}")
             made.append(name)
             for cell_id in cells:
@@ -173,7 +178,7 @@ def _base_platforms(run: Run, plan: CellPlan) -> list[str]:
 
 def step_build(run: Run, alive: list[CellPlan]) -> StepRecord:
     from .build import build_cells
-    results = build_cells(run.ctx, alive, run.options, echo=echo)
+    results = build_cells(run.ctx, alive, run.options, echo=echo, docker=run.docker)
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
     return _record("build", passed, failed)
@@ -192,7 +197,8 @@ def step_audit(run: Run, alive: list[CellPlan]) -> StepRecord:
         image = journal.load(run.ctx.state, plan.id).get("image_id")
         try:
             result = audit_cell(run.ctx, plan, image,
-                                twin_archs=twin_archs_for(plan, run.plans, host))
+                                twin_archs=twin_archs_for(plan, run.plans, host),
+                                docker=run.docker)
             ok = result.passed
             echo(f"{plan.id}: audit {result.status}" +
                  (f": {result.reason}" if result.reason else ""))
@@ -207,7 +213,7 @@ def step_smoke(run: Run, alive: list[CellPlan]) -> StepRecord:
     """static (imports; the audit of the step before) → gpu → model, per matrix.yaml or
     --levels."""
     from .smoke import smoke_cells
-    results = smoke_cells(run.ctx, alive, run.options)
+    results = smoke_cells(run.ctx, alive, run.options, docker=run.docker)
     passed = [r.cell_id for r in results if r.status != "fail"]
     failed = [r.cell_id for r in results if r.status == "fail"]
     return _record("smoke", passed, failed)
@@ -220,7 +226,7 @@ def step_tag(run: Run, alive: list[CellPlan]) -> StepRecord:
     from .tagging import tag_cell
     tagged, refused, failed = [], [], []
     for plan in alive:
-        decision = tag_cell(run.ctx, plan.cell)
+        decision = tag_cell(run.ctx, plan.cell, docker=run.docker)
         outcome = tagged if decision.allowed else failed if decision.failed else refused
         outcome.append(plan.id)
         verdict = f"tagged ({decision.kind})" if decision.allowed else (
@@ -236,7 +242,7 @@ def step_publish(run: Run, alive: list[CellPlan]) -> StepRecord:
                           note="no publish.registry in matrix.yaml (or --no-publish)")
     if not alive:  # an empty selection would mean every cell
         return _record("publish", [], [])
-    result = publish(run.ctx, Selection([p.id for p in alive]), say=echo)
+    result = publish(run.ctx, Selection([p.id for p in alive]), say=echo, docker=run.docker)
     return _record("publish", [*result.pushed, *result.unchanged],
                    [*result.refused, *result.failed])
 
@@ -246,7 +252,7 @@ def step_report(run: Run, alive: list[CellPlan]) -> StepRecord:
     plan of this run: the lock's verdicts are in it)."""
     from .report import build_report, fill_image_sizes, print_summary, write_report
     records = journal.load_records(run.ctx.state)
-    fill_image_sizes(records)
+    fill_image_sizes(records, run.docker)
     report = build_report(records, run.plans, run.ctx.state)
     files = write_report(report, run.ctx.state.reports)
     print_summary(report, files.html)
@@ -272,7 +278,6 @@ ON_THE_BUILDER = frozenset({"audit", "smoke", "tag", "publish"})
 
 def builder_groups(run: Run, alive: list[CellPlan]) -> list[tuple[Any, list[CellPlan]]]:
     """(engine or None for the default one, its cells), by the builder each cell was built on."""
-    from ..engine import docker as engine
     from .builders import endpoints_for
 
     endpoints = {e.name: e for e in endpoints_for(run.ctx.matrix, run.options.builders)}
@@ -284,23 +289,21 @@ def builder_groups(run: Run, alive: list[CellPlan]) -> list[tuple[Any, list[Cell
         name = (journal.load(run.ctx.state, plan.id).get("builder") or {}).get("name")
         key = name if name in endpoints else None
         if key and key not in engines:
-            engines[key] = engine.Engine(endpoints[key])
+            engines[key] = Engine(endpoints[key])
         groups.setdefault(key, []).append(plan)
     return [(engines.get(key) if key else None, cells) for key, cells in groups.items()]
 
 
 def _step_per_builder(run: Run, name: str, step: Step, alive: list[CellPlan]) -> StepRecord:
-    import contextlib
-
-    from ..engine import docker as engine
+    import dataclasses
 
     groups = builder_groups(run, alive) if name in ON_THE_BUILDER else [(None, alive)]
     if len(groups) == 1 and groups[0][0] is None:
         return step(run, alive)
     parts = []
-    for engine_of, cells in groups:
-        with engine.bound(engine_of) if engine_of else contextlib.nullcontext():
-            parts.append(step(run, cells))
+    for engine_of, cells in groups:  # each group's step talks to its builder's engine
+        parts.append(step(dataclasses.replace(run, docker=engine_of) if engine_of else run,
+                          cells))
     status = StepStatus.RAN if any(p.status == StepStatus.RAN for p in parts) else \
         parts[0].status
     return StepRecord(name, status, [c for p in parts for c in p.passed],

@@ -59,6 +59,7 @@ from ..errors import CommandFailed, StageFailure, UsageError
 from ..model.loadedset import LoadVerdict
 from ..model.cell import CellPlan
 from ..model.index import cached_entry
+from ..engine.docker import Engine
 from ..options import OPTIONS, from_environment
 from ..state import StatePaths, write_json_atomic
 from .watch import Heartbeat
@@ -312,7 +313,7 @@ def native_python() -> NativePython | None:
     return NativePython(prefix, binary, loader, loader.parent)
 
 
-def probe_image(image: str, log_path: Path | None = None,
+def probe_image(image: str, docker: Engine, log_path: Path | None = None,
                 timeout: float = PROBE_TIMEOUT_S,
                 digest_dists: Iterable[str] = (), emulated: str | None = None) -> ImageFacts:
     """Run the probe in a throw-away container of `image` (no GPU, no network needed);
@@ -321,15 +322,13 @@ def probe_image(image: str, log_path: Path | None = None,
     machine's own Python inside its container (the image's python3 only answers for itself):
     the same files at the same paths, read at native speed (the GB10 cell's probe took ~3 min
     under QEMU). Where that Python cannot start there, the image's own runs, emulated."""
-    from ..engine import docker as engine
-
-    native = native_python() if emulated and engine.current().is_local() else None
+    native = native_python() if emulated and docker.is_local() else None
     if native is not None:
-        code, output = _run_probe(image, digest_dists, timeout, native)
+        code, output = _run_probe(image, digest_dists, timeout, native, docker)
         _log_probe(log_path, image, code, output, f"native {native.binary}")
         if code == 0:
             return ImageFacts.from_probe(parse_probe_output(output))
-    code, output = _run_probe(image, digest_dists, timeout, None)
+    code, output = _run_probe(image, digest_dists, timeout, None, docker)
     _log_probe(log_path, image, code, output, "the image's python3")
     if code != 0:
         raise StageFailure(f"the audit probe failed in {image} (exit {code}):\n"
@@ -338,19 +337,19 @@ def probe_image(image: str, log_path: Path | None = None,
 
 
 def _run_probe(image: str, digest_dists: Iterable[str], timeout: float,
-               native: NativePython | None) -> tuple[int, str]:
+               native: NativePython | None, docker: Engine) -> tuple[int, str]:
     from ..engine import docker as engine
 
     env = {"PYTHONPATH": str(Path(HARNESS_MOUNT).parent),
            "INFERMATRIX_DIGEST_DISTS": ",".join(digest_dists), **(native.env() if native else {})}
     try:
-        with engine.container(image, probe_args(),
+        with docker.container(image, probe_args(),
                               entrypoint=native.entrypoint() if native else ["python3"],
                               mounts=host_tool_mounts() + (native.mounts() if native else []),
                               network="none", prefix="infermatrix-audit", env=env,
                               labels={"io.infermatrix.stage": "audit"}) as container:
-            code = engine.wait_container(container, timeout=timeout)
-            output = engine.container_logs(container)
+            code = docker.wait_container(container, timeout=timeout)
+            output = docker.container_logs(container)
     except engine.EngineError as exc:  # no such image, no python3 in it, ...
         raise StageFailure(f"cannot start the audit probe in {image}: {exc}") from None
     return code, output
@@ -382,10 +381,9 @@ def copy_rounds(paths: Iterable[str]) -> list[list[str]]:
 
 
 def device_code_of(image: str, objects: list[dict[str, Any]], state: StatePaths,
-                   log_path: Path | None = None) -> dict[str, DeviceCode]:
-    """sha256 -> DeviceCode for the GPU objects: from the cache, else copied out and listed."""
-    from ..engine import docker as engine
-
+                   docker: Engine, log_path: Path | None = None) -> dict[str, DeviceCode]:
+    """sha256 -> DeviceCode for the GPU objects: from the cache, else copied out of `docker`'s
+    image and listed."""
     cache = DeviceCodeCache(state)
     found: dict[str, DeviceCode] = {}
     missing: dict[str, str] = {}  # path in image -> sha256
@@ -401,7 +399,7 @@ def device_code_of(image: str, objects: list[dict[str, Any]], state: StatePaths,
     version = cuobjdump_version(tool)
     for batch in copy_rounds(sorted(missing)):
         with tempfile.TemporaryDirectory(prefix="infermatrix-audit-") as tmp:
-            copied = engine.copy_from_image(image, batch, Path(tmp))
+            copied = docker.copy_from_image(image, batch, Path(tmp))
             for path in batch:
                 if path not in copied:
                     raise StageFailure(f"{path} vanished from {image} while auditing it")
@@ -856,21 +854,20 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
     return objects
 
 
-def recorded_mapped(ctx: "Context", cell_id: str, image: str) -> dict[str, Any] | None:
+def recorded_mapped(ctx: "Context", cell_id: str, image: str, docker: Engine
+                    ) -> dict[str, Any] | None:
     """The objects the `model` smoke level saw the server map, for this very image."""
     stage = journal.load(ctx.state, cell_id).get("stages", {}).get("smoke") or {}
     details = stage.get("details") or {}
     mapped = ((details.get("levels") or {}).get("model") or {}).get("mapped")
-    if not mapped or details.get("image_id") not in (image, _image_id(image)):
+    if not mapped or details.get("image_id") not in (image, _image_id(image, docker)):
         return None
     return mapped
 
 
-def _image_id(ref: str) -> str | None:
-    from ..engine import docker as engine
-
+def _image_id(ref: str, docker: Engine) -> str | None:
     try:
-        return engine.image_id_of(ref)
+        return docker.image_id_of(ref)
     except Exception:  # noqa: BLE001 - no engine: no observation to match
         return None
 
@@ -916,14 +913,12 @@ print(sys.argv[1] + json.dumps({"processes": procs, "distributions": dists}))
 """
 
 
-def server_mapped_objects(container_id: str) -> dict[str, Any]:
+def server_mapped_objects(docker: Engine, container_id: str) -> dict[str, Any]:
     """/proc/<pid>/maps of every process in the server's container (the server and its
     workers), read by the image's python3 through `docker exec`."""
     from packaging.utils import canonicalize_name
 
-    from ..engine import docker as engine
-
-    code, output = engine.exec_in_container(container_id, ["python3", "-c", MAPS_PROBE, MARKER])
+    code, output = docker.exec_in_container(container_id, ["python3", "-c", MAPS_PROBE, MARKER])
     if code != 0:
         raise StageFailure(f"reading the server's /proc/<pid>/maps failed (exit {code}): "
                            + proc.tail(output, 10))
@@ -1056,12 +1051,12 @@ def first_start_digest(first: dict[str, list[dict[str, Any]]]) -> str:
     return f"; compiled at first start: {'; '.join(seen)}" if seen else ""
 
 
-def emulation_of(image: str) -> str | None:
+def emulation_of(image: str, docker: Engine) -> str | None:
     """Why programs of this image run emulated here ("linux/arm64 under QEMU on linux/amd64"),
     or None when the image is for this host's CPU."""
     from ..engine import docker as engine
 
-    info = engine.inspect_image(image) or {}
+    info = docker.inspect_image(image) or {}
     platform = f"{info.get('Os', 'linux')}/{info.get('Architecture', '')}"
     host = engine.host_platform()
     if not info.get("Architecture") or platform == host:
@@ -1069,7 +1064,8 @@ def emulation_of(image: str) -> str | None:
     return f"{platform} under QEMU on {host}"
 
 
-def check_triton_smem(image: str, engine_name: str, backend: str | None, targets: list[Arch],
+def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str | None,
+                      targets: list[Arch],
                       model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
                       serve_args: Iterable[str] = (), extra_archs: Iterable[Arch] = ()) -> Check:
@@ -1086,7 +1082,7 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
                      + ", ".join(t.sm for t in targets) + " (rules.yaml)")
     try:
-        output = run_triton_harness(image, args, timeout)
+        output = run_triton_harness(image, args, timeout, docker)
     except StageFailure:
         return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
     if log_path is not None:
@@ -1105,33 +1101,33 @@ def check_triton_smem(image: str, engine_name: str, backend: str | None, targets
     return check
 
 
-def serve_paths(image: str, engine_name: str, targets: list[Arch], model: str | None,
-                serve_args: Iterable[str]) -> dict[str, Any]:
+def serve_paths(image: str, docker: Engine, engine_name: str, targets: list[Arch],
+                model: str | None, serve_args: Iterable[str]) -> dict[str, Any]:
     """The backend choices the engine makes for this serve command on each target (the
     harness's --paths-only: its own selection logic in a container of the image, no compile)."""
     from ..harness import _result as harness_result
 
     args = triton_smem_args(engine_name, None, targets, model, serve_args) or []
-    output = run_triton_harness(image, [*args, "--paths-only"], TRITON_TIMEOUT_S)
+    output = run_triton_harness(image, [*args, "--paths-only"], TRITON_TIMEOUT_S, docker)
     parsed = harness_result.parse(output) or {}
     return {a.get("arch"): a.get("paths", {}) for a in parsed.get("archs", [])}
 
 
-def run_triton_harness(image: str, args: list[str], timeout: float) -> str:
+def run_triton_harness(image: str, args: list[str], timeout: float, docker: Engine) -> str:
     """harness.triton_smem in a container of the image, no network; its output. StageFailure
     when it runs over `timeout` (the container is removed either way)."""
     from ..engine import docker as engine
 
     mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
-    container = engine.run_container(
+    container = docker.run_container(
         image, args, entrypoint=["python3", "-m", "harness.triton_smem"], mounts=[mount],
         network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
         labels={"io.infermatrix.stage": "audit"})
     try:
-        engine.wait_container(container, timeout=timeout)
-        return engine.container_logs(container)
+        docker.wait_container(container, timeout=timeout)
+        return docker.container_logs(container)
     finally:
-        engine.remove_container(container)
+        docker.remove_container(container)
 
 
 def not_started(result: dict[str, Any] | None) -> bool:
@@ -1162,26 +1158,28 @@ def default_targets(plan: CellPlan) -> list[Arch]:
 
 def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
                targets: Iterable[Arch | str] | None = None, *, record: bool = True,
-               twin_archs: Iterable[str] = ()) -> AuditResult:
-    """Audit one built image against its cell; record it in the journal (stage `audit`).
-    `twin_archs`: archs of foreign-CPU cells this native cell is the twin of (tritontwin):
-    its Triton check compiles for them too, for those cells to adopt."""
+               twin_archs: Iterable[str] = (), docker: Engine | None = None) -> AuditResult:
+    """Audit one built image of `docker` (default DOCKER_HOST / the current context) against
+    its cell; record it in the journal (stage `audit`). `twin_archs`: archs of foreign-CPU
+    cells this native cell is the twin of (tritontwin): its Triton check compiles for them
+    too, for those cells to adopt."""
     started = time.monotonic()
+    docker = docker or Engine()
     cell = plan.cell
     arch_targets = [Arch.parse(t).device if isinstance(t, str) else t.device
                     for t in targets] if targets else default_targets(plan)
     log_path = ctx.state.cell_log(cell.id, "audit")
     result = AuditResult(cell.id, image_ref, arch_targets)
-    runs_emulated = emulation_of(image_ref)
+    runs_emulated = emulation_of(image_ref, docker)
     emulated = runs_emulated if cell.is_gpu else None
     extra = [Arch.parse(a).device for a in twin_archs
              if a not in {t.sm for t in arch_targets}]
     # under emulation Triton cannot start: a native twin's recorded result is looked for first
-    triton = start_triton_check(ctx, plan, image_ref, arch_targets, log_path, extra) \
+    triton = start_triton_check(ctx, plan, image_ref, arch_targets, log_path, extra, docker) \
         if cell.is_gpu and not emulated else None
     try:
         with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
-            facts = probe_image(image_ref, log_path, digest_dists=tritontwin.digest_distributions(
+            facts = probe_image(image_ref, docker, log_path, digest_dists=tritontwin.digest_distributions(
                 plan.settings.engine_package if plan.settings else None) if cell.is_gpu else (),
                 emulated=runs_emulated)
         result.phase_s["probe"] = time.monotonic() - started
@@ -1190,7 +1188,7 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
         if cell.is_gpu:
             gpu = [o for o in facts.objects if o.get("gpu_code")]
             mark = time.monotonic()
-            codes = device_code_of(image_ref, gpu, ctx.state, log_path)
+            codes = device_code_of(image_ref, gpu, ctx.state, docker, log_path)
             result.phase_s["device_code"] = time.monotonic() - mark
             result.objects = audited_objects(facts, codes, arch_targets, load_ctx)
             result.checks.append(check_kernels(result.objects, arch_targets))
@@ -1200,7 +1198,7 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
             mark = time.monotonic()
             if triton is None:
                 triton_check = twin_or_own_triton_check(ctx, plan, image_ref, arch_targets,
-                                                        log_path, facts, emulated)
+                                                        log_path, facts, emulated, docker)
             else:
                 triton_check = triton.result()
                 triton_check.data.update(python=facts.python, py_digests=facts.py_digests)
@@ -1217,7 +1215,7 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
         result.checks.append(pins_check)
         result.checks.append(check_pip(facts, no_deps_packages(ctx, plan)))
         result.checks.append(check_floor(ctx, plan, facts))
-        result.checks.append(check_loaded_set(recorded_mapped(ctx, cell.id, image_ref),
+        result.checks.append(check_loaded_set(recorded_mapped(ctx, cell.id, image_ref, docker),
                                               arch_targets, load_ctx,
                                               [o.row() for o in result.objects]))
     except StageFailure as exc:  # the probe or cuobjdump failed: the audit fails, with why
@@ -1234,7 +1232,7 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
 
 
 def timed_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
-                       log_path: Path, extra: Iterable[Arch] = (),
+                       log_path: Path, docker: Engine, extra: Iterable[Arch] = (),
                        emulated: str | None = None) -> Check:
     """check_triton_smem for the cell, with a heartbeat and its seconds in the data."""
     cell, extra = plan.cell, list(extra)
@@ -1242,7 +1240,7 @@ def timed_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: 
     with Heartbeat(f"{cell.id}: Triton kernels compiled for "
                    f"{', '.join(str(t) for t in [*targets, *extra])}"):
         check = check_triton_smem(
-            image_ref, cell.engine, plan.settings.attention_backend if plan.settings else None,
+            image_ref, docker, cell.engine, plan.settings.attention_backend if plan.settings else None,
             targets, (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
             serve_args=plan.settings.engine_args if plan.settings else (), extra_archs=extra)
     check.data["seconds"] = round(time.monotonic() - began, 1)
@@ -1250,18 +1248,14 @@ def timed_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: 
 
 
 def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
-                       log_path: Path, extra: list[Arch]) -> concurrent.futures.Future[Check]:
+                       log_path: Path, extra: list[Arch], docker: Engine
+                       ) -> concurrent.futures.Future[Check]:
     """The Triton compile check, started in a thread of its own: it needs only the image, so
     it runs while the probe and cuobjdump read the objects (both mostly one CPU each, so on a
     2-core machine the audit takes about the longer of the two instead of their sum). The
-    thread talks to this thread's engine."""
-    from ..engine import docker as engine
-
-    here = engine.current()
-
+    thread talks to the audit's engine, `docker`."""
     def run() -> Check:
-        with engine.bound(here):
-            return timed_triton_check(ctx, plan, image_ref, targets, log_path, extra)
+        return timed_triton_check(ctx, plan, image_ref, targets, log_path, docker, extra)
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                  thread_name_prefix="infermatrix-triton")
@@ -1273,7 +1267,7 @@ def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: 
 
 def twin_or_own_triton_check(ctx: "Context", plan: CellPlan, image_ref: str,
                              targets: list[Arch], log_path: Path, facts: ImageFacts,
-                             emulated: str) -> Check:
+                             emulated: str, docker: Engine) -> Check:
     """A cell whose image runs emulated here: the Triton result of its native twin when the
     journal holds one for these archs with identical sources (tritontwin), else the harness
     in its own image (which cannot start under qemu-user: a skip that names the fix)."""
@@ -1284,7 +1278,8 @@ def twin_or_own_triton_check(ctx: "Context", plan: CellPlan, image_ref: str,
                                           audits)
     backend = plan.settings.attention_backend if plan.settings else None
     if match is None:
-        check = timed_triton_check(ctx, plan, image_ref, targets, log_path, emulated=emulated)
+        check = timed_triton_check(ctx, plan, image_ref, targets, log_path, docker,
+                                   emulated=emulated)
         if check.status == SKIP:
             check.detail += ("; no native twin stands for it: " + "; ".join(passed_over)
                              if passed_over else
@@ -1303,10 +1298,9 @@ def twin_or_own_triton_check(ctx: "Context", plan: CellPlan, image_ref: str,
 
 
 def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
-                    select: list[str]) -> list[tuple[CellPlan, str]]:
-    """(plan, image) pairs to audit, from cell ids, image references or the journal."""
-    from ..engine import docker as engine
-
+                    select: list[str], docker: Engine) -> list[tuple[CellPlan, str]]:
+    """(plan, image) pairs to audit, from cell ids, image references (in `docker`) or the
+    journal."""
     by_id = {p.id: p for p in plans}
     pairs = []
     if not refs:
@@ -1329,10 +1323,10 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
                 raise StageFailure(f"{ref} has no built image in the journal\n  fix: "
                                    f"infermatrix build --select {ref}")
         else:
-            if not engine.image_exists(ref):
+            if not docker.image_exists(ref):
                 raise UsageError(f"{ref!r} is neither a cell of {ctx.matrix.path} nor a local "
                                  "image")
-            cell_id = engine.image_labels(ref).get("io.infermatrix.cell")
+            cell_id = docker.image_labels(ref).get("io.infermatrix.cell")
             if not cell_id or cell_id not in by_id:
                 raise UsageError(f"image {ref} has no io.infermatrix.cell label naming a cell of "
                                  f"{ctx.matrix.path} (label: {cell_id!r})")

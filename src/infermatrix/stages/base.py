@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..engine import docker as engine
+from ..engine.docker import Engine
 from .. import proc
 from ..config import Matrix
 from ..errors import ConfigError, UsageError
@@ -279,11 +280,14 @@ def _base_lock(recipe: BaseRecipe) -> Iterator[None]:
 
 def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = False,
                timeout: float = 1800, platform: str | None = None,
-               echo: Callable[[str], None] | None = None) -> BaseResult:
-    """Make the base image (for `platform`, default this host's) unless its content-derived
-    tag exists already; `echo` gets a line a minute while debootstrap runs."""
+               echo: Callable[[str], None] | None = None, docker: Engine | None = None
+               ) -> BaseResult:
+    """Make the base image in `docker` (default: this machine's engine, DOCKER_HOST / the
+    current context; debootstrap runs here) for `platform`, default this host's, unless its
+    content-derived tag exists already; `echo` gets a line a minute while debootstrap runs."""
+    docker = docker or Engine()
     recipe = recipe_for(matrix, base_name, architecture=architecture_of(platform))
-    if not can_run_foreign(recipe.architecture) and not engine.image_id_of(recipe.ref):
+    if not can_run_foreign(recipe.architecture) and not docker.image_id_of(recipe.ref):
         raise UsageError(
             f"base {base_name} for {platform}: this {host_architecture()} host cannot run "
             f"{recipe.architecture} programs (debootstrap's second stage and every RUN line need "
@@ -292,7 +296,7 @@ def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = 
             "(e.g. the DGX Spark itself: --select '*-sm121')")
     started = time.monotonic()
     with _base_lock(recipe):
-        existing = engine.image_id_of(recipe.ref)
+        existing = docker.image_id_of(recipe.ref)
         if existing and not force:
             return BaseResult(base_name, recipe.ref, existing, False, time.monotonic() - started)
         if shutil.which("debootstrap") is None:
@@ -302,7 +306,7 @@ def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = 
         log_path.write_text("")
         with Heartbeat(f"base {base_name} ({recipe.architecture}): debootstrap and import",
                        echo or (lambda _: None)):
-            image_id = _debootstrap_and_import(recipe, log_path, timeout)
+            image_id = _debootstrap_and_import(recipe, log_path, timeout, docker)
     return BaseResult(base_name, recipe.ref, image_id, True, time.monotonic() - started)
 
 
@@ -311,7 +315,8 @@ def debootstrap_argv(recipe: BaseRecipe, rootfs: Path) -> list[str]:
             f"--include={','.join(recipe.packages)}", recipe.suite, str(rootfs), recipe.mirror]
 
 
-def _debootstrap_and_import(recipe: BaseRecipe, log_path: Path, timeout: float) -> str:
+def _debootstrap_and_import(recipe: BaseRecipe, log_path: Path, timeout: float,
+                            docker: Engine) -> str:
     # /var/tmp: a disk-backed directory (a rootfs with g++ is a few hundred MB).
     with tempfile.TemporaryDirectory(prefix=f"infermatrix-base-{recipe.name}-",
                                      dir="/var/tmp") as tmp:
@@ -325,12 +330,12 @@ def _debootstrap_and_import(recipe: BaseRecipe, log_path: Path, timeout: float) 
                    sorted(recipe.labels(built).items())]
         changes += ['ENV LANG=C.UTF-8', 'CMD ["/bin/bash"]']
         if recipe.architecture != host_architecture():
-            return _import_foreign(tarball, recipe, changes, log_path, timeout)
-        return engine.import_rootfs(tarball, recipe.ref, changes=changes, log_path=log_path)
+            return _import_foreign(tarball, recipe, changes, log_path, timeout, docker)
+        return docker.import_rootfs(tarball, recipe.ref, changes=changes, log_path=log_path)
 
 
 def _import_foreign(tarball: Path, recipe: BaseRecipe, changes: list[str],
-                    log_path: Path | None, timeout: float) -> str:
+                    log_path: Path | None, timeout: float, docker: Engine) -> str:
     """A rootfs of another architecture as an image whose config names that architecture:
     BuildKit resolves `--platform linux/arm64` builds only to a local image of that platform,
     and `docker import` (engine 20.10) records the engine's own. A `FROM scratch` build with
@@ -340,7 +345,7 @@ def _import_foreign(tarball: Path, recipe: BaseRecipe, changes: list[str],
     os.link(tarball, context / "rootfs.tar")
     (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n" + "\n".join(changes)
                                         + "\n", encoding="utf-8")
-    return engine.build_image(context, tag=recipe.ref, log_path=log_path, timeout=timeout,
+    return docker.build_image(context, tag=recipe.ref, log_path=log_path, timeout=timeout,
                               platform=f"linux/{recipe.architecture}")
 
 

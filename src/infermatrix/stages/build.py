@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from ..model import compileplan, compileprogress
 from ..engine import docker as engine
+from ..engine.docker import Engine
 from .. import journal, proc
 from . import kernelcache, kernelregistry, watch
 from . import lock as locks
@@ -167,12 +168,12 @@ def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
     return keys
 
 
-def build_platform(plan: CellPlan) -> str | None:
+def build_platform(plan: CellPlan, docker: Engine) -> str | None:
     """`--platform` for a cell whose image is for another CPU than the engine's (sm_121 cells
     are linux/arm64: GB10 machines are Arm); None builds for the engine's own platform.
     Building for another CPU needs an engine that can run it (binfmt/QEMU or an Arm builder)."""
     wanted = plan.settings.platform if plan.settings else None
-    return wanted if wanted and wanted != engine.engine_platform() else None
+    return wanted if wanted and wanted != docker.platform() else None
 
 
 def secrets_for(options: RunOptions) -> dict[str, Path]:
@@ -311,23 +312,23 @@ class _Deadline:
         return left
 
 
-def _unchanged(ctx: Context, cell_id: str, digest: str) -> str | None:
+def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
     """The image id when the journal says this exact input was built and the image is there."""
     record = journal.load(ctx.state, cell_id)
     if record.get("input_hash") != digest or journal.stage_status(record, "build") != "pass":
         return None
     image_id = record.get("image_id")
-    if not image_id or not engine.image_exists(image_id):
+    if not image_id or not docker.image_exists(image_id):
         return None
-    if engine.image_id_of(local_ref(cell_id)) != image_id:
-        engine.tag_image(image_id, local_ref(cell_id))
+    if docker.image_id_of(local_ref(cell_id)) != image_id:
+        docker.tag_image(image_id, local_ref(cell_id))
     return image_id
 
 
 def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                     keys: dict[str, kernelcache.KernelKey], build_args: dict[str, str],
                     secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                    echo: Callable[[str], None], no_cache: bool = False,
+                    echo: Callable[[str], None], docker: Engine, no_cache: bool = False,
                     platform: str | None = None,
                     shared: dict[str, dict[str, Any]] | None = None
                     ) -> tuple[list[kernelcache.Entry], dict[str, dict[str, Any]]]:
@@ -339,7 +340,7 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
         with _key_lock(key.slug):
             entry, cache, started = _compile_or_reuse(
                 ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
-                echo, no_cache, platform)
+                echo, docker, no_cache, platform)
         entries.append(entry)
         note = dict(shared.get(name) or {})
         if cache == "miss":
@@ -407,8 +408,8 @@ def _key_lock(slug: str) -> threading.Lock:
 def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                       key: kernelcache.KernelKey, build_args: dict[str, str],
                       secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                      echo: Callable[[str], None], no_cache: bool, platform: str | None
-                      ) -> tuple[kernelcache.Entry, str, float]:
+                      echo: Callable[[str], None], docker: Engine, no_cache: bool,
+                      platform: str | None) -> tuple[kernelcache.Entry, str, float]:
     """(the cache entry, "hit" or "miss", when the work started)."""
     entry = kernelcache.lookup(ctx.state, key)
     started = time.monotonic()
@@ -421,7 +422,7 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                                          dir=_tmp_root(ctx)) as out:
             with compileplan.JobSampler(scope=name) as sampler, \
                     watch.CompileWatch(f"{cell_id}: {name}", prior, echo) as shown:
-                engine.build_image(directory, target=f"kernel-{name}", build_args=build_args,
+                docker.build_image(directory, target=f"kernel-{name}", build_args=build_args,
                                    secrets=secrets, output_dir=Path(out), log_path=log_path,
                                    timeout=deadline.remaining(), no_cache=no_cache,
                                    platform=platform, on_line=shown.on_line)
@@ -435,7 +436,8 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                 echo(f"{cell_id}: kernel {name} compiled: {kernelcache.describe_stats(stats)}")
             entry = kernelcache.store(ctx.state, key, wheels,
                                       details={"compiled_by": cell_id,
-                                               "builder": _builder_name(), **build_args,
+                                               "builder": _builder_name(docker),
+                                               **build_args,
                                                "compile_stats": sampled, "stats": stats})
         cache = "miss"
     else:
@@ -444,8 +446,8 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
     return entry, cache, started
 
 
-def _builder_name() -> str | None:
-    endpoint = engine.current().endpoint
+def _builder_name(docker: Engine) -> str | None:
+    endpoint = docker.endpoint
     return endpoint.name if endpoint else None
 
 
@@ -507,7 +509,7 @@ def lru_keep_bytes(cache_bytes: int, free: float, need: float) -> int | None:
 
 
 def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
-                 echo: Callable[[str], None]) -> str | None:
+                 echo: Callable[[str], None], docker: Engine) -> str | None:
     """Why the cell is not started for want of disk, or None. A build that fills the disk fails
     mid-way after minutes or hours; this one is refused before it starts, after pruning
     BuildKit's unused cache when build.disk.prune_when_low allows it (the default): first only
@@ -515,14 +517,14 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
     shared toolchain layers the next cell reuses stay), then, if that was not enough, all."""
     settings = ctx.matrix.build.get("disk") or {}
     need = float(settings.get("min_free_gib", DEFAULT_MIN_FREE_GIB))
-    root = engine.local_data_root()
+    root = docker.local_data_root()
     if root is None or need <= 0:
         return None  # a remote engine: its disk is not visible from here
     free = free_gib(root)
     if free >= need:
         return None
     if settings.get("prune_when_low", True):
-        keep = lru_keep_bytes(engine.build_cache_bytes(), free, need)
+        keep = lru_keep_bytes(docker.build_cache_bytes(), free, need)
         for step in ([keep] if keep is not None else []) + [None]:
             what = ("the least recently used build cache, keeping "
                     f"{step / GIB:.1f} GiB (docker builder prune --all --keep-storage)"
@@ -533,7 +535,7 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
             with log_path.open("a", encoding="utf-8") as log:
                 log.write(f"# {free:.1f} GiB free under {root} < build.disk.min_free_gib "
                           f"{need:g}: pruning {what}\n")
-            engine.prune_build_cache(log_path, step)
+            docker.prune_build_cache(log_path, step)
             free = free_gib(root)
             if free >= need:
                 return None
@@ -558,10 +560,10 @@ def lock_problem(ctx: Context, cell_id: str, dockerfile_text: str) -> str | None
 
 
 def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
-               options: RunOptions, builder: dict[str, Any] | None = None,
+               options: RunOptions, docker: Engine, builder: dict[str, Any] | None = None,
                echo: Echo = print) -> CellResult:
-    """Build one cell on the current engine; `builder`: its identity (several builders), kept
-    in the journal with the result."""
+    """Build one cell on `docker`; `builder`: its identity (several builders), kept in the
+    journal with the result."""
     cell_id = plan.id
     who = {"builder": builder} if builder else {}
     directory = cell_dir(ctx, cell_id)
@@ -583,7 +585,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
         return _record_failure(ctx, cell_id, 0.0, None, str(exc), None, None)
     digest = input_hash(directory, {**build_args, "platform": plan.settings.platform}, keys)
     if not options.force:
-        image_id = _unchanged(ctx, cell_id, digest)
+        image_id = _unchanged(ctx, cell_id, digest, docker)
         if image_id:
             # What the build that made this image recorded about its kernels (cache hit/miss).
             built = journal.load(ctx.state, cell_id)["stages"].get("build", {})
@@ -600,9 +602,9 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     journal.record_stage(ctx.state, cell_id, "build", "running", log=log_path,
                          details={"input_hash": digest, **who}, **who)
     secrets = secrets_for(options)
-    platform = build_platform(plan)
+    platform = build_platform(plan, docker)
     kernels: dict[str, dict[str, Any]] = {}
-    short = disk_refusal(ctx, cell_id, log_path, echo)
+    short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
         return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
                                builder)
@@ -614,7 +616,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
         return CellResult(cell_id, "skip", reason=refusal)
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
-                                           log_path, deadline, echo, options.no_cache,
+                                           log_path, deadline, echo, docker, options.no_cache,
                                            platform, shared)
         with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
             context = Path(tmp) / "context"
@@ -622,7 +624,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
             kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
             labels = {INPUT_HASH_LABEL: digest}
             with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
-                image_id = engine.build_image(context, tag=local_ref(cell_id),
+                image_id = docker.build_image(context, tag=local_ref(cell_id),
                                               build_args=build_args, secrets=secrets,
                                               log_path=log_path, labels=labels,
                                               timeout=deadline.remaining(),
@@ -734,22 +736,23 @@ def compile_plan_for_cells(ctx: Context, plans: list[CellPlan], options: RunOpti
 
 
 def build_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None = None,
-                echo: Echo = print) -> dict[str, CellResult]:
+                echo: Echo = print, docker: Engine | None = None) -> dict[str, CellResult]:
     """Build every planned cell of `plans` (pruned ones are skipped); hold the state lock.
 
     Up to `compile.parallel_cells` cells build at once (the planner caps it so that their
     compile budgets sum under the memory available); one at a time when it is 1.
     """
     options = options or RunOptions()
+    docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     planned = [p for p in plans if p.planned]
     results: dict[str, CellResult] = {}
     from .builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:
         with run_lock(ctx.state, wait=options.wait):
-            _build_on_builders(ctx, planned, endpoints, options, results, echo)
+            _build_on_builders(ctx, planned, endpoints, options, results, echo, docker)
     else:
-        _build_here(ctx, planned, options, results, echo)
+        _build_here(ctx, planned, options, results, echo, docker)
     for plan in plans:
         if plan.id not in results and not plan.planned:
             results[plan.id] = CellResult(plan.id, "skip", reason="pruned by the planner")
@@ -757,18 +760,18 @@ def build_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None 
 
 
 def _build_here(ctx: Context, planned: list[CellPlan], options: RunOptions,
-                results: dict[str, CellResult], echo: Echo) -> None:
-    """Every cell on the one engine of DOCKER_HOST / the current context."""
+                results: dict[str, CellResult], echo: Echo, docker: Engine) -> None:
+    """Every cell on the one engine `docker` (DOCKER_HOST / the current context)."""
     compile = compile_plan_for_cells(ctx, planned, options)
     echo(compile.describe())
     with run_lock(ctx.state, wait=options.wait):
         if compile.parallel_cells <= 1 or len(planned) <= 1:
-            _build_in_order(ctx, planned, compile, options, results, echo)
+            _build_in_order(ctx, planned, compile, options, results, echo, docker)
         else:
-            _build_in_parallel(ctx, planned, compile, options, results, echo)
+            _build_in_parallel(ctx, planned, compile, options, results, echo, docker)
 
 
-def _bases_then_build(ctx: Context, plan: CellPlan, builder: Any, local: engine.Engine,
+def _bases_then_build(ctx: Context, plan: CellPlan, builder: Any, local: Engine,
                       options: RunOptions, identity: dict[str, Any],
                       ensure_bases: Callable[..., None], echo: Echo) -> CellResult:
     dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
@@ -782,13 +785,14 @@ def _bases_then_build(ctx: Context, plan: CellPlan, builder: Any, local: engine.
                                    f"builder {builder.name}: {exc}".splitlines()[0],
                                    getattr(exc, "command", None), getattr(exc, "log_tail", None),
                                    builder=identity)
-    return build_cell(ctx, plan, builder.compile, options, builder=identity, echo=echo)
+    return build_cell(ctx, plan, builder.compile, options, builder.engine, builder=identity,
+                      echo=echo)
 
 
 def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[Any],
-                       options: RunOptions, results: dict[str, CellResult], echo: Echo
-                       ) -> None:
-    """One worker thread per builder, each bound to its engine, working through its queue
+                       options: RunOptions, results: dict[str, CellResult], echo: Echo,
+                       local: Engine) -> None:
+    """One worker thread per builder, each with its engine, working through its queue
     (builders.py: who gets which cell). A builder that stops answering fails the cell it was
     building and every cell left in its queue, with the reason; the others go on."""
     from concurrent.futures import ThreadPoolExecutor
@@ -801,11 +805,10 @@ def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[An
         results[cell_id] = _record_failure(ctx, cell_id, 0.0, None, reason, None, None)
         echo(results[cell_id].summary())
     busy = [b for b in up if b.queue]
-    local = engine.Engine()  # this machine's engine: where the debootstrap bases are made
     for builder in busy:
         builder.compile = compile_plan_for_cells(ctx, builder.queue, options, builder=builder)
         echo(f"{builder.name}: {len(builder.queue)} cell(s) "
-                     f"({', '.join(p.id for p in builder.queue)}); {builder.compile.describe()}")
+             f"({', '.join(p.id for p in builder.queue)}); {builder.compile.describe()}")
     if not busy:
         return
     with ThreadPoolExecutor(max_workers=len(busy), thread_name_prefix="infermatrix-builder") \
@@ -814,39 +817,39 @@ def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[An
             results.update(done.result())
 
 
-def _work_queue(ctx: Context, builder: Any, local: engine.Engine, options: RunOptions,
+def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
                 echo: Echo) -> dict[str, CellResult]:
     from .builders import ensure_bases
 
     results: dict[str, CellResult] = {}
     identity = builder.identity()
-    with engine.bound(builder.engine):
-        for plan in builder.queue:
-            if builder.down:
-                result = _record_failure(ctx, plan.id, 0.0, None, builder.down, None, None,
+    for plan in builder.queue:  # each on builder.engine (build_cell's `docker`)
+        if builder.down:
+            result = _record_failure(ctx, plan.id, 0.0, None, builder.down, None, None,
+                                     builder=identity)
+        else:
+            result = _bases_then_build(ctx, plan, builder, local, options, identity,
+                                       ensure_bases, echo)
+            if result.status == "fail" and not builder.engine.answers():
+                builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
+                                "stopped answering during the run; rerun to build on the "
+                                "builders that are up")
+                result = _record_failure(ctx, plan.id, result.duration_s, result.log,
+                                         f"{builder.down} ({result.reason})",
+                                         result.command, result.log_tail, result.kernels,
                                          builder=identity)
-            else:
-                result = _bases_then_build(ctx, plan, builder, local, options, identity,
-                                           ensure_bases, echo)
-                if result.status == "fail" and not builder.engine.answers():
-                    builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
-                                    "stopped answering during the run; rerun to build on the "
-                                    "builders that are up")
-                    result = _record_failure(ctx, plan.id, result.duration_s, result.log,
-                                             f"{builder.down} ({result.reason})",
-                                             result.command, result.log_tail, result.kernels,
-                                             builder=identity)
-            results[plan.id] = result
-            echo(f"[{builder.name}] {result.summary()}")
-            if result.status == "fail" and options.fail_fast:
-                break
+        results[plan.id] = result
+        echo(f"[{builder.name}] {result.summary()}")
+        if result.status == "fail" and options.fail_fast:
+            break
     return results
 
 
 def _build_in_order(ctx: Context, planned: list[CellPlan], compile: compileplan.CompilePlan,
-                    options: RunOptions, results: dict[str, CellResult], echo: Echo) -> None:
+                    options: RunOptions, results: dict[str, CellResult], echo: Echo,
+                    docker: Engine) -> None:
     for plan in planned:
-        result = build_cell(ctx, plan, compile, options, echo=echo)
+        result = build_cell(ctx, plan, compile, options, docker, echo=echo)
         results[plan.id] = result
         echo(result.summary())
         if result.status == "fail" and options.fail_fast:
@@ -856,14 +859,14 @@ def _build_in_order(ctx: Context, planned: list[CellPlan], compile: compileplan.
 
 def _build_in_parallel(ctx: Context, planned: list[CellPlan],
                        compile: compileplan.CompilePlan, options: RunOptions,
-                       results: dict[str, CellResult], echo: Echo) -> None:
+                       results: dict[str, CellResult], echo: Echo, docker: Engine) -> None:
     """A pool of `parallel_cells` workers. On --fail-fast or an interrupt the cells not
     started are cancelled; the ones under way finish and are journaled."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     pool = ThreadPoolExecutor(max_workers=compile.parallel_cells,
                               thread_name_prefix="infermatrix-build")
-    futures = {pool.submit(build_cell, ctx, plan, compile, options, None, echo): plan for plan in planned}
+    futures = {pool.submit(build_cell, ctx, plan, compile, options, docker, None, echo): plan for plan in planned}
     pending = set(futures)
     try:
         while pending:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from ..engine import docker as engine
+from ..engine.docker import Engine
 from .. import journal
 from ..engine import registry as registries
 from ..config import Matrix
@@ -367,9 +367,10 @@ class Publisher:
     """Publishes candidates one at a time; the lock is rewritten after each cell."""
 
     def __init__(self, ctx: Context, repository: str, creds: registries.RegistryCredentials,
-                 lock_path: Path, allow_retag: bool = False,
+                 lock_path: Path, docker: Engine, allow_retag: bool = False,
                  say: Callable[[str], None] = print, signer: Any = None) -> None:
         self.ctx, self.repository, self.creds = ctx, repository, creds
+        self.docker = docker  # the engine that holds the tested images and pushes them
         self.lock_path, self.allow_retag, self.say = lock_path, allow_retag, say
         self.signer = signer  # sign.Signer, or None: published unsigned
         self.lock = read_lock(lock_path)
@@ -378,7 +379,7 @@ class Publisher:
     def publish_cell(self, cand: Candidate) -> None:
         if cand.problem or not cand.image_id:
             raise StageFailure(cand.problem or f"{cand.cell_id}: no tested image id")
-        info = engine.inspect_image(cand.image_id)
+        info = self.docker.inspect_image(cand.image_id)
         if info is None:
             raise StageFailure(f"the tested image {cand.image_id} is no longer in Docker")
         labels = (info.get("Config") or {}).get("Labels") or {}
@@ -429,12 +430,14 @@ class Publisher:
         from . import sign
         if sign.still_signed(old, entry, self.signer, self.creds):
             return old["signing"]
-        return sign.sign_entry(self.ctx, self.signer, entry, cand.record, cell, self.creds)
+        return sign.sign_entry(self.ctx, self.signer, entry, cand.record, cell, self.creds,
+                               self.docker)
 
     def _push_verified(self, image_id: str, tag: str) -> str:
         """Push, then read the tag back: it must hold the image that was tested."""
         with Heartbeat(f"push of {self.repository}:{tag}"):
-            digest = registries.push_image(image_id, self.repository, tag, self.creds)
+            digest = registries.push_image(self.docker, image_id, self.repository, tag,
+                                           self.creds)
         remote = registries.remote_manifest(self.repository, tag, self.creds)
         if remote is None or remote.digest != digest or remote.config_digest != image_id:
             raise StageFailure(f"after the push {self.repository}:{tag} holds "
@@ -448,7 +451,7 @@ class Publisher:
         winners: dict[str, dict[str, Any]] = {}
         for entry in self.lock["images"].values():
             if entry.get("repository") != self.repository or \
-                    not engine.image_exists(entry["image_id"]):
+                    not self.docker.image_exists(entry["image_id"]):
                 continue
             cell = cell_from_labels(entry["labels"])
             for i, template in enumerate(templates):
@@ -472,8 +475,10 @@ class Publisher:
 def publish(ctx: Context, selection: Selection | None = None, registry: str | None = None,
             allow_retag: bool = False, lock_path: Path | None = None,
             creds: registries.RegistryCredentials | None = None,
-            say: Callable[[str], None] = print) -> PublishResult:
-    """Push every tagged cell; refused or failed cells are reported, the others go on.
+            say: Callable[[str], None] = print, docker: Engine | None = None
+            ) -> PublishResult:
+    """Push every tagged cell from `docker` (default DOCKER_HOST / the current context);
+    refused or failed cells are reported, the others go on.
 
     A refused credential, an unreachable registry or a TLS failure stops the run at once."""
     selection = selection or Selection()
@@ -492,7 +497,8 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     say(f"signing: {signer.describe()}" if signer else
         "signing: none (no INFERMATRIX_COSIGN_KEY / _KEY_FILE): published UNSIGNED; pull and "
         "deploy refuse an unsigned digest unless given --skip-verify")
-    publisher = Publisher(ctx, repository, creds, lock_path, allow_retag, say, signer)
+    publisher = Publisher(ctx, repository, creds, lock_path, docker or Engine(), allow_retag,
+                          say, signer)
     publisher.result.failed.update(tag_failures)
     for cand in candidates:
         try:
@@ -548,8 +554,10 @@ HostCheck = Callable[[dict[str, Any], dict[str, str]], None]
 
 def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | None = None,
                host_check: HostCheck | None = None, verify: Any = None,
-               say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Pull a locked cell by digest with publish's credentials (`registries.credentials_for`),
+               say: Callable[[str], None] = print, docker: Engine | None = None
+               ) -> dict[str, Any]:
+    """Pull a locked cell by digest into `docker` (default DOCKER_HOST / the current context)
+    with publish's credentials (`registries.credentials_for`),
     after `host_check(entry, labels)` (which raises when this host cannot run it) and, with
     `verify` (sign.VerifyOptions), after its signature and test result verify."""
     creds = creds or registries.credentials_for(entry["repository"])
@@ -560,7 +568,8 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
     if host_check is not None:
         host_check(entry, labels)
     with Heartbeat(f"pull of {entry['reference']}"):
-        info = registries.pull_by_digest(entry["repository"], entry["digest"], creds)
+        info = registries.pull_by_digest(docker or Engine(), entry["repository"],
+                                         entry["digest"], creds)
     problems = verify_pulled(entry, info)
     if problems:
         raise registries.DigestMismatch(

@@ -24,7 +24,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from ..engine.docker import Engine
 from urllib.parse import quote, urlsplit
 
 import jinja2
@@ -603,15 +606,16 @@ def load_journal(state: StatePaths) -> dict[str, CellRecord]:
     return load_records(state)
 
 
-def fill_image_sizes(records: Mapping[str, CellRecord]) -> int:
-    """Set `image_size_bytes` (in memory) from the engine for built cells whose journal has no
-    size; without a Docker engine, nothing. Returns how many were filled."""
+def fill_image_sizes(records: Mapping[str, CellRecord], docker: "Engine | None" = None) -> int:
+    """Set `image_size_bytes` (in memory) from `docker` (default DOCKER_HOST / the current
+    context) for built cells whose journal has no size; without a Docker engine, nothing.
+    Returns how many were filled."""
     wanting = {cid: r.image_id for cid, r in records.items()
                if r.image_id and not image_size(r, stage_results(r))}
     if not wanting:
         return 0
-    from ..engine.docker import current
-    docker = current()
+    from ..engine.docker import Engine
+    docker = docker or Engine()
     if not docker.available():
         return 0
     filled = 0

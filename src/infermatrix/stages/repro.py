@@ -37,6 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import build, kernelcache
 from ..engine import docker as engine
+from ..engine.docker import Engine
 from ..options import RunOptions
 from .. import journal
 from . import lock as locks
@@ -143,8 +144,8 @@ def _absolute(name: str) -> str:
     return "/" + name if name not in ("", ".") else "/"
 
 
-def image_manifest(image: str) -> dict[str, Entry]:
-    with engine.exported_filesystem(image) as chunks:
+def image_manifest(image: str, docker: Engine) -> dict[str, Entry]:
+    with docker.exported_filesystem(image) as chunks:
         return manifest_of_tar(chunks)
 
 
@@ -232,11 +233,11 @@ def rewrites_timestamps(buildkit: str | None) -> bool | None:
         return None
 
 
-def builder_info() -> dict[str, Any]:
+def builder_info(docker: Engine) -> dict[str, Any]:
     """The client, the daemon and the BuildKit the builds ran on, and what that means for
     digests."""
     client = engine.build_client()
-    daemon = engine.docker_host_info().get("server_version")
+    daemon = docker.host_info().get("server_version")
     buildkit = embedded_buildkit(daemon)
     can = rewrites_timestamps(buildkit)
     info: dict[str, Any] = {"client": client.describe(), "daemon": daemon,
@@ -402,7 +403,8 @@ class ReproReport:
 
 
 def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: dict[str, str],
-                          secrets: dict[str, Path], log_path: Path, run: int) -> Path:
+                          secrets: dict[str, Path], log_path: Path, run: int,
+                          docker: Engine) -> Path:
     """A copy of the cell's context whose kernel-wheels/ this run compiled without cache."""
     directory = build.cell_dir(ctx, plan.id)
     context = tmp / f"context-{run}"
@@ -411,9 +413,9 @@ def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: d
     wheels_dir.mkdir(exist_ok=True)
     for name in build.kernel_stages((directory / "Dockerfile").read_text(encoding="utf-8")):
         out = tmp / f"kernel-{name}-{run}"
-        engine.build_image(context, target=f"kernel-{name}", build_args=build_args,
+        docker.build_image(context, target=f"kernel-{name}", build_args=build_args,
                            secrets=secrets, output_dir=out, log_path=log_path, no_cache=True,
-                           platform=build.build_platform(plan))
+                           platform=build.build_platform(plan, docker))
         wheels = kernelcache.find_wheels(out)
         if not wheels:
             raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -424,11 +426,13 @@ def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: d
 
 def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
                 build_args: dict[str, str] | None = None,
-                secrets: dict[str, Path] | None = None, options: RunOptions | None = None
-                ) -> tuple[list[str], list[float], dict]:
-    """Two complete no-cache builds of a rendered cell (kernels included); their image ids.
-    Build args and secrets as `build` sizes them under `options` (--max-jobs, --ca-bundle)."""
+                secrets: dict[str, Path] | None = None, options: RunOptions | None = None,
+                docker: Engine | None = None) -> tuple[list[str], list[float], dict]:
+    """Two complete no-cache builds of a rendered cell (kernels included) on `docker`; their
+    image ids. Build args and secrets as `build` sizes them under `options` (--max-jobs,
+    --ca-bundle)."""
     options = options or RunOptions()
+    docker = docker or Engine()
     dockerfile = build.cell_dir(ctx, plan.id) / "Dockerfile"
     if not dockerfile.is_file():
         raise StageFailure(f"{plan.id}: not rendered ({dockerfile} is missing); run "
@@ -445,41 +449,45 @@ def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
         for run in (1, 2):
             started = time.monotonic()
             context = _context_with_kernels(ctx, plan, Path(tmp), build_args, secrets,
-                                            log_path, run)
-            images.append(engine.build_image(
+                                            log_path, run, docker)
+            images.append(docker.build_image(
                 context, tag=f"{REPRO_REPOSITORY}/{plan.id}:{run}", build_args=build_args,
                 secrets=secrets, log_path=log_path, no_cache=True,
-                platform=build.build_platform(plan)))
+                platform=build.build_platform(plan, docker)))
             durations.append(time.monotonic() - started)
     return images, durations, build_args
 
 
-def compare_images(first: str, second: str) -> tuple[list[Difference], list[int]]:
-    a, b = image_manifest(first), image_manifest(second)
+def compare_images(first: str, second: str, docker: Engine
+                   ) -> tuple[list[Difference], list[int]]:
+    a, b = image_manifest(first, docker), image_manifest(second, docker)
     differences = compare(a, b)
-    differences += compare_config(engine.inspect_image(first) or {},
-                                  engine.inspect_image(second) or {})
+    differences += compare_config(docker.inspect_image(first) or {},
+                                  docker.inspect_image(second) or {})
     return differences, [len(a), len(b)]
 
 
 def verify_repro(ctx: Context, plan: CellPlan, keep: bool = False,
-                 options: RunOptions | None = None) -> ReproReport:
+                 options: RunOptions | None = None, docker: Engine | None = None
+                 ) -> ReproReport:
     """Build twice without cache, compare files, config and digests, list the inputs; record
     the result (journal field `repro` and <state>/reports/repro-<cell>.json); remove the two
     images unless `keep`."""
+    docker = docker or Engine()
     log_path = ctx.state.cell_log(plan.id, "repro")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"# infermatrix verify-repro {plan.id}\n", encoding="utf-8")
     try:
-        images, durations, build_args = build_twice(ctx, plan, log_path, options=options)
-        differences, files = compare_images(images[0], images[1])
-        infos = [engine.inspect_image(image) or {} for image in images]
-        builder = builder_info()
+        images, durations, build_args = build_twice(ctx, plan, log_path, options=options,
+                                                    docker=docker)
+        differences, files = compare_images(images[0], images[1], docker)
+        infos = [docker.inspect_image(image) or {} for image in images]
+        builder = builder_info(docker)
         inputs = cell_inputs(ctx, plan, infos[0], builder)
     finally:
         if not keep:  # only the two tags this command made
             for run in (1, 2):
-                engine.remove_image(f"{REPRO_REPOSITORY}/{plan.id}:{run}")
+                docker.remove_image(f"{REPRO_REPOSITORY}/{plan.id}:{run}")
     report = ReproReport(plan.id, images, files, differences, durations, build_args,
                          metadata=compare_digests(infos[0], infos[1]), builder=builder,
                          inputs=inputs)
@@ -633,13 +641,14 @@ COMPILE_NONCE_ARG = build.COMPILE_NONCE_ARG
 
 def compile_kernel_again(ctx: Context, plan: CellPlan, name: str, out: Path,
                          build_args: dict[str, str], secrets: dict[str, Path],
-                         log_path: Path) -> list[Path]:
+                         log_path: Path, docker: Engine) -> list[Path]:
     """A real compile of kernel stage `name` on the cached toolchain: a nonce never used before
     (so no earlier compile can be reused from the cache) reruns the compile RUN only."""
     nonce = uuid.uuid4().hex
-    engine.build_image(build.cell_dir(ctx, plan.id), target=f"kernel-{name}",
+    docker.build_image(build.cell_dir(ctx, plan.id), target=f"kernel-{name}",
                        build_args={**build_args, COMPILE_NONCE_ARG: nonce}, secrets=secrets,
-                       output_dir=out, log_path=log_path, platform=build.build_platform(plan))
+                       output_dir=out, log_path=log_path,
+                       platform=build.build_platform(plan, docker))
     wheels = kernelcache.find_wheels(out)
     if not wheels:
         raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -647,7 +656,8 @@ def compile_kernel_again(ctx: Context, plan: CellPlan, name: str, out: Path,
 
 
 def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False,
-                   options: RunOptions | None = None) -> list[KernelReproReport]:
+                   options: RunOptions | None = None, docker: Engine | None = None
+                   ) -> list[KernelReproReport]:
     """Compile each kernel stage of the cell (its compile step again, on the cached toolchain:
     compile_kernel_again) and compare the wheels member by member with a second such compile,
     or (`against_cache`) with the wheel the kernel cache holds for the same key (what a rebuild
@@ -660,6 +670,7 @@ def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False,
     if not stages:
         raise StageFailure(f"{plan.id} compiles no kernel (no kernel-* stage)")
     options = options or RunOptions()
+    docker = docker or Engine()
     build_args = build.compile_plan_for(ctx, [stages], options).build_args()
     secrets = build.secrets_for(options)
     keys = build.kernel_keys_for(ctx, plan, text)
@@ -683,7 +694,7 @@ def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False,
             for run in range(1, 3 - len(compiles)):
                 started = time.monotonic()
                 compiles.append(compile_kernel_again(ctx, plan, name, Path(tmp) / str(run),
-                                                     build_args, secrets, log_path))
+                                                     build_args, secrets, log_path, docker))
                 durations.append(round(time.monotonic() - started, 1))
                 sources.append(f"fresh compile {run}")
             differences, members = compare_kernel_wheels(compiles[0], compiles[1])

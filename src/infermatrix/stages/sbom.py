@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import StageFailure
+from ..engine.docker import Engine
 from ..model.cell import CPU, Cell
 
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s\\;]+)")
@@ -249,27 +250,28 @@ def kernel_wheels(ctx, record: dict[str, Any], lock_text: str | None) -> list[Ke
     return found
 
 
-def image_facts(image: str) -> tuple[dict[str, Any], str | None]:
-    """(the image's inspect record, its dpkg status text) read without running it."""
+def image_facts(image: str, docker: Engine) -> tuple[dict[str, Any], str | None]:
+    """(the image's inspect record, its dpkg status text) read from `docker` without running
+    it."""
     import tempfile
-    from ..engine import docker as engine
 
-    info = engine.inspect_image(image)
+    info = docker.inspect_image(image)
     if info is None:
         raise StageFailure(f"image {image} is not in Docker; build it first (`infermatrix "
                            "build`) or pull it (`infermatrix pull`)")
     with tempfile.TemporaryDirectory(prefix="infermatrix-sbom-") as tmp:
-        copied = engine.copy_from_image(info["Id"], [DPKG_STATUS], Path(tmp))
+        copied = docker.copy_from_image(info["Id"], [DPKG_STATUS], Path(tmp))
         path = copied.get(DPKG_STATUS)
         status = path.read_text(encoding="utf-8", errors="replace") if path else None
     return info, status
 
 
-def build_sbom(ctx, cell: Cell, image_id: str, record: dict[str, Any]) -> str:
-    """The validated CycloneDX JSON of a cell's built image."""
+def build_sbom(ctx, cell: Cell, image_id: str, record: dict[str, Any], docker: Engine
+               ) -> str:
+    """The validated CycloneDX JSON of a cell's built image (in `docker`)."""
     from ..model.spec import lock_path, read_lock_text
 
-    info, status = image_facts(image_id)
+    info, status = image_facts(image_id, docker)
     lock_text = read_lock_text(lock_path(ctx, cell.id), cell.id)
     labels = (info.get("Config") or {}).get("Labels") or {}
     finished = ((record.get("stages") or {}).get("build") or {}).get("finished")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..engine import cosign
-from ..engine import docker as engine
+from ..engine.docker import Engine
 from ..engine import registry as registries
 from ..errors import UsageError
 from ..model.cell import Cell
@@ -57,18 +57,20 @@ def signer_from_env() -> Signer | None:
     return Signer(key, fingerprint, cosign.version())
 
 
-def predicates(ctx, cell: Cell, image_id: str, record: dict[str, Any]) -> dict[str, Any]:
-    """name -> predicate of the three attestations of a cell's published image."""
+def predicates(ctx, cell: Cell, image_id: str, record: dict[str, Any], docker: Engine
+               ) -> dict[str, Any]:
+    """name -> predicate of the three attestations of a cell's published image (read from
+    `docker`, the engine that holds it)."""
     from ..model.spec import lock_path
 
     base_refs = ((record.get("stages") or {}).get("base") or {}).get("details", {}) \
         .get("images") or []
     bases = {}
     for ref in base_refs:
-        info = engine.inspect_image(ref)
+        info = docker.inspect_image(ref)
         bases[ref] = info.get("Id") if info else None
     try:
-        facts = engine.client().version()
+        facts = docker.sdk().version()
         engine_facts = {"docker": facts.get("Version"), "api": facts.get("ApiVersion"),
                         "platform": f"{facts.get('Os')}/{facts.get('Arch')}"}
     except Exception:  # noqa: BLE001 - the facts are informative; the build happened
@@ -76,7 +78,7 @@ def predicates(ctx, cell: Cell, image_id: str, record: dict[str, Any]) -> dict[s
     build_log = ((record.get("stages") or {}).get("build") or {}).get("log")
     return {
         "test-result": attest.test_result(record, cell),
-        "sbom": json.loads(sbom.build_sbom(ctx, cell, image_id, record)),
+        "sbom": json.loads(sbom.build_sbom(ctx, cell, image_id, record, docker)),
         "provenance": attest.provenance(
             record, cell, matrix_path=ctx.matrix.path, root=ctx.root,
             lock_path=lock_path(ctx, cell.id), cell_dir=ctx.cell_dir(cell.id),
@@ -86,10 +88,10 @@ def predicates(ctx, cell: Cell, image_id: str, record: dict[str, Any]) -> dict[s
 
 
 def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: dict[str, Any], cell: Cell,
-               creds: registries.RegistryCredentials) -> dict[str, Any]:
+               creds: registries.RegistryCredentials, docker: Engine) -> dict[str, Any]:
     """Sign the entry's digest, attach its attestations; images.lock's `signing` of it."""
     reference = entry["reference"]
-    made = predicates(ctx, cell, entry["image_id"], record)
+    made = predicates(ctx, cell, entry["image_id"], record, docker)
     made["test-result"]["digest"] = entry["digest"]
     cosign.sign(reference, signer.key, creds)
     for name, predicate_type in attest.PREDICATES.items():

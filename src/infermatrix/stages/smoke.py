@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine import docker as engine
+from ..engine.docker import Engine
 from .. import journal
 from ..context import Context
 from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
@@ -246,10 +247,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def container(image_id: str, name: str | None = None,
+def container(docker: Engine, image_id: str, name: str | None = None,
               **kwargs: Any) -> contextlib.AbstractContextManager[str]:
-    """A smoke container (engine.container: always stopped and removed afterwards)."""
-    return engine.container(image_id, name=name, prefix="infermatrix-smoke", **kwargs)
+    """A smoke container of `docker` (Engine.container: always stopped and removed after)."""
+    return docker.container(image_id, name=name, prefix="infermatrix-smoke", **kwargs)
 
 
 def append_log(path: Path, title: str, text: str) -> None:
@@ -266,8 +267,9 @@ def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass
 class Harness:
-    """Runs harness programs in containers of the image under test."""
+    """Runs harness programs in containers of the image under test, on `docker`."""
 
+    docker: Engine
     image_id: str
     log_path: Path
     mounts: list[engine.Mount] = field(default_factory=list)
@@ -275,28 +277,28 @@ class Harness:
     gpus: "GpuSetting | bool" = True  # how a GPU container asks for its GPUs
 
     @classmethod
-    def for_image(cls, image_id: str, log_path: Path,
+    def for_image(cls, docker: Engine, image_id: str, log_path: Path,
                   gpus: "GpuSetting | bool" = True) -> Harness:
         """The harness of this checkout, mounted read-only into the image under test (images
         do not carry it: a harness change must not change, and rebuild, every image)."""
         mount = engine.Mount(str(HARNESS_ON_HOST), HARNESS_IN_IMAGE, read_only=True)
-        how = "mounted from the host" if engine.current().is_local() else \
+        how = "mounted from the host" if docker.is_local() else \
             "copied from the host"  # an engine elsewhere: engine.Mount.copied_to
-        return cls(image_id, log_path, [mount], how, gpus)
+        return cls(docker, image_id, log_path, [mount], how, gpus)
 
     def run(self, program: str, args: list[str], timeout_s: float, *,
             mounts: list[engine.Mount] = (), gpu: bool = False,
             labels: dict[str, str] | None = None) -> tuple[int | None, dict[str, Any] | None, str]:
         """(exit code or None on timeout, parsed result line, output)."""
-        with container(self.image_id, entrypoint=["python3", "-m", f"harness.{program}"],
+        with container(self.docker, self.image_id, entrypoint=["python3", "-m", f"harness.{program}"],
                        command=args, env=HARNESS_ENV, mounts=[*self.mounts, *mounts],
                        gpus=self.gpus if gpu else False,
                        labels=labels) as cid:
             try:
-                code: int | None = engine.wait_container(cid, timeout=timeout_s)
+                code: int | None = self.docker.wait_container(cid, timeout=timeout_s)
             except StageFailure:
                 code = None
-            output = engine.container_logs(cid)
+            output = self.docker.container_logs(cid)
         append_log(self.log_path, f"harness.{program} {' '.join(args)} (exit {code})", output)
         return code, harness_result.parse(output), output
 
@@ -323,7 +325,7 @@ def harness_level(level: str, code: int | None, parsed: dict[str, Any] | None, o
 def run_static(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float) -> LevelResult:
     details: dict[str, Any] = {}
     reasons: list[str] = []
-    audit_status = run_audit(ctx, plan, harness.image_id, details)
+    audit_status = run_audit(ctx, plan, harness.image_id, details, harness.docker)
     if audit_status == "fail":
         reasons.append(f"audit: {details['audit'].get('reason')}")
     specs = [s for s in [engine_distribution(ctx, plan), *kernel_distributions(ctx, plan)] if s]
@@ -337,7 +339,8 @@ def run_static(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float)
     return LevelResult("static", final, "; ".join(reasons) or None, details=details)
 
 
-def recorded_audit(record: dict[str, Any], image_id: str) -> dict[str, Any] | None:
+def recorded_audit(record: dict[str, Any], image_id: str, docker: Engine
+                   ) -> dict[str, Any] | None:
     """An audit already recorded for this very image since its build (the pipeline's audit
     step), so the static level does not repeat it."""
     stages = record.get("stages", {})
@@ -347,15 +350,16 @@ def recorded_audit(record: dict[str, Any], image_id: str) -> dict[str, Any] | No
     image = (audit.get("details") or {}).get("image")
     if not image or audit.get("finished", "") < built.get("finished", ""):
         return None
-    if image != image_id and engine.image_id_of(image) != image_id:
+    if image != image_id and docker.image_id_of(image) != image_id:
         return None
     return audit
 
 
-def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, Any]) -> str:
+def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, Any],
+              docker: Engine) -> str:
     """The audit of this image: the one the audit step recorded, else audit.audit_cell (which
     records its own stage); any failure to run it fails the level."""
-    done = recorded_audit(journal.load(ctx.state, plan.id), image_id)
+    done = recorded_audit(journal.load(ctx.state, plan.id), image_id, docker)
     if done is not None:
         details["audit"] = {"status": done["status"], "reason": done.get("reason"),
                             "reused": f"audit stage of {done.get('finished')}",
@@ -364,7 +368,7 @@ def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, An
     try:
         from . import audit
 
-        result = audit.audit_cell(ctx, plan, image_id)
+        result = audit.audit_cell(ctx, plan, image_id, docker=docker)
     except (ImportError, InfermatrixError) as exc:  # an audit that did not run fails the level
         details["audit"] = {"status": "fail", "reason": f"the audit did not run: {exc}"}
         return "fail"
@@ -428,19 +432,20 @@ def make_fixture(ctx: Context, plan: CellPlan, harness: Harness, variant: str,
     return out / "model", None
 
 
-def container_gone(container_id: str) -> Callable[[], str | None]:
+def container_gone(docker: Engine, container_id: str) -> Callable[[], str | None]:
     def check() -> str | None:
-        state = engine.container_status(container_id)
+        state = docker.container_status(container_id)
         if state.get("Status") in ("running", "created", "restarting"):
             return None
         return f"container {state.get('Status')} with exit code {state.get('ExitCode')}"
     return check
 
 
-def published_port(container_id: str, deadline_s: float = 10.0) -> tuple[str, int]:
+def published_port(docker: Engine, container_id: str, deadline_s: float = 10.0
+                   ) -> tuple[str, int]:
     started = time.monotonic()
     while time.monotonic() - started < deadline_s:
-        found = engine.container_port(container_id, f"{CONTAINER_PORT}/tcp")
+        found = docker.container_port(container_id, f"{CONTAINER_PORT}/tcp")
         if found:
             host, port = found
             return ("127.0.0.1" if host in ("0.0.0.0", "") else host), port
@@ -486,7 +491,7 @@ def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: Launch
     """The model level of a cell: serve, probe, and judge what the live server maps."""
     return serve_image_and_probe(
         harness, spec, host_model, settings, details, plan.id,
-        observe=lambda cid: observe_loaded_set(ctx, plan, cid, details),
+        observe=lambda cid: observe_loaded_set(ctx, plan, harness.docker, cid, details),
         weights_on_engine_host=not details["model_source"].startswith("fixture"))
 
 
@@ -500,8 +505,9 @@ def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
     (ssh://, tcp://) the probe runs beside the server in its network namespace, and a
     fixture model is copied in; real weights (`weights_on_engine_host`) are that host's."""
     name = f"infermatrix-smoke-{label}-{os.getpid()}"
-    local = engine.current().is_local()
-    with container(harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
+    docker = harness.docker
+    local = docker.is_local()
+    with container(docker, harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
                    mem_limit=spec.mem_limit,
                    mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True,
                                         on_engine_host=weights_on_engine_host)],
@@ -510,14 +516,15 @@ def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
                    labels={SMOKE_LABEL: label}, name=name) as cid:
         with Heartbeat(f"{label}: the engine server starts and answers the probe"):
             if local:
-                host, port = published_port(cid)
+                host, port = published_port(docker, cid)
                 client = harness_probe.Client(f"http://{host}:{port}",
                                               timeout_s=min(300.0, settings.health_timeout_s))
-                probe = harness_probe.run_probe(client, settings, alive=container_gone(cid))
+                probe = harness_probe.run_probe(client, settings,
+                                                alive=container_gone(docker, cid))
             else:
                 probe = probe_beside(harness, cid, settings, label)
         loaded = observe(cid) if observe else {}
-        engine_log = engine.container_logs(cid)
+        engine_log = docker.container_logs(cid)
     append_log(harness.log_path, f"engine server: {' '.join(spec.command)}", engine_log)
     details.update({k: v for k, v in probe.items() if k not in ("status", "reason", "check")})
     if probe["status"] == "fail":
@@ -542,8 +549,9 @@ def probe_beside(harness: Harness, server_id: str, settings: harness_probe.Probe
     namespace (`--network container:SERVER`): the server's port is never published on a
     remote host. A server that ends first fails the probe at once, as the local probe's
     liveness check does."""
-    server_gone = container_gone(server_id)
-    with container(harness.image_id, entrypoint=["python3", "-m", "harness.probe"],
+    docker = harness.docker
+    server_gone = container_gone(docker, server_id)
+    with container(docker, harness.image_id, entrypoint=["python3", "-m", "harness.probe"],
                    command=probe_command_line(settings), env=HARNESS_ENV,
                    mounts=harness.mounts,
                    network=f"container:{server_id}", labels={SMOKE_LABEL: label}) as probe_id:
@@ -551,17 +559,17 @@ def probe_beside(harness: Harness, server_id: str, settings: harness_probe.Probe
         code = None
         while code is None:
             try:
-                code = engine.wait_container(probe_id, timeout=poll_s)
+                code = docker.wait_container(probe_id, timeout=poll_s)
             except StageFailure:  # still probing
                 gone = server_gone()
                 if gone or time.monotonic() > deadline:
-                    output = engine.container_logs(probe_id)
+                    output = docker.container_logs(probe_id)
                     append_log(harness.log_path, "harness.probe (beside the server)", output)
                     why = f"the engine server ended: {gone}" if gone else \
                         f"no answer within {settings.health_timeout_s:.0f} s"
                     return {"check": "model", "status": "fail", "reason": f"health: {why}",
                             "checks": []}
-        output = engine.container_logs(probe_id)
+        output = docker.container_logs(probe_id)
     append_log(harness.log_path, f"harness.probe (beside the server, exit {code})", output)
     parsed = harness_result.parse(output)
     if parsed is None:
@@ -570,13 +578,13 @@ def probe_beside(harness: Harness, server_id: str, settings: harness_probe.Probe
     return parsed
 
 
-def observe_loaded_set(ctx: Context, plan: CellPlan, container_id: str,
+def observe_loaded_set(ctx: Context, plan: CellPlan, docker: Engine, container_id: str,
                        details: dict[str, Any]) -> dict[str, Any]:
     """Record the objects the live server maps (`mapped`) and judge them (`loaded_set`)."""
     from . import audit
 
     try:
-        details["mapped"] = audit.server_mapped_objects(container_id)
+        details["mapped"] = audit.server_mapped_objects(docker, container_id)
     except (StageFailure, InfermatrixError) as exc:
         details["loaded_set"] = {"status": "fail", "detail": str(exc)}
         return details["loaded_set"]
@@ -595,11 +603,12 @@ def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: fl
                            "server", details={"applicable": False})
     if spec.gpu and not gpu_here:
         return LevelResult("throughput", "skip", NO_GPU, details={"needs_gpu": True})
-    if not engine.current().is_local():
+    docker = harness.docker
+    if not docker.is_local():
         return LevelResult("throughput", "skip", f"{NOT_VERIFIED} here: the load runs on this "
-                           f"machine and the replicas' ports stay on {engine.current().label()}'s "
+                           f"machine and the replicas' ports stay on {docker.label()}'s "
                            "host; run `infermatrix smoke CELL --levels throughput` there",
-                           details={"not_verified": True, "engine": engine.current().label()})
+                           details={"not_verified": True, "engine": docker.label()})
     started = time.monotonic()
     host_model = model_source(ctx, options)
     unverified = correctness_unverifiable(ctx, plan, host_model is not None)
@@ -621,14 +630,14 @@ def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: fl
         ids = [replicas.enter_context(replica_container(plan, harness, spec, host_model, i,
                                                         settings.replicas))
                for i in range(settings.replicas)]
-        endpoints = [replica_endpoint(cid, i, spec.health) for i, cid in enumerate(ids)]
+        endpoints = [replica_endpoint(docker, cid, i, spec.health) for i, cid in enumerate(ids)]
         try:
             details["health_wait_s"] = throughput.wait_all_healthy(
-                endpoints, remaining, alive=lambda: next(filter(None, (container_gone(c)()
+                endpoints, remaining, alive=lambda: next(filter(None, (container_gone(docker, c)()
                                                                         for c in ids)), None))
             details.update(throughput.measure(endpoints, settings))
         finally:
-            logs = [engine.container_logs(cid) for cid in ids]
+            logs = [docker.container_logs(cid) for cid in ids]
     for index, text in enumerate(logs):
         append_log(harness.log_path, f"throughput replica {index}: {' '.join(spec.command)}",
                    text)
@@ -644,7 +653,8 @@ def replica_container(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_m
     env = dict(spec.env)
     if spec.gpu and count > 1:
         env["CUDA_VISIBLE_DEVICES"] = str(index)  # every GPU is requested; one is used
-    return container(harness.image_id, command=spec.command, env=env, shm_size=spec.shm_size,
+    return container(harness.docker, harness.image_id, command=spec.command, env=env,
+                     shm_size=spec.shm_size,
                      mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
                      ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
                      gpus=harness.gpus if spec.gpu else False,
@@ -652,10 +662,11 @@ def replica_container(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_m
                      name=f"infermatrix-smoke-{plan.id}-{os.getpid()}-r{index}")
 
 
-def replica_endpoint(container_id: str, index: int, health: str):  # -> generate.Endpoint
+def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
+                     ):  # -> generate.Endpoint
     from .generate import Endpoint
 
-    host, port = published_port(container_id)
+    host, port = published_port(docker, container_id)
     return Endpoint(f"replica{index}", f"http://{host}:{port}", health)
 
 
@@ -663,21 +674,21 @@ def replica_endpoint(container_id: str, index: int, health: str):  # -> generate
 # A cell
 # --------------------------------------------------------------------------------------------
 
-def image_under_test(ctx: Context, cell_id: str, given: str | None = None) -> str:
+def image_under_test(ctx: Context, cell_id: str, docker: Engine, given: str | None = None
+                     ) -> str:
     """The image id the build stage recorded (it must still be in Docker), or the id of the
     image `smoke --image` names."""
     if given:
-        image_id = engine.image_id_of(given)
+        image_id = docker.image_id_of(given)
         if image_id is None:
-            raise UsageError(f"--image {given}: no such image in engine "
-                             f"{engine.current().label()}")
+            raise UsageError(f"--image {given}: no such image in engine {docker.label()}")
         return image_id
     record = journal.load(ctx.state, cell_id)
     image_id = record.get("image_id")
     if not image_id or journal.stage_status(record, "build") != "pass":
         raise UsageError(f"{cell_id}: no passed build in the journal ({ctx.state.journal}); "
                          f"run `infermatrix build --select {cell_id}` first")
-    if engine.image_id_of(image_id) is None:
+    if docker.image_id_of(image_id) is None:
         raise StageFailure(f"{cell_id}: the built image {image_id} is no longer in Docker; "
                            "rebuild it")
     return image_id
@@ -730,33 +741,35 @@ def bring_image(source: "engine.Engine", target: "engine.Engine", image_id: str,
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def smoke_cell(ctx: Context, plan: CellPlan, options: RunOptions | None = None) -> SmokeResult:
-    """Run the requested levels on the cell's built image; record them in the journal. With
-    `options.smoke_on` the levels run on that engine, the image moved there first."""
+def smoke_cell(ctx: Context, plan: CellPlan, options: RunOptions | None = None,
+               docker: Engine | None = None) -> SmokeResult:
+    """Run the requested levels on the cell's built image, in `docker` (default: DOCKER_HOST /
+    the current context); record them in the journal. With `options.smoke_on` the levels run
+    on that engine, the image moved there from `docker` first."""
     options = options or RunOptions()
+    docker = docker or Engine()
     if options.fixture not in FIXTURE_VARIANTS:
         raise UsageError(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
     levels = levels_to_run(ctx, options.levels)
-    image_id = image_under_test(ctx, plan.id, options.image)
+    image_id = image_under_test(ctx, plan.id, docker, options.image)
     log_path = ctx.state.cell_log(plan.id, "smoke")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"smoke {plan.id} image {image_id} levels {','.join(levels)}\n")
     on = smoke_endpoint(ctx, options.smoke_on)
     if on is None:
-        return _smoke_levels(ctx, plan, options, levels, image_id, log_path, None)
-    target = engine.Engine(on)
-    moved = bring_image(engine.current(), target, image_id, log_path)
-    with engine.bound(target):
-        return _smoke_levels(ctx, plan, options, levels, image_id, log_path, moved)
+        return _smoke_levels(ctx, plan, options, levels, image_id, log_path, docker, None)
+    target = Engine(on)
+    moved = bring_image(docker, target, image_id, log_path)
+    return _smoke_levels(ctx, plan, options, levels, image_id, log_path, target, moved)
 
 
 def _smoke_levels(ctx: Context, plan: CellPlan, options: RunOptions, levels: list[str],
-                  image_id: str, log_path: Path, moved: dict[str, Any] | None) -> SmokeResult:
-    """The levels on the current engine. A named smoke engine (`moved`: the image was
+                  image_id: str, log_path: Path, here: Engine, moved: dict[str, Any] | None
+                  ) -> SmokeResult:
+    """The levels on the engine `here`. A named smoke engine (`moved`: the image was
     brought there) is where the GPUs are by the user's word: a GPU level it cannot serve
     fails with its one-line refusal rather than being skipped."""
-    here = engine.current()
     gpu_here = options.host_gpu if options.host_gpu is not None else \
         True if moved is not None and not here.is_local() else host_has_gpu()
     kept = previous_levels(journal.load(ctx.state, plan.id), image_id)
@@ -765,7 +778,7 @@ def _smoke_levels(ctx: Context, plan: CellPlan, options: RunOptions, levels: lis
     started = time.monotonic()
     result = SmokeResult(plan.id, image_id)
     with sigterm_as_interrupt():
-        harness = Harness.for_image(image_id, log_path, gpu_setting(ctx))
+        harness = Harness.for_image(here, image_id, log_path, gpu_setting(ctx))
         runners: dict[str, Callable[[], LevelResult]] = {
             "static": lambda: run_static(ctx, plan, harness, level_timeout(ctx, "static")),
             "gpu": lambda: run_gpu(ctx, plan, harness, level_timeout(ctx, "gpu"), gpu_here),
@@ -823,11 +836,13 @@ def throughput_summary(levels: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def smoke_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None = None,
-                on_result: Callable[[SmokeResult], None] | None = None) -> list[SmokeResult]:
+                on_result: Callable[[SmokeResult], None] | None = None,
+                docker: Engine | None = None) -> list[SmokeResult]:
     """Smoke each cell in turn (one engine server at a time: vLLM on CPU takes a core)."""
     results = []
+    docker = docker or Engine()
     for plan in plans:
-        result = smoke_cell(ctx, plan, options)
+        result = smoke_cell(ctx, plan, options, docker)
         results.append(result)
         if on_result:
             on_result(result)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import docker as engine
+from ..engine.docker import Engine
 from .. import journal
 from ..context import Context
 from ..errors import StageFailure
@@ -172,19 +172,16 @@ def static_only_labels(image_id: str) -> dict[str, str]:
     return {VERIFIED_LABEL: STATIC_ONLY, TESTED_IMAGE_LABEL: image_id}
 
 
-def existing_target(ref: str) -> dict[str, Any] | None:
-    return engine.inspect_image(ref)
-
-
-def apply_tag(decision: TagDecision, ref: str) -> dict[str, Any]:
-    """Tag the tested image (or its static-only derivative) as `ref`; never move a tag."""
+def apply_tag(decision: TagDecision, ref: str, docker: Engine) -> dict[str, Any]:
+    """Tag the tested image (or its static-only derivative) as `ref` in `docker`; never move
+    a tag."""
     assert decision.allowed and decision.image_id
-    current = existing_target(ref)
+    current = docker.inspect_image(ref)
     if decision.kind == TESTED:
         if current is not None and current["Id"] != decision.image_id:
             raise_moved(ref, current["Id"], decision.image_id)
         if current is None:
-            engine.tag_image(decision.image_id, ref)
+            docker.tag_image(decision.image_id, ref)
         return {"ref": ref, "image_id": decision.image_id, "tagged_image_id": decision.image_id,
                 "kind": TESTED, "unchanged": current is not None}
     labels = static_only_labels(decision.image_id)
@@ -195,7 +192,7 @@ def apply_tag(decision: TagDecision, ref: str) -> dict[str, Any]:
             raise_moved(ref, current["Id"], f"a static-only image of {decision.image_id}")
         derived = current["Id"]
     else:
-        derived = engine.commit_with_labels(decision.image_id, ref, labels)
+        derived = docker.commit_with_labels(decision.image_id, ref, labels)
     return {"ref": ref, "image_id": decision.image_id, "tagged_image_id": derived,
             "kind": STATIC_ONLY, "labels": labels, "unchanged": current is not None}
 
@@ -206,8 +203,10 @@ def raise_moved(ref: str, current: str, wanted: str) -> None:
                        "publish.tag")
 
 
-def tag_cell(ctx: Context, cell: Cell, repository: str | None = None) -> TagDecision:
-    """Decide, apply and record the tag stage of one cell."""
+def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
+             docker: Engine | None = None) -> TagDecision:
+    """Decide, apply (in `docker`, default DOCKER_HOST / the current context) and record the
+    tag stage of one cell."""
     record = journal.load(ctx.state, cell.id)
     policy = {**DEFAULT_POLICY, **(ctx.matrix.tag_policy or {})}
     decision = decide(record, policy, cell)
@@ -217,7 +216,7 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None) -> TagDeci
         return decision
     ref = tag_ref(ctx, cell, repository)
     try:
-        applied = apply_tag(decision, ref)
+        applied = apply_tag(decision, ref, docker or Engine())
     except StageFailure as exc:
         decision.allowed, decision.reason, decision.failed = False, str(exc), True
         journal.record_stage(ctx.state, cell.id, "tag", "fail", reason=str(exc),

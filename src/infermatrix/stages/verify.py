@@ -19,7 +19,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..engine import docker as engine
+from ..engine.docker import Engine
 from ..errors import UsageError
 from ..harness import probe as harness_probe
 from ..model.spec import CONTAINER_MODEL
@@ -32,11 +32,11 @@ VERIFY_LEVELS = ("gpu", "model")
 DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0}
 
 
-def image_of(entry: dict[str, Any]) -> str:
+def image_of(entry: dict[str, Any], docker: Engine) -> str:
     """The pulled image's id; a UsageError when it is not here or is not images.lock's."""
-    found = engine.inspect_image(entry["reference"])
+    found = docker.inspect_image(entry["reference"])
     if found is None:
-        raise UsageError(f"{entry['reference']} is not in engine {engine.current().label()}: "
+        raise UsageError(f"{entry['reference']} is not in engine {docker.label()}: "
                          f"run `infermatrix pull {entry['cell']}` first")
     if entry.get("image_id") and found["Id"] != entry["image_id"]:
         raise UsageError(f"{entry['reference']} is image {found['Id']}, images.lock records "
@@ -44,13 +44,13 @@ def image_of(entry: dict[str, Any]) -> str:
     return found["Id"]
 
 
-def host_facts() -> dict[str, Any]:
+def host_facts(docker: Engine) -> dict[str, Any]:
     from ..host import doctor
 
     facts = doctor.gather()
     return {"hostname": platform.node(), "machine": platform.machine(),
             "gpus": [g.__dict__ for g in facts.gpus], "gpu_error": facts.gpu_error,
-            "engine": engine.current().label()}
+            "engine": docker.label()}
 
 
 def run_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
@@ -98,14 +98,17 @@ def run_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here
 def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
                  levels: list[str] | None = None, expect: str | None = "Paris",
                  answer_check: bool = True, gpu_here: bool | None = None,
-                 gpus: Any = True, unified: Sizing | None = None) -> dict[str, Any]:
-    """The verdict of this host for one images.lock entry (levels run in order);
-    `unified`: the engine's memory on a unified-memory GPU host (unified_sizing)."""
-    image_id = image_of(entry)
+                 gpus: Any = True, unified: Sizing | None = None,
+                 docker: Engine | None = None) -> dict[str, Any]:
+    """The verdict of this host for one images.lock entry (levels run in order, in `docker`,
+    default DOCKER_HOST / the current context); `unified`: the engine's memory on a
+    unified-memory GPU host (unified_sizing)."""
+    docker = docker or Engine()
+    image_id = image_of(entry, docker)
     gpu_here = smoke.host_has_gpu() if gpu_here is None else gpu_here
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"verify {entry['cell']} {entry['reference']}\n")
-    harness = Harness.for_image(image_id, log_path, gpus)
+    harness = Harness.for_image(docker, image_id, log_path, gpus)
     settings = harness_probe.ProbeSettings(
         expect=expect if answer_check else None, real_model=answer_check,
         health_path=entry["run"].get("health") or "/health",
@@ -117,7 +120,7 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
     results = {name: smoke.timed_level(name, runners[name]) for name in levels or VERIFY_LEVELS}
     status = smoke.overall_status([r.status for r in results.values()])
     return {"cell": entry["cell"], "reference": entry["reference"], "image_id": image_id,
-            "status": status, "host": host_facts(), "model_dir": str(model_dir),
+            "status": status, "host": host_facts(docker), "model_dir": str(model_dir),
             "levels": {name: r.as_dict() for name, r in results.items()},
             "unified_memory": {"chosen": unified.describe(), **unified.as_dict()}
             if unified is not None else None,
