@@ -227,7 +227,7 @@ def test_a_build_without_a_committed_lock_is_refused(ctx):
     # Rendered from this very lock: nothing left to refuse.
     _rendered(ctx, plan.id, lock.lock_digest(path.read_text()))
     dockerfile = (ctx.images_dir / plan.id / "Dockerfile").read_text()
-    assert build.lock_problem(ctx, plan.id, dockerfile) is None
+    assert build.lock_problem(ctx, plan, dockerfile) is None
 
 
 LOCK_WITH_ANNOTATIONS = """\

@@ -329,3 +329,25 @@ def test_options_without_a_flag_come_from_their_variables_through_the_table():
     assert package_index().startswith(("http://", "https://", "file://"))
     with pytest.raises(TypeError, match="not run options: echo"):
         resolve(None, {}, env={}, echo=print)
+
+
+def test_each_cells_lock_is_read_once_in_a_run(ctx, monkeypatch):
+    """Issue 28: the steps share one CellSpec per cell (Context.spec); render, build, audit and
+    smoke all take it, so the lock is read and parsed once per cell per run."""
+    import collections
+
+    from infermatrix.model import spec
+
+    reads: collections.Counter[str] = collections.Counter()
+    real = spec.read_lock_text
+
+    def counting(path, cell_id):
+        reads[cell_id] += 1
+        return real(path, cell_id)
+
+    monkeypatch.setattr(spec, "read_lock_text", counting)
+    _, _, records, run = run_wired(ctx)
+    rendered = {r.name: r for r in records}["render"].passed
+    assert rendered and set(reads) == set(rendered)
+    assert set(reads.values()) == {1}, reads
+    assert {r.name: r for r in records}["smoke"].passed  # the spec went as far as smoke

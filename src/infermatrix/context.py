@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .config import Matrix, load_matrix
 from .names import inside
 from .state import DEFAULT_STATE_DIR, StatePaths
+
+if TYPE_CHECKING:
+    from .model.cell import CellPlan
+    from .model.spec import CellSpec
 
 
 @dataclass
@@ -16,6 +21,23 @@ class Context:
     matrix: Matrix
     state: StatePaths
     offline: bool = False
+    # cell id -> (the lock file's stamp, the CellSpec resolved from it): `spec(plan)`
+    _specs: dict[str, tuple[Any, "CellSpec"]] = field(default_factory=dict, init=False,
+                                                      repr=False, compare=False)
+
+    def spec(self, plan: "CellPlan") -> "CellSpec":
+        """The cell's CellSpec, resolved once per run and handed to every step: its lock is
+        read and parsed once. Resolved again only when the lock file changed since (the lock
+        step writes it) or the plan did (model/spec.py resolves it)."""
+        from .model.spec import lock_path, lock_stamp, resolve
+
+        stamp = lock_stamp(lock_path(self, plan.id))
+        cached = self._specs.get(plan.id)
+        if cached is not None and cached[0] == stamp and cached[1].plan == plan:
+            return cached[1]
+        resolved = resolve(self, plan)
+        self._specs[plan.id] = (stamp, resolved)
+        return resolved
 
     @property
     def root(self) -> Path:

@@ -61,11 +61,22 @@ def read_lock_text(path: Path, cell_id: str) -> str | None:
                            "write it again, then commit it")
 
 
+def lock_stamp(path: Path) -> tuple[int, int, int] | None:
+    """(inode, mtime in ns, size) of a lock file, None when there is none: what tells a cached
+    CellSpec (Context.spec) that the lock was written since."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size
+
+
 def check_lock_files(ctx: Any, plans: Iterable[Any]) -> None:
-    """Read every planned cell's lock through the loader (a damaged one is named up front)."""
+    """Resolve every planned cell's spec (Context.spec: its lock read through the loader, once
+    for the run), so a damaged lock is named up front."""
     for plan in plans:
         if plan.planned:
-            read_lock_text(lock_path(ctx, plan.id), plan.id)
+            ctx.spec(plan)
 
 
 # a `name==version` line of a uv lock (also read by model/kernelscope.py)
@@ -277,7 +288,8 @@ class CellSpec:
 
 
 def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
-    """The CellSpec of a planned cell (reads its lock once)."""
+    """The CellSpec of a planned cell (reads its lock once). Steps take it from
+    `Context.spec(plan)`, which resolves each cell once per run."""
     settings = plan.settings
     if settings is None:
         raise UsageError(f"cell {plan.id} is {plan.status}, not planned")
@@ -285,7 +297,7 @@ def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
     path = lock_path(ctx, plan.id)
     text = read_lock_text(path, plan.id)
     pins = pinned_packages(text)
-    return CellSpec(
+    spec = CellSpec(
         plan=plan, platform=settings.platform, machine=machine_of(settings.platform),
         python=settings.python, base=settings.base,
         base_chain=tuple(base_chain(matrix, settings.base)),
@@ -294,3 +306,5 @@ def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
                                   kernel_pins_from_lock(text) if text else {})),
         lock_path=path, lock_pins=pins, launch=launch_of(matrix, plan),
         driver_floor=min_driver_for(plan.cell.cuda))
+    spec.__dict__["lock_text"] = text  # the cached_property, filled: the lock is read once
+    return spec

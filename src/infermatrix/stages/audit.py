@@ -692,11 +692,11 @@ def expected_pins(ctx: "Context", plan: CellPlan) -> dict[str, tuple[str, str]]:
     """canonical name -> (version, where the pin comes from): the lock, then the cell."""
     from packaging.utils import canonicalize_name
 
-    from ..model.spec import MATCH_ENGINE, resolve
+    from ..model.spec import MATCH_ENGINE
 
     pins: dict[str, tuple[str, str]] = {}
     cell = plan.cell
-    spec = resolve(ctx, plan) if plan.settings is not None else None
+    spec = ctx.spec(plan) if plan.settings is not None else None
     if spec is not None:
         for name, version in spec.lock_pins.items():
             pins[name] = (version, f"lock {spec.lock_path.name}")

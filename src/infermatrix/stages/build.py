@@ -44,7 +44,6 @@ from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
 from ..model.cell import CellPlan
 from ..options import RunOptions
-from ..model.spec import read_lock_text, resolve
 from ..state import run_lock
 
 Echo = Callable[[str], None]  # where progress lines go (print; a test's list.append)
@@ -152,7 +151,7 @@ def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
     """The cache key of every kernel stage in the cell's Dockerfile."""
     assert plan.settings is not None
     specs = ctx.matrix.build.get("kernels", {})
-    resolved = {k.name: k.version for k in resolve(ctx, plan).kernels}
+    resolved = {k.name: k.version for k in ctx.spec(plan).kernels}
     keys = {}
     for name in kernel_stages(dockerfile_text):
         if name not in specs:
@@ -544,13 +543,14 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
             "`docker builder prune --all`) then rerun")
 
 
-def lock_problem(ctx: Context, cell_id: str, dockerfile_text: str) -> str | None:
+def lock_problem(ctx: Context, plan: CellPlan, dockerfile_text: str) -> str | None:
     """Why the cell may not be built (no committed lock, or a render of another lock), or None."""
+    cell_id = plan.id
     try:
         path = locks.require_lock(ctx, cell_id)
     except StageFailure as exc:
         return str(exc)
-    digest = locks.lock_digest(read_lock_text(path, cell_id) or "")
+    digest = locks.lock_digest(ctx.spec(plan).lock_text or "")
     rendered = LOCK_LABEL.search(dockerfile_text)
     if rendered is None or rendered.group(1) != digest:
         found = rendered.group(1) if rendered else "no io.infermatrix.lock label"
@@ -573,7 +573,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
         return _record_failure(ctx, cell_id, 0.0, None, f"not rendered: {dockerfile} is missing "
                                "(run `infermatrix render` first)", None, None)
     text = dockerfile.read_text(encoding="utf-8")
-    problem = lock_problem(ctx, cell_id, text)
+    problem = lock_problem(ctx, plan, text)
     if problem:
         return _record_failure(ctx, cell_id, 0.0, None, problem, None, None)
     build_args = compile.build_args()

@@ -20,7 +20,6 @@ import yaml
 from ..context import Context
 from ..errors import UsageError
 from ..model.cell import CellPlan
-from ..model.spec import resolve
 
 # Runner labels by image platform (flags override them). GitHub: the hosted Ubuntu runners,
 # the `-arm` one an Arm machine. GitLab: the hosted Linux runners' tags.
@@ -51,7 +50,7 @@ def export_cells(ctx: Context, plans: list[CellPlan]) -> list[ExportCell]:
             continue
         if not _SAFE_ID.fullmatch(plan.id):
             raise UsageError(f"cell id {plan.id!r} has characters a CI job name cannot carry")
-        cells[plan.id] = ExportCell(plan.id, resolve(ctx, plan).platform)
+        cells[plan.id] = ExportCell(plan.id, ctx.spec(plan).platform)
     return list(cells.values())
 
 

@@ -605,8 +605,7 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
     settings = _settings(plan)
     cell = plan.cell
     matrix = ctx.matrix
-    lock_file = lock_path(ctx, cell.id)
-    lock_text = lock_file.read_text(encoding="utf-8") if lock_file.is_file() else None
+    lock_text = ctx.spec(plan).lock_text  # the run's one read of the cell's lock
     kernels = kernel_specs(ctx, plan, lock_text)
     base = choose_base(matrix, plan, compiles=bool(kernels))
     serve_words, needs_model = serve_script_argv(ctx, plan)

@@ -47,7 +47,7 @@ from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
-from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, resolve
+from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
 from ..options import RunOptions
 from .watch import Heartbeat
 
@@ -142,11 +142,11 @@ def level_timeout(ctx: Context, level: str) -> float:
 
 def kernel_distributions(ctx: Context, plan: CellPlan) -> list[str]:
     """`package==version` of the cell's compiled kernel packages (no pin for match-engine)."""
-    return [k.requirement if k.pinned else k.package for k in resolve(ctx, plan).kernels]
+    return [k.requirement if k.pinned else k.package for k in ctx.spec(plan).kernels]
 
 
 def engine_distribution(ctx: Context, plan: CellPlan) -> str | None:
-    return resolve(ctx, plan).engine_requirement
+    return ctx.spec(plan).engine_requirement
 
 
 @dataclass
@@ -164,7 +164,7 @@ class LaunchSpec:
 def launch_spec(ctx: Context, plan: CellPlan, port: int = CONTAINER_PORT,
                 model: str = CONTAINER_MODEL) -> LaunchSpec | None:
     """The cell's launch command (spec.Launch); None when its engine serves nothing."""
-    launch = resolve(ctx, plan).launch
+    launch = ctx.spec(plan).launch
     if launch is None or not launch.health:
         return None
     return LaunchSpec(command=launch.command(port, model), env=dict(launch.env),
