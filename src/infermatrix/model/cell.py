@@ -17,7 +17,8 @@ CPU = "cpu"
 # a network condition, not a verdict on the cell.
 # "unverified": planned by the rules, but a source it installs from (an index or wheel off the
 # default index) could not be checked from here; it is not built on an unchecked URL.
-Status = Literal["planned", "pruned", "unresolved", "unverified"]
+# PlanStatus: the plan's word for a cell, not a stage's (journal.Status)
+PlanStatus = Literal["planned", "pruned", "unresolved", "unverified"]
 
 
 # The smoke tiers, in the order they run (stages/smoke.py runs them; options validates --levels).
@@ -122,7 +123,7 @@ class CellSettings:
 @dataclass
 class CellPlan:
     cell: Cell
-    status: Status
+    status: PlanStatus
     verdicts: list[Verdict] = field(default_factory=list)
     settings: CellSettings | None = None
     origin: str = "axes"  # "axes" or "include[N]"

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import journal, proc
+from ..journal import Status
 from ..model import loadedset, tritontwin
 from ..model.coverage import (
     Arch,
@@ -67,7 +68,7 @@ from .watch import Heartbeat
 if TYPE_CHECKING:
     from ..context import Context
 
-PASS, FAIL, SKIP = "pass", "fail", "skip"
+PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP  # the journal's one vocabulary
 NOT_LOADED_GROUP = "not-loaded"
 CUOBJDUMP_ENV = OPTIONS["cuobjdump"].env[0]
 CUOBJDUMP_DIST = "nvidia-cuda-cuobjdump"
@@ -417,7 +418,7 @@ def device_code_of(image: str, objects: list[dict[str, Any]], state: StatePaths,
 @dataclass
 class Check:
     name: str  # kernels, cuda-major, torch-cuda, pins, pip-check, engine-floor
-    status: str  # pass, fail, skip
+    status: Status  # pass, fail, skip
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
 
