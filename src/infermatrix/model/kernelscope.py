@@ -13,9 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .spec import PIN_LINE
-
-_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+from .spec import lock_packages
 
 # The attention modules the FlashInfer AOT build covers per head dim (templates/files/
 # flashinfer-aot.py.j2): FA2 batch prefill (paged and ragged KV) and batch decode.
@@ -29,19 +27,8 @@ def normalize(name: str) -> str:
 
 def locked_hashes(lock_text: str | None, package: str) -> list[str]:
     """The sha256 hashes the lock pins for `package` (its wheels and its sdist)."""
-    if not lock_text:
-        return []
-    hashes: list[str] = []
-    inside = False
-    for line in lock_text.splitlines():
-        match = PIN_LINE.match(line)
-        if match:
-            inside = normalize(match.group(1)) == normalize(package)
-        elif inside and line.startswith("    "):
-            hashes += _HASH.findall(line)
-        else:
-            inside = False
-    return hashes
+    return [digest for locked in lock_packages(lock_text)
+            if normalize(locked.name) == normalize(package) for digest in locked.hashes]
 
 
 def flashinfer_scope(model: dict[str, Any], version: str | None, platform: str) -> dict[str, Any]:

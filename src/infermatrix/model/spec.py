@@ -79,18 +79,45 @@ def check_lock_files(ctx: Any, plans: Iterable[Any]) -> None:
             ctx.spec(plan)
 
 
-# a `name==version` line of a uv lock (also read by model/kernelscope.py)
-PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
+# a `name==version` line of a uv lock (an extra, `name[extra]==version`, is allowed)
+PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s\\;]+)")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+@dataclass
+class LockedPackage:
+    """One pin of a lock with the sha256 hashes of its files (its `--hash=` continuations)."""
+
+    name: str
+    version: str
+    hashes: list[str] = field(default_factory=list)
+
+
+def lock_packages(text: str | None) -> list[LockedPackage]:
+    """Every `name==version` of a uv lock with its `--hash=sha256:` lines (continuations): the
+    one parser of a lock's body (pinned_packages, the SBOM and the kernel sdist hashes read it)."""
+    found: list[LockedPackage] = []
+    current: LockedPackage | None = None
+    for raw in (text or "").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            if not raw.startswith(" "):
+                current = None
+            continue
+        match = PIN_LINE.match(line)
+        if match and not raw.startswith((" ", "\t")):
+            current = LockedPackage(match.group(1), match.group(2))
+            found.append(current)
+        elif not raw.startswith((" ", "\t")):
+            current = None
+        if current is not None:
+            current.hashes += _HASH.findall(line)
+    return found
 
 
 def pinned_packages(text: str | None) -> dict[str, str]:
     """canonical name -> version of every `name==version` pin of a lock file."""
-    pins: dict[str, str] = {}
-    for line in (text or "").splitlines():
-        match = PIN_LINE.match(line.strip())
-        if match:
-            pins[canonicalize_name(match.group(1))] = match.group(2)
-    return pins
+    return {canonicalize_name(p.name): p.version for p in lock_packages(text)}
 
 
 def pinned_version(pins: Mapping[str, str], package: str) -> str | None:

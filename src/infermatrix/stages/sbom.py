@@ -17,10 +17,9 @@ The pure part (`document`) takes texts and records; `image_facts` reads the imag
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,39 +27,10 @@ from .. import __version__
 from ..errors import StageFailure
 from ..engine.docker import Engine
 from ..model.cell import CPU, Cell
+from ..model.spec import LockedPackage, lock_packages  # noqa: F401  (the lock's one parser)
 
-_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s\\;]+)")
-_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 CUDA_PREFIXES = ("nvidia-", "cuda-")
 DPKG_STATUS = "/var/lib/dpkg/status"
-
-
-@dataclass
-class LockedPackage:
-    name: str
-    version: str
-    hashes: list[str] = field(default_factory=list)
-
-
-def lock_packages(text: str) -> list[LockedPackage]:
-    """Every `name==version` of a uv lock with its `--hash=sha256:` lines (continuations)."""
-    found: list[LockedPackage] = []
-    current: LockedPackage | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            if not raw.startswith(" "):
-                current = None
-            continue
-        match = _REQ.match(line)
-        if match and not raw.startswith((" ", "\t")):
-            current = LockedPackage(match.group(1), match.group(2))
-            found.append(current)
-        elif not raw.startswith((" ", "\t")):
-            current = None
-        if current is not None:
-            current.hashes += _HASH.findall(line)
-    return found
 
 
 @dataclass
