@@ -11,6 +11,7 @@ machine, base chain, kernel versions).
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -262,6 +263,41 @@ class Launch:
     def template(self) -> list[str]:
         """The command with `{port}` and `{model}` left in (images.lock, `pull` fills them)."""
         return list(self.serve) + list(self.args)
+
+    def shell_words(self) -> tuple[list[str], bool]:
+        """The command as words of a shell script (`{port}`/`{model}` as "${PORT}"/"${MODEL}",
+        the rest quoted: the image's serve script, render) and whether it needs MODEL."""
+        words, needs_model = [], False
+        for token in self.template():
+            if "{port}" in token or "{model}" in token:
+                needs_model |= "{model}" in token
+                escaped = re.sub(r'(["\\`$])', r"\\\1", token)
+                escaped = escaped.replace("{port}", "${PORT}").replace("{model}", "${MODEL}")
+                words.append(f'"{escaped}"')
+            else:
+                words.append(shlex.quote(token))
+        return words, needs_model
+
+    def as_run(self) -> dict[str, Any]:
+        """images.lock's `run` of the cell (publish): the template, env, GPU, shm, port."""
+        return {"command": self.template(), "env": dict(self.env), "gpu": self.gpu,
+                "shm_size": self.shm_size, "port": self.port}
+
+
+def locked_command(run: Mapping[str, Any], port: int, model_dir: str | Path | None = None,
+                   model: str = CONTAINER_MODEL) -> list[str]:
+    """An images.lock entry's serve command (its `run`, Launch.as_run) with `{port}` and
+    `{model}` filled; plus its MTP flags (run.mtp_args) when `model_dir` holds the MTP head's
+    weights (model/mtp.py): what pull, deploy and verify start."""
+    from .mtp import find_weights
+
+    command = [part.replace("{port}", str(port)).replace("{model}", model)
+               for part in run.get("command", [])]
+    mtp = run.get("mtp_args") or []
+    if mtp and model_dir is not None and Path(model_dir).is_dir() \
+            and find_weights(Path(model_dir)).present:
+        command += list(mtp)
+    return command
 
 
 def launch_of(matrix: Matrix, plan: CellPlan) -> Launch:

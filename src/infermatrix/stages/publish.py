@@ -251,9 +251,7 @@ def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
     """
     from ..model.mtp import engine_flags
 
-    launch = launch_for(matrix, cell)
-    run = {"command": launch.template(), "env": dict(launch.env), "gpu": launch.gpu,
-           "shm_size": launch.shm_size, "port": launch.port}
+    run = launch_for(matrix, cell).as_run()
     mtp = engine_flags(matrix.model, cell.engine)
     if mtp:  # added by `deploy`/`pull` only where the model directory holds MTP weights
         run["mtp_args"] = mtp
@@ -598,17 +596,11 @@ def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = No
 
 def serve_command(entry: dict[str, Any], port: int, model_dir: str | Path | None = None
                   ) -> list[str]:
-    """The locked image's serve command with `{port}` and `{model}` filled; plus its MTP
-    flags (run.mtp_args) when `model_dir` holds the MTP head's weights (model/mtp.py)."""
-    from ..model.mtp import find_weights
+    """The locked image's serve command (spec.locked_command: `{port}` and `{model}` filled,
+    its MTP flags when `model_dir` holds the MTP head's weights)."""
+    from ..model.spec import locked_command
 
-    command = [part.replace("{port}", str(port)).replace("{model}", CONTAINER_MODEL_DIR)
-               for part in entry["run"].get("command", [])]
-    mtp = entry["run"].get("mtp_args") or []
-    if mtp and model_dir is not None and Path(model_dir).is_dir() \
-            and find_weights(Path(model_dir)).present:
-        command += list(mtp)
-    return command
+    return locked_command(entry["run"], port, model_dir, CONTAINER_MODEL_DIR)
 
 
 def docker_run_line(entry: dict[str, Any], model_dir: str, port: int | None = None,

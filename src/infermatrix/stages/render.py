@@ -40,7 +40,7 @@ from ..config import REPO_ROOT, Matrix
 from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
 from ..model.cell import Cell, CellPlan, CellSettings
-from ..model.spec import (kernel_pins_from_lock, kernel_version, launch_of, lock_path, os_base,
+from ..model.spec import (kernel_pins_from_lock, kernel_version, lock_path, os_base,
                    pinned_packages)
 from ..state import run_lock
 
@@ -528,18 +528,12 @@ def engine_install(ctx: Context, plan: CellPlan) -> dict[str, Any]:
 
 
 def serve_script_argv(ctx: Context, plan: CellPlan) -> tuple[list[str], bool]:
-    """The serve command as shell words ($PORT/$MODEL substituted) and whether it needs MODEL."""
-    words, needs_model = [], False
+    """The serve command as shell words ($PORT/$MODEL substituted) and whether it needs MODEL
+    (the cell's spec.Launch says both)."""
     _settings(plan)
-    for token in launch_of(ctx.matrix, plan).template():
-        if "{port}" in token or "{model}" in token:
-            needs_model |= "{model}" in token
-            escaped = re.sub(r'(["\\`$])', r"\\\1", token)
-            escaped = escaped.replace("{port}", "${PORT}").replace("{model}", "${MODEL}")
-            words.append(f'"{escaped}"')
-        else:
-            words.append(shlex.quote(token))
-    return words, needs_model
+    launch = ctx.spec(plan).launch
+    assert launch is not None
+    return launch.shell_words()
 
 
 def image_env(plan: CellPlan, base: BaseChoice) -> dict[str, str]:
