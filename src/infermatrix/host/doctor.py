@@ -252,21 +252,6 @@ def gpu_problems(entry: dict[str, Any], gpu: Gpu) -> list[str]:
 DRIVER_FLOOR_LABEL = "io.infermatrix.driver.floor"
 
 
-def driver_refusal(entry: dict[str, Any], gpus: list[Gpu]) -> str | None:
-    """Why `pull` refuses an image on this host: every GPU's driver is below its floor (None:
-    no GPU here, e.g. a build box pulling for another machine, or one driver meets it)."""
-    minimum, why = driver_floor_of(entry)
-    need = _version(minimum or "")
-    if need is None or not gpus:
-        return None
-    low = [g for g in gpus if (_version(g.driver) or Version("0")) < need]
-    if len(low) < len(gpus):
-        return None
-    return (f"{entry['cell']}: this host's driver {low[0].driver} is below {minimum}, {why}; "
-            f"fix: install an NVIDIA driver >= {minimum}, or pick a cell whose floor this "
-            "driver meets (`infermatrix doctor` lists them)")
-
-
 def driver_floor_of(entry: dict[str, Any]) -> tuple[str | None, str]:
     """(oldest driver, what sets it) for an images.lock entry: the image's driver-floor label
     (plan: the CUDA runtime and the PTX ISA of PTX-only objects), else its CUDA's minimum."""

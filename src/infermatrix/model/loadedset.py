@@ -255,16 +255,6 @@ def site_relative(path: str, site_dirs: Iterable[str] = ()) -> str | None:
     return match.group(1) if match else None
 
 
-def parse_maps(text: str) -> list[str]:
-    """Distinct file paths of shared objects in /proc/<pid>/maps text, in first-seen order."""
-    seen: dict[str, None] = {}
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
-            seen.setdefault(parts[5].replace(" (deleted)", ""), None)
-    return list(seen)
-
-
 @dataclass
 class MappedJudgement:
     status: str  # pass | fail
