@@ -397,7 +397,7 @@ def test_plan_diff_command_compares_with_the_committed_plan(tmp_path, capsys, mo
                          releases=recorded_releases, exists=reachable)
     monkeypatch.setattr(plan_cli, "plan_full", recorded_full)
     monkeypatch.setattr("infermatrix.model.index.release_list",
-                        lambda root, name, offline=False: recorded_releases(name))
+                        lambda root, name, offline=False, **_: recorded_releases(name))
     assert main(["plan", "--matrix", str(ctx.matrix.path), "--diff", "--offline"]) == 1
     out = capsys.readouterr().out
     assert "+ cu130-torch2.11.0-vllm0.20.1-sm120 (planned): vllm 0.20.1 is newly selected" in out
