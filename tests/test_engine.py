@@ -217,4 +217,4 @@ def test_docker_host_is_honoured(tmp_path):
            "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60).stdout
-    assert out.startswith("UsageError") and "nothing.sock" in out and "DOCKER_HOST" in out
+    assert out.startswith("EngineUnavailable") and "nothing.sock" in out and "DOCKER_HOST" in out

@@ -227,7 +227,8 @@ def test_registry_killed_mid_push(built_base, registry: Registry, tmp_path: Path
     registry.kill()
     out, err = push.communicate(timeout=300)
     print(f"publish, registry killed: rc {push.returncode}\n{(out + err)[-800:]}")
-    assert push.returncode == 1, err[-3000:]
+    # 5: the daemon's error said the registry went away (RegistryUnreachable); 1: another failure
+    assert push.returncode in (1, 5), err[-3000:]
     assert "Traceback" not in err
     lock = yaml.safe_load(images_lock.read_text()) if images_lock.is_file() else {}
     assert cell_id(name) not in (lock or {}).get("images", {})  # nothing recorded that did not land

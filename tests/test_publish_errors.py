@@ -1,4 +1,4 @@
-"""Pure parts of the consumer's path: how registry failures become one line with the fix, the
+"""Pure parts of the consumer's path: how registry failures become one line and its fix, the
 shared credential path, and the host check pull runs before it pulls. No Docker, no registry
 (the same failures against the real registry: test_publish_registry.py, test_publish_consumer.py).
 
@@ -53,8 +53,10 @@ def test_every_registry_error_is_one_line_with_the_fix(message, kind):
     error = reg.registry_error("pull of 127.0.0.1:5000/imx@" + DIGEST, message + "\n  more",
                                "127.0.0.1:5000", creds)
     text = str(error)
-    assert isinstance(error, kind) and error.exit_code == 1
-    assert "\n" not in text and "; fix: " in text
+    assert isinstance(error, kind) and error.exit_code == (5 if kind is reg.RegistryUnreachable
+                                                           else 1)
+    assert "\n" not in error.message and error.fix
+    assert text == f"{error.message}\n  fix: {error.fix}"  # errors.py's form: message, fix line
     assert "alice" in text and "s3cret-pw" not in text
     if kind is reg.RegistryAuthError:
         assert reg.REGISTRY_USER_ENV in text and "docker login 127.0.0.1:5000" in text

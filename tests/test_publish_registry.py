@@ -429,9 +429,11 @@ def pull_cli(lock_path: Path, capsys, *extra: str) -> tuple[int, str]:
 
 
 def one_line(err: str) -> str:
+    """The one error line and its `  fix:` line (errors.py's form), as one string."""
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    assert len(lines) in (1, 2) and "Traceback" not in err, err
+    assert len(lines) == 1 or lines[1].startswith("  fix: "), err
+    return " ".join(lines)
 
 
 def test_pull_with_a_wrong_password_is_one_line(tmp_path, registry, images, monkeypatch, capsys):
@@ -478,12 +480,12 @@ def test_an_unreachable_registry_is_one_line(tmp_path, images, monkeypatch, caps
     monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
     code, err = pull_cli(lock_path, capsys)
     line = one_line(err)
-    assert code == 1 and "registry unreachable" in line and other.host in line
+    assert code == 5 and "registry unreachable" in line and other.host in line
     code, err = main(["publish", "--matrix", str(tmp_path / "matrix.yaml"), "--state-dir",
                       str(tmp_path / "state"), "--lock", str(lock_path)]), \
         capsys.readouterr().err
     line = one_line(err)
-    assert code == 1 and "registry unreachable" in line
+    assert code == 5 and "registry unreachable" in line
 
 
 def test_a_gpu_cell_is_not_pulled_onto_a_host_that_cannot_run_it(tmp_path, registry, images,

@@ -188,7 +188,9 @@ def test_pull_without_a_key_or_the_skip_flag_is_exit_2(tmp_path, monkeypatch, ca
     publish.write_lock(path, lock)
     assert main(["pull", CPU.id, "--lock", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "--key" in err and "--skip-verify" in err and len(err.strip().splitlines()) == 1
+    lines = err.strip().splitlines()  # the error line, then its fix line
+    assert len(lines) == 2 and lines[1].startswith("  fix: ") and "--key" in lines[1]
+    assert "--skip-verify" in lines[1] and lines[0].startswith("infermatrix: error: no public key")
     with pytest.raises(UsageError):
         sign.verify_options(None, False, None)
     assert sign.verify_options(None, True, "static,model").require_levels == ["static", "model"]

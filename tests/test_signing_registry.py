@@ -167,9 +167,11 @@ def publish_cli(root: Path, cell: str, lock: Path, capsys) -> str:
 
 
 def one_line(err: str) -> str:
+    """The one error line and its `  fix:` line (errors.py's form), as one string."""
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    assert len(lines) in (1, 2) and "Traceback" not in err, err
+    assert len(lines) == 1 or lines[1].startswith("  fix: "), err
+    return " ".join(lines)
 
 
 def pull(lock: Path, cell: str, key: Path | None, capsys, *extra: str) -> tuple[int, str, str]:

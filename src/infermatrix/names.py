@@ -12,16 +12,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import UnsafeName
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 NAME_RULE = ("a letter or digit, then letters, digits, '.', '_' or '-' "
              "(at most 64 characters; no '/', spaces, newlines, quotes, ';' or '$')")
 CELL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,199}")
-
-
-class UnsafeName(UsageError):
-    """A name or path that could escape its root or reach a Dockerfile line: exit 2."""
 
 
 def is_name(value: object) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from contextlib import contextmanager
 
-from .errors import ConfigError, UsageError
+from .errors import DamagedStateFile, UsageError
 from .names import inside
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-class DamagedStateFile(ConfigError):
-    """A state file that cannot be read as its kind: named, with the fix (exit 2)."""
 
 
 def read_state_text(path: Path, kind: str, fix: str) -> str:

@@ -66,10 +66,10 @@ def run_deploy(args: argparse.Namespace) -> int:
     try:
         cell = cell_from_labels(entry.get("labels") or {})
     except StageFailure as exc:
-        raise UsageError(f"{lock_path}: cell {args.cell}: {exc}; fix: publish it again") from None
+        raise UsageError(f"{lock_path}: cell {args.cell}: {exc}", fix="publish it again") from None
     if cell.engine not in ctx.matrix.engines:
-        raise UsageError(f"engine {cell.engine!r} of {cell.id} is not in {ctx.matrix.path}; "
-                         "fix: pass --matrix PATH, the matrix the image was built from")
+        raise UsageError(f"engine {cell.engine!r} of {cell.id} is not in {ctx.matrix.path}",
+                         fix="pass --matrix PATH, the matrix the image was built from")
     gpus = deploy.parse_gpus(args.gpus) if args.gpus is not None else None
     model_dir = Path(args.model_dir).expanduser().absolute()
     if not model_dir.is_dir():

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         image = record.get("image_id")
         if not image:
             raise UsageError(f"cell {args.ref} has no built image in the journal of "
-                             f"{ctx.state.root}; fix: `infermatrix build --select {args.ref}`")
+                             f"{ctx.state.root}", fix=f"`infermatrix build --select {args.ref}`")
     else:
         image = args.ref
     docker = Engine()  # DOCKER_HOST / the current context
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if info is None:
         known = ", ".join(sorted(records)) or "none"
         raise UsageError(f"{args.ref!r} is neither a built cell of {ctx.state.root} (built: "
-                         f"{known}) nor an image in Docker; fix: build it or pull it first")
+                         f"{known}) nor an image in Docker", fix="build it or pull it first")
     try:
         cell: Cell = cell_from_labels((info.get("Config") or {}).get("Labels") or {})
     except StageFailure as exc:

@@ -147,7 +147,7 @@ def pull_artifact(repository: str, tag: str, record_type: str, dest: Path,
     config = manifest.get("config") or {}
     if config.get("mediaType") != record_type:
         raise RegistryError(f"{what}: its config is {config.get('mediaType')!r}, not "
-                            f"{record_type}; fix: push the artifact again from its cache")
+                            f"{record_type}", fix="push the artifact again from its cache")
     digest = (response.headers.get("Docker-Content-Digest")
               or "sha256:" + hashlib.sha256(response.content).hexdigest())
     record_path = _fetch_blob(repository, config, dest / ".record", creds, session)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import proc
-from ..errors import CommandFailed, StageFailure, UsageError
+from ..errors import CommandFailed, MissingTool, SignatureError, UsageError
 from . import registry as registries
 
 COSIGN_ENV = "INFERMATRIX_COSIGN"
@@ -54,28 +54,24 @@ OFFLINE_NOTE = ("offline: no transparency log (Rekor) entry is made or checked; 
                 "is checked against the key alone")
 
 
-class SignatureError(StageFailure):
-    """A signature or attestation is missing, of another key or digest, or tampered (exit 1)."""
-
-
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def binary() -> str:
-    """The cosign to run; a missing one is a usage error with the fix."""
+    """The cosign to run; a missing one is a MissingTool with the fix."""
     wanted = os.environ.get(COSIGN_ENV)
     if wanted:
         if not (Path(wanted).is_file() and os.access(wanted, os.X_OK)):
-            raise UsageError(f"{COSIGN_ENV}={wanted} is not an executable file; fix: "
-                             f"{INSTALL_FIX}")
+            raise UsageError(f"{COSIGN_ENV}={wanted} is not an executable file",
+                             fix=INSTALL_FIX)
         return wanted
     if PROVISIONED.is_file() and os.access(PROVISIONED, os.X_OK):
         return str(PROVISIONED)
     found = shutil.which("cosign")
     if found:
         return found
-    raise UsageError(f"cosign is not installed; fix: {INSTALL_FIX}")
+    raise MissingTool("cosign is not installed", fix=INSTALL_FIX)
 
 
 def version() -> str:
@@ -122,22 +118,24 @@ def signing_key(env: dict[str, str] | None = None) -> SigningKey | None:
         return SigningKey(None, KEYLESS_ENV, keyless=True, tlog=True)
     key, key_file = env.get(KEY_ENV), env.get(KEY_FILE_ENV)
     if key and key_file:
-        raise UsageError(f"both {KEY_ENV} and {KEY_FILE_ENV} are set; fix: set one of them")
+        raise UsageError(f"both {KEY_ENV} and {KEY_FILE_ENV} are set", fix="set one of them")
     if not key and not key_file:
         return None
     password = env.get(PASSWORD_ENV)
     if password is None:
-        raise UsageError(f"{KEY_ENV if key else KEY_FILE_ENV} is set but {PASSWORD_ENV} is not; "
-                         "fix: set it to the key's password (empty for an unencrypted key)")
+        raise UsageError(f"{KEY_ENV if key else KEY_FILE_ENV} is set but {PASSWORD_ENV} is not",
+                         fix="set it to the key's password (empty for an unencrypted key)")
     if key:
         if "PRIVATE KEY" not in key:
-            raise UsageError(f"{KEY_ENV} does not hold a PEM private key; fix: put the content "
-                             f"of cosign.key in it, or its path in {KEY_FILE_ENV}")
+            raise UsageError(f"{KEY_ENV} does not hold a PEM private key",
+                             fix="put the content of cosign.key in it, or its path in "
+                             f"{KEY_FILE_ENV}")
         return SigningKey(f"env://{KEY_ENV}", KEY_ENV, password, tlog=tlog)
     path = Path(key_file).expanduser()
     if not path.is_file():
-        raise UsageError(f"{KEY_FILE_ENV}={key_file} is not a file; fix: point it at the "
-                         "private key (cosign generate-key-pair writes cosign.key)")
+        raise UsageError(f"{KEY_FILE_ENV}={key_file} is not a file",
+                         fix="point it at the private key (cosign generate-key-pair writes "
+                         "cosign.key)")
     return SigningKey(str(path.absolute()), f"{KEY_FILE_ENV} ({path.name})", password,
                       tlog=tlog)
 
@@ -151,14 +149,14 @@ def public_key_path(flag: Path | None, env: dict[str, str] | None = None) -> Pat
     path = Path(raw).expanduser()
     if not path.is_file():
         where = "--key" if flag else PUBLIC_KEY_ENV
-        raise UsageError(f"{where} {raw}: no such file; fix: point it at the publisher's "
-                         "public key (cosign.pub)")
+        raise UsageError(f"{where} {raw}: no such file",
+                         fix="point it at the publisher's public key (cosign.pub)")
     text = path.read_text(encoding="utf-8", errors="replace")
     if "PRIVATE KEY" in text:
-        raise UsageError(f"{raw} is a private key; fix: verify with the public key (cosign.pub), "
-                         "and keep the private one away from consumers")
+        raise UsageError(f"{raw} is a private key", fix="verify with the public key "
+                         "(cosign.pub), and keep the private one away from consumers")
     if "PUBLIC KEY" not in text:
-        raise UsageError(f"{raw} is not a PEM public key; fix: use cosign.pub")
+        raise UsageError(f"{raw} is not a PEM public key", fix="use cosign.pub")
     return path
 
 
@@ -269,8 +267,8 @@ def attest(reference: str, key: SigningKey, creds: registries.RegistryCredential
 def _verify_flags(public_key: Path | None, tlog: bool) -> list[str]:
     if public_key is None and not (os.environ.get(IDENTITY_ENV) and os.environ.get(ISSUER_ENV)):
         raise UsageError(f"keyless verification needs {IDENTITY_ENV} and {ISSUER_ENV} (the "
-                         "signer's certificate identity and OIDC issuer); fix: set them, or "
-                         "verify with --key cosign.pub")
+                         "signer's certificate identity and OIDC issuer)",
+                         fix="set them, or verify with --key cosign.pub")
     flags = ["--key", str(public_key)] if public_key else [
         "--certificate-identity", os.environ.get(IDENTITY_ENV, ""),
         "--certificate-oidc-issuer", os.environ.get(ISSUER_ENV, "")]

@@ -40,7 +40,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
 
 from .. import proc
-from ..errors import StageFailure, UsageError
+from ..errors import (EngineError, EngineUnavailable, GpuUnavailable, MissingTool, StageFailure,
+                      UsageError)
 
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuAccess, GpuSetting, HostGpu
@@ -130,9 +131,9 @@ def build_client() -> BuildClient:
             log.info("# build client: %s", client.describe())
             return client
         tried.append(binary)
-    raise UsageError(
+    raise MissingTool(
         "no Docker client here can run BuildKit builds (tried: "
-        f"{', '.join(tried) or 'none on PATH'})\n  fix: install the buildx plugin, or Debian's "
+        f"{', '.join(tried) or 'none on PATH'})", fix="install the buildx plugin, or Debian's "
         "docker.io client (20.10, /usr/bin/docker), or set INFERMATRIX_DOCKER=/path/to/docker")
 
 
@@ -210,10 +211,6 @@ def check_secrets(secrets: dict[str, Path]) -> None:
 # --------------------------------------------------------------------------------------------
 # The engine object: the SDK client, images, containers, files
 # --------------------------------------------------------------------------------------------
-
-class EngineError(StageFailure):
-    """The Docker engine refused or failed a request (an SDK error, translated): exit 1."""
-
 
 def _sdk_log(line: str) -> None:
     log.info("# sdk: %s", line)
@@ -318,8 +315,8 @@ def _translated(what: str, gpu_request: bool = False, engine: str = "") -> Itera
     except docker.errors.DockerException as exc:
         if gpu_request and gpuaccess.refusal(str(exc)):
             explanation = getattr(exc, "explanation", None) or str(exc)
-            raise EngineError(f"engine {engine} refused the GPU request ({explanation}); fix: "
-                              f"{gpuaccess.FIX}") from None
+            raise GpuUnavailable(f"engine {engine} refused the GPU request ({explanation})",
+                                 fix=gpuaccess.FIX) from None
         raise EngineError(f"{what}: {exc}") from None
 
 
@@ -443,9 +440,8 @@ class Engine:
                     docker.from_env(timeout=600)
                 sdk.ping()
             except (docker.errors.DockerException, OSError) as exc:
-                raise UsageError(f"cannot reach the Docker engine at {where}: "
-                                 f"{exc}\n  fix: start dockerd, or set DOCKER_HOST / "
-                                 "DOCKER_CONTEXT") from None
+                raise EngineUnavailable(f"cannot reach the Docker engine at {where}: "
+                                        f"{exc}") from None
             self._sdk = sdk
         return self._sdk
 
@@ -496,8 +492,8 @@ class Engine:
         (for `infermatrix doctor`)."""
         info = self._info() if info is None else info
         access = self._gpu_verdict(info)
-        gpu = {"gpu_access": None, "gpu_access_error": str(access)} \
-            if isinstance(access, Exception) else \
+        gpu = {"gpu_access": None, "gpu_access_error": access.one_line()} \
+            if isinstance(access, GpuUnavailable) else \
             {"gpu_access": f"{' '.join(access.cli)} ({access.detail})"}
         return {"storage_driver": info.get("Driver"),
                 "runtimes": sorted((info.get("Runtimes") or {}).keys()),
@@ -522,7 +518,8 @@ class Engine:
     def gpu_access(self, setting: "GpuSetting | None" = None) -> "GpuAccess":
         """How this engine hands GPUs to containers (model/gpuaccess.py: the nvidia runtime,
         else CDI, else this host's device nodes), from its own `docker info`, read once per
-        setting; EngineError in one line naming the engine and the fix when it has none."""
+        setting; GpuUnavailable (an EngineError: one line naming the engine, and the fix) when
+        it has none."""
         from ..model.gpuaccess import GpuSetting
 
         setting = setting or GpuSetting()
@@ -531,12 +528,13 @@ class Engine:
             _sdk_log("docker info --format '{{json .Runtimes}} {{json .CDISpecDirs}}'")
             with _translated("docker info"):
                 verdicts[setting] = self._gpu_verdict(self.sdk().info(), setting)
-        if isinstance(verdicts[setting], Exception):
-            raise EngineError(str(verdicts[setting]))
-        return verdicts[setting]
+        verdict = verdicts[setting]
+        if isinstance(verdict, GpuUnavailable):  # a fresh exception: the cached one is kept
+            raise GpuUnavailable(verdict.message, fix=verdict.fix)
+        return verdict
 
     def _gpu_verdict(self, info: dict[str, Any],
-                     setting: "GpuSetting | None" = None) -> "GpuAccess | Exception":
+                     setting: "GpuSetting | None" = None) -> "GpuAccess | GpuUnavailable":
         """gpuaccess.choose on this engine's info: the way to GPUs, or why there is none."""
         from ..model import gpuaccess
 

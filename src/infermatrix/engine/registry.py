@@ -9,8 +9,9 @@ HTTP (Basic or Bearer-token auth) to learn a tag's digest and config digest (= t
 The same requests (`_registry_request`, one `RegistrySession` per push or pull) carry the OCI
 artifacts of artifacts.py: the compiled-kernel cache shared through the registry.
 
-Every failure is a `RegistryError` whose message is one line: what failed, why, and the fix
-(`classify`). Credentials never reach argv, logs or messages.
+Every failure is a `RegistryError` (errors.py's catalogue) whose message is one line, what
+failed and why (`classify`), with the fix in its `fix` field (`fix_for`). Credentials never
+reach argv, logs or messages.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import docker as engine
-from ..errors import StageFailure, UsageError
+from ..errors import (DigestMismatch, RegistryAuthError, RegistryError, RegistryNotFound,
+                      RegistryTLSError, RegistryUnreachable, UsageError)
 
 log = logging.getLogger("infermatrix.commands")
 
@@ -42,31 +44,7 @@ _MANIFEST_TYPES = ", ".join([
 _API_HOSTS = {"docker.io": "registry-1.docker.io", "index.docker.io": "registry-1.docker.io"}
 
 
-# --- errors: one line each, with the fix ---------------------------------------------------
-
-class RegistryError(StageFailure):
-    """A registry refused or failed a request (exit 1). The message is one line."""
-
-
-class RegistryAuthError(RegistryError):
-    """The registry refused the credentials (or there were none and it wants some)."""
-
-
-class RegistryNotFound(RegistryError):
-    """The repository, tag or digest is not in the registry."""
-
-
-class RegistryUnreachable(RegistryError):
-    """No connection to the registry (down, wrong host or port, DNS, firewall)."""
-
-
-class RegistryTLSError(RegistryError):
-    """The TLS handshake failed (unknown CA, wrong name) or TLS met a plain-HTTP registry."""
-
-
-class DigestMismatch(RegistryError):
-    """What the registry or the daemon holds is not the image images.lock pins."""
-
+# --- errors: one line each, with the fix (the classes are errors.py's) -----------------------
 
 # (error class, regexes over the daemon's or requests' message, what went wrong), in order: a TLS
 # failure also says "dial tcp", an auth failure may say "not found" in its realm text.
@@ -91,16 +69,14 @@ def fix_for(kind: type[RegistryError], host: str) -> str:
     return {
         RegistryAuthError: f"set {REGISTRY_USER_ENV}/{REGISTRY_PASSWORD_ENV} to an account that "
                            f"may access it, or `docker login {host}`",
-        RegistryNotFound: "check the reference in images.lock and that the cell was published "
-                          "there (`infermatrix publish`)",
+        RegistryNotFound: RegistryNotFound.default_fix,
         RegistryUnreachable: f"start the registry or check that {host} is the right host:port "
                              "and reachable from this host and its Docker daemon",
         RegistryTLSError: f"put the registry's CA in /etc/docker/certs.d/{host}/ca.crt (and the "
                           "system CA bundle), or for a plain-HTTP registry add it to "
                           "insecure-registries in /etc/docker/daemon.json",
-        DigestMismatch: "the registry's copy is not the one images.lock pins: publish the cell "
-                        "again or use the images.lock that was written with it",
-    }.get(kind, "see the registry's log")
+        DigestMismatch: DigestMismatch.default_fix,
+    }.get(kind) or "see the registry's log"
 
 
 def classify(message: str) -> type[RegistryError]:
@@ -117,11 +93,11 @@ def _summary(kind: type[RegistryError]) -> str:
 
 def registry_error(what: str, message: str, host: str, creds: RegistryCredentials,
                    kind: type[RegistryError] | None = None) -> RegistryError:
-    """One line: `<what>: <kind> (<who>): <cause>; fix: <fix>`."""
+    """One line, `<what>: <kind> (<who>): <cause>`, and the kind's fix for this host."""
     kind = kind or classify(message)
     cause = " ".join(message.split())[:300]  # the daemon's text, on one line
-    return kind(f"{what}: {_summary(kind)} ({creds.describe()}): {cause}; "
-                f"fix: {fix_for(kind, host)}")
+    return kind(f"{what}: {_summary(kind)} ({creds.describe()}): {cause}",
+                fix=fix_for(kind, host))
 
 
 # --- credentials ----------------------------------------------------------------------------
@@ -171,8 +147,9 @@ def registry_credentials(registry: str, env: dict[str, str] | None = None,
         entry = config.resolve_authconfig(registry) or {}
     except docker.errors.DockerException as exc:
         raise RegistryAuthError(f"cannot read credentials for {registry} from Docker's config: "
-                                f"{' '.join(str(exc).split())}; fix: repair the config "
-                                f"($DOCKER_CONFIG or ~/.docker/config.json) or set "
+                                f"{' '.join(str(exc).split())}",
+                                fix="repair the config ($DOCKER_CONFIG or "
+                                f"~/.docker/config.json) or set "
                                 f"{REGISTRY_USER_ENV}/{REGISTRY_PASSWORD_ENV}") from None
     entry = {k.lower(): v for k, v in entry.items()}
     if entry.get("username"):
@@ -378,8 +355,8 @@ def push_image(docker: "engine.Engine", image_id: str, repository: str, tag: str
                                       stream=True, decode=True),
         f"push of {repository}:{tag}", registry_host(repository), creds)
     if not digest:
-        raise RegistryError(f"push of {repository}:{tag}: the daemon reported no digest; "
-                            "fix: see the daemon's log")
+        raise RegistryError(f"push of {repository}:{tag}: the daemon reported no digest",
+                            fix="see the daemon's log")
     return digest
 
 
@@ -394,6 +371,6 @@ def pull_by_digest(docker: "engine.Engine", repository: str, digest: str,
         f"pull of {ref}", registry_host(repository), creds)
     info = docker.inspect_image(ref)
     if info is None:
-        raise RegistryError(f"pull of {ref}: finished but the image is not there; "
-                            "fix: see the daemon's log")
+        raise RegistryError(f"pull of {ref}: finished but the image is not there",
+                            fix="see the daemon's log")
     return info

@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from ..errors import GpuUnavailable
+
 CDI_ALL_GPUS = "nvidia.com/gpu=all"
 CDI_MIN_MAJOR = 25  # Docker 25.0 added CDI device requests (--device vendor/class=name)
 
@@ -98,10 +100,6 @@ class GpuAccess:
         return {"LD_LIBRARY_PATH": ":".join(p for p in (self.host.library_dir, inherited) if p)}
 
 
-class GpuUnavailable(Exception):
-    """The engine has no way to hand a GPU to a container."""
-
-
 def server_major(info: Mapping[str, Any]) -> int:
     version = str(info.get("ServerVersion") or "0")
     head = version.split(".", 1)[0]
@@ -147,7 +145,7 @@ def _chosen(info: Mapping[str, Any], engine: str, setting: GpuSetting,
         if setting.mode == "cdi" or host is None or not host.complete:
             raise GpuUnavailable(f"engine {engine} (Docker {info.get('ServerVersion')}) reads "
                                  f"CDI specs from {', '.join(spec_dirs)} but none defines an "
-                                 f"NVIDIA GPU and it has no nvidia runtime; fix: {FIX}")
+                                 "NVIDIA GPU and it has no nvidia runtime", fix=FIX)
     if setting.mode in ("auto", "devices") and host is not None and host.complete:
         why = "declared (smoke.gpu_access.mode: devices)" if declared else \
             "no nvidia runtime or CDI spec; the device nodes are on this host"
@@ -161,10 +159,10 @@ def _chosen(info: Mapping[str, Any], engine: str, setting: GpuSetting,
     if declared:
         raise GpuUnavailable(f"engine {engine} (Docker {info.get('ServerVersion')}): "
                              f"smoke.gpu_access.mode is {setting.mode}, but it has {has}, "
-                             f"{cdi}; fix: {FIX}")
+                             f"{cdi}", fix=FIX)
     nodes = "" if host is None else f", {devices_shortfall(host)}"
     raise GpuUnavailable(f"engine {engine} (Docker {info.get('ServerVersion')}) cannot give a "
-                         f"container a GPU: {has}, {cdi}{nodes}; fix: {FIX}")
+                         f"container a GPU: {has}, {cdi}{nodes}", fix=FIX)
 
 
 def devices_shortfall(host: HostGpu | None) -> str:

@@ -40,7 +40,7 @@ def _expand(selector: str) -> tuple[str, ...]:
             raise UsageError(f"bad selector {word!r}: {exc}") from None
         if len(patterns) > MAX_PATTERNS:
             raise UsageError(f"selector {selector[:60]!r} expands to more than {MAX_PATTERNS} "
-                             "patterns; fix: use fewer {a,b} groups, or fnmatch wildcards (*)")
+                             "patterns", fix="use fewer {a,b} groups, or fnmatch wildcards (*)")
     return tuple(patterns)
 
 

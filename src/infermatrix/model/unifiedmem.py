@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..errors import StageFailure
+from ..errors import UnifiedMemoryShort
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "data" / "unified_memory.yaml"
 GIB = 2**30
@@ -53,10 +53,6 @@ def parse_meminfo(text: str) -> tuple[int, int]:
     if len(values) != 2:
         raise ValueError("/proc/meminfo has no MemTotal or MemAvailable line")
     return values["MemTotal"], values["MemAvailable"]
-
-
-class UnifiedMemoryShort(StageFailure):
-    """Too little memory is available now to start an engine on a unified-memory GPU."""
 
 
 @dataclass(frozen=True)

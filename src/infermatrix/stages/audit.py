@@ -56,7 +56,7 @@ from ..model.coverage import (
     scan_fatbins,
     union,
 )
-from ..errors import CommandFailed, StageFailure, UsageError
+from ..errors import CommandFailed, MissingTool, StageFailure, UsageError
 from ..model.loadedset import LoadVerdict
 from ..model.cell import CellPlan
 from ..model.index import cached_entry
@@ -103,9 +103,9 @@ def find_cuobjdump() -> str:
     for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
         if home and (Path(home) / "bin" / "cuobjdump").is_file():
             return str(Path(home) / "bin" / "cuobjdump")
-    raise UsageError("cuobjdump not found\n  fix: `pip install nvidia-cuda-cuobjdump` (a "
-                     "dependency of infermatrix on Linux x86_64/aarch64), or set "
-                     f"{CUOBJDUMP_ENV}=/path/to/cuobjdump")
+    raise MissingTool("cuobjdump not found", fix="`pip install nvidia-cuda-cuobjdump` (a "
+                      "dependency of infermatrix on Linux x86_64/aarch64), or set "
+                      f"{CUOBJDUMP_ENV}=/path/to/cuobjdump")
 
 
 def _cuobjdump_from_wheel() -> str | None:
@@ -1313,16 +1313,15 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
                 pairs.append((plan, image))
         if not pairs:
             raise UsageError("no built cell to audit" + (f" among {', '.join(select)}" if select
-                             else "") + "\n  fix: run `infermatrix build` first, or name an "
-                             "image")
+                             else ""), fix="run `infermatrix build` first, or name an image")
         return pairs
     for ref in refs:
         if ref in by_id:
             plan = by_id[ref]
             image = journal.load(ctx.state, ref).get("image_id")
             if not image:
-                raise StageFailure(f"{ref} has no built image in the journal\n  fix: "
-                                   f"infermatrix build --select {ref}")
+                raise StageFailure(f"{ref} has no built image in the journal",
+                                   fix=f"infermatrix build --select {ref}")
         else:
             if not docker.image_exists(ref):
                 raise UsageError(f"{ref!r} is neither a cell of {ctx.matrix.path} nor a local "

@@ -33,7 +33,7 @@ from ..engine import docker as engine
 from ..engine.docker import Engine
 from .. import proc
 from ..config import Matrix
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, MissingTool, UsageError
 from ..model.spec import os_base
 from ..state import StatePaths
 from .watch import Heartbeat
@@ -288,10 +288,10 @@ def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = 
     docker = docker or Engine()
     recipe = recipe_for(matrix, base_name, architecture=architecture_of(platform))
     if not can_run_foreign(recipe.architecture) and not docker.image_id_of(recipe.ref):
-        raise UsageError(
+        raise MissingTool(
             f"base {base_name} for {platform}: this {host_architecture()} host cannot run "
             f"{recipe.architecture} programs (debootstrap's second stage and every RUN line need "
-            "them)\n  fix: apt-get install -y qemu-user-static binfmt-support (emulated, slow), "
+            "them)", fix="apt-get install -y qemu-user-static binfmt-support (emulated, slow), "
             f"or build the {platform} cells on a {recipe.architecture} machine "
             "(e.g. the DGX Spark itself: --select '*-sm121')")
     started = time.monotonic()
@@ -300,7 +300,7 @@ def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = 
         if existing and not force:
             return BaseResult(base_name, recipe.ref, existing, False, time.monotonic() - started)
         if shutil.which("debootstrap") is None:
-            raise UsageError("debootstrap is not installed\n  fix: apt-get install -y debootstrap")
+            raise MissingTool("debootstrap is not installed", fix="apt-get install -y debootstrap")
         log_path = state.logs / "_bases" / f"{base_name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")

@@ -118,17 +118,17 @@ def locked_entry(lock: dict[str, Any], cell_id: str, lock_name: str = LOCK_NAME
     entry = images.get(cell_id)
     if entry is None:
         known = ", ".join(sorted(images)) or "none"
-        raise UsageError(f"cell {cell_id} is not in {lock_name} (published cells: {known}); "
-                         "fix: run `infermatrix publish --select CELL` for a tested cell, or "
+        raise UsageError(f"cell {cell_id} is not in {lock_name} (published cells: {known})",
+                         fix="run `infermatrix publish --select CELL` for a tested cell, or "
                          "pass --lock PATH to the images.lock that has it")
     reference = entry.get("reference") or ""
     if not entry.get("digest") or not DIGEST_REFERENCE.fullmatch(reference):
         raise UsageError(f"{lock_name}: cell {cell_id} has no digest reference "
-                         f"(reference {reference!r}); fix: publish it again with "
-                         "`infermatrix publish --select " + cell_id + "`, which pins the digest")
+                         f"(reference {reference!r})", fix="publish it again with "
+                         f"`infermatrix publish --select {cell_id}`, which pins the digest")
     if not entry.get("run", {}).get("command"):
-        raise UsageError(f"{lock_name}: cell {cell_id} records no serve command (`run`); fix: "
-                         "publish it again with this version of infermatrix")
+        raise UsageError(f"{lock_name}: cell {cell_id} records no serve command (`run`)",
+                         fix="publish it again with this version of infermatrix")
     return entry
 
 

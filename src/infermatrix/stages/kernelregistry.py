@@ -169,4 +169,5 @@ def _miss(say: Callable[[str], None], key: kernelcache.KernelKey, why: str
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:400]
+    text = exc.one_line() if isinstance(exc, InfermatrixError) else str(exc)  # the fix kept
+    return " ".join(text.split())[:400]

@@ -18,14 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import StageFailure, UsageError
+from ..errors import DigestConflict, StageFailure, UsageError
 from ..journal import CellRecord, load_records
 from ..state import StatePaths
 from .publish import LOCK_NAME, empty_lock, read_lock
-
-
-class DigestConflict(StageFailure):
-    """Two fragments pin one tag to different digests: exit 1, nothing written."""
 
 
 @dataclass

@@ -119,7 +119,7 @@ def target_repository(matrix: Matrix, registry: str | None = None) -> str:
                            fix="set publish.registry (e.g. ghcr.io/acme) or pass --registry")
     problem = reference_problem(registry)
     if problem:
-        raise UsageError(f"{problem}\n  fix: {CREDENTIALS_FIX}")
+        raise UsageError(problem, fix=CREDENTIALS_FIX)
     repository = publish.get("repository", "infermatrix")
     full = f"{registry.rstrip('/')}/{repository}"
     registries.registry_host(full)  # a registry without a host is a usage error
@@ -571,8 +571,7 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
     problems = verify_pulled(entry, info)
     if problems:
         raise registries.DigestMismatch(
-            f"pulled {entry['reference']} does not match images.lock: {'; '.join(problems)}; "
-            f"fix: {registries.fix_for(registries.DigestMismatch, '')}")
+            f"pulled {entry['reference']} does not match images.lock: {'; '.join(problems)}")
     return info
 
 

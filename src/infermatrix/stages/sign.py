@@ -11,9 +11,9 @@ attestation's layer digest.
 
 Verify (`verify_entry`), against the consumer's public key: the signature covers the locked
 digest; the test-result attestation verifies and says "passed" with every required level
-passed; the SBOM and provenance attestations verify. Each refusal is one line (SignatureError,
-exit 1): wrong key, unsigned, signature of another digest, missing or tampered attestation,
-failed or insufficient verdict. `--skip-verify` skips it all, and says so.
+passed; the SBOM and provenance attestations verify. Each refusal is one line and its fix
+(SignatureError, exit 1): wrong key, unsigned, signature of another digest, missing or tampered
+attestation, failed or insufficient verdict. `--skip-verify` skips it all, and says so.
 """
 
 from __future__ import annotations
@@ -158,15 +158,15 @@ def verify_options(key: Path | None, skip: bool, require: str | None) -> VerifyO
     keyless = cosign._truthy(os.environ.get(cosign.KEYLESS_ENV))
     path = cosign.public_key_path(key)
     if path is None and not keyless:
-        raise UsageError(f"no public key to verify the image's signature against; fix: pass "
-                         f"--key cosign.pub (the publisher's public key) or set "
+        raise UsageError("no public key to verify the image's signature against",
+                         fix=f"pass --key cosign.pub (the publisher's public key) or set "
                          f"{cosign.PUBLIC_KEY_ENV}, or pass {SKIP_FLAG} to run it unverified")
     return VerifyOptions(public_key=path, require_levels=levels,
                          tlog=keyless or cosign._truthy(os.environ.get(cosign.TLOG_ENV)))
 
 
 def _refuse(cell: str, what: str, fix: str) -> SignatureError:
-    return SignatureError(f"{cell}: {what}; fix: {fix}")
+    return SignatureError(f"{cell}: {what}", fix=fix)
 
 
 SIGN_FIX = ("publish it with a signing key (INFERMATRIX_COSIGN_KEY_FILE + "

@@ -199,7 +199,7 @@ def apply_tag(decision: TagDecision, ref: str, docker: Engine) -> dict[str, Any]
 
 def raise_moved(ref: str, current: str, wanted: str) -> None:
     raise StageFailure(f"tag {ref} already names {current}; tags are not moved (wanted "
-                       f"{wanted})\n  fix: `docker rmi {ref}` if it is to be replaced, or change "
+                       f"{wanted})", fix=f"`docker rmi {ref}` if it is to be replaced, or change "
                        "publish.tag")
 
 
