@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import DigestConflict, StageFailure, UsageError
+from ..errors import DigestConflict, UsageError
 from ..journal import CellRecord, load_records
 from ..state import StatePaths
 from .publish import LOCK_NAME, empty_lock, read_lock
