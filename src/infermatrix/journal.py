@@ -218,7 +218,7 @@ def update(state: StatePaths, cell_id: str, **fields: Any) -> dict[str, Any]:
     return record
 
 
-def record_stage(state: StatePaths, cell_id: str, stage: str, status: str | Status, *,
+def record_stage(state: StatePaths, cell_id: str, stage: str, status: Status, *,
                  duration_s: float | None = None, log: Path | str | None = None,
                  reason: str | None = None, details: dict[str, Any] | None = None,
                  **fields: Any) -> dict[str, Any]:

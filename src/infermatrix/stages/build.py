@@ -599,7 +599,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     log_path.write_text(f"# infermatrix build {cell_id}\n# {compile.describe()}\n"
                         f"# the image is built from a temporary copy of {directory} whose "
                         f"{KERNEL_WHEELS_DIR}/ holds the cached kernel wheels\n")
-    journal.record_stage(ctx.state, cell_id, "build", "running", log=log_path,
+    journal.record_stage(ctx.state, cell_id, "build", journal.Status.RUNNING, log=log_path,
                          details={"input_hash": digest, **who}, **who)
     secrets = secrets_for(options)
     platform = build_platform(plan, docker)
@@ -611,7 +611,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
     refusal = emulated_compile_refusal(ctx, plan, keys, platform)
     if refusal:
-        journal.record_stage(ctx.state, cell_id, "build", "skip", log=log_path, reason=refusal,
+        journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP, log=log_path, reason=refusal,
                              details={"input_hash": digest})
         return CellResult(cell_id, "skip", reason=refusal)
     try:
@@ -644,7 +644,7 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                "compile_plan": compile.as_dict(), "build_args": build_args,
                "secret_ids": sorted(secrets), **who}
-    journal.record_stage(ctx.state, cell_id, "build", "pass", duration_s=duration, log=log_path,
+    journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS, duration_s=duration, log=log_path,
                          details=details, input_hash=digest, image_id=image_id, **who)
     return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration, log=log_path,
                       kernels=kernels)
@@ -696,7 +696,7 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
     stated = stated_failure(log_text)
     reason = stated or reason
     who = {"builder": builder} if builder else {}
-    journal.record_stage(ctx.state, cell_id, "build", "fail", duration_s=duration, log=log_path,
+    journal.record_stage(ctx.state, cell_id, "build", journal.Status.FAIL, duration_s=duration, log=log_path,
                          reason=reason, details={"command": command, "log_tail": log_tail,
                                                  "error_lines": errors,
                                                  "kernels": kernels or {},

@@ -518,9 +518,9 @@ def record(ctx: Context, result: LockResult, written: Path | None = None) -> Non
         details.update(lock=str(written or lock_path(ctx, result.cell_id)),
                        sha256=lock_digest(result.text),
                        packages=len(pinned_packages(result.text)))
-    status, reason = {"locked": ("pass", None),
-                      "unsatisfiable": ("fail", UNSATISFIABLE_RULE),
-                      "unreachable": ("skip", "index unreachable")}[result.status]
+    status, reason = {"locked": (journal.Status.PASS, None),
+                      "unsatisfiable": (journal.Status.FAIL, UNSATISFIABLE_RULE),
+                      "unreachable": (journal.Status.SKIP, "index unreachable")}[result.status]
     journal.record_stage(ctx.state, result.cell_id, "lock", status, duration_s=result.duration_s,
                          log=result.log_path, reason=reason, details=details)
 

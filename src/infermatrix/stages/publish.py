@@ -397,7 +397,7 @@ class Publisher:
                     f"{self.repository}:{tag} already holds digest {remote.digest} (image "
                     f"{remote.config_digest or 'unknown'}), not the tested image "
                     f"{cand.image_id}; tags are immutable (pass --allow-retag to move it)")
-                journal.record_stage(self.ctx.state, cand.cell_id, "publish", "fail",
+                journal.record_stage(self.ctx.state, cand.cell_id, "publish", journal.Status.FAIL,
                                      reason=self.result.refused[cand.cell_id])
                 return
             digest, action = self._push_verified(cand.image_id, tag), "pushed"
@@ -409,7 +409,7 @@ class Publisher:
         entry["signing"] = self._signing(cand, cell, entry, old)
         self.lock["images"][cand.cell_id] = entry
         write_lock(self.lock_path, self.lock)
-        journal.record_stage(self.ctx.state, cand.cell_id, "publish", "pass",
+        journal.record_stage(self.ctx.state, cand.cell_id, "publish", journal.Status.PASS,
                              duration_s=time.monotonic() - started,
                              details={"tag": f"{self.repository}:{tag}", "digest": digest,
                                       "reference": entry["reference"], "action": action,
@@ -506,7 +506,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
             raise  # every later cell would fail the same way
         except StageFailure as exc:
             publisher.result.failed[cand.cell_id] = str(exc)
-            journal.record_stage(ctx.state, cand.cell_id, "publish", "fail", reason=str(exc))
+            journal.record_stage(ctx.state, cand.cell_id, "publish", journal.Status.FAIL, reason=str(exc))
     if publisher.result.ok:  # aliases only move when every immutable tag is in place
         publisher.publish_aliases()
     return publisher.result

@@ -104,11 +104,11 @@ class SmokeResult:
         return "; ".join(skipped) if skipped and self.status == "skip" else None
 
 
-def overall_status(statuses: list[str]) -> str:
+def overall_status(statuses: list[str]) -> journal.Status:
     """fail if any level failed; pass if any passed (skips allowed); skip otherwise."""
     if "fail" in statuses:
-        return "fail"
-    return "pass" if "pass" in statuses else "skip"
+        return journal.Status.FAIL
+    return journal.Status.PASS if "pass" in statuses else journal.Status.SKIP
 
 
 # --------------------------------------------------------------------------------------------
@@ -773,7 +773,7 @@ def _smoke_levels(ctx: Context, plan: CellPlan, options: RunOptions, levels: lis
     gpu_here = options.host_gpu if options.host_gpu is not None else \
         True if moved is not None and not here.is_local() else host_has_gpu()
     kept = previous_levels(journal.load(ctx.state, plan.id), image_id)
-    journal.record_stage(ctx.state, plan.id, "smoke", "running", log=log_path,
+    journal.record_stage(ctx.state, plan.id, "smoke", journal.Status.RUNNING, log=log_path,
                          details={"image_id": image_id, "levels": kept})
     started = time.monotonic()
     result = SmokeResult(plan.id, image_id)

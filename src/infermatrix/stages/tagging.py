@@ -211,7 +211,7 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
     policy = {**DEFAULT_POLICY, **(ctx.matrix.tag_policy or {})}
     decision = decide(record, policy, cell)
     if not decision.allowed:
-        journal.record_stage(ctx.state, cell.id, "tag", "skip", reason=decision.reason,
+        journal.record_stage(ctx.state, cell.id, "tag", journal.Status.SKIP, reason=decision.reason,
                              details={"decision": decision.as_dict(), "policy": policy})
         return decision
     ref = tag_ref(ctx, cell, repository)
@@ -219,9 +219,9 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
         applied = apply_tag(decision, ref, docker or Engine())
     except StageFailure as exc:
         decision.allowed, decision.reason, decision.failed = False, str(exc), True
-        journal.record_stage(ctx.state, cell.id, "tag", "fail", reason=str(exc),
+        journal.record_stage(ctx.state, cell.id, "tag", journal.Status.FAIL, reason=str(exc),
                              details={"decision": decision.as_dict(), "ref": ref})
         return decision
-    journal.record_stage(ctx.state, cell.id, "tag", "pass", reason=None,
+    journal.record_stage(ctx.state, cell.id, "tag", journal.Status.PASS, reason=None,
                          details={**applied, "decision": decision.as_dict(), "policy": policy})
     return decision
