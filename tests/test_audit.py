@@ -1,4 +1,4 @@
-"""audit.py without Docker: the checks on probe facts, the probe itself run on the host's Python,
+"""stages/audit/ without Docker: the checks on probe facts, the probe itself run on the host's Python,
 and cuobjdump on objects that the host's nvcc compiles (real files, real cuobjdump)."""
 
 from __future__ import annotations
