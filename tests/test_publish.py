@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infermatrix import journal
-from infermatrix.stages import publish
+from infermatrix import imageslock, journal
+from infermatrix.stages import publish, pull
 from infermatrix.config import load_matrix
 from infermatrix.errors import ConfigError, StageFailure, UsageError
 from infermatrix.model.cell import Cell
@@ -162,7 +162,7 @@ def test_a_broken_lock_is_a_config_error(tmp_path):
 
 
 def test_the_run_line_pins_the_digest_and_fills_port_and_model():
-    gpu = publish.docker_run_argv(sample_entry(SGLANG), "/srv/qwen", port=30000)
+    gpu = pull.docker_run_argv(sample_entry(SGLANG), "/srv/qwen", port=30000)
     assert gpu[:2] == ["docker", "run"]
     assert "--gpus" in gpu and gpu[gpu.index("--shm-size") + 1] == "16g"
     assert "ghcr.io/acme/infermatrix@sha256:" + "1" * 64 in gpu
@@ -170,7 +170,7 @@ def test_the_run_line_pins_the_digest_and_fills_port_and_model():
     assert gpu[-6:] == ["--port", "30000", "--model-path", "/model", "--reasoning-parser",
                         "qwen3"]
     assert gpu.index("A=1") < gpu.index("B=2")
-    cpu = publish.docker_run_argv(sample_entry(VLLM_CPU), "/m", devices=["/dev/nvidia0"])
+    cpu = pull.docker_run_argv(sample_entry(VLLM_CPU), "/m", devices=["/dev/nvidia0"])
     assert "--gpus" not in cpu and "/dev/nvidia0" in cpu and "8000:8000" in cpu
 
 
@@ -189,10 +189,10 @@ def test_pull_verification_names_every_difference():
     entry = sample_entry(SGLANG)
     good = {"Id": entry["image_id"], "RepoDigests": [entry["reference"]],
             "Config": {"Labels": labels(SGLANG)}}
-    assert publish.verify_pulled(entry, good) == []
+    assert pull.verify_pulled(entry, good) == []
     bad_labels = dict(labels(SGLANG), **{"io.infermatrix.torch": "2.10.0"})
     bad = {"Id": "sha256:other", "RepoDigests": [], "Config": {"Labels": bad_labels}}
-    problems = publish.verify_pulled(entry, bad)
+    problems = pull.verify_pulled(entry, bad)
     assert len(problems) == 3
     assert "io.infermatrix.torch" in problems[2]
 
@@ -208,10 +208,10 @@ def test_alias_goes_to_the_newest_engine_then_torch_then_cuda():
 def test_select_entries_by_id_or_selector():
     lock = publish.empty_lock()
     lock["images"] = {SGLANG.id: sample_entry(SGLANG), VLLM_CPU.id: sample_entry(VLLM_CPU)}
-    assert [e["cell"] for e in publish.select_entries(lock, SGLANG.id)] == [SGLANG.id]
-    assert [e["cell"] for e in publish.select_entries(lock, "*-sm12{0,1}")] == [SGLANG.id]
+    assert [e["cell"] for e in imageslock.select_entries(lock, SGLANG.id)] == [SGLANG.id]
+    assert [e["cell"] for e in imageslock.select_entries(lock, "*-sm12{0,1}")] == [SGLANG.id]
     with pytest.raises(UsageError, match="no cell of images.lock matches"):
-        publish.select_entries(lock, "cu128-*")
+        imageslock.select_entries(lock, "cu128-*")
 
 
 def lock_problems(lock: dict) -> list[str]:

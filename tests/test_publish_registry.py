@@ -15,7 +15,7 @@ import yaml
 
 from infermatrix.engine import docker as engine
 from infermatrix import journal
-from infermatrix.stages import publish, tagging
+from infermatrix.stages import publish, pull, tagging
 from infermatrix.engine import registry as registry_api
 from infermatrix.cli import main
 from infermatrix.context import Context
@@ -288,7 +288,7 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     DOCKER.remove_image(images["cpu"], force=True)  # ours: every tag goes, the layers too
     assert DOCKER.inspect_image(images["cpu"]) is None
 
-    info = publish.pull_entry(entry, good())  # only the registry can bring it back now
+    info = pull.pull_entry(entry, good())  # only the registry can bring it back now
 
     assert info["Id"] == images["cpu"]
     assert entry["reference"] in info["RepoDigests"]
@@ -318,7 +318,7 @@ def test_pull_refuses_an_image_that_does_not_match_the_lock(tmp_path, registry, 
     entry["labels"]["io.infermatrix.torch"] = "2.12.0"  # a lock edited by hand
 
     with pytest.raises(publish.StageFailure, match="io.infermatrix.torch"):
-        publish.pull_entry(entry, good())
+        pull.pull_entry(entry, good())
 
 
 def test_images_lock_round_trips_after_a_real_publish(tmp_path, registry, images):

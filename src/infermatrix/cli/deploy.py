@@ -10,7 +10,8 @@ from pathlib import Path
 from ..errors import StageFailure, UsageError
 from ..host import proxmox
 from ..stages import deploy
-from ..stages.publish import LOCK_NAME, cell_from_labels, launch_for, read_lock
+from ..imageslock import LOCK_NAME, read_lock
+from ..stages.publish import cell_from_labels, launch_for
 from ..stages import sign
 from ..engine import registry as registries
 from . import common_options, load_context

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..host import doctor, proxmox
 from ..errors import UsageError
-from ..stages.publish import LOCK_NAME, docker_run_line, read_lock
+from ..imageslock import LOCK_NAME, read_lock
+from ..stages.pull import docker_run_line
 
 
 def _host_options(parser: argparse.ArgumentParser) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 from ..host import doctor, hostcheck
 from ..errors import StageFailure, UsageError
 from ..options import resolve
-from ..stages.publish import (LOCK_NAME, docker_run_line, publish, pull_entry, read_lock,
-                       select_entries)
+from ..imageslock import LOCK_NAME, read_lock, select_entries
+from ..stages.publish import publish
+from ..stages.pull import docker_run_line, pull_entry
 from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
 from ..state import run_lock

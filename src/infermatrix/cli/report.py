@@ -86,7 +86,7 @@ def run_merge(args: argparse.Namespace, state: StatePaths) -> int:
     """One report, images.lock and journal from the fragments (stages/merge.py); nothing is
     written when two fragments pin one tag to different digests."""
     from ..stages.merge import describe, merge_dirs, write_merged_journal
-    from ..stages.publish import LOCK_NAME, write_lock
+    from ..imageslock import LOCK_NAME, write_lock
 
     merged = merge_dirs(args.merge)
     plans = resolve_plans(args, state)

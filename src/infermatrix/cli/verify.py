@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UsageError
-from ..stages.publish import LOCK_NAME, read_lock
+from ..imageslock import LOCK_NAME, read_lock
 from ..stages.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
                              write_verdict)
 

@@ -550,7 +550,7 @@ class Engine:
         if not self.is_local():
             return None
         if "_host_gpu" not in self.__dict__:
-            from ..host import gpudevices
+            from . import gpudevices
 
             self._host_gpu = gpudevices.scan()
         return self._host_gpu

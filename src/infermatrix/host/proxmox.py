@@ -153,7 +153,7 @@ def device_flags(nodes: list[str]) -> list[str]:
 
 
 def choose_entry(lock: dict[str, Any], selector: str | None) -> dict[str, Any] | None:
-    from ..stages.publish import select_entries
+    from ..imageslock import select_entries
 
     if not selector:
         return None

@@ -55,7 +55,7 @@ class GpuSetting:
 
 @dataclass(frozen=True)
 class HostGpu:
-    """This host's NVIDIA device nodes and driver files, as found (host/gpudevices.py)."""
+    """This host's NVIDIA device nodes and driver files, as found (engine/gpudevices.py)."""
 
     devices: tuple[str, ...]  # /dev paths
     files: tuple[tuple[str, str], ...]  # (host file, path in the container), read-only
@@ -173,7 +173,7 @@ def devices_shortfall(host: HostGpu | None) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Device nodes and driver files (pure: host/gpudevices.py reads /dev and `ldconfig -p`)
+# Device nodes and driver files (pure: engine/gpudevices.py reads /dev and `ldconfig -p`)
 # --------------------------------------------------------------------------------------------
 
 @cache

@@ -22,7 +22,8 @@ import yaml
 from ..errors import UsageError
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, Launch
 from ..model.unifiedmem import GIB, Sizing, with_fraction
-from .publish import LOCK_NAME, serve_command
+from ..imageslock import LOCK_NAME
+from .pull import serve_command
 
 COMPOSE_NAME = "compose.yaml"
 PROXMOX_NAME = "proxmox-lxc.conf"

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from ..errors import DigestConflict, UsageError
 from ..journal import CellRecord, load_records
 from ..state import StatePaths
-from .publish import LOCK_NAME, empty_lock, read_lock
+from ..imageslock import LOCK_NAME, empty_lock, read_lock
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Publish tagged cells to a registry under immutable tags, record them in images.lock, and
-pull them back by digest.
+"""Publish tagged cells to a registry under immutable tags and record them in images.lock
+(imageslock.py); pulling them back by digest is stages/pull.py.
 
 Only cells whose `tag` stage passed are published, and only the exact image id that stage
 tested. Before a push the tag's remote manifest is read: the same image (its config digest is
@@ -16,14 +16,12 @@ smoke results and the command that serves the model; `infermatrix pull` and `doc
 from __future__ import annotations
 
 import re
-import shlex
 import string
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from packaging.version import InvalidVersion, Version
 
 from ..engine.docker import Engine
@@ -34,16 +32,14 @@ from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
 from ..model.cell import CPU, Cell
 from ..names import CREDENTIALS_FIX, reference_problem
-from ..model.selectors import Selection, matches
-from ..state import DamagedStateFile, StatePaths, read_state_text
-from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, DEFAULT_SHM, driver_table
+from ..model.selectors import Selection
+from ..state import StatePaths
+from ..model.spec import CONTAINER_MODEL, driver_table
 from ..model.spec import min_driver_for
 from .watch import Heartbeat
+from ..imageslock import (LOCK_HEADER, LOCK_NAME, LOCK_VERSION, dump_lock, empty_lock,  # noqa: F401
+                          lock_problems, read_lock, write_lock)
 
-LOCK_NAME = "images.lock"
-LOCK_VERSION = 1
-LOCK_HEADER = ("# images.lock: written by `infermatrix publish`, read by `infermatrix pull` and\n"
-               "# `infermatrix doctor`. Every image is pinned by its registry digest.\n")
 LABEL_PREFIX = "io.infermatrix."
 TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's tag grammar
 CONTAINER_MODEL_DIR = CONTAINER_MODEL
@@ -141,92 +137,6 @@ def alias_rank(entry: dict[str, Any]) -> tuple:
     v = entry.get("versions", {})
     return (version(v.get("engine_version")), version(v.get("torch")),
             version(entry.get("cuda")), entry.get("cell", ""))
-
-
-# --- images.lock ----------------------------------------------------------------------------
-
-def empty_lock() -> dict[str, Any]:
-    return {"version": LOCK_VERSION, "images": {}, "aliases": {}}
-
-
-LOCK_FIX = ("restore it (`git checkout images.lock`) or remove the damaged entry; "
-            "`infermatrix publish` writes the entry again")
-ENTRY_TYPES = {"repository": str, "digest": str, "tag": str, "reference": str, "image_id": str,
-               "labels": dict, "run": dict, "versions": dict, "smoke": dict,
-               "signing": dict}  # when set
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def read_lock(path: Path) -> dict[str, Any]:
-    """The one reader of images.lock: its data, checked entry by entry; a damaged file (not
-    YAML, binary, entries of the wrong shape) is a DamagedStateFile naming it, with the fix."""
-    if not path.is_file():
-        return empty_lock()
-    text = read_state_text(path, "images.lock", LOCK_FIX)
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise DamagedStateFile(f"malformed images.lock: {exc}", path,
-                               mark.line + 1 if mark else None, LOCK_FIX) from None
-    if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:
-        raise DamagedStateFile(f"not an images.lock of version {LOCK_VERSION}", path, 1,
-                               LOCK_FIX)
-    data.setdefault("images", {})
-    data.setdefault("aliases", {})
-    problems = lock_problems(data)
-    if problems:
-        where = next((i + 1 for i, line in enumerate(text.splitlines())
-                      if line.strip().startswith(f"{problems[0][0]}:")), None)
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise DamagedStateFile(f"damaged images.lock: {problems[0][1]}{more}", path, where,
-                               LOCK_FIX)
-    return data
-
-
-def lock_problems(lock: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, what is wrong) for every entry of images.lock whose shape publish, pull, doctor
-    and deploy could not use."""
-    images, aliases = lock.get("images"), lock.get("aliases")
-    if not isinstance(images, dict) or not isinstance(aliases, dict):
-        return [("images", "`images` and `aliases` must be mappings")]
-    found = [(str(key), problem) for key, entry in images.items()
-             if (problem := _entry_problem(key, entry))]
-    found += [(str(alias), f"alias {alias!r} is not a mapping with cell and digest")
-              for alias, entry in aliases.items()
-              if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str)
-                                                       for k in ("cell", "digest"))]
-    return found
-
-
-def _entry_problem(key: Any, entry: Any) -> str | None:
-    """What is wrong with one entry, or None. A field left out (or null) is the business of
-    the command that needs it (deploy: "no digest reference"); one of the wrong type is not."""
-    if not isinstance(entry, dict):
-        return f"entry {key!r} is not a mapping"
-    if entry.get("cell") != key:
-        return f"entry {key!r} is for cell {entry.get('cell')!r}"
-    wrong = [k for k, kind in ENTRY_TYPES.items()
-             if entry.get(k) is not None and not isinstance(entry[k], kind)]
-    if wrong:
-        return f"entry {key!r}: {', '.join(wrong)} of the wrong type"
-    if entry.get("digest") and not DIGEST.fullmatch(entry["digest"]):
-        return f"entry {key!r} has digest {entry['digest']!r}, not sha256:<64 hex>"
-    problem = reference_problem(entry["repository"]) if entry.get("repository") else None
-    return f"entry {key!r}: {problem}" if problem else None
-
-
-def dump_lock(lock: dict[str, Any]) -> str:
-    return LOCK_HEADER + yaml.safe_dump(lock, sort_keys=True, default_flow_style=False,
-                                        allow_unicode=True, width=100)
-
-
-def write_lock(path: Path, lock: dict[str, Any]) -> None:
-    """Atomic write: a reader (or an interrupted publish) sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(dump_lock(lock), encoding="utf-8")
-    tmp.replace(path)
 
 
 def launch_for(matrix: Matrix, cell: Cell):  # -> spec.Launch
@@ -510,98 +420,3 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     if publisher.result.ok:  # aliases only move when every immutable tag is in place
         publisher.publish_aliases()
     return publisher.result
-
-
-# --- pull -----------------------------------------------------------------------------------
-
-def select_entries(lock: dict[str, Any], selector: str) -> list[dict[str, Any]]:
-    ids = sorted(lock["images"])
-    chosen = [lock["images"][i] for i in ids if i == selector or matches(selector, i)]
-    if not chosen:
-        raise UsageError(f"no cell of images.lock matches {selector!r}"
-                         f" (published: {', '.join(ids) or 'none'})")
-    return chosen
-
-
-def verify_pulled(entry: dict[str, Any], info: dict[str, Any]) -> list[str]:
-    """Differences between a pulled image and its lock entry (empty: it is the one)."""
-    problems = []
-    if info.get("Id") != entry["image_id"]:
-        problems.append(f"image id {info.get('Id')} is not the locked {entry['image_id']}")
-    if entry["reference"] not in (info.get("RepoDigests") or []):
-        problems.append(f"digest {entry['digest']} is not among {info.get('RepoDigests')}")
-    labels = infermatrix_labels((info.get("Config") or {}).get("Labels"))
-    if labels != entry["labels"]:
-        changed = sorted(k for k in set(labels) | set(entry["labels"])
-                         if labels.get(k) != entry["labels"].get(k))
-        problems.append(f"labels differ from images.lock: {', '.join(changed)}")
-    return problems
-
-
-def remote_labels(entry: dict[str, Any], creds: registries.RegistryCredentials
-                  ) -> dict[str, str]:
-    """The labels of the locked image, read from the registry before any layer moves; checks
-    the credentials, the connection and that the digest still holds the locked image id."""
-    config = registries.remote_image_config(entry["repository"], entry["digest"], creds,
-                                            expect_id=entry.get("image_id"))
-    return dict(((config or {}).get("config") or {}).get("Labels") or {})
-
-
-HostCheck = Callable[[dict[str, Any], dict[str, str]], None]
-
-
-def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | None = None,
-               host_check: HostCheck | None = None, verify: Any = None,
-               say: Callable[[str], None] = print, docker: Engine | None = None
-               ) -> dict[str, Any]:
-    """Pull a locked cell by digest into `docker` (default DOCKER_HOST / the current context)
-    with publish's credentials (`registries.credentials_for`),
-    after `host_check(entry, labels)` (which raises when this host cannot run it) and, with
-    `verify` (sign.VerifyOptions), after its signature and test result verify."""
-    creds = creds or registries.credentials_for(entry["repository"])
-    labels = remote_labels(entry, creds)
-    if verify is not None:
-        from . import sign
-        sign.verify_entry(entry, verify, creds, say)
-    if host_check is not None:
-        host_check(entry, labels)
-    with Heartbeat(f"pull of {entry['reference']}"):
-        info = registries.pull_by_digest(docker or Engine(), entry["repository"],
-                                         entry["digest"], creds)
-    problems = verify_pulled(entry, info)
-    if problems:
-        raise registries.DigestMismatch(
-            f"pulled {entry['reference']} does not match images.lock: {'; '.join(problems)}")
-    return info
-
-
-def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = None,
-                    devices: list[str] | None = None, name: str | None = None) -> list[str]:
-    """`docker run` for a locked image: by digest, GPUs, shm, the model mounted read-only."""
-    run = entry["run"]
-    port = port or run.get("port", DEFAULT_PORT)
-    argv = ["docker", "run", "--rm", "--name", name or f"infermatrix-{entry['cell']}"]
-    if run.get("gpu"):
-        argv += ["--gpus", "all"]
-    for device in devices or []:
-        argv += ["--device", device]
-    argv += ["--shm-size", run.get("shm_size", DEFAULT_SHM["gpu"]), "-p", f"{port}:{port}",
-             "-v", f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"]
-    for key, value in sorted(run.get("env", {}).items()):
-        argv += ["-e", f"{key}={value}"]
-    argv.append(entry["reference"])
-    return argv + serve_command(entry, port, model_dir)
-
-
-def serve_command(entry: dict[str, Any], port: int, model_dir: str | Path | None = None
-                  ) -> list[str]:
-    """The locked image's serve command (spec.locked_command: `{port}` and `{model}` filled,
-    its MTP flags when `model_dir` holds the MTP head's weights)."""
-    from ..model.spec import locked_command
-
-    return locked_command(entry["run"], port, model_dir, CONTAINER_MODEL_DIR)
-
-
-def docker_run_line(entry: dict[str, Any], model_dir: str, port: int | None = None,
-                    devices: list[str] | None = None) -> str:
-    return shlex.join(docker_run_argv(entry, model_dir, port, devices))

@@ -25,7 +25,7 @@ from ..harness import probe as harness_probe
 from ..model.spec import CONTAINER_MODEL
 from ..model.unifiedmem import GIB, Sizing, size_from_meminfo, with_fraction
 from . import smoke
-from .publish import serve_command
+from .pull import serve_command
 from .smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
 
 VERIFY_LEVELS = ("gpu", "model")
