@@ -302,8 +302,9 @@ def test_an_interrupt_midway_then_rerun_resumes(mini_ctx, built_base, signum):
 
     second = subprocess.run(_cli(mini_ctx, *args), capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert f"{mini1}: pass (unchanged, reused)" in second.stdout
-    assert f"{slow}: pass (built" in second.stdout
+    said = second.stdout + second.stderr  # the build step's lines (on stderr, as the main job's)
+    assert f"{mini1}: pass (unchanged, reused)" in said
+    assert f"{slow}: pass (built" in said
     assert DOCKER.image_exists(local_ref(slow))
 
 

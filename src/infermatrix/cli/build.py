@@ -20,19 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..stages.build import build_cells
+    from ..stages import run_steps, steps_named
 
     build_run = load_run(args)
-    options = build_run.options
     if args.explain:
         from ..stages.build import compile_plan_for_cells
 
-        print(compile_plan_for_cells(build_run.ctx, build_run.plans, options).explain())
+        print(compile_plan_for_cells(build_run.ctx, build_run.plans, build_run.options).explain())
         return 0
-    results = build_cells(build_run.ctx, build_run.plans, options, docker=build_run.docker)
-    built = [r for r in results.values() if r.status != "skip"]
-    failed = [r for r in built if r.status == "fail"]
-    reused = sum(1 for r in built if r.reused)
-    print(f"build: {len(built) - len(failed)} passed ({reused} unchanged), {len(failed)} failed"
-          + (f": {', '.join(r.cell_id for r in failed)}" if failed else ""))
-    return 1 if failed else 0
+    [record] = run_steps(build_run, steps_named("build"))  # the main job's own build step
+    return 1 if record.failed else 0

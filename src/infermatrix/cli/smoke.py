@@ -53,23 +53,11 @@ def _plans(args: argparse.Namespace, stage: str):
     return run, plans
 
 
-def _print_smoke(result) -> None:
-    print(f"{result.cell_id}: {result.status}  (image {result.image_id[:19]})")
-    for name, level in result.levels.items():
-        line = f"  {name:<7}{level.status:<5} {level.duration_s:7.1f} s"
-        rate = level.details.get("tokens_per_s") if name == "model" else None
-        if rate:
-            line += f"  tokens/s single {rate.get('single')} concurrent {rate.get('concurrent')}"
-        if level.reason:
-            line += f"  {level.reason}"
-        print(line)
-        tail = level.details.get("engine_log_tail")
-        if level.status == "fail" and tail:
-            print("    engine log tail:\n" + "\n".join("    | " + t for t in tail.splitlines()))
-
-
 def run_smoke(args: argparse.Namespace) -> int:
-    from ..stages.smoke import levels_to_run, model_source, smoke_cells, smoke_endpoint
+    import dataclasses
+
+    from ..stages import run_steps, steps_named
+    from ..stages.smoke import levels_to_run, model_source, smoke_endpoint
     from ..state import run_lock
 
     if args.image and len(args.cells) != 1:
@@ -83,12 +71,9 @@ def run_smoke(args: argparse.Namespace) -> int:
     levels_to_run(ctx, options.levels)
     model_source(ctx, options)
     smoke_endpoint(ctx, options.smoke_on)
-    with run_lock(ctx.state, wait=run.options.wait):
-        results = smoke_cells(ctx, plans, options, on_result=_print_smoke, docker=run.docker)
-    failed = [r.cell_id for r in results if r.status == "fail"]
-    print(f"smoke: {len(results) - len(failed)} without failure, {len(failed)} failed"
-          + (f": {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    with run_lock(ctx.state, wait=run.options.wait):  # the main job's own smoke step
+        [record] = run_steps(dataclasses.replace(run, plans=plans), steps_named("smoke"))
+    return 1 if record.failed else 0
 
 
 def run_tag(args: argparse.Namespace) -> int:

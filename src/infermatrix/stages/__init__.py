@@ -28,8 +28,9 @@ console = Console(stderr=True)
 
 
 def echo(line: str) -> None:
-    """Print a stage's line as it is: log tails hold `[...]` that rich would read as markup."""
-    console.print(line, markup=False, highlight=False)
+    """Print a stage's line as it is: log tails hold `[...]` that rich would read as markup,
+    and a command or an image id is not wrapped at the console's width (copied, grepped)."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 class StepStatus(StrEnum):
@@ -213,7 +214,8 @@ def step_smoke(run: Run, alive: list[CellPlan]) -> StepRecord:
     """static (imports; the audit of the step before) → gpu → model, per matrix.yaml or
     --levels."""
     from .smoke import smoke_cells
-    results = smoke_cells(run.ctx, alive, run.options, docker=run.docker)
+    results = smoke_cells(run.ctx, alive, run.options, docker=run.docker,
+                          on_result=lambda result: echo("\n".join(result.lines())))
     passed = [r.cell_id for r in results if r.status != "fail"]
     failed = [r.cell_id for r in results if r.status == "fail"]
     return _record("smoke", passed, failed)
@@ -267,6 +269,15 @@ STEPS: tuple[tuple[str, Step], ...] = (
     ("publish", step_publish), ("report", step_report),
 )
 STEP_NAMES = tuple(name for name, _ in STEPS)
+
+
+def steps_named(*names: str) -> tuple[tuple[str, Step], ...]:
+    """The steps of STEPS a single-stage command runs (`infermatrix build` is ("build",)):
+    the same functions, so the same journal records, as the main job's."""
+    unknown = set(names) - set(STEP_NAMES)
+    if unknown:
+        raise ValueError(f"no such step: {', '.join(sorted(unknown))}")
+    return tuple(step for step in STEPS if step[0] in names)
 if STEP_NAMES != journal.STAGES:  # the journal's stage names are this list
     raise RuntimeError(f"journal.STAGES {journal.STAGES} differ from the steps {STEP_NAMES}")
 

@@ -87,6 +87,9 @@ class LevelResult:
 
 @dataclass
 class SmokeResult:
+    """A cell's levels (`lines()`: how a person reads them: status, seconds, tokens/s, the
+    engine log's tail of a failed level)."""
+
     cell_id: str
     image_id: str
     levels: dict[str, LevelResult] = field(default_factory=dict)
@@ -102,6 +105,23 @@ class SmokeResult:
             return "; ".join(failed)
         skipped = [f"{n}: {lv.reason}" for n, lv in self.levels.items() if lv.status == "skip"]
         return "; ".join(skipped) if skipped and self.status == "skip" else None
+
+    def lines(self) -> list[str]:
+        shown = [f"{self.cell_id}: {self.status}  (image {self.image_id[:19]})"]
+        for name, level in self.levels.items():
+            line = f"  {name:<7}{level.status:<5} {level.duration_s:7.1f} s"
+            rate = level.details.get("tokens_per_s") if name == "model" else None
+            if rate:
+                line += (f"  tokens/s single {rate.get('single')} concurrent "
+                         f"{rate.get('concurrent')}")
+            if level.reason:
+                line += f"  {level.reason}"
+            shown.append(line)
+            tail = level.details.get("engine_log_tail")
+            if level.status == "fail" and tail:
+                shown.append("    engine log tail:\n"
+                             + "\n".join("    | " + t for t in tail.splitlines()))
+        return shown
 
 
 def overall_status(statuses: list[str]) -> journal.Status:
