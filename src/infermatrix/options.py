@@ -22,18 +22,21 @@ from typing import Any, Callable, Mapping
 from .errors import UsageError
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be 1 or more")
-    return value
+def at_least(kind: Callable[[str], Any], floor: float, above: bool = False
+             ) -> Callable[[str], Any]:
+    """A validator of numbers of `kind` (int, float) not below `floor` (above it: `above`)."""
+    def check(text: str) -> Any:
+        value = kind(text)
+        if value < floor or (above and value == floor):
+            raise ValueError(f"must be more than {floor:g}" if above
+                             else f"must be {floor:g} or more")
+        return value
+    return check
 
 
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError("must be more than 0")
-    return value
+positive_int = at_least(int, 1)
+positive_float = at_least(float, 0, above=True)
+non_negative_float = at_least(float, 0)
 
 
 def level_list(text: str) -> list[str]:
@@ -58,13 +61,6 @@ def engine_endpoint(text: str) -> str:
         raise ValueError("expected [NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a "
                          "builder of build.builders or a Docker context") from None
     return text.strip()
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError("must be 0 or more")
-    return value
 
 
 def existing_dir(text: str) -> Path:
