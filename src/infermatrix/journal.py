@@ -7,7 +7,8 @@ A record is a `CellRecord` with one `StageRecord` per stage; on disk:
      "stages": {stage: {"status": "pass"|"fail"|"skip"|"running", "duration_s": float,
                         "finished": iso, "log": path|None, "reason": str|None,
                         "details": {...}}}}
-The stage names are `STAGES`, the pipeline's step list (stages.STEP_NAMES is the same tuple).
+The stage names are `STAGES`, declared here once: the pipeline's steps are `stages.step_<name>`
+in this order.
 """
 
 from __future__ import annotations

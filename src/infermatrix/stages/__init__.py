@@ -263,12 +263,11 @@ def step_report(run: Run, alive: list[CellPlan]) -> StepRecord:
 
 Step = Callable[[Run, list[CellPlan]], StepRecord]
 
-STEPS: tuple[tuple[str, Step], ...] = (
-    ("plan", step_plan), ("lock", step_lock), ("render", step_render), ("base", step_base),
-    ("build", step_build), ("audit", step_audit), ("smoke", step_smoke), ("tag", step_tag),
-    ("publish", step_publish), ("report", step_report),
-)
-STEP_NAMES = tuple(name for name, _ in STEPS)
+# The names are declared once, as the journal's stage names (journal.STAGES); each step is
+# the function `step_<name>` above, in that order.
+STEPS: tuple[tuple[str, Step], ...] = tuple((name, globals()[f"step_{name}"])
+                                            for name in journal.STAGES)
+STEP_NAMES = journal.STAGES
 
 
 def steps_named(*names: str) -> tuple[tuple[str, Step], ...]:
@@ -278,10 +277,6 @@ def steps_named(*names: str) -> tuple[tuple[str, Step], ...]:
     if unknown:
         raise ValueError(f"no such step: {', '.join(sorted(unknown))}")
     return tuple(step for step in STEPS if step[0] in names)
-if STEP_NAMES != journal.STAGES:  # the journal's stage names are this list
-    raise RuntimeError(f"journal.STAGES {journal.STAGES} differ from the steps {STEP_NAMES}")
-
-
 # Steps that work on the built image: with several builders, each cell's on the engine that
 # built it (the journal's `builder`).
 ON_THE_BUILDER = frozenset({"audit", "smoke", "tag", "publish"})
