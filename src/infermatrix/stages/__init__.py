@@ -244,7 +244,8 @@ def step_publish(run: Run, alive: list[CellPlan]) -> StepRecord:
                           note="no publish.registry in matrix.yaml (or --no-publish)")
     if not alive:  # an empty selection would mean every cell
         return _record("publish", [], [])
-    result = publish(run.ctx, Selection([p.id for p in alive]), say=echo, docker=run.docker)
+    result = publish(run.ctx, Selection([p.id for p in alive]), say=echo, docker=run.docker,
+                     plans=alive)  # their CellSpecs give images.lock's serve command
     return _record("publish", [*result.pushed, *result.unchanged],
                    [*result.refused, *result.failed])
 

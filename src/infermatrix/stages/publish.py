@@ -153,15 +153,16 @@ def launch_for(matrix: Matrix, cell: Cell):  # -> spec.Launch
                                       settings=settings_for(cell, matrix, None, backend)))
 
 
-def run_spec(matrix: Matrix, cell: Cell) -> dict[str, Any]:
-    """How to serve the model from this image: the engine command, its env, GPU and shm needs
-    (launch_for).
+def run_spec(matrix: Matrix, cell: Cell, spec: Any = None) -> dict[str, Any]:
+    """How to serve the model from this image: the engine command, its env, GPU and shm needs:
+    the run's CellSpec's launch when the cell was planned in this run (`spec`), else the
+    launch the planner gives the cell its labels name (launch_for).
 
     `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
     """
     from ..model.mtp import engine_flags
 
-    run = launch_for(matrix, cell).as_run()
+    run = (spec.launch if spec is not None else launch_for(matrix, cell)).as_run()
     mtp = engine_flags(matrix.model, cell.engine)
     if mtp:  # added by `deploy`/`pull` only where the model directory holds MTP weights
         run["mtp_args"] = mtp
@@ -276,8 +277,10 @@ class Publisher:
 
     def __init__(self, ctx: Context, repository: str, creds: registries.RegistryCredentials,
                  lock_path: Path, docker: Engine, allow_retag: bool = False,
-                 say: Callable[[str], None] = print, signer: Any = None) -> None:
+                 say: Callable[[str], None] = print, signer: Any = None,
+                 plans: dict[str, Any] | None = None) -> None:
         self.ctx, self.repository, self.creds = ctx, repository, creds
+        self.plans = plans or {}  # the run's plans by cell id: their CellSpecs serve here
         self.docker = docker  # the engine that holds the tested images and pushes them
         self.lock_path, self.allow_retag, self.say = lock_path, allow_retag, say
         self.signer = signer  # sign.Signer, or None: published unsigned
@@ -296,7 +299,9 @@ class Publisher:
             raise StageFailure(f"image {cand.image_id} is labelled as cell {cell.id}, "
                                f"the journal says {cand.cell_id}")
         tag = render_tag(self.ctx.matrix.publish.get("tag", "{cell_id}"), cell, self.ctx.matrix)
-        run = run_spec(self.ctx.matrix, cell)  # before the push: a mistake here pushes nothing
+        plan = self.plans.get(cell.id)
+        spec = self.ctx.spec(plan) if plan is not None and plan.planned else None
+        run = run_spec(self.ctx.matrix, cell, spec)  # before the push: a mistake pushes nothing
         started = time.monotonic()
         remote = registries.remote_manifest(self.repository, tag, self.creds)
         if remote is not None and remote.config_digest == cand.image_id:
@@ -383,8 +388,8 @@ class Publisher:
 def publish(ctx: Context, selection: Selection | None = None, registry: str | None = None,
             allow_retag: bool = False, lock_path: Path | None = None,
             creds: registries.RegistryCredentials | None = None,
-            say: Callable[[str], None] = print, docker: Engine | None = None
-            ) -> PublishResult:
+            say: Callable[[str], None] = print, docker: Engine | None = None,
+            plans: list[Any] | None = None) -> PublishResult:
     """Push every tagged cell from `docker` (default DOCKER_HOST / the current context);
     refused or failed cells are reported, the others go on.
 
@@ -406,7 +411,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
         "signing: none (no INFERMATRIX_COSIGN_KEY / _KEY_FILE): published UNSIGNED; pull and "
         "deploy refuse an unsigned digest unless given --skip-verify")
     publisher = Publisher(ctx, repository, creds, lock_path, docker or Engine(), allow_retag,
-                          say, signer)
+                          say, signer, {p.id: p for p in plans or []})
     publisher.result.failed.update(tag_failures)
     for cand in candidates:
         try:
