@@ -619,7 +619,6 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
         "labels": labels(ctx, plan, base, kernels, lock_text),
         "uv_version": UV_VERSION,
         "build_tools": KERNEL_BUILD_TOOLS, "flash_attn_extra": FLASH_ATTN_EXTRA,
-        "nvcc_threads": matrix.build.get("nvcc_threads", 4),
         "serve_words": serve_words, "needs_model": needs_model,
         "engine_name": settings.engine_package or cell.engine,
     }
