@@ -146,7 +146,7 @@ def test_publish_of_no_cell_publishes_nothing(ctx, monkeypatch):
     monkeypatch.setattr(publish, "registry_configured", lambda matrix: True)
     monkeypatch.setattr(publish, "publish", lambda *a, **k: pytest.fail("publish was called"))
     run = Run(ctx, [], RunOptions())
-    record = stages.step_publish(run, [])
+    record = publish.step(run, [])
     assert record.status is StepStatus.NOTHING_TO_DO and not record.passed
 
 

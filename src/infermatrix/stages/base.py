@@ -31,12 +31,14 @@ from typing import Iterator
 
 from ..engine import docker as engine
 from ..engine.docker import Engine
-from .. import proc
+from .. import journal, proc
+from ..model.cell import CellPlan
 from ..config import Matrix
 from ..errors import ConfigError, MissingTool, UsageError
 from ..model.spec import os_base
 from ..state import StatePaths
 from .watch import Heartbeat
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -354,3 +356,56 @@ def _trim_rootfs(rootfs: Path) -> None:
     for pattern in ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*_*"):
         for path in rootfs.glob(pattern):
             path.unlink(missing_ok=True)
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """Build (or find) the debootstrap bases the cells stand on, for each image platform. A
+    base that cannot be made here (an arm64 base on an x86_64 host without an emulator) fails
+    the cells that need it, with the fix, and not the others."""
+    from ..errors import InfermatrixError
+    from ..model.spec import base_chain
+    debootstrap = set(debootstrap_bases(run.ctx.matrix))
+    needs: dict[tuple[str, str], list[str]] = {}
+    for plan in alive:
+        if plan.settings:
+            for name in set(base_chain(run.ctx.matrix, plan.settings.base)) & debootstrap:
+                for platform in _base_platforms(run, plan):
+                    needs.setdefault((name, platform), []).append(plan.id)
+    made: list[str] = []
+    failed: dict[str, str] = {}  # cell -> why
+    refs: dict[str, list[str]] = {}
+    for (name, platform), cells in sorted(needs.items()):
+        try:
+            result = build_base(run.ctx.matrix, name, run.ctx.state, platform=platform,
+                                echo=echo, docker=run.docker)
+            echo(f"base {name} ({platform}): {result.ref}")
+            made.append(name)
+            for cell_id in cells:
+                refs.setdefault(cell_id, []).append(result.ref)
+        except InfermatrixError as exc:
+            echo(f"base {name} ({platform}): {exc}")
+            failed.update({cell_id: f"base {name} ({platform}): {exc}" for cell_id in cells})
+    for plan in alive:
+        if plan.id in failed:
+            journal.record_stage(run.ctx.state, plan.id, "base", journal.Status.FAIL,
+                                 reason=failed[plan.id])
+        elif plan.id in refs:
+            journal.record_stage(run.ctx.state, plan.id, "base", journal.Status.PASS,
+                                 details={"images": refs[plan.id]})
+    passed = [p.id for p in alive if p.id not in failed]
+    return step_record("base", passed, sorted(failed), note=", ".join(sorted(set(made))))
+
+
+def _base_platforms(run: Run, plan: CellPlan) -> list[str]:
+    """The platforms whose base a cell builds on: its image's, and this machine's when its
+    byte-code is compiled on the build machine's CPU (templates/blocks/bytecode.j2)."""
+    from .render import bytecode_hosts
+    from ..engine.docker import host_platform
+    assert plan.settings is not None
+    platforms = [plan.settings.platform]
+    if bytecode_hosts(run.ctx.matrix, plan) and host_platform() not in platforms:
+        platforms.append(host_platform())
+    return platforms

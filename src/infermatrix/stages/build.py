@@ -45,6 +45,7 @@ from ..errors import CommandFailed, InfermatrixError, StageFailure
 from ..model.cell import CellPlan
 from ..options import RunOptions
 from ..state import run_lock
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 Echo = Callable[[str], None]  # where progress lines go (print; a test's list.append)
 
@@ -883,3 +884,13 @@ def _build_in_parallel(ctx: Context, planned: list[CellPlan],
                         other.cancel()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    results = build_cells(run.ctx, alive, run.options, echo=echo, docker=run.docker)
+    passed = [i for i, r in results.items() if r.status == "pass"]
+    failed = [i for i, r in results.items() if r.status == "fail"]
+    return step_record("build", passed, failed)

@@ -53,6 +53,7 @@ from ..model.spec import (LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_bas
                           read_lock_text)
 from ..model.spec import header_lines as _header_lines
 from ..model.spec import kernel_pins_from_lock, pinned_packages  # noqa: F401  (the lock's readers)
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -615,3 +616,16 @@ def require_lock(ctx: Context, cell_id: str) -> Path:
         raise StageFailure(f"{cell_id}: no lock file {path}; run `infermatrix lock --select "
                            f"{cell_id}` (needs the package index) and commit it")
     return path
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """Builds install from the committed locks; say which cells have none (build refuses
+    them until `infermatrix lock` is run for them and the lock committed)."""
+    from ..model.spec import lock_path
+    missing = [p.id for p in alive if not lock_path(run.ctx, p.id).is_file()]
+    note = (f"no lock for {len(missing)} cell(s), their build is refused: run `infermatrix "
+            "lock`" if missing else "")
+    return step_record("lock", [p.id for p in alive if p.id not in missing], [], note)

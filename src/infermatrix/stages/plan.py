@@ -27,12 +27,14 @@ from ..errors import UsageError
 from ..model.index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
                     index_lists, release_list, url_exists)
 from ..options import from_environment, package_index
+from .. import journal
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
 from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
                     evaluate, exact_pin, load_rules, torch_satisfies)
 from ..model.selectors import Selection, matches
 from ..model.spec import machine_of
 from ..model.wheelcode import WheelCodeCache
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 # (name, version, machine) -> metadata of that release's Linux wheel for the machine
 MetadataSource = Callable[..., ReleaseMetadata]
@@ -758,3 +760,19 @@ def _check_selectors(m: Matrix, cells: list[Cell], select: Iterable[str],
     if unmatched:
         raise UsageError(f"selector {unmatched[0]!r} matches no cell of {m.path} "
                          f"(ids look like {ids[0] if ids else 'n/a'})")
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """Every cell's plan outcome in the journal (the report shows pruned cells too)."""
+    for plan in alive:
+        status = journal.Status.PASS if plan.planned else journal.Status.SKIP
+        reason = "; ".join(v.reason for v in plan.verdicts) or None
+        journal.record_stage(run.ctx.state, plan.id, "plan", status, reason=reason,
+                             details=plan.as_dict())
+    pruned = [p.id for p in alive if p.status == "pruned"]
+    return step_record("plan", [p.id for p in alive if p.planned],
+                   [p.id for p in alive if p.status == "unresolved"],
+                   note=f"{len(pruned)} pruned", dropped=pruned)

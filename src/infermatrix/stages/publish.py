@@ -30,7 +30,7 @@ from ..engine import registry as registries
 from ..config import Matrix
 from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
-from ..model.cell import CPU, Cell
+from ..model.cell import CPU, Cell, CellPlan
 from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection
 from ..state import StatePaths
@@ -39,6 +39,7 @@ from ..model.spec import min_driver_for
 from .watch import Heartbeat
 from ..imageslock import (LOCK_HEADER, LOCK_NAME, LOCK_VERSION, dump_lock, empty_lock,  # noqa: F401
                           lock_problems, read_lock, write_lock)
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 LABEL_PREFIX = "io.infermatrix."
 TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's tag grammar
@@ -425,3 +426,18 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     if publisher.result.ok:  # aliases only move when every immutable tag is in place
         publisher.publish_aliases()
     return publisher.result
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    if not run.options.publish or not registry_configured(run.ctx.matrix):
+        return StepRecord("publish", StepStatus.NOT_CONFIGURED,
+                          note="no publish.registry in matrix.yaml (or --no-publish)")
+    if not alive:  # an empty selection would mean every cell
+        return step_record("publish", [], [])
+    result = publish(run.ctx, Selection([p.id for p in alive]), say=echo, docker=run.docker,
+                     plans=alive)  # their CellSpecs give images.lock's serve command
+    return step_record("publish", [*result.pushed, *result.unchanged],
+                   [*result.refused, *result.failed])

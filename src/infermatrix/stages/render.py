@@ -43,6 +43,7 @@ from ..model.cell import Cell, CellPlan, CellSettings
 from ..model.spec import (kernel_pins_from_lock, kernel_version, lock_path, os_base,
                    pinned_packages)
 from ..state import run_lock
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
 ENTRY_TEMPLATE = "Dockerfile.j2"
@@ -940,3 +941,12 @@ def kernel_stage_text(dockerfile: str, name: str) -> str:
     wanted = (f" AS compile-{name}", f" AS kernel-{name}")
     return "".join(s for s in stages if s.split("\n", 1)[0].endswith(wanted))
 
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    from ..model.spec import check_lock_files
+    check_lock_files(run.ctx, alive)
+    render_cells(run.ctx, alive)
+    return step_record("render", [p.id for p in alive], [])

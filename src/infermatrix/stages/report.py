@@ -36,11 +36,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .. import journal
 from ..journal import CellRecord, StageRecord, load_records, records_of
+from ..model.cell import CellPlan
 from ..journal import number_of as _number
 from ..journal import text_of as _text
 from ..errors import InfermatrixError
 from ..state import StatePaths
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[3] / "templates" / "report"
 
@@ -869,3 +872,17 @@ def print_summary(report: Report, html_path: Path | str | None = None,
 
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """The HTML/Markdown/JSON report over every cell of the plan, pruned ones included (the
+    plan of this run: the lock's verdicts are in it)."""
+    records = journal.load_records(run.ctx.state)
+    fill_image_sizes(records, run.docker)
+    report = build_report(records, run.plans, run.ctx.state)
+    files = write_report(report, run.ctx.state.reports)
+    print_summary(report, files.html)
+    return StepRecord("report", StepStatus.RAN, note=str(files.html))

@@ -50,6 +50,7 @@ from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
 from ..options import RunOptions
 from .watch import Heartbeat
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuSetting
@@ -867,3 +868,16 @@ def smoke_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None 
         if on_result:
             on_result(result)
     return results
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """static (imports; the audit of the step before) → gpu → model, per matrix.yaml or
+    --levels."""
+    results = smoke_cells(run.ctx, alive, run.options, docker=run.docker,
+                          on_result=lambda result: echo("\n".join(result.lines())))
+    passed = [r.cell_id for r in results if r.status != "fail"]
+    failed = [r.cell_id for r in results if r.status == "fail"]
+    return step_record("smoke", passed, failed)

@@ -29,7 +29,8 @@ from ..engine.docker import Engine
 from .. import journal
 from ..context import Context
 from ..errors import StageFailure
-from ..model.cell import Cell
+from ..model.cell import Cell, CellPlan
+from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 TESTED = "tested"
 STATIC_ONLY = "static-only"
@@ -225,3 +226,21 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
     journal.record_stage(ctx.state, cell.id, "tag", journal.Status.PASS, reason=None,
                          details={**applied, "decision": decision.as_dict(), "policy": policy})
     return decision
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """Tag the exact tested image of each cell the policy allows; refusals are not failures
+    of the run (a CUDA cell on a GPU-less host is "built, not verified"), a tag step that
+    fails (its tag already names another image) is."""
+    tagged, refused, failed = [], [], []
+    for plan in alive:
+        decision = tag_cell(run.ctx, plan.cell, docker=run.docker)
+        outcome = tagged if decision.allowed else failed if decision.failed else refused
+        outcome.append(plan.id)
+        verdict = f"tagged ({decision.kind})" if decision.allowed else (
+            "tag failed" if decision.failed else "not tagged")
+        echo(f"{plan.id}: {verdict}: {decision.reason}")
+    return step_record("tag", tagged, failed, note=f"{len(refused)} not tagged" if refused else "")

@@ -108,6 +108,7 @@ from .stage import (  # noqa: F401
     audit_cell,
     images_to_audit,
     start_triton_check,
+    step,
     timed_triton_check,
     twin_or_own_triton_check,
 )

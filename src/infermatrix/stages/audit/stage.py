@@ -35,6 +35,7 @@ from .checks import (
 from .probe import ImageFacts, device_code_of, probe_image
 from .result import AuditResult, Check, default_targets
 from .triton import check_triton_smem, emulation_of, judge_triton
+from ..steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
     from ...context import Context
@@ -218,3 +219,30 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
                              + "; ".join(v.reason for v in plan.verdicts))
         pairs.append((plan, image))
     return pairs
+
+# --------------------------------------------------------------------------------------------
+# The pipeline step
+# --------------------------------------------------------------------------------------------
+
+def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+    """Kernel coverage, CUDA major, pins, pip check and the engine floor of each built image,
+    without a GPU (smoke's static level then reuses this record for the same image)."""
+    from ...engine.docker import host_platform
+    from ...errors import InfermatrixError
+    from ...model.tritontwin import natives_first, twin_archs_for
+    passed, failed = [], []
+    host = host_platform()
+    for plan in natives_first(alive, host):  # a twin's Triton result before its foreign cell
+        image = journal.load(run.ctx.state, plan.id).get("image_id")
+        try:
+            result = audit_cell(run.ctx, plan, image,
+                                twin_archs=twin_archs_for(plan, run.plans, host),
+                                docker=run.docker)
+            ok = result.passed
+            echo(f"{plan.id}: audit {result.status}" +
+                 (f": {result.reason}" if result.reason else ""))
+        except InfermatrixError as exc:
+            ok = False
+            echo(f"{plan.id}: audit failed: {exc}")
+        (passed if ok else failed).append(plan.id)
+    return step_record("audit", passed, failed)
