@@ -78,9 +78,9 @@ def cell_id(name: str) -> str:
     return f"cpu-torch2.13.0-{name}1.0-cpu"
 
 
-def remove_images(engine_module, cells: list[str], repositories: list[str]) -> None:
+def remove_images(docker, cells: list[str], repositories: list[str]) -> None:  # an Engine
     """Untag what a fault test made on the machine's engine (its build refs and tags)."""
     for cell in cells:
-        engine_module.remove_image(f"infermatrix-local/{cell}:build", force=True)
+        docker.remove_image(f"infermatrix-local/{cell}:build", force=True)
         for repository in repositories:
-            engine_module.remove_image(f"{repository}:{cell}", force=True)
+            docker.remove_image(f"{repository}:{cell}", force=True)

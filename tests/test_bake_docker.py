@@ -114,6 +114,6 @@ def test_bake_builds_the_images_infermatrix_build_builds(built_base, tmp_path: P
             assert labels["io.infermatrix.input-hash"] == \
                 journal[cell]["stages"]["build"]["details"]["input_hash"]
     finally:
-        remove_images(engine, cells, [repository])
+        remove_images(engine.Engine(), cells, [repository])
         for ref in baked.values():
             DOCKER.remove_image(ref, force=True)

@@ -89,7 +89,7 @@ def cleanup() -> Iterator[tuple[list[str], set[str]]]:
     repositories: list[str] = []
     made: set[str] = set()
     yield repositories, made
-    remove_images(engine, [cell_id(n) for n in NAMES], repositories)
+    remove_images(engine.Engine(), [cell_id(n) for n in NAMES], repositories)
     for image in made:
         DOCKER.remove_image(image, force=True)
 
@@ -298,7 +298,7 @@ def test_merged_fragments_of_exported_jobs_equal_one_run(built_base, tmp_path: P
         assert got == want, "\n".join(differences(got, want))
         assert {c["outcome"] for c in got["cells"]} == {"tagged"}
     finally:
-        remove_images(engine, cells, [repository, other])
+        remove_images(engine.Engine(), cells, [repository, other])
 
 
 def test_smoke_on_a_second_engine_records_its_host_and_the_tag_lands_on_the_tested_id(

@@ -91,7 +91,7 @@ def test_two_pipelines_on_one_state_dir(built_base, tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
     assert stage(state, cell_id(name), "tag") == "pass"
-    remove_images(engine, [cell_id(name)], [repository])
+    remove_images(engine.Engine(), [cell_id(name)], [repository])
 
 
 def test_sigkill_at_random_points_20_times(built_base, tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ def test_sigkill_at_random_points_20_times(built_base, tmp_path: Path) -> None:
     print("\n".join(killed_in))
     assert sum(" rc -9 " in line for line in killed_in) >= 12  # the kills landed mid-run
     _remove_containers_of(image_ids)  # a SIGKILLed smoke cannot remove its container itself
-    remove_images(engine, [cell_id(name)], repositories)
+    remove_images(engine.Engine(), [cell_id(name)], repositories)
 
 
 def _remove_containers_of(images: set[str]) -> None:
@@ -239,7 +239,7 @@ def test_registry_killed_mid_push(built_base, registry: Registry, tmp_path: Path
     entry = yaml.safe_load(images_lock.read_text())["images"][cell_id(name)]
     assert entry["reference"].startswith(f"{registry.host}/{repository}@sha256:")
     assert cell_id(name) in registry.tags(repository)
-    remove_images(engine, [cell_id(name)], [repository, f"{registry.host}/{repository}"])
+    remove_images(engine.Engine(), [cell_id(name)], [repository, f"{registry.host}/{repository}"])
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,4 +79,4 @@ def test_a_cut_ssh_connection_mid_build_is_one_line_and_a_rerun_resumes(sshd, tm
     finally:
         if sshd.process is None:
             sshd.start()
-        remove_images(engine, [cell], [repository])
+        remove_images(engine.Engine(), [cell], [repository])
