@@ -326,7 +326,7 @@ class CellSpec:
     lock_path: Path
     lock_pins: dict[str, str] = field(default_factory=dict)  # empty: no committed lock
     launch: Launch | None = None
-    driver_floor: str | None = None  # the minimum Linux driver of the cell's CUDA
+    cuda_min_driver: str | None = None  # the minimum Linux driver of the cell's CUDA (drivers.yaml)
 
     @property
     def cell(self) -> Cell:
@@ -343,6 +343,12 @@ class CellSpec:
     @cached_property
     def lock_text(self) -> str | None:
         return read_lock_text(self.lock_path, self.id)
+
+    @property
+    def driver_floor(self) -> str | None:
+        """The oldest driver that runs the image (the plan's: the CUDA runtime and the PTX ISA
+        of PTX-only objects), not just the CUDA's minimum (`cuda_min_driver`)."""
+        return self.plan.settings.driver_floor if self.plan.settings else None
 
     @property
     def engine_requirement(self) -> str | None:
@@ -368,6 +374,6 @@ def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
         kernels=tuple(kernel_pins(matrix, list(settings.kernels), pins,
                                   kernel_pins_from_lock(text) if text else {})),
         lock_path=path, lock_pins=pins, launch=launch_of(matrix, plan),
-        driver_floor=min_driver_for(plan.cell.cuda))
+        cuda_min_driver=min_driver_for(plan.cell.cuda))
     spec.__dict__["lock_text"] = text  # the cached_property, filled: the lock is read once
     return spec
