@@ -71,7 +71,10 @@ class LoopbackSshd:
             f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
             f"PidFile {self.root / 'sshd.pid'}\nPermitRootLogin prohibit-password\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-            "StrictModes no\n")
+            "StrictModes no\n"
+            # every SDK connection is an `ssh ... docker system dial-stdio`: on a loaded 2-core
+            # CI machine more than sshd's default 10 may be authenticating at once
+            "MaxStartups 100:30:200\n")
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation dir
         agent = subprocess.run(["ssh-agent", "-a", str(self.root / "agent.sock"), "-s"],
                                capture_output=True, text=True, check=True).stdout

@@ -50,6 +50,24 @@ def test_build_argv_names_secret_ids_and_files_never_contents(tmp_path):
     assert "--load" in request.argv(buildx)
 
 
+def test_a_dropped_connection_is_told_from_an_answer_and_a_timeout():
+    """What @reconnecting retries: the socket's error bare or as requests/urllib3 wrap it,
+    never a read timeout (wait_container's "still running") nor the engine's answer."""
+    import docker
+    import requests
+    import urllib3
+
+    wrapped = requests.exceptions.ConnectionError(
+        urllib3.exceptions.ProtocolError("Connection aborted.", BrokenPipeError(32, "pipe")))
+    assert engine._dropped_connection(BrokenPipeError(32, "Broken pipe"))
+    assert engine._dropped_connection(wrapped)
+    assert engine._dropped_connection(ConnectionResetError(104, "reset"))
+    timeout = requests.exceptions.ConnectionError(
+        urllib3.exceptions.ReadTimeoutError(None, "/wait", "Read timed out."))
+    assert not engine._dropped_connection(timeout)
+    assert not engine._dropped_connection(docker.errors.NotFound("no such container"))
+
+
 def test_split_ref():
     assert engine.split_ref("infermatrix-local/cell:build") == ("infermatrix-local/cell", "build")
     assert engine.split_ref("127.0.0.1:5000/repo") == ("127.0.0.1:5000/repo", "latest")

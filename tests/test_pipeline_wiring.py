@@ -351,3 +351,13 @@ def test_each_cells_lock_is_read_once_in_a_run(ctx, monkeypatch):
     assert rendered and set(reads) == set(rendered)
     assert set(reads.values()) == {1}, reads
     assert {r.name: r for r in records}["smoke"].passed  # the spec went as far as smoke
+
+
+def test_a_builder_step_after_every_cell_failed_runs_on_no_cell(ctx):
+    """With --builder given and no cell left (the CI run where smoke failed the one cell),
+    the tag and smoke steps run on no cell instead of crashing on an empty builder group."""
+    run = Run(ctx, [], RunOptions(builders=["loop=ssh://root@127.0.0.1:9"]),
+              docker=RecordingEngine())
+    records = stages.run_steps(run, stages.steps_named("smoke", "tag"))
+    assert [r.status for r in records] == [StepStatus.NOTHING_TO_DO] * 2
+    assert not any(r.passed or r.failed for r in records)

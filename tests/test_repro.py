@@ -19,6 +19,7 @@ import pytest
 
 from infermatrix.options import RunOptions
 from infermatrix import journal
+from infermatrix.engine import docker as engine
 from infermatrix.stages import repro
 from infermatrix.cli import main
 from infermatrix.context import Context
@@ -243,7 +244,8 @@ def test_a_kernel_compile_again_reruns_only_the_compile_step(tmp_path, built_bas
     [plan] = plan_matrix(ctx, [CPU_CELL])
     secrets = build.secrets_for(RunOptions())
     log = tmp_path / "kernel.log"
-    wheels = [repro.compile_kernel_again(ctx, plan, "k", tmp_path / str(run), {}, secrets, log)
+    wheels = [repro.compile_kernel_again(ctx, plan, "k", tmp_path / str(run), {}, secrets, log,
+                                         engine.Engine())
               for run in (1, 2)]
     members = [repro.wheel_members(w[0])["k.so"] for w in wheels]
     assert members[0] != members[1]  # two real compiles

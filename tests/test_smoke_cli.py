@@ -61,9 +61,10 @@ def test_smoke_of_a_given_image_is_recorded_as_such_and_never_tagged(docker_avai
                  "--levels", "gpu"]) == 2
     assert "no such image in engine" in capsys.readouterr().err
     assert main(["smoke", *args, cell, "--image", built_base, "--levels", "gpu"]) == 0
-    out = capsys.readouterr().out
-    assert "gpu    skip" in out  # no GPU on this machine: the level says so
+    said = capsys.readouterr()
+    assert "gpu    skip" in said.out + said.err  # no GPU on this machine: the level says so
     smoke = json.loads((tmp_path / "journal" / f"{cell}.json").read_text())["stages"]["smoke"]
     assert smoke["details"]["image_source"] == f"--image {built_base}"
     assert main(["tag", *args, cell]) == 1
-    assert "not tagged: not built" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "not tagged: not built" in said.out + said.err

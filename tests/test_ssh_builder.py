@@ -80,3 +80,38 @@ def test_a_cut_ssh_connection_mid_build_is_one_line_and_a_rerun_resumes(sshd, tm
         if sshd.process is None:
             sshd.start()
         remove_images(engine.Engine(), [cell], [repository])
+
+
+def test_an_idempotent_call_on_a_dropped_ssh_connection_reconnects(sshd, built_base, caplog):
+    """A real ssh session that ends before the engine answers (sshd dropping it, as a loaded
+    host's MaxStartups does; here a forced command that exits while a counter is above 0):
+    the SDK's request meets a closed connection (RemoteDisconnected, or the bare
+    BrokenPipeError a CI model level failed with when ssh had already exited). An inspect
+    reconnects once and answers; a second drop is one EngineError line."""
+    import logging
+
+    from infermatrix.engine import docker as engine
+    from infermatrix.errors import EngineError
+
+    drops = sshd.root / "drops"
+    script = sshd.root / "drop-then-serve.sh"
+    script.write_text(f"""n=$(cat {drops} 2>/dev/null || echo 0)
+if [ "$n" -gt 0 ]; then echo $((n - 1)) > {drops}; exit 255; fi
+exec sh -c "$SSH_ORIGINAL_COMMAND"
+""")
+    keys = sshd.root / "authorized_keys"
+    plain = keys.read_text()
+    keys.write_text(f'command="sh {script}" {plain}')
+    try:
+        builder = engine.Engine(engine.parse_builder(f"loop={sshd.endpoint}"))
+        first = builder.inspect_image(built_base)
+        drops.write_text("1")
+        with caplog.at_level(logging.INFO):
+            again = builder.inspect_image(built_base)
+        assert again["Id"] == first["Id"] and drops.read_text().strip() == "0"
+        assert "reconnecting for inspect_image" in caplog.text
+        drops.write_text("2")
+        with pytest.raises(EngineError, match="dropped twice"):
+            builder.container_status("no-such-container")
+    finally:
+        keys.write_text(plain)

@@ -322,6 +322,48 @@ def _translated(what: str, gpu_request: bool = False, engine: str = "") -> Itera
 
 _names = itertools.count(1)
 
+# A pooled connection whose transport died: the SDK's ssh client socket cannot tell a dead
+# `ssh ... docker system dial-stdio` process before writing to it (urllib3 reuses it), and
+# requests does not retry. Seen in CI as a bare BrokenPipeError from a model level over ssh.
+_DROPPED = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+def _dropped_connection(exc: BaseException) -> bool:
+    """The exception, or one it wraps (requests/urllib3 wrap the socket's), is a dropped
+    connection rather than an answer or a read timeout."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, _DROPPED):
+            return True
+        nested = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+        exc = exc.__cause__ or exc.__context__ or (nested[0] if nested else None)
+    return False
+
+
+def reconnecting(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An idempotent engine call (inspect, wait, logs, stop, rm) that meets a dropped
+    connection gets a new SDK client and is asked once more; a second drop is an EngineError
+    naming the engine. Calls that create something (run, build, push) are never repeated."""
+    @functools.wraps(method)
+    def call(self: "Engine", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - only a dropped connection is retried
+            if not _dropped_connection(exc):
+                raise
+            _sdk_log(f"the connection to {self.label()} dropped ({exc!r}): reconnecting for "
+                     f"{method.__name__}")
+            self._sdk = None  # a fresh client: new connections, new ssh processes
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            if not _dropped_connection(exc):
+                raise
+            raise EngineError(f"{method.__name__}: the connection to engine {self.label()} "
+                              f"dropped twice ({exc!r})") from None
+    return call
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -665,6 +707,7 @@ class Engine:
         proc.run(["bash", "-c", line], log_path=log_path, timeout=timeout)
 
     # -- images ----------------------------------------------------------------------------
+    @reconnecting
     def inspect_image(self, ref: str) -> dict[str, Any] | None:
         """`docker image inspect` as a dict, or None when there is no such image."""
         import docker
@@ -868,11 +911,13 @@ class Engine:
             finally:
                 self.remove_container(container_id, force=True)
 
+    @reconnecting
     def container_status(self, container_id: str) -> dict[str, Any]:
         """State of a container: {"Status": "running"|"exited"|..., "ExitCode": int, ...}."""
         with _translated(f"docker inspect {container_id[:12]}"):
             return self.sdk().api.inspect_container(container_id)["State"]
 
+    @reconnecting
     def container_port(self, container_id: str, port: str) -> tuple[str, int] | None:
         """The host address a published container port landed on."""
         with _translated(f"docker port {container_id[:12]}"):
@@ -882,6 +927,7 @@ class Engine:
             return None
         return bindings[0]["HostIp"] or "127.0.0.1", int(bindings[0]["HostPort"])
 
+    @reconnecting
     def wait_container(self, container_id: str, timeout: float | None = None) -> int:
         """Wait for a container to exit; return its exit code (StageFailure past the
         timeout)."""
@@ -891,15 +937,19 @@ class Engine:
             with _translated(f"docker wait {container_id[:12]}"):
                 result = self.sdk().api.wait(container_id, timeout=timeout)
         except requests.exceptions.ConnectionError as exc:  # read timeout surfaces here
+            if _dropped_connection(exc):
+                raise  # not a timeout: @reconnecting asks again on a new connection
             raise StageFailure(f"container {container_id[:12]} still running after "
                                f"{timeout} s") from exc
         return int(result.get("StatusCode", -1))
 
+    @reconnecting
     def container_logs(self, container_id: str, tail: int | str = "all") -> str:
         with _translated(f"docker logs {container_id[:12]}"):
             raw = self.sdk().api.logs(container_id, stdout=True, stderr=True, tail=tail)
         return raw.decode("utf-8", "replace")
 
+    @reconnecting
     def container_memory(self, container_id: str) -> tuple[int | None, int | None]:
         """(current, peak) memory of a running container in bytes, from the engine's stats
         (cgroup v1 reports the peak as max_usage; v2 has none there: None)."""
@@ -908,6 +958,7 @@ class Engine:
         memory = stats.get("memory_stats") or {}
         return memory.get("usage"), memory.get("max_usage")
 
+    @reconnecting
     def stop_container(self, container_id: str, timeout: int = 10) -> None:
         import docker
 
@@ -919,6 +970,7 @@ class Engine:
         except docker.errors.DockerException as exc:
             raise EngineError(f"docker stop {container_id[:12]}: {exc}") from None
 
+    @reconnecting
     def remove_container(self, container_id: str, force: bool = True) -> None:
         import docker
 

@@ -68,6 +68,8 @@ def builder_groups(run: Run, alive: list[CellPlan]) -> list[tuple[Any, list[Cell
     """(engine or None for the default one, its cells), by the builder each cell was built on."""
     from .builders import endpoints_for
 
+    if not alive:  # nothing left (every cell failed earlier): the step runs on no cell
+        return [(None, alive)]
     endpoints = {e.name: e for e in endpoints_for(run.ctx.matrix, run.options.builders)}
     if not endpoints:
         return [(None, alive)]
