@@ -134,9 +134,9 @@ def test_the_sm90_fixture_cell_runs_the_gpu_level_with_its_arch_and_kernels(tmp_
     (plan,) = plan_matrix(ctx, select=[SM90_CELL], source=recorded_metadata)
     assert plan.planned and plan.settings.platform == "linux/amd64"
     harness = RecordingHarness()
-    assert smoke.run_gpu(ctx, plan, harness, 30, gpu_here=False).reason == smoke.NO_GPU
+    assert smoke.run_gpu(ctx, ctx.spec(plan), harness, 30, gpu_here=False).reason == smoke.NO_GPU
     assert harness.calls == []
-    result = smoke.run_gpu(ctx, plan, harness, 30, gpu_here=True)
+    result = smoke.run_gpu(ctx, ctx.spec(plan), harness, 30, gpu_here=True)
     assert result.status == "pass"
     # the fixture cell's engine is no vllm/sglang: `--engine none` (an engine image would be
     # named, and then a missing triton or GDN op fails the level)

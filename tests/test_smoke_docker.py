@@ -62,7 +62,7 @@ def cpu_plan(docker_available, built_base, test_ctx):
 @pytest.fixture(scope="module")
 def cpu_smoked(cpu_plan, test_ctx):
     """Every level of the vllm-cpu cell, once, in the shared state: (result, journal record)."""
-    result = smoke.smoke_cell(test_ctx, cpu_plan)
+    result = smoke.smoke_cell(test_ctx, test_ctx.spec(cpu_plan))
     return result, journal.load(test_ctx.state, CPU_ID)
 
 
@@ -153,7 +153,7 @@ def test_a_tag_naming_another_image_is_not_moved(cpu_plan, cpu_smoked, built_bas
 def test_broken_shape_fixture_fails_model_with_the_engine_log_and_is_not_tagged(
         cpu_plan, test_ctx, tmp_path):
     ctx = isolated(test_ctx, tmp_path, CPU_ID)
-    smoke.smoke_cell(ctx, cpu_plan, RunOptions(levels=["model"], fixture="broken"))
+    smoke.smoke_cell(ctx, ctx.spec(cpu_plan), RunOptions(levels=["model"], fixture="broken"))
     stage = journal.load(ctx.state, CPU_ID)["stages"]["smoke"]
     model = stage["details"]["levels"]["model"]
     assert stage["status"] == "fail"
@@ -172,7 +172,7 @@ def test_launched_without_the_reasoning_parser_fails_thinking_on(cpu_plan, test_
     ctx = isolated(test_ctx, tmp_path, CPU_ID)
     settings = dataclasses.replace(cpu_plan.settings, engine_args=["--enforce-eager"])
     plan = dataclasses.replace(cpu_plan, settings=settings)
-    smoke.smoke_cell(ctx, plan, RunOptions(levels=["model"]))
+    smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["model"]))
     model = journal.load(ctx.state, CPU_ID)["stages"]["smoke"]["details"]["levels"]["model"]
     checks = {c["check"]: c for c in model["checks"]}
     assert model["status"] == "fail"
@@ -187,7 +187,7 @@ def test_cuda_cell_on_a_gpu_less_host_skips_gpu_and_is_not_tagged(cuda_plan, tes
     """host_gpu=False: what a host without a GPU gets, on any host (no skip on a GPU host)."""
     ctx = isolated(test_ctx, tmp_path, CUDA_ID, tag_policy={
         "require": ["static", "gpu", "model"], "allow_static_only": False})
-    smoke.smoke_cell(ctx, cuda_plan, RunOptions(host_gpu=False))
+    smoke.smoke_cell(ctx, ctx.spec(cuda_plan), RunOptions(host_gpu=False))
     levels = journal.load(ctx.state, CUDA_ID)["stages"]["smoke"]["details"]["levels"]
     assert levels["gpu"]["status"] == "skip" and levels["gpu"]["reason"] == "no GPU on this host"
     assert levels["gpu"]["needs_gpu"] is True
@@ -243,7 +243,7 @@ from tests.planning_support import recorded_metadata
 
 ctx = Context.load(sys.argv[1], sys.argv[2])
 (plan,) = plan_matrix(ctx, select=[sys.argv[3]], source=recorded_metadata)
-smoke.smoke_cell(ctx, plan, RunOptions(levels=["model"]))
+smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["model"]))
 """
 
 

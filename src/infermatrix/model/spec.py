@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 from packaging.utils import canonicalize_name
 
 from ..config import Matrix
-from ..errors import UsageError
+from ..errors import StageFailure, UsageError
 from ..names import inside
 from ..state import read_state_text
 from .cell import CPU, Cell, CellPlan
@@ -133,6 +133,75 @@ def header_lines(text: str) -> list[str]:
             break
         lines.append(line)
     return lines
+
+
+def lock_blocks(text: str) -> dict[str, tuple[str, set[str]]]:
+    """name -> (the pin's lines, the packages that need it ("# via" annotations))."""
+    blocks: dict[str, tuple[str, set[str]]] = {}
+    current: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines() + [""]:
+        starts = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
+        if (starts or not line.startswith(" ")) and current is not None:
+            via = set()
+            for ann in lines:
+                ann = ann.strip()
+                if ann.startswith("# via "):
+                    ann = ann[6:]
+                elif ann.startswith("#   "):
+                    ann = ann[4:]
+                else:
+                    continue
+                if not ann.startswith("-r "):
+                    via.add(canonicalize_name(ann.strip()))
+            blocks[current] = ("\n".join(lines), via)
+            current, lines = None, []
+        if starts:
+            current, lines = canonicalize_name(starts.group(1)), [line]
+        elif current is not None:
+            lines.append(line)
+    return blocks
+
+
+def lock_subset(text: str, root: str) -> str:
+    """The part of a lock that installs `root` and everything it needs (from uv's "# via"
+    annotations), with the index lines: e.g. torch alone, hash-checked, for a toolchain stage
+    that kernels compile against before the whole lock is installed."""
+    blocks = lock_blocks(text)
+    wanted = {canonicalize_name(root)}
+    if root not in blocks and canonicalize_name(root) not in blocks:
+        raise StageFailure(f"{root} is not in this lock")
+    grew = True
+    while grew:  # a package belongs when something already in the set needs it
+        grew = False
+        for name, (_, via) in blocks.items():
+            if name not in wanted and via & wanted:
+                wanted.add(name)
+                grew = True
+    index_lines = [ln for ln in text.splitlines()
+                   if ln.startswith(("--index-url", "--extra-index-url"))]
+    body = [blocks[name][0] for name in sorted(wanted)]
+    return "\n".join(index_lines + [""] + body) + "\n"
+
+
+def lock_without_comments(text: str) -> str:
+    """A lock's pins, hashes and index options without its comment lines (uv's header, which
+    names the cell, and the `# via` annotations): the text a build context carries, so that
+    cells with the same pins get the same file, and BuildKit the same layers. Comments never
+    change what `uv pip install --require-hashes` installs."""
+    return "\n".join(line for line in text.splitlines()
+                     if not line.lstrip().startswith("#")) + "\n"
+
+
+def kernel_header_entries(text: str | None) -> list[tuple[str, str]]:
+    """(package, what the header says of its source: `pkg==v sdist F sha256:H`, `tree:H`)
+    of each `# kernel NAME: ...` line of a lock header (lock.header wrote them)."""
+    entries = []
+    for line in header_lines(text or ""):
+        if line.startswith("# kernel ") and ": " in line:
+            said = line.split(": ", 1)[1]
+            entries.append((said.split("==", 1)[0], said))
+    return entries
 
 
 _KERNEL_PIN = re.compile(r"^# kernel [^:]*: ([A-Za-z0-9._-]+)==(\S+)(?: sdist (\S+) "

@@ -1,10 +1,11 @@
 """The pipeline's steps, one list: plan → lock → render → base → build → audit → smoke → tag →
 publish → report.
 
-Every step has the same interface, the `step(run, alive) -> StepRecord` of its stage module
+Every step has the same interface, the `step(run, cells) -> StepRecord` of its stage module
 (stages/steps.py: `Run`, the one outcome type `StepRecord`). `run` is what the loader resolved
-once (context, every planned or pruned cell, run options, the Docker engine); `alive` are the
-cells the earlier steps let through. The single-stage commands run a subset (`steps_named`). The per-cell facts go to the journal (written by each stage module,
+once (context, every planned or pruned cell, run options, the Docker engine); `cells` are the
+CellSpecs (model/spec.py, resolved once per run through `Run.cells`) of the planned cells the
+earlier steps let through. The single-stage commands run a subset (`steps_named`). The per-cell facts go to the journal (written by each stage module,
 under the same stage names: `journal.STAGES` is `STEP_NAMES`); the `StepRecord` only steers
 the next step and is what the pipeline prints and keeps in <state>/run.json.
 """
@@ -19,6 +20,7 @@ from .. import journal
 from ..context import Context
 from ..engine.docker import Engine
 from ..model.cell import CellPlan
+from ..model.spec import CellSpec
 from .steps import Run, Step, StepRecord, StepStatus, console, echo, step_record  # noqa: F401
 
 
@@ -38,8 +40,8 @@ def _step(name: str) -> Step:
     line starts without every stage)."""
     module = {"tag": "tagging"}.get(name, name)
 
-    def run_it(run: Run, alive: list[CellPlan]) -> StepRecord:
-        return importlib.import_module(f"{__name__}.{module}").step(run, alive)
+    def run_it(run: Run, cells: list[CellSpec]) -> StepRecord:
+        return importlib.import_module(f"{__name__}.{module}").step(run, cells)
     run_it.__name__ = f"{module}.step"
     return run_it
 
@@ -64,7 +66,7 @@ def steps_named(*names: str) -> tuple[tuple[str, Step], ...]:
 ON_THE_BUILDER = frozenset({"audit", "smoke", "tag", "publish"})
 
 
-def builder_groups(run: Run, alive: list[CellPlan]) -> list[tuple[Any, list[CellPlan]]]:
+def builder_groups(run: Run, alive: list[CellSpec]) -> list[tuple[Any, list[CellSpec]]]:
     """(engine or None for the default one, its cells), by the builder each cell was built on."""
     from .builders import endpoints_for
 
@@ -74,7 +76,7 @@ def builder_groups(run: Run, alive: list[CellPlan]) -> list[tuple[Any, list[Cell
     if not endpoints:
         return [(None, alive)]
     engines: dict[str, Any] = {}
-    groups: dict[str | None, list[CellPlan]] = {}
+    groups: dict[str | None, list[CellSpec]] = {}
     for plan in alive:
         name = (journal.load(run.ctx.state, plan.id).get("builder") or {}).get("name")
         key = name if name in endpoints else None
@@ -84,7 +86,7 @@ def builder_groups(run: Run, alive: list[CellPlan]) -> list[tuple[Any, list[Cell
     return [(engines.get(key) if key else None, cells) for key, cells in groups.items()]
 
 
-def _step_per_builder(run: Run, name: str, step: Step, alive: list[CellPlan]) -> StepRecord:
+def _step_per_builder(run: Run, name: str, step: Step, alive: list[CellSpec]) -> StepRecord:
     import dataclasses
 
     groups = builder_groups(run, alive) if name in ON_THE_BUILDER else [(None, alive)]
@@ -106,17 +108,17 @@ def run_steps(run: Run, steps: tuple[tuple[str, Step], ...] = STEPS,
               announce: Callable[[str], None] | None = None) -> list[StepRecord]:
     """Run the steps in order; a cell a step failed or dropped is left out of the later ones."""
     records: list[StepRecord] = []
-    alive = list(run.plans)
+    alive = [p.id for p in run.plans if p.planned]
     for name, step in steps:
         if announce:
             announce(name)
         started = time.monotonic()
-        record = _step_per_builder(run, name, step, alive)
+        record = _step_per_builder(run, name, step, run.cells(alive))
         record.seconds = time.monotonic() - started
         records.append(record)
         echo(record.summary())
         gone = set(record.failed) | set(record.dropped)
-        alive = [p for p in alive if p.id not in gone]
+        alive = [cell_id for cell_id in alive if cell_id not in gone]
         if record.failed and run.options.fail_fast:
             echo(f"--fail-fast: stopping after {name}")
             break

@@ -36,6 +36,7 @@ from ..model.cell import CellPlan
 from ..config import Matrix
 from ..errors import ConfigError, MissingTool, UsageError
 from ..model.spec import os_base
+from ..model.spec import CellSpec
 from ..state import StatePaths
 from .watch import Heartbeat
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
@@ -361,41 +362,40 @@ def _trim_rootfs(rootfs: Path) -> None:
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """Build (or find) the debootstrap bases the cells stand on, for each image platform. A
     base that cannot be made here (an arm64 base on an x86_64 host without an emulator) fails
     the cells that need it, with the fix, and not the others."""
     from ..errors import InfermatrixError
-    from ..model.spec import base_chain
     debootstrap = set(debootstrap_bases(run.ctx.matrix))
     needs: dict[tuple[str, str], list[str]] = {}
-    for plan in alive:
-        if plan.settings:
-            for name in set(base_chain(run.ctx.matrix, plan.settings.base)) & debootstrap:
-                for platform in _base_platforms(run, plan):
-                    needs.setdefault((name, platform), []).append(plan.id)
+    for cell in cells:
+        for name in set(cell.base_chain) & debootstrap:
+            for platform in _base_platforms(run, cell.plan):
+                needs.setdefault((name, platform), []).append(cell.id)
     made: list[str] = []
     failed: dict[str, str] = {}  # cell -> why
     refs: dict[str, list[str]] = {}
-    for (name, platform), cells in sorted(needs.items()):
+    for (name, platform), needed_by in sorted(needs.items()):
         try:
             result = build_base(run.ctx.matrix, name, run.ctx.state, platform=platform,
                                 echo=echo, docker=run.docker)
             echo(f"base {name} ({platform}): {result.ref}")
             made.append(name)
-            for cell_id in cells:
+            for cell_id in needed_by:
                 refs.setdefault(cell_id, []).append(result.ref)
         except InfermatrixError as exc:
             echo(f"base {name} ({platform}): {exc}")
-            failed.update({cell_id: f"base {name} ({platform}): {exc}" for cell_id in cells})
-    for plan in alive:
-        if plan.id in failed:
-            journal.record_stage(run.ctx.state, plan.id, "base", journal.Status.FAIL,
-                                 reason=failed[plan.id])
-        elif plan.id in refs:
-            journal.record_stage(run.ctx.state, plan.id, "base", journal.Status.PASS,
-                                 details={"images": refs[plan.id]})
-    passed = [p.id for p in alive if p.id not in failed]
+            failed.update({cell_id: f"base {name} ({platform}): {exc}"
+                           for cell_id in needed_by})
+    for cell in cells:
+        if cell.id in failed:
+            journal.record_stage(run.ctx.state, cell.id, "base", journal.Status.FAIL,
+                                 reason=failed[cell.id])
+        elif cell.id in refs:
+            journal.record_stage(run.ctx.state, cell.id, "base", journal.Status.PASS,
+                                 details={"images": refs[cell.id]})
+    passed = [c.id for c in cells if c.id not in failed]
     return step_record("base", passed, sorted(failed), note=", ".join(sorted(set(made))))
 
 

@@ -43,6 +43,7 @@ from . import lock as locks
 from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
 from ..model.cell import CellPlan
+from ..model.spec import CellSpec
 from ..options import RunOptions
 from ..state import run_lock
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
@@ -889,8 +890,9 @@ def _build_in_parallel(ctx: Context, planned: list[CellPlan],
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
-    results = build_cells(run.ctx, alive, run.options, echo=echo, docker=run.docker)
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
+    results = build_cells(run.ctx, [c.plan for c in cells], run.options, echo=echo,
+                          docker=run.docker)
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
     return step_record("build", passed, failed)

@@ -49,6 +49,7 @@ from ..errors import CommandFailed, StageFailure
 from ..model.index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get
 from ..options import package_index
 from ..model.cell import CellPlan, Verdict
+from ..model.spec import CellSpec
 from ..model.spec import (LOCKS_DIR, MATCH_ENGINE, lock_path, machine_of, os_base,
                           read_lock_text)
 from ..model.spec import header_lines as _header_lines
@@ -445,64 +446,6 @@ def write_lock(ctx: Context, result: LockResult) -> Path:
     return path
 
 
-def _blocks(text: str) -> dict[str, tuple[str, set[str]]]:
-    """name -> (the pin's lines, the packages that need it ("# via" annotations))."""
-    blocks: dict[str, tuple[str, set[str]]] = {}
-    current: str | None = None
-    lines: list[str] = []
-    for line in text.splitlines() + [""]:
-        starts = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
-        if (starts or not line.startswith(" ")) and current is not None:
-            via = set()
-            for ann in lines:
-                ann = ann.strip()
-                if ann.startswith("# via "):
-                    ann = ann[6:]
-                elif ann.startswith("#   "):
-                    ann = ann[4:]
-                else:
-                    continue
-                if not ann.startswith("-r "):
-                    via.add(canonicalize_name(ann.strip()))
-            blocks[current] = ("\n".join(lines), via)
-            current, lines = None, []
-        if starts:
-            current, lines = canonicalize_name(starts.group(1)), [line]
-        elif current is not None:
-            lines.append(line)
-    return blocks
-
-
-def subset(text: str, root: str) -> str:
-    """The part of a lock that installs `root` and everything it needs (from uv's "# via"
-    annotations), with the index lines: e.g. torch alone, hash-checked, for a toolchain stage
-    that kernels compile against before the whole lock is installed."""
-    blocks = _blocks(text)
-    wanted = {canonicalize_name(root)}
-    if root not in blocks and canonicalize_name(root) not in blocks:
-        raise StageFailure(f"{root} is not in this lock")
-    grew = True
-    while grew:  # a package belongs when something already in the set needs it
-        grew = False
-        for name, (_, via) in blocks.items():
-            if name not in wanted and via & wanted:
-                wanted.add(name)
-                grew = True
-    index_lines = [ln for ln in text.splitlines()
-                   if ln.startswith(("--index-url", "--extra-index-url"))]
-    body = [blocks[name][0] for name in sorted(wanted)]
-    return "\n".join(index_lines + [""] + body) + "\n"
-
-
-def without_comments(text: str) -> str:
-    """A lock's pins, hashes and index options without its comment lines (uv's header, which
-    names the cell, and the `# via` annotations): the text a build context carries, so that
-    cells with the same pins get the same file, and BuildKit the same layers. Comments never
-    change what `uv pip install --require-hashes` installs."""
-    return "\n".join(line for line in text.splitlines()
-                     if not line.lstrip().startswith("#")) + "\n"
-
-
 def lock_digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -621,11 +564,10 @@ def require_lock(ctx: Context, cell_id: str) -> Path:
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """Builds install from the committed locks; say which cells have none (build refuses
     them until `infermatrix lock` is run for them and the lock committed)."""
-    from ..model.spec import lock_path
-    missing = [p.id for p in alive if not lock_path(run.ctx, p.id).is_file()]
+    missing = [c.id for c in cells if not c.has_lock]
     note = (f"no lock for {len(missing)} cell(s), their build is refused: run `infermatrix "
             "lock`" if missing else "")
-    return step_record("lock", [p.id for p in alive if p.id not in missing], [], note)
+    return step_record("lock", [c.id for c in cells if c.id not in missing], [], note)

@@ -33,6 +33,7 @@ from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requir
                     evaluate, exact_pin, load_rules, torch_satisfies)
 from ..model.selectors import Selection, matches
 from ..model.spec import machine_of
+from ..model.spec import CellSpec
 from ..model.wheelcode import WheelCodeCache
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
@@ -765,8 +766,10 @@ def _check_selectors(m: Matrix, cells: list[Cell], select: Iterable[str],
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
-    """Every cell's plan outcome in the journal (the report shows pruned cells too)."""
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
+    """Every selected cell's plan outcome in the journal (the report shows pruned cells too):
+    the run's plans, pruned and unresolved ones included; `cells` are the planned ones."""
+    alive = run.plans
     for plan in alive:
         status = journal.Status.PASS if plan.planned else journal.Status.SKIP
         reason = "; ".join(v.reason for v in plan.verdicts) or None

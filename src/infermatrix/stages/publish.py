@@ -34,7 +34,7 @@ from ..model.cell import CPU, Cell, CellPlan
 from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection
 from ..state import StatePaths
-from ..model.spec import CONTAINER_MODEL, driver_table
+from ..model.spec import CONTAINER_MODEL, CellSpec, driver_table
 from ..model.spec import min_driver_for
 from .watch import Heartbeat
 from ..imageslock import (LOCK_HEADER, LOCK_NAME, LOCK_VERSION, dump_lock, empty_lock,  # noqa: F401
@@ -142,7 +142,6 @@ def alias_rank(entry: dict[str, Any]) -> tuple:
 
 def launch_for(matrix: Matrix, cell: Cell):  # -> spec.Launch
     """spec.Launch of the cell as the planner resolves it (no index facts needed)."""
-    from ..model.cell import CellPlan
     from .plan import settings_for
     from ..model.rules import choose_attention_backend
     from ..model.spec import launch_of
@@ -154,7 +153,7 @@ def launch_for(matrix: Matrix, cell: Cell):  # -> spec.Launch
                                       settings=settings_for(cell, matrix, None, backend)))
 
 
-def run_spec(matrix: Matrix, cell: Cell, spec: Any = None) -> dict[str, Any]:
+def run_spec(matrix: Matrix, cell: Cell, spec: CellSpec | None = None) -> dict[str, Any]:
     """How to serve the model from this image: the engine command, its env, GPU and shm needs:
     the run's CellSpec's launch when the cell was planned in this run (`spec`), else the
     launch the planner gives the cell its labels name (launch_for).
@@ -279,9 +278,9 @@ class Publisher:
     def __init__(self, ctx: Context, repository: str, creds: registries.RegistryCredentials,
                  lock_path: Path, docker: Engine, allow_retag: bool = False,
                  say: Callable[[str], None] = print, signer: Any = None,
-                 plans: dict[str, Any] | None = None) -> None:
+                 cells: dict[str, CellSpec] | None = None) -> None:
         self.ctx, self.repository, self.creds = ctx, repository, creds
-        self.plans = plans or {}  # the run's plans by cell id: their CellSpecs serve here
+        self.cells = cells or {}  # the run's CellSpecs by cell id: their launch serves here
         self.docker = docker  # the engine that holds the tested images and pushes them
         self.lock_path, self.allow_retag, self.say = lock_path, allow_retag, say
         self.signer = signer  # sign.Signer, or None: published unsigned
@@ -300,9 +299,7 @@ class Publisher:
             raise StageFailure(f"image {cand.image_id} is labelled as cell {cell.id}, "
                                f"the journal says {cand.cell_id}")
         tag = render_tag(self.ctx.matrix.publish.get("tag", "{cell_id}"), cell, self.ctx.matrix)
-        plan = self.plans.get(cell.id)
-        spec = self.ctx.spec(plan) if plan is not None and plan.planned else None
-        run = run_spec(self.ctx.matrix, cell, spec)  # before the push: a mistake pushes nothing
+        run = run_spec(self.ctx.matrix, cell, self.cells.get(cell.id))  # before the push: a mistake pushes nothing
         started = time.monotonic()
         remote = registries.remote_manifest(self.repository, tag, self.creds)
         if remote is not None and remote.config_digest == cand.image_id:
@@ -390,7 +387,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
             allow_retag: bool = False, lock_path: Path | None = None,
             creds: registries.RegistryCredentials | None = None,
             say: Callable[[str], None] = print, docker: Engine | None = None,
-            plans: list[Any] | None = None) -> PublishResult:
+            cells: list[CellSpec] | None = None) -> PublishResult:
     """Push every tagged cell from `docker` (default DOCKER_HOST / the current context);
     refused or failed cells are reported, the others go on.
 
@@ -412,7 +409,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
         "signing: none (no INFERMATRIX_COSIGN_KEY / _KEY_FILE): published UNSIGNED; pull and "
         "deploy refuse an unsigned digest unless given --skip-verify")
     publisher = Publisher(ctx, repository, creds, lock_path, docker or Engine(), allow_retag,
-                          say, signer, {p.id: p for p in plans or []})
+                          say, signer, {c.id: c for c in cells or []})
     publisher.result.failed.update(tag_failures)
     for cand in candidates:
         try:
@@ -431,13 +428,13 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     if not run.options.publish or not registry_configured(run.ctx.matrix):
         return StepRecord("publish", StepStatus.NOT_CONFIGURED,
                           note="no publish.registry in matrix.yaml (or --no-publish)")
-    if not alive:  # an empty selection would mean every cell
+    if not cells:  # an empty selection would mean every cell
         return step_record("publish", [], [])
-    result = publish(run.ctx, Selection([p.id for p in alive]), say=echo, docker=run.docker,
-                     plans=alive)  # their CellSpecs give images.lock's serve command
+    result = publish(run.ctx, Selection([c.id for c in cells]), say=echo, docker=run.docker,
+                     cells=cells)  # their CellSpecs give images.lock's serve command
     return step_record("publish", [*result.pushed, *result.unchanged],
                    [*result.refused, *result.failed])

@@ -40,8 +40,9 @@ from ..config import REPO_ROOT, Matrix
 from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
 from ..model.cell import Cell, CellPlan, CellSettings
-from ..model.spec import (kernel_pins_from_lock, kernel_version, lock_path, os_base,
-                   pinned_packages)
+from ..model.spec import CellSpec
+from ..model.spec import (kernel_pins_from_lock, kernel_version, lock_path, lock_subset,
+                          lock_without_comments, os_base, pinned_packages)
 from ..state import run_lock
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
@@ -444,7 +445,7 @@ def _sdist_pin(ctx: Context, cell_id: str, package: str, version: str | None,
 
 
 def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
-    """The lock's lines for torch and everything it needs (lock.subset), for the toolchain.
+    """The lock's lines for torch and everything it needs (spec.lock_subset), for the toolchain.
 
     Only pins and hashes: uv's `# via` comments name the cell's other packages, and the
     toolchain must be the same text for every cell with the same torch, so that they share its
@@ -453,14 +454,14 @@ def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
 
 
 def package_lock(ctx: Context, cell_id: str, lock_text: str, package: str) -> str:
-    """The lock's pins and hashes of `package` and everything it needs (lock.subset)."""
+    """The lock's pins and hashes of `package` and everything it needs (spec.lock_subset)."""
     try:
-        subset = locks.subset(lock_text, package)
+        subset = lock_subset(lock_text, package)
     except StageFailure:
         raise ConfigError(f"{package} is not pinned in the lock of {cell_id}",
                           _shown(lock_path(ctx, cell_id)),
                           fix=f"infermatrix lock --select {cell_id}") from None
-    return locks.without_comments(subset)
+    return lock_without_comments(subset)
 
 
 def source_date_epoch(matrix: Matrix, base_name: str) -> int:
@@ -656,7 +657,7 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
     if lock_text is not None:
         # Comment-free: the header and `# via` lines name the cell, and a COPY of them would
         # give cells with the same pins their own install and compileall layers.
-        variables["requirements_lock"] = locks.without_comments(lock_text)
+        variables["requirements_lock"] = lock_without_comments(lock_text)
         out.add_text("requirements.lock.txt",
                      render_template(env, "files/requirements.lock.txt.j2", **variables))
     if kernels:
@@ -945,8 +946,9 @@ def kernel_stage_text(dockerfile: str, name: str) -> str:
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     from ..model.spec import check_lock_files
-    check_lock_files(run.ctx, alive)
-    render_cells(run.ctx, alive)
-    return step_record("render", [p.id for p in alive], [])
+    plans = [c.plan for c in cells]
+    check_lock_files(run.ctx, plans)
+    render_cells(run.ctx, plans)
+    return step_record("render", [c.id for c in cells], [])

@@ -38,7 +38,7 @@ from rich.text import Text
 
 from .. import journal
 from ..journal import CellRecord, StageRecord, load_records, records_of
-from ..model.cell import CellPlan
+from ..model.spec import CellSpec
 from ..journal import number_of as _number
 from ..journal import text_of as _text
 from ..errors import InfermatrixError
@@ -877,7 +877,7 @@ def _shorten(text: str, limit: int) -> str:
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """The HTML/Markdown/JSON report over every cell of the plan, pruned ones included (the
     plan of this run: the lock's verdicts are in it)."""
     records = journal.load_records(run.ctx.state)

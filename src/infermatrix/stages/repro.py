@@ -294,12 +294,10 @@ def lock_input(ctx: Context, cell_id: str) -> tuple[dict[str, Any], str | None]:
 
 def kernel_inputs(lock_text: str | None) -> dict[str, dict[str, Any]]:
     """Each compiled kernel's source: a PyPI sdist by sha256, a local tree by content hash."""
+    from ..model.spec import kernel_header_entries
+
     found = {}
-    for line in (lock_text or "").splitlines():
-        if not line.startswith("# kernel "):
-            continue
-        spec = line.split(": ", 1)[1]
-        name = spec.split("==", 1)[0]
+    for name, spec in kernel_header_entries(lock_text):
         sha = re.search(r"sha256:[0-9a-f]{64}", spec)
         tree = re.search(r"tree:[0-9a-f]+", spec)
         how = "sdist sha256" if sha else ("source tree content hash" if tree else "version only")

@@ -46,8 +46,9 @@ from ..context import Context
 from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
-from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS, CellPlan
+from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
+from ..model.spec import CellSpec
 from ..options import RunOptions
 from .watch import Heartbeat
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
@@ -161,13 +162,13 @@ def level_timeout(ctx: Context, level: str) -> float:
     return float(smoke_settings(ctx).get("timeouts", {}).get(level, DEFAULT_TIMEOUTS[level]))
 
 
-def kernel_distributions(ctx: Context, plan: CellPlan) -> list[str]:
+def kernel_distributions(ctx: Context, spec: CellSpec) -> list[str]:
     """`package==version` of the cell's compiled kernel packages (no pin for match-engine)."""
-    return [k.requirement if k.pinned else k.package for k in ctx.spec(plan).kernels]
+    return [k.requirement if k.pinned else k.package for k in spec.kernels]
 
 
-def engine_distribution(ctx: Context, plan: CellPlan) -> str | None:
-    return ctx.spec(plan).engine_requirement
+def engine_distribution(ctx: Context, spec: CellSpec) -> str | None:
+    return spec.engine_requirement
 
 
 @dataclass
@@ -182,17 +183,17 @@ class LaunchSpec:
     mem_limit: str | None = None  # the container's memory limit (a unified-memory GPU's share)
 
 
-def launch_spec(ctx: Context, plan: CellPlan, port: int = CONTAINER_PORT,
+def launch_spec(ctx: Context, spec: CellSpec, port: int = CONTAINER_PORT,
                 model: str = CONTAINER_MODEL) -> LaunchSpec | None:
     """The cell's launch command (spec.Launch); None when its engine serves nothing."""
-    launch = ctx.spec(plan).launch
+    launch = spec.launch
     if launch is None or not launch.health:
         return None
     return LaunchSpec(command=launch.command(port, model), env=dict(launch.env),
                       shm_size=launch.shm_size, health=launch.health, gpu=launch.gpu)
 
 
-def with_mtp(ctx: Context, plan: CellPlan, spec: LaunchSpec, model_dir: Path,
+def with_mtp(ctx: Context, spec: CellSpec, launch: LaunchSpec, model_dir: Path,
              details: dict[str, Any]) -> LaunchSpec:
     """The launch plus the engine's MTP flags (model.mtp.launch) when the model directory
     holds the MTP head's weights (model/mtp.py); what was found goes to the level's details."""
@@ -201,9 +202,9 @@ def with_mtp(ctx: Context, plan: CellPlan, spec: LaunchSpec, model_dir: Path,
     from ..model.mtp import find_weights, launch_args
 
     weights = find_weights(model_dir)
-    args = launch_args(ctx.matrix.model, plan.cell.engine, weights)
+    args = launch_args(ctx.matrix.model, spec.cell.engine, weights)
     details["mtp"] = {**weights.as_dict(), "args": args}
-    return dataclasses.replace(spec, command=spec.command + args) if args else spec
+    return dataclasses.replace(launch, command=launch.command + args) if args else launch
 
 
 def model_source(ctx: Context, options: RunOptions) -> Path | None:
@@ -223,12 +224,12 @@ def model_source(ctx: Context, options: RunOptions) -> Path | None:
 NOT_VERIFIED = "not verified"
 
 
-def correctness_unverifiable(ctx: Context, plan: CellPlan, real_model: bool) -> str | None:
+def correctness_unverifiable(ctx: Context, spec: CellSpec, real_model: bool) -> str | None:
     """Why a GPU cell's model level cannot check the answer (then it is "not verified", never
     "pass"), or None. The fixture's random weights check structure only: enough for the CPU
     lane, whose kernels the fixture exercises, not for a GPU cell, whose wrong kernels produce
     fluent garbage (failure-modes.md, "Silent garbage")."""
-    if not plan.cell.is_gpu:
+    if not spec.cell.is_gpu:
         return None
     if not real_model:
         return (f"{NOT_VERIFIED}: a GPU cell's model level needs real weights "
@@ -343,14 +344,14 @@ def harness_level(level: str, code: int | None, parsed: dict[str, Any] | None, o
 # Levels
 # --------------------------------------------------------------------------------------------
 
-def run_static(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float) -> LevelResult:
+def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float) -> LevelResult:
     details: dict[str, Any] = {}
     reasons: list[str] = []
-    audit_status = run_audit(ctx, plan, harness.image_id, details, harness.docker)
+    audit_status = run_audit(ctx, spec, harness.image_id, details, harness.docker)
     if audit_status == "fail":
         reasons.append(f"audit: {details['audit'].get('reason')}")
-    specs = [s for s in [engine_distribution(ctx, plan), *kernel_distributions(ctx, plan)] if s]
-    code, parsed, output = harness.run("static_check", [*specs, "--torch", plan.cell.torch],
+    specs = [s for s in [engine_distribution(ctx, spec), *kernel_distributions(ctx, spec)] if s]
+    code, parsed, output = harness.run("static_check", [*specs, "--torch", spec.cell.torch],
                                        timeout_s)
     status, reason, imports = harness_level("static", code, parsed, output, timeout_s)
     details["imports"] = imports
@@ -376,11 +377,11 @@ def recorded_audit(record: dict[str, Any], image_id: str, docker: Engine
     return audit
 
 
-def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, Any],
+def run_audit(ctx: Context, spec: CellSpec, image_id: str, details: dict[str, Any],
               docker: Engine) -> str:
     """The audit of this image: the one the audit step recorded, else audit.audit_cell (which
     records its own stage); any failure to run it fails the level."""
-    done = recorded_audit(journal.load(ctx.state, plan.id), image_id, docker)
+    done = recorded_audit(journal.load(ctx.state, spec.id), image_id, docker)
     if done is not None:
         details["audit"] = {"status": done["status"], "reason": done.get("reason"),
                             "reused": f"audit stage of {done.get('finished')}",
@@ -389,7 +390,7 @@ def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, An
     try:
         from . import audit
 
-        result = audit.audit_cell(ctx, plan, image_id, docker=docker)
+        result = audit.audit_cell(ctx, spec.plan, image_id, docker=docker)
     except (ImportError, InfermatrixError) as exc:  # an audit that did not run fails the level
         details["audit"] = {"status": "fail", "reason": f"the audit did not run: {exc}"}
         return "fail"
@@ -398,17 +399,17 @@ def run_audit(ctx: Context, plan: CellPlan, image_id: str, details: dict[str, An
     return result.status
 
 
-def run_gpu(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
+def run_gpu(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
             gpu_here: bool) -> LevelResult:
-    if not plan.cell.is_gpu:
+    if not spec.cell.is_gpu:
         return LevelResult("gpu", "skip", "arch cpu: the gpu level does not apply",
                            details={"applicable": False})
     if not gpu_here:
         return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
-    kernels = [s.split("==")[0] for s in kernel_distributions(ctx, plan)]
+    kernels = [s.split("==")[0] for s in kernel_distributions(ctx, spec)]
     # the engine named by the cell: in its image a missing triton or GDN op fails the level
-    engine = plan.cell.engine if plan.cell.engine in ("vllm", "sglang") else "none"
-    code, parsed, output = harness.run("gpu_check", ["--arch", plan.cell.arch, "--engine",
+    engine = spec.cell.engine if spec.cell.engine in ("vllm", "sglang") else "none"
+    code, parsed, output = harness.run("gpu_check", ["--arch", spec.cell.arch, "--engine",
                                                      engine, "--kernels", *kernels],
                                        timeout_s, gpu=True)
     status, reason, details = harness_level("gpu", code, parsed, output, timeout_s)
@@ -428,14 +429,14 @@ def fixture_dir(ctx: Context, cell_id: str, variant: str) -> Path:
     return ctx.state.root / "fixtures" / f"{cell_id}-{variant}"
 
 
-def make_fixture(ctx: Context, plan: CellPlan, harness: Harness, variant: str,
+def make_fixture(ctx: Context, spec: CellSpec, harness: Harness, variant: str,
                  timeout_s: float, level: str = "model",
                  reuse: bool = False) -> tuple[Path | None, LevelResult | None]:
     """Generate the fixture model with the image's own transformers, into the state dir
     (with `reuse`, the one this image made already, e.g. for the model level just before)."""
     import shutil
 
-    out = fixture_dir(ctx, plan.id, variant)
+    out = fixture_dir(ctx, spec.id, variant)
     made = out / "model" / "config.json"
     if reuse and made.is_file() and (out / "image").is_file() and \
             (out / "image").read_text() == harness.image_id:
@@ -474,49 +475,49 @@ def published_port(docker: Engine, container_id: str, deadline_s: float = 10.0
     raise StageFailure(f"container {container_id[:12]} published no port {CONTAINER_PORT}")
 
 
-def run_model(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
+def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
               gpu_here: bool, options: RunOptions) -> LevelResult:
-    spec = launch_spec(ctx, plan)
-    if spec is None:
-        return LevelResult("model", "skip", f"engine {plan.cell.engine} defines no server "
-                           f"(no `health` in engines.{plan.cell.engine})",
+    launch = launch_spec(ctx, spec)
+    if launch is None:
+        return LevelResult("model", "skip", f"engine {spec.cell.engine} defines no server "
+                           f"(no `health` in engines.{spec.cell.engine})",
                            details={"applicable": False})
-    if spec.gpu and not gpu_here:
+    if launch.gpu and not gpu_here:
         return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
     started = time.monotonic()
     host_model = model_source(ctx, options)
     real_model = host_model is not None  # a fixture's probe checks structure, not meaning
-    unverified = correctness_unverifiable(ctx, plan, real_model)
+    unverified = correctness_unverifiable(ctx, spec, real_model)
     if unverified:
         return LevelResult("model", "skip", unverified,
                            details={"not_verified": True, "needs_weights": not real_model})
     details: dict[str, Any] = {"model_source": str(host_model) if real_model
                                else f"fixture ({options.fixture})"}
     if host_model is None:
-        host_model, failed = make_fixture(ctx, plan, harness, options.fixture, timeout_s)
+        host_model, failed = make_fixture(ctx, spec, harness, options.fixture, timeout_s)
         if failed:
             return failed
         details["fixture_s"] = round(time.monotonic() - started, 2)
     remaining = max(30.0, timeout_s - (time.monotonic() - started))
     settings = probe_settings(ctx, real_model, health_timeout_s=remaining,
-                              health_path=spec.health)
-    spec = with_mtp(ctx, plan, spec, host_model, details)
-    details["command"] = spec.command
-    details["env"] = spec.env
-    return serve_and_probe(ctx, plan, harness, spec, host_model, settings, details)
+                              health_path=launch.health)
+    launch = with_mtp(ctx, spec, launch, host_model, details)
+    details["command"] = launch.command
+    details["env"] = launch.env
+    return serve_and_probe(ctx, spec, harness, launch, host_model, settings, details)
 
 
-def serve_and_probe(ctx: Context, plan: CellPlan, harness: Harness, spec: LaunchSpec,
+def serve_and_probe(ctx: Context, spec: CellSpec, harness: Harness, launch: LaunchSpec,
                     host_model: Path, settings: harness_probe.ProbeSettings,
                     details: dict[str, Any]) -> LevelResult:
     """The model level of a cell: serve, probe, and judge what the live server maps."""
     return serve_image_and_probe(
-        harness, spec, host_model, settings, details, plan.id,
-        observe=lambda cid: observe_loaded_set(ctx, plan, harness.docker, cid, details),
+        harness, launch, host_model, settings, details, spec.id,
+        observe=lambda cid: observe_loaded_set(ctx, spec, harness.docker, cid, details),
         weights_on_engine_host=not details["model_source"].startswith("fixture"))
 
 
-def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
+def serve_image_and_probe(harness: Harness, launch: LaunchSpec, host_model: Path,
                           settings: harness_probe.ProbeSettings, details: dict[str, Any],
                           label: str, observe: Callable[[str], dict[str, Any]] | None = None,
                           weights_on_engine_host: bool = False) -> LevelResult:
@@ -528,12 +529,12 @@ def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
     name = f"infermatrix-smoke-{label}-{os.getpid()}"
     docker = harness.docker
     local = docker.is_local()
-    with container(docker, harness.image_id, command=spec.command, env=spec.env, shm_size=spec.shm_size,
-                   mem_limit=spec.mem_limit,
+    with container(docker, harness.image_id, command=launch.command, env=launch.env, shm_size=launch.shm_size,
+                   mem_limit=launch.mem_limit,
                    mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True,
                                         on_engine_host=weights_on_engine_host)],
                    ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)} if local else None,
-                   gpus=harness.gpus if spec.gpu else False,
+                   gpus=harness.gpus if launch.gpu else False,
                    labels={SMOKE_LABEL: label}, name=name) as cid:
         with Heartbeat(f"{label}: the engine server starts and answers the probe"):
             if local:
@@ -546,7 +547,7 @@ def serve_image_and_probe(harness: Harness, spec: LaunchSpec, host_model: Path,
                 probe = probe_beside(harness, cid, settings, label)
         loaded = observe(cid) if observe else {}
         engine_log = docker.container_logs(cid)
-    append_log(harness.log_path, f"engine server: {' '.join(spec.command)}", engine_log)
+    append_log(harness.log_path, f"engine server: {' '.join(launch.command)}", engine_log)
     details.update({k: v for k, v in probe.items() if k not in ("status", "reason", "check")})
     if probe["status"] == "fail":
         details["engine_log_tail"] = log_tail(engine_log)
@@ -599,7 +600,7 @@ def probe_beside(harness: Harness, server_id: str, settings: harness_probe.Probe
     return parsed
 
 
-def observe_loaded_set(ctx: Context, plan: CellPlan, docker: Engine, container_id: str,
+def observe_loaded_set(ctx: Context, spec: CellSpec, docker: Engine, container_id: str,
                        details: dict[str, Any]) -> dict[str, Any]:
     """Record the objects the live server maps (`mapped`) and judge them (`loaded_set`)."""
     from . import audit
@@ -609,20 +610,20 @@ def observe_loaded_set(ctx: Context, plan: CellPlan, docker: Engine, container_i
     except (StageFailure, InfermatrixError) as exc:
         details["loaded_set"] = {"status": "fail", "detail": str(exc)}
         return details["loaded_set"]
-    details["loaded_set"] = audit.judge_server_maps(ctx, plan, details["mapped"])
+    details["loaded_set"] = audit.judge_server_maps(ctx, spec.plan, details["mapped"])
     return details["loaded_set"]
 
 
-def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: float,
+def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                    gpu_here: bool, options: RunOptions) -> LevelResult:
     """N replicas of the server under the bounded load of stages/throughput.py."""
     from . import throughput
 
-    spec = launch_spec(ctx, plan)
-    if spec is None:
-        return LevelResult("throughput", "skip", f"engine {plan.cell.engine} defines no "
+    launch = launch_spec(ctx, spec)
+    if launch is None:
+        return LevelResult("throughput", "skip", f"engine {spec.cell.engine} defines no "
                            "server", details={"applicable": False})
-    if spec.gpu and not gpu_here:
+    if launch.gpu and not gpu_here:
         return LevelResult("throughput", "skip", NO_GPU, details={"needs_gpu": True})
     docker = harness.docker
     if not docker.is_local():
@@ -632,26 +633,26 @@ def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: fl
                            details={"not_verified": True, "engine": docker.label()})
     started = time.monotonic()
     host_model = model_source(ctx, options)
-    unverified = correctness_unverifiable(ctx, plan, host_model is not None)
+    unverified = correctness_unverifiable(ctx, spec, host_model is not None)
     if unverified:
         return LevelResult("throughput", "skip", unverified,
                            details={"not_verified": True, "needs_weights": host_model is None})
     settings = throughput.LoadSettings.from_matrix(smoke_settings(ctx).get("throughput"))
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
-                               else "fixture (normal)", "command": spec.command}
+                               else "fixture (normal)", "command": launch.command}
     if host_model is None:
-        host_model, failed = make_fixture(ctx, plan, harness, "normal", timeout_s,
+        host_model, failed = make_fixture(ctx, spec, harness, "normal", timeout_s,
                                           level="throughput", reuse=True)
         if failed:
             return failed
-    spec = with_mtp(ctx, plan, spec, host_model, details)
-    details["command"] = spec.command
+    launch = with_mtp(ctx, spec, launch, host_model, details)
+    details["command"] = launch.command
     remaining = max(60.0, timeout_s - (time.monotonic() - started))
     with contextlib.ExitStack() as replicas:
-        ids = [replicas.enter_context(replica_container(plan, harness, spec, host_model, i,
+        ids = [replicas.enter_context(replica_container(spec, harness, launch, host_model, i,
                                                         settings.replicas))
                for i in range(settings.replicas)]
-        endpoints = [replica_endpoint(docker, cid, i, spec.health) for i, cid in enumerate(ids)]
+        endpoints = [replica_endpoint(docker, cid, i, launch.health) for i, cid in enumerate(ids)]
         try:
             details["health_wait_s"] = throughput.wait_all_healthy(
                 endpoints, remaining, alive=lambda: next(filter(None, (container_gone(docker, c)()
@@ -660,7 +661,7 @@ def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: fl
         finally:
             logs = [docker.container_logs(cid) for cid in ids]
     for index, text in enumerate(logs):
-        append_log(harness.log_path, f"throughput replica {index}: {' '.join(spec.command)}",
+        append_log(harness.log_path, f"throughput replica {index}: {' '.join(launch.command)}",
                    text)
     status, reason = throughput.verdict(details)
     if status == "fail":
@@ -668,19 +669,19 @@ def run_throughput(ctx: Context, plan: CellPlan, harness: Harness, timeout_s: fl
     return LevelResult("throughput", status, reason, details=details)
 
 
-def replica_container(plan: CellPlan, harness: Harness, spec: LaunchSpec, host_model: Path,
+def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host_model: Path,
                       index: int, count: int) -> contextlib.AbstractContextManager[str]:
     """Replica `index` of the throughput level; on a GPU host, pinned to GPU `index`."""
-    env = dict(spec.env)
-    if spec.gpu and count > 1:
+    env = dict(launch.env)
+    if launch.gpu and count > 1:
         env["CUDA_VISIBLE_DEVICES"] = str(index)  # every GPU is requested; one is used
-    return container(harness.docker, harness.image_id, command=spec.command, env=env,
-                     shm_size=spec.shm_size,
+    return container(harness.docker, harness.image_id, command=launch.command, env=env,
+                     shm_size=launch.shm_size,
                      mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
                      ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
-                     gpus=harness.gpus if spec.gpu else False,
-                     labels={SMOKE_LABEL: plan.id},
-                     name=f"infermatrix-smoke-{plan.id}-{os.getpid()}-r{index}")
+                     gpus=harness.gpus if launch.gpu else False,
+                     labels={SMOKE_LABEL: spec.id},
+                     name=f"infermatrix-smoke-{spec.id}-{os.getpid()}-r{index}")
 
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
@@ -762,7 +763,7 @@ def bring_image(source: "engine.Engine", target: "engine.Engine", image_id: str,
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def smoke_cell(ctx: Context, plan: CellPlan, options: RunOptions | None = None,
+def smoke_cell(ctx: Context, spec: CellSpec, options: RunOptions | None = None,
                docker: Engine | None = None) -> SmokeResult:
     """Run the requested levels on the cell's built image, in `docker` (default: DOCKER_HOST /
     the current context); record them in the journal. With `options.smoke_on` the levels run
@@ -773,19 +774,19 @@ def smoke_cell(ctx: Context, plan: CellPlan, options: RunOptions | None = None,
         raise UsageError(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
     levels = levels_to_run(ctx, options.levels)
-    image_id = image_under_test(ctx, plan.id, docker, options.image)
-    log_path = ctx.state.cell_log(plan.id, "smoke")
+    image_id = image_under_test(ctx, spec.id, docker, options.image)
+    log_path = ctx.state.cell_log(spec.id, "smoke")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(f"smoke {plan.id} image {image_id} levels {','.join(levels)}\n")
+    log_path.write_text(f"smoke {spec.id} image {image_id} levels {','.join(levels)}\n")
     on = smoke_endpoint(ctx, options.smoke_on)
     if on is None:
-        return _smoke_levels(ctx, plan, options, levels, image_id, log_path, docker, None)
+        return _smoke_levels(ctx, spec, options, levels, image_id, log_path, docker, None)
     target = Engine(on)
     moved = bring_image(docker, target, image_id, log_path)
-    return _smoke_levels(ctx, plan, options, levels, image_id, log_path, target, moved)
+    return _smoke_levels(ctx, spec, options, levels, image_id, log_path, target, moved)
 
 
-def _smoke_levels(ctx: Context, plan: CellPlan, options: RunOptions, levels: list[str],
+def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: list[str],
                   image_id: str, log_path: Path, here: Engine, moved: dict[str, Any] | None
                   ) -> SmokeResult:
     """The levels on the engine `here`. A named smoke engine (`moved`: the image was
@@ -793,19 +794,19 @@ def _smoke_levels(ctx: Context, plan: CellPlan, options: RunOptions, levels: lis
     fails with its one-line refusal rather than being skipped."""
     gpu_here = options.host_gpu if options.host_gpu is not None else \
         True if moved is not None and not here.is_local() else host_has_gpu()
-    kept = previous_levels(journal.load(ctx.state, plan.id), image_id)
-    journal.record_stage(ctx.state, plan.id, "smoke", journal.Status.RUNNING, log=log_path,
+    kept = previous_levels(journal.load(ctx.state, spec.id), image_id)
+    journal.record_stage(ctx.state, spec.id, "smoke", journal.Status.RUNNING, log=log_path,
                          details={"image_id": image_id, "levels": kept})
     started = time.monotonic()
-    result = SmokeResult(plan.id, image_id)
+    result = SmokeResult(spec.id, image_id)
     with sigterm_as_interrupt():
         harness = Harness.for_image(here, image_id, log_path, gpu_setting(ctx))
         runners: dict[str, Callable[[], LevelResult]] = {
-            "static": lambda: run_static(ctx, plan, harness, level_timeout(ctx, "static")),
-            "gpu": lambda: run_gpu(ctx, plan, harness, level_timeout(ctx, "gpu"), gpu_here),
-            "model": lambda: run_model(ctx, plan, harness, level_timeout(ctx, "model"),
+            "static": lambda: run_static(ctx, spec, harness, level_timeout(ctx, "static")),
+            "gpu": lambda: run_gpu(ctx, spec, harness, level_timeout(ctx, "gpu"), gpu_here),
+            "model": lambda: run_model(ctx, spec, harness, level_timeout(ctx, "model"),
                                        gpu_here, options),
-            "throughput": lambda: run_throughput(ctx, plan, harness,
+            "throughput": lambda: run_throughput(ctx, spec, harness,
                                                  level_timeout(ctx, "throughput"), gpu_here,
                                                  options),
         }
@@ -819,7 +820,7 @@ def _smoke_levels(ctx: Context, plan: CellPlan, options: RunOptions, levels: lis
                "engine": here.label(), "engine_host": engine_host(here),
                "image_moved": moved, "gpu_facts": gpu_facts(all_levels),
                "image_source": f"--image {options.image}" if options.image else "build"}
-    journal.record_stage(ctx.state, plan.id, "smoke", status,
+    journal.record_stage(ctx.state, spec.id, "smoke", status,
                          duration_s=time.monotonic() - started, log=log_path,
                          reason=result.reason, details=details)
     return result
@@ -856,14 +857,14 @@ def throughput_summary(levels: dict[str, Any]) -> dict[str, Any] | None:
                                       "scaling_ratio", "errors")}
 
 
-def smoke_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None = None,
+def smoke_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
                 on_result: Callable[[SmokeResult], None] | None = None,
                 docker: Engine | None = None) -> list[SmokeResult]:
     """Smoke each cell in turn (one engine server at a time: vLLM on CPU takes a core)."""
     results = []
     docker = docker or Engine()
-    for plan in plans:
-        result = smoke_cell(ctx, plan, options, docker)
+    for spec in cells:
+        result = smoke_cell(ctx, spec, options, docker)
         results.append(result)
         if on_result:
             on_result(result)
@@ -873,10 +874,10 @@ def smoke_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None 
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """static (imports; the audit of the step before) → gpu → model, per matrix.yaml or
     --levels."""
-    results = smoke_cells(run.ctx, alive, run.options, docker=run.docker,
+    results = smoke_cells(run.ctx, cells, run.options, docker=run.docker,
                           on_result=lambda result: echo("\n".join(result.lines())))
     passed = [r.cell_id for r in results if r.status != "fail"]
     failed = [r.cell_id for r in results if r.status == "fail"]

@@ -13,6 +13,7 @@ from rich.console import Console
 from ..context import Context
 from ..engine.docker import Engine
 from ..model.cell import CellPlan
+from ..model.spec import CellSpec
 from ..options import RunOptions
 
 console = Console(stderr=True)
@@ -65,6 +66,14 @@ class Run:
     # builder's: _step_per_builder).
     docker: Engine = field(default_factory=Engine)
 
+    def cells(self, ids: list[str] | None = None) -> list[CellSpec]:
+        """The CellSpec of each planned cell (of `ids`, in the run's order): what every step
+        receives. Resolved once per run by the context (again only for a cell whose lock the
+        lock step just wrote)."""
+        wanted = None if ids is None else set(ids)
+        return [self.ctx.spec(p) for p in self.plans
+                if p.planned and (wanted is None or p.id in wanted)]
+
 
 def step_record(name: str, passed: list[str], failed: list[str], note: str = "",
             dropped: list[str] | None = None) -> StepRecord:
@@ -72,4 +81,4 @@ def step_record(name: str, passed: list[str], failed: list[str], note: str = "",
     return StepRecord(name, status, passed, failed, dropped or [], note=note)
 
 
-Step = Callable[[Run, list[CellPlan]], StepRecord]
+Step = Callable[[Run, list[CellSpec]], StepRecord]

@@ -29,7 +29,8 @@ from ..engine.docker import Engine
 from .. import journal
 from ..context import Context
 from ..errors import StageFailure
-from ..model.cell import Cell, CellPlan
+from ..model.cell import Cell
+from ..model.spec import CellSpec
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 TESTED = "tested"
@@ -231,16 +232,16 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """Tag the exact tested image of each cell the policy allows; refusals are not failures
     of the run (a CUDA cell on a GPU-less host is "built, not verified"), a tag step that
     fails (its tag already names another image) is."""
     tagged, refused, failed = [], [], []
-    for plan in alive:
-        decision = tag_cell(run.ctx, plan.cell, docker=run.docker)
+    for cell in cells:
+        decision = tag_cell(run.ctx, cell.cell, docker=run.docker)
         outcome = tagged if decision.allowed else failed if decision.failed else refused
-        outcome.append(plan.id)
+        outcome.append(cell.id)
         verdict = f"tagged ({decision.kind})" if decision.allowed else (
             "tag failed" if decision.failed else "not tagged")
-        echo(f"{plan.id}: {verdict}: {decision.reason}")
+        echo(f"{cell.id}: {verdict}: {decision.reason}")
     return step_record("tag", tagged, failed, note=f"{len(refused)} not tagged" if refused else "")

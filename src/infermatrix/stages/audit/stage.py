@@ -12,6 +12,7 @@ from ...engine.docker import Engine
 from ...errors import StageFailure, UsageError
 from ...model import tritontwin
 from ...model.cell import CellPlan
+from ...model.spec import CellSpec
 from ...model.coverage import (
     Arch,
 )
@@ -224,7 +225,7 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
 # The pipeline step
 # --------------------------------------------------------------------------------------------
 
-def step(run: Run, alive: list[CellPlan]) -> StepRecord:
+def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """Kernel coverage, CUDA major, pins, pip check and the engine floor of each built image,
     without a GPU (smoke's static level then reuses this record for the same image)."""
     from ...engine.docker import host_platform
@@ -232,7 +233,7 @@ def step(run: Run, alive: list[CellPlan]) -> StepRecord:
     from ...model.tritontwin import natives_first, twin_archs_for
     passed, failed = [], []
     host = host_platform()
-    for plan in natives_first(alive, host):  # a twin's Triton result before its foreign cell
+    for plan in natives_first([c.plan for c in cells], host):  # a twin's Triton result before its foreign cell
         image = journal.load(run.ctx.state, plan.id).get("image_id")
         try:
             result = audit_cell(run.ctx, plan, image,
