@@ -119,3 +119,25 @@ def test_incomplete_entry_is_ignored_and_replaced(tmp_path):
 def test_store_refuses_nothing(tmp_path):
     with pytest.raises(ValueError):
         kc.store(StatePaths.at(tmp_path), key(), [])
+
+
+def test_a_cells_kernel_keys_are_computed_once_per_run_and_again_for_a_new_dockerfile(
+        monkeypatch):
+    """The compile plan and the build both ask for a cell's kernel keys: one computation
+    serves both, and a Dockerfile that changed (a new render) gets its own."""
+    from infermatrix.stages import build
+    from .render_support import GOLDEN_DIR, golden_context, golden_plans
+
+    ctx = golden_context()
+    plan = next(p for p in golden_plans(ctx) if p.id == "cu130-torch2.11.0-sglang0.5.11-sm121")
+    text = (GOLDEN_DIR / plan.id / "Dockerfile").read_text(encoding="utf-8")
+    computed = []
+    real = build._compute_kernel_keys
+    monkeypatch.setattr(build, "_compute_kernel_keys",
+                        lambda *a: computed.append(a[1].id) or real(*a))
+    first = build.kernel_keys_for(ctx, plan, text)
+    assert build.kernel_keys_for(ctx, plan, text) is first
+    assert computed == [plan.id] and "flashinfer" in first
+    changed = build.kernel_keys_for(ctx, plan, text + "\n# rendered again\n")
+    assert computed == [plan.id, plan.id]
+    assert {n: k.slug for n, k in changed.items()} == {n: k.slug for n, k in first.items()}

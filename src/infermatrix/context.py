@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .config import Matrix, load_matrix
 from .names import inside
 from .state import DEFAULT_STATE_DIR, StatePaths
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from .model.cell import CellPlan
@@ -24,6 +26,9 @@ class Context:
     # cell id -> (the lock file's stamp, the CellSpec resolved from it): `spec(plan)`
     _specs: dict[str, tuple[Any, "CellSpec"]] = field(default_factory=dict, init=False,
                                                       repr=False, compare=False)
+    # (what, its inputs) -> the fact: `once(key, compute)`
+    _facts: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False,
+                                               compare=False)
 
     def spec(self, plan: "CellPlan") -> "CellSpec":
         """The cell's CellSpec, resolved once per run and handed to every step: its lock is
@@ -38,6 +43,14 @@ class Context:
         resolved = resolve(self, plan)
         self._specs[plan.id] = (stamp, resolved)
         return resolved
+
+    def once(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        """A per-cell fact computed once per run, under a key that names all it depends on
+        (e.g. the kernel keys of a cell's Dockerfile text: build's compile plan and its build
+        both need them)."""
+        if key not in self._facts:
+            self._facts[key] = compute()
+        return self._facts[key]
 
     @property
     def root(self) -> Path:

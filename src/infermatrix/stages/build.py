@@ -150,7 +150,18 @@ def input_hash(directory: Path, build_args: dict[str, str],
 
 def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
                     ) -> dict[str, kernelcache.KernelKey]:
-    """The cache key of every kernel stage in the cell's Dockerfile."""
+    """The cache key of every kernel stage in the cell's Dockerfile: computed once per run for
+    a cell and Dockerfile text (the compile plan and the build both need them)."""
+    text_digest = hashlib.sha256(dockerfile_text.encode("utf-8")).hexdigest()
+    assert plan.settings is not None
+    inputs = (plan.id, text_digest, plan.settings.python, plan.settings.platform,
+              repr(ctx.spec(plan).kernels))  # everything the keys are made from
+    return ctx.once(("kernel-keys", *inputs),
+                    lambda: _compute_kernel_keys(ctx, plan, dockerfile_text))
+
+
+def _compute_kernel_keys(ctx: Context, plan: CellPlan, dockerfile_text: str
+                         ) -> dict[str, kernelcache.KernelKey]:
     assert plan.settings is not None
     specs = ctx.matrix.build.get("kernels", {})
     resolved = {k.name: k.version for k in ctx.spec(plan).kernels}
