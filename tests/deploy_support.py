@@ -24,6 +24,7 @@ from infermatrix.engine import compose
 from infermatrix.engine import docker as engine
 from infermatrix.model.cell import Cell
 from infermatrix.stages import build, generate, publish, smoke, throughput
+from tests.spec_support import run_of
 
 # This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
 DOCKER = engine.Engine()
@@ -83,7 +84,7 @@ def write_lock(test_ctx: Context, path: Path) -> None:
     lock = publish.empty_lock()
     lock["images"][CPU_ID] = publish.lock_entry(
         cell, "im18-local/infermatrix", CPU_ID, "sha256:" + "ab" * 32, "sha256:" + "2" * 64,
-        labels(cell), record, publish.run_spec(test_ctx.matrix, cell), "2026-12-01T10:00:00Z")
+        labels(cell), record, run_of(test_ctx.matrix, cell), "2026-12-01T10:00:00Z")
     publish.write_lock(path, lock)
 
 

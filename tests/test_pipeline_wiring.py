@@ -287,6 +287,36 @@ def test_a_cell_that_fails_at_tag_fails_the_pipeline(ctx):
     assert not result.pushed and CPU in result.failed and not result.ok
 
 
+def test_a_tagged_cell_the_run_does_not_plan_is_not_published(ctx):
+    """images.lock's serve command comes from the run's CellSpec, never from re-planning the
+    image's labels: a tagged cell the run does not plan fails publish, with the fix, before
+    anything reaches the registry."""
+    from infermatrix.stages import publish
+    from infermatrix.stages.base import image_ref
+
+    ctx.matrix.data["tag_policy"]["require"] = ["static"]
+    plans = plan_cells(ctx, [CPU], source=recorded_metadata)
+    fake = RecordingEngine()
+    fake.script = scripted(ctx, {p.id: p for p in plans}, fake)
+    fake.present.add(image_ref(ctx.matrix, "bookworm", "linux/amd64"))
+    run = Run(ctx, plans, RunOptions(levels=["static"], publish=False), [CPU], [],
+              docker=fake)
+    code, records = run_pipeline(run)
+    assert code == 0 and {r.name: r for r in records}["tag"].passed == [CPU]
+    from infermatrix.model.selectors import Selection
+    from tests.test_deploy import labels
+
+    [tagged] = publish.tagged_cells(ctx.state, Selection())
+    cpu_cell = next(p.cell for p in plans if p.id == CPU)
+    fake.images[tagged.image_id].setdefault("Config", {})["Labels"] = labels(cpu_cell)
+    ctx.matrix.data["publish"]["registry"] = "127.0.0.1:9/never-reached"
+    result = publish.publish(ctx, say=lambda line: None, docker=fake, cells=[])
+    assert not result.pushed and not result.ok
+    assert "is tagged but not planned" in result.failed[CPU]
+    assert "fix: publish with the matrix.yaml the image was built from" in result.failed[CPU]
+    assert not fake.named("push_image")
+
+
 def test_the_option_table_is_the_dataclass_and_every_flag_parses_through_it():
     """One declaration per option: each RunOptions field (but `sources`) has its row, and a
     parser built from the rows gives back each flag's value through `resolve`."""

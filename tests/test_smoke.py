@@ -48,7 +48,7 @@ def test_smoke_and_images_lock_launch_the_same_command(ctx):
 
     plan = plan_of(ctx, CPU_ID)
     spec = smoke.launch_spec(ctx, ctx.spec(plan))
-    run = publish.run_spec(ctx.matrix, plan.cell)
+    run = publish.run_spec(ctx.matrix, ctx.spec(plan))
     assert spec.command[-3:] == ["--reasoning-parser", "qwen3", "--enforce-eager"]
     assert [p.format(port=8000, model="/model") for p in run["command"]] == spec.command
     assert (run["env"], run["shm_size"], run["gpu"]) == (spec.env, spec.shm_size, spec.gpu)

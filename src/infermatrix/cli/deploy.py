@@ -11,7 +11,8 @@ from ..errors import StageFailure, UsageError
 from ..host import proxmox
 from ..stages import deploy
 from ..imageslock import LOCK_NAME, read_lock
-from ..stages.publish import cell_from_labels, launch_for
+from ..stages.publish import cell_from_labels
+from ..model.spec import Launch
 from ..stages import sign
 from ..engine import registry as registries
 from . import common_options, load_context
@@ -92,7 +93,10 @@ def run_deploy(args: argparse.Namespace) -> int:
     unified = _unified_sizing(cell, gpus, args.memory_from)
     if unified is not None:
         print(f"{cell.id}: {unified.describe()}")
-    result = deploy.deployment(entry, launch_for(ctx.matrix, cell), str(model_dir), gpus,
+    # What was tested is what starts: images.lock's recorded launch (the engine's health
+    # path from the matrix for an entry published before images.lock kept it).
+    launch = Launch.from_locked(entry["run"], health=ctx.matrix.engines[cell.engine].get("health"))
+    result = deploy.deployment(entry, launch, str(model_dir), gpus,
                                args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes,
                                cpus, unified)
     out = args.out or Path("deploy") / args.cell

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..host import doctor, hostcheck
 from ..errors import StageFailure, UsageError
-from ..options import resolve
 from ..imageslock import LOCK_NAME, read_lock, select_entries
 from ..stages.publish import publish
 from ..stages.pull import docker_run_line, pull_entry
@@ -16,7 +15,7 @@ from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
 from ..state import run_lock
 from ..stages import sign
-from . import common_options, load_context, selection_options, wait_option
+from . import common_options, load_run, selection_options, wait_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -78,10 +77,11 @@ def verify_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    ctx = load_context(args)
-    with run_lock(ctx.state, wait=resolve(args, ctx.matrix.data).wait):  # the journal is written per cell
-        result = publish(ctx, Selection(args.select, args.skip), registry=args.registry,
-                         allow_retag=args.allow_retag, lock_path=args.lock)
+    run = load_run(args, quiet=True)  # its CellSpecs give images.lock's serve command
+    with run_lock(run.ctx.state, wait=run.options.wait):  # the journal is written per cell
+        result = publish(run.ctx, Selection(args.select, args.skip), registry=args.registry,
+                         allow_retag=args.allow_retag, lock_path=args.lock, docker=run.docker,
+                         cells=run.cells())
     for cell_id, why in sorted(result.refused.items()):
         print(f"refused   {cell_id}: {why}", file=sys.stderr)
     for cell_id, why in sorted(result.failed.items()):

@@ -312,6 +312,18 @@ def kernel_pins(matrix: Matrix, names: list[str], pins: Mapping[str, str],
 
 # --- the launch ------------------------------------------------------------------------------
 
+def serve_args(matrix: Matrix, cell: Cell, backend: str | None) -> list[str]:
+    """The serve command's flags after the engine's `serve` words: the model card's flags for
+    the engine, the arch's, then the attention flag with the backend the planner chose. The
+    one place they are put together (the plan keeps them, Launch carries them)."""
+    engine = matrix.engines[cell.engine]
+    per_arch = engine.get("arch", {}).get(cell.arch, {})
+    args = list(matrix.model["launch"].get(cell.engine, [])) + list(per_arch.get("args", []))
+    if backend and engine.get("attention_flag"):
+        args += [engine["attention_flag"], backend]
+    return args
+
+
 @dataclass(frozen=True)
 class Launch:
     """How the engine server is started; `{port}` and `{model}` are filled by `command`."""
@@ -348,9 +360,22 @@ class Launch:
         return words, needs_model
 
     def as_run(self) -> dict[str, Any]:
-        """images.lock's `run` of the cell (publish): the template, env, GPU, shm, port."""
+        """images.lock's `run` of the cell (publish): the template, env, GPU, shm, port, the
+        health path and the attention backend: all a consumer's deploy or verify needs."""
         return {"command": self.template(), "env": dict(self.env), "gpu": self.gpu,
-                "shm_size": self.shm_size, "port": self.port}
+                "shm_size": self.shm_size, "port": self.port, "health": self.health,
+                "attention_backend": self.attention_backend}
+
+    @classmethod
+    def from_locked(cls, run: Mapping[str, Any], health: str | None = None) -> "Launch":
+        """The launch an images.lock entry recorded (`run`, as_run): what was tested is what
+        deploy starts, with no re-planning. `health`: for an entry written before images.lock
+        kept the health path."""
+        return cls(serve=tuple(run.get("command", [])), args=(), env=dict(run.get("env", {})),
+                   shm_size=run.get("shm_size") or DEFAULT_SHM["gpu" if run.get("gpu") else "cpu"],
+                   port=int(run.get("port") or DEFAULT_PORT),
+                   health=run.get("health") or health,
+                   attention_backend=run.get("attention_backend"), gpu=bool(run.get("gpu")))
 
 
 def locked_command(run: Mapping[str, Any], port: int, model_dir: str | Path | None = None,

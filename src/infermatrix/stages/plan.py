@@ -32,7 +32,7 @@ from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
 from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
                     evaluate, exact_pin, load_rules, torch_satisfies)
 from ..model.selectors import Selection, matches
-from ..model.spec import machine_of
+from ..model.spec import machine_of, serve_args
 from ..model.spec import CellSpec
 from ..model.wheelcode import WheelCodeCache
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
@@ -515,9 +515,7 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     """Everything render, lock and build need for a planned cell."""
     engine = m.engines[cell.engine]
     per_arch = engine.get("arch", {}).get(cell.arch, {})
-    args = list(m.model["launch"].get(cell.engine, [])) + list(per_arch.get("args", []))
-    if backend and engine.get("attention_flag"):
-        args += [engine["attention_flag"], backend]
+    args = serve_args(m, cell, backend)
     env = {**engine.get("env", {}), **per_arch.get("env", {})}
     variant = engine.get("variants", {}).get(cell.cuda) if cell.cuda != CPU else None
     torch_index = None

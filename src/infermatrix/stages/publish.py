@@ -30,7 +30,7 @@ from ..engine import registry as registries
 from ..config import Matrix
 from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
-from ..model.cell import CPU, Cell, CellPlan
+from ..model.cell import CPU, Cell
 from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection
 from ..state import StatePaths
@@ -140,30 +140,18 @@ def alias_rank(entry: dict[str, Any]) -> tuple:
             version(entry.get("cuda")), entry.get("cell", ""))
 
 
-def launch_for(matrix: Matrix, cell: Cell):  # -> spec.Launch
-    """spec.Launch of the cell as the planner resolves it (no index facts needed)."""
-    from .plan import settings_for
-    from ..model.rules import choose_attention_backend
-    from ..model.spec import launch_of
-
-    if cell.engine not in matrix.engines:
-        raise StageFailure(f"engine {cell.engine!r} of {cell.id} is not in {matrix.path}")
-    backend, _ = choose_attention_backend(cell, matrix)
-    return launch_of(matrix, CellPlan(cell, "planned",
-                                      settings=settings_for(cell, matrix, None, backend)))
-
-
-def run_spec(matrix: Matrix, cell: Cell, spec: CellSpec | None = None) -> dict[str, Any]:
-    """How to serve the model from this image: the engine command, its env, GPU and shm needs:
-    the run's CellSpec's launch when the cell was planned in this run (`spec`), else the
-    launch the planner gives the cell its labels name (launch_for).
+def run_spec(matrix: Matrix, spec: CellSpec) -> dict[str, Any]:
+    """How to serve the model from this image (images.lock's `run`): the run's CellSpec's
+    launch (engine command, env, GPU and shm needs, health path, attention backend), and the
+    MTP flags that `deploy`/`pull` add where the model directory holds the MTP weights.
 
     `{port}` and `{model}` stay as placeholders: `pull` fills them for the consumer's host.
     """
     from ..model.mtp import engine_flags
 
-    run = (spec.launch if spec is not None else launch_for(matrix, cell)).as_run()
-    mtp = engine_flags(matrix.model, cell.engine)
+    assert spec.launch is not None, f"{spec.id} has no launch"
+    run = spec.launch.as_run()
+    mtp = engine_flags(matrix.model, spec.cell.engine)
     if mtp:  # added by `deploy`/`pull` only where the model directory holds MTP weights
         run["mtp_args"] = mtp
     return run
@@ -299,7 +287,12 @@ class Publisher:
             raise StageFailure(f"image {cand.image_id} is labelled as cell {cell.id}, "
                                f"the journal says {cand.cell_id}")
         tag = render_tag(self.ctx.matrix.publish.get("tag", "{cell_id}"), cell, self.ctx.matrix)
-        run = run_spec(self.ctx.matrix, cell, self.cells.get(cell.id))  # before the push: a mistake pushes nothing
+        spec = self.cells.get(cell.id)
+        if spec is None:  # before the push: a mistake pushes nothing
+            raise StageFailure(f"{cell.id} is tagged but not planned in {self.ctx.matrix.path} "
+                               "(pruned or removed since), so its serve command is not known",
+                               fix="publish with the matrix.yaml the image was built from")
+        run = run_spec(self.ctx.matrix, spec)
         started = time.monotonic()
         remote = registries.remote_manifest(self.repository, tag, self.creds)
         if remote is not None and remote.config_digest == cand.image_id:
@@ -389,7 +382,8 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
             say: Callable[[str], None] = print, docker: Engine | None = None,
             cells: list[CellSpec] | None = None) -> PublishResult:
     """Push every tagged cell from `docker` (default DOCKER_HOST / the current context);
-    refused or failed cells are reported, the others go on.
+    refused or failed cells are reported, the others go on. `cells`: the run's CellSpecs
+    (images.lock's serve command comes from them); planned here when not given.
 
     A refused credential, an unreachable registry or a TLS failure stops the run at once."""
     selection = selection or Selection()
@@ -401,6 +395,10 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     if not candidates:
         say("no tagged cells to publish (a cell publishes after its tag stage passes)")
         return PublishResult(failed=tag_failures)
+    if cells is None:  # called on its own: the candidates as the loader plans them
+        from . import plan_cells
+        wanted = {c.cell_id for c in candidates}
+        cells = [ctx.spec(p) for p in plan_cells(ctx) if p.planned and p.id in wanted]
     from . import sign
     signer = sign.signer_from_env()  # a bad key setting stops the run before any push
     creds = creds or registries.credentials_for(repository)

@@ -127,7 +127,7 @@ def timed_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: 
         check = check_triton_smem(
             image_ref, docker, cell.engine, plan.settings.attention_backend if plan.settings else None,
             targets, (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
-            serve_args=plan.settings.engine_args if plan.settings else (), extra_archs=extra)
+            serve_args=ctx.spec(plan).launch.args if plan.settings else (), extra_archs=extra)
     check.data["seconds"] = round(time.monotonic() - began, 1)
     return check
 
