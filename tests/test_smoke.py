@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from infermatrix.journal import CellRecord
 from infermatrix.options import RunOptions
 from infermatrix.stages import smoke, tagging
 from .recording_engine import RecordingEngine
@@ -89,8 +90,11 @@ def test_overall_status():
 def test_previous_levels_kept_only_for_the_same_image():
     record = {"stages": {"smoke": {"status": "pass", "details": {
         "image_id": "sha256:1", "levels": {"static": {"status": "pass"}}}}}}
-    assert smoke.previous_levels(record, "sha256:1") == {"static": {"status": "pass"}}
-    assert smoke.previous_levels(record, "sha256:2") == {}
+    typed = CellRecord.from_json("c", record)
+    assert smoke.previous_levels(typed, "sha256:1") == {"static": {"status": "pass"}}
+    assert smoke.previous_levels(typed, "sha256:2") == {}
+    record["stages"]["smoke"]["status"] = "running"  # an interrupted run keeps nothing
+    assert smoke.previous_levels(CellRecord.from_json("c", record), "sha256:1") == {}
 
 
 def test_harness_timeout_and_missing_result_fail_the_level():
@@ -110,11 +114,13 @@ def test_an_audit_of_the_same_image_since_its_build_is_reused():
         "audit": {"status": "fail", "finished": "2026-11-30T10:05:00Z", "reason": "uncovered",
                   "details": {"image": image, "checks": []}}}}
     fake = RecordingEngine()  # the recorded image is the one under test: no engine call
-    assert smoke.recorded_audit(record, image, fake)["reason"] == "uncovered"
+    def typed():
+        return CellRecord.from_json("c", record)
+    assert smoke.recorded_audit(typed(), image, fake).reason == "uncovered"
     record["stages"]["build"]["finished"] = "2026-11-30T11:00:00Z"  # rebuilt since
-    assert smoke.recorded_audit(record, image, fake) is None
+    assert smoke.recorded_audit(typed(), image, fake) is None
     record["stages"]["audit"]["status"] = "running"
-    assert smoke.recorded_audit(record, image, fake) is None
+    assert smoke.recorded_audit(typed(), image, fake) is None
     assert fake.calls == []
 
 

@@ -130,6 +130,12 @@ class CellRecord:
         return stage.status if stage else None
 
     @property
+    def builder_name(self) -> str | None:
+        """The builder that built the cell (several builders), from the build's record."""
+        builder = self.extra.get("builder")
+        return text_of(builder.get("name")) if isinstance(builder, dict) else None
+
+    @property
     def recorded_plan(self) -> dict[str, Any] | None:
         """The plan the plan step recorded (its details are `CellPlan.as_dict()`)."""
         plan = self.stages.get("plan")
@@ -179,6 +185,17 @@ def load(state: StatePaths, cell_id: str) -> dict[str, Any]:
     """A cell's record as stored (an empty one when missing or damaged)."""
     path = record_path(state, cell_id)
     return _read_or_unknown(path, cell_id)[0] if path.is_file() else _empty(cell_id)
+
+
+def cell_record(state: StatePaths, cell_id: str) -> CellRecord:
+    """A cell's record, typed: what the stages read (an empty one when missing; a damaged one
+    empty, with its problem). `load` is the stored form, for the journal's own writes."""
+    path = record_path(state, cell_id)
+    if not path.is_file():
+        return CellRecord(cell_id)
+    data, problem = _read_or_unknown(path, cell_id)
+    return CellRecord.from_json(cell_id, data if problem is None else
+                                {**data, "problems": [problem]})
 
 
 def _journal_files(state: StatePaths) -> list[Path]:

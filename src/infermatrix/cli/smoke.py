@@ -45,8 +45,9 @@ def _plans(args: argparse.Namespace, stage: str):
             raise UsageError(f"{named[0].id} is not a planned cell ({reasons})")
     plans = [p for p in plans if p.planned]
     if not explicit:
-        records = journal.load_all(ctx.state)
-        plans = [p for p in plans if journal.stage_status(records.get(p.id, {}), stage) == "pass"]
+        records = journal.load_records(ctx.state)
+        plans = [p for p in plans if p.id in records
+                 and records[p.id].status_of(stage) == journal.Status.PASS]
     if not plans:
         raise UsageError(f"no cell to {'test' if stage == 'build' else 'tag'} "
                          f"(nothing with a passed {stage} in {ctx.state.journal})")

@@ -78,7 +78,7 @@ def builder_groups(run: Run, alive: list[CellSpec]) -> list[tuple[Any, list[Cell
     engines: dict[str, Any] = {}
     groups: dict[str | None, list[CellSpec]] = {}
     for plan in alive:
-        name = (journal.load(run.ctx.state, plan.id).get("builder") or {}).get("name")
+        name = journal.cell_record(run.ctx.state, plan.id).builder_name
         key = name if name in endpoints else None
         if key and key not in engines:
             engines[key] = Engine(endpoints[key])

@@ -326,10 +326,10 @@ class _Deadline:
 
 def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
     """The image id when the journal says this exact input was built and the image is there."""
-    record = journal.load(ctx.state, cell_id)
-    if record.get("input_hash") != digest or journal.stage_status(record, "build") != "pass":
+    record = journal.cell_record(ctx.state, cell_id)
+    if record.input_hash != digest or record.status_of("build") != journal.Status.PASS:
         return None
-    image_id = record.get("image_id")
+    image_id = record.image_id
     if not image_id or not docker.image_exists(image_id):
         return None
     if docker.image_id_of(local_ref(cell_id)) != image_id:
@@ -601,9 +601,9 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
         image_id = _unchanged(ctx, cell_id, digest, docker)
         if image_id:
             # What the build that made this image recorded about its kernels (cache hit/miss).
-            built = journal.load(ctx.state, cell_id)["stages"].get("build", {})
+            built = journal.cell_record(ctx.state, cell_id).stage("build")
             return CellResult(cell_id, "pass", image_id=image_id, reused=True,
-                              kernels=(built.get("details") or {}).get("kernels") or {})
+                              kernels=(built.details.get("kernels") if built else None) or {})
 
     started = time.monotonic()
     timeout_min = options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))
@@ -812,8 +812,7 @@ def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[An
 
     from .builders import assign, connect
     up, down = connect(endpoints, echo)
-    previous = {p.id: ((journal.load(ctx.state, p.id).get("builder") or {}).get("name") or "")
-                for p in planned}
+    previous = {p.id: journal.cell_record(ctx.state, p.id).builder_name or "" for p in planned}
     for cell_id, reason in assign(planned, up, previous, down).items():
         results[cell_id] = _record_failure(ctx, cell_id, 0.0, None, reason, None, None)
         echo(results[cell_id].summary())

@@ -533,10 +533,10 @@ def lock_cells(ctx: Context, plans: list[CellPlan], *, check: bool = False,
 # Plan wiring ------------------------------------------------------------------------------
 def unsatisfiable_from_journal(ctx: Context, cell_id: str) -> Verdict | None:
     """The `lock-unsatisfiable` verdict recorded by the last lock run of a cell, if any."""
-    stage = journal.load(ctx.state, cell_id).get("stages", {}).get("lock", {})
-    if stage.get("status") != "fail" or stage.get("reason") != UNSATISFIABLE_RULE:
+    stage = journal.cell_record(ctx.state, cell_id).stage("lock")
+    if stage is None or stage.status != journal.Status.FAIL or stage.reason != UNSATISFIABLE_RULE:
         return None
-    explanation = stage.get("details", {}).get("explanation") or "no solution"
+    explanation = stage.details.get("explanation") or "no solution"
     return Verdict(UNSATISFIABLE_RULE, explanation,
                    f"uv pip compile (infermatrix lock --select {cell_id})")
 

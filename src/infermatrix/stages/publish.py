@@ -233,10 +233,10 @@ def failed_tags(state: StatePaths, selection: Selection) -> dict[str, str]:
     """Selected cells whose tag stage failed (cell -> why): nothing of theirs is published,
     and the run says so with exit 1."""
     found = {}
-    for cell_id, record in journal.load_all(state).items():
-        tag = record.get("stages", {}).get("tag", {})
-        if selection(cell_id) and tag.get("status") == "fail":
-            reason = (tag.get("reason") or "").splitlines()[0] if tag.get("reason") else ""
+    for cell_id, record in journal.load_records(state).items():
+        tag = record.stage("tag")
+        if selection(cell_id) and tag is not None and tag.status == journal.Status.FAIL:
+            reason = tag.reason.splitlines()[0] if tag.reason else ""
             found[cell_id] = f"its tag stage failed ({reason}); fix it and run `infermatrix tag`"
     return found
 

@@ -361,16 +361,15 @@ def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float)
     return LevelResult("static", final, "; ".join(reasons) or None, details=details)
 
 
-def recorded_audit(record: dict[str, Any], image_id: str, docker: Engine
-                   ) -> dict[str, Any] | None:
+def recorded_audit(record: journal.CellRecord, image_id: str, docker: Engine
+                   ) -> journal.StageRecord | None:
     """An audit already recorded for this very image since its build (the pipeline's audit
     step), so the static level does not repeat it."""
-    stages = record.get("stages", {})
-    audit, built = stages.get("audit") or {}, stages.get("build") or {}
-    if audit.get("status") not in ("pass", "fail"):
+    audit, built = record.stage("audit"), record.stage("build")
+    if audit is None or audit.status not in (journal.Status.PASS, journal.Status.FAIL):
         return None
-    image = (audit.get("details") or {}).get("image")
-    if not image or audit.get("finished", "") < built.get("finished", ""):
+    image = audit.details.get("image")
+    if not image or (audit.finished or "") < (built.finished or "" if built else ""):
         return None
     if image != image_id and docker.image_id_of(image) != image_id:
         return None
@@ -381,12 +380,12 @@ def run_audit(ctx: Context, spec: CellSpec, image_id: str, details: dict[str, An
               docker: Engine) -> str:
     """The audit of this image: the one the audit step recorded, else audit.audit_cell (which
     records its own stage); any failure to run it fails the level."""
-    done = recorded_audit(journal.load(ctx.state, spec.id), image_id, docker)
+    done = recorded_audit(journal.cell_record(ctx.state, spec.id), image_id, docker)
     if done is not None:
-        details["audit"] = {"status": done["status"], "reason": done.get("reason"),
-                            "reused": f"audit stage of {done.get('finished')}",
-                            "checks": (done.get("details") or {}).get("checks", [])}
-        return done["status"]
+        details["audit"] = {"status": str(done.status), "reason": done.reason,
+                            "reused": f"audit stage of {done.finished}",
+                            "checks": done.details.get("checks", [])}
+        return str(done.status)
     try:
         from . import audit
 
@@ -705,9 +704,9 @@ def image_under_test(ctx: Context, cell_id: str, docker: Engine, given: str | No
         if image_id is None:
             raise UsageError(f"--image {given}: no such image in engine {docker.label()}")
         return image_id
-    record = journal.load(ctx.state, cell_id)
-    image_id = record.get("image_id")
-    if not image_id or journal.stage_status(record, "build") != "pass":
+    record = journal.cell_record(ctx.state, cell_id)
+    image_id = record.image_id
+    if not image_id or record.status_of("build") != journal.Status.PASS:
         raise UsageError(f"{cell_id}: no passed build in the journal ({ctx.state.journal}); "
                          f"run `infermatrix build --select {cell_id}` first")
     if docker.image_id_of(image_id) is None:
@@ -728,11 +727,12 @@ def timed_level(level: str, fn: Callable[[], LevelResult]) -> LevelResult:
     return result
 
 
-def previous_levels(record: dict[str, Any], image_id: str) -> dict[str, Any]:
+def previous_levels(record: journal.CellRecord, image_id: str) -> dict[str, Any]:
     """Levels of an earlier smoke run of the same image (kept when a run redoes only some)."""
-    smoke = record.get("stages", {}).get("smoke", {})
-    details = smoke.get("details") or {}
-    if smoke.get("status") == "running" or details.get("image_id") != image_id:
+    smoke = record.stage("smoke")
+    details = smoke.details if smoke else {}
+    if smoke is None or smoke.status == journal.Status.RUNNING \
+            or details.get("image_id") != image_id:
         return {}
     return dict(details.get("levels") or {})
 
@@ -794,7 +794,7 @@ def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: lis
     fails with its one-line refusal rather than being skipped."""
     gpu_here = options.host_gpu if options.host_gpu is not None else \
         True if moved is not None and not here.is_local() else host_has_gpu()
-    kept = previous_levels(journal.load(ctx.state, spec.id), image_id)
+    kept = previous_levels(journal.cell_record(ctx.state, spec.id), image_id)
     journal.record_stage(ctx.state, spec.id, "smoke", journal.Status.RUNNING, log=log_path,
                          details={"image_id": image_id, "levels": kept})
     started = time.monotonic()

@@ -309,8 +309,8 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
 def recorded_mapped(ctx: "Context", cell_id: str, image: str, docker: Engine
                     ) -> dict[str, Any] | None:
     """The objects the `model` smoke level saw the server map, for this very image."""
-    stage = journal.load(ctx.state, cell_id).get("stages", {}).get("smoke") or {}
-    details = stage.get("details") or {}
+    stage = journal.cell_record(ctx.state, cell_id).stage("smoke")
+    details = stage.details if stage else {}
     mapped = ((details.get("levels") or {}).get("model") or {}).get("mapped")
     if not mapped or details.get("image_id") not in (image, _image_id(image, docker)):
         return None

@@ -72,8 +72,8 @@ def judge_server_maps(ctx: "Context", plan: CellPlan, mapped: dict[str, Any]) ->
     facts = ImageFacts("", [], mapped.get("distributions", {}), [], None, {})
     load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                             (ctx.matrix.model or {}).get("name"))
-    recorded = (journal.load(ctx.state, cell.id).get("stages", {}).get("audit") or {})
-    rows = (recorded.get("details") or {}).get("coverage", [])
+    recorded = journal.cell_record(ctx.state, cell.id).stage("audit")
+    rows = recorded.details.get("coverage", []) if recorded else []
     judged = loadedset.judge_mapped(mapped.get("objects", []), default_targets(plan), load_ctx,
                                     rows)
     return judged.as_dict()

@@ -156,8 +156,9 @@ def twin_or_own_triton_check(ctx: "Context", plan: CellPlan, image_ref: str,
     """A cell whose image runs emulated here: the Triton result of its native twin when the
     journal holds one for these archs with identical sources (tritontwin), else the harness
     in its own image (which cannot start under qemu-user: a skip that names the fix)."""
-    audits = {cell_id: (record.get("stages", {}).get("audit") or {}).get("details") or {}
-              for cell_id, record in journal.load_all(ctx.state).items()}
+    audits = {cell_id: (record.stage("audit") or journal.StageRecord("audit",
+                                                                      journal.Status.UNKNOWN)).details
+              for cell_id, record in journal.load_records(ctx.state).items()}
     archs = [t.sm for t in targets]
     match, passed_over = tritontwin.adopt(plan.id, facts.python, facts.py_digests, archs,
                                           audits)
@@ -192,7 +193,7 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
         for plan in plans:
             if not plan.planned:
                 continue
-            image = journal.load(ctx.state, plan.id).get("image_id")
+            image = journal.cell_record(ctx.state, plan.id).image_id
             if image:
                 pairs.append((plan, image))
         if not pairs:
@@ -202,7 +203,7 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
     for ref in refs:
         if ref in by_id:
             plan = by_id[ref]
-            image = journal.load(ctx.state, ref).get("image_id")
+            image = journal.cell_record(ctx.state, ref).image_id
             if not image:
                 raise StageFailure(f"{ref} has no built image in the journal",
                                    fix=f"infermatrix build --select {ref}")
@@ -234,7 +235,7 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     passed, failed = [], []
     host = host_platform()
     for plan in natives_first([c.plan for c in cells], host):  # a twin's Triton result before its foreign cell
-        image = journal.load(run.ctx.state, plan.id).get("image_id")
+        image = journal.cell_record(run.ctx.state, plan.id).image_id
         try:
             result = audit_cell(run.ctx, plan, image,
                                 twin_archs=twin_archs_for(plan, run.plans, host),
