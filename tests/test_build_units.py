@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from infermatrix.stages import build, kernelcache
+from infermatrix.stages import build
+from infermatrix.kernels import kernelcache
 
 DOCKERFILE = """\
 FROM base:1 AS toolchain

@@ -14,7 +14,7 @@ from infermatrix.config import load_matrix
 from infermatrix.engine.docker import Endpoint, Engine, EngineFacts, parse_builder
 from infermatrix.errors import ConfigError, UsageError
 from infermatrix.model.cell import Cell, CellPlan
-from infermatrix.stages import builders
+from infermatrix.engine import builders
 from infermatrix.stages.plan import settings_for
 
 TESTS = Path(__file__).resolve().parent

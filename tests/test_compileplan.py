@@ -360,7 +360,8 @@ def test_build_records_a_kernel_compile_and_the_next_plan_of_that_key_uses_it(tm
     import os
     import subprocess
 
-    from infermatrix.stages import build, kernelcache
+    from infermatrix.stages import build
+    from infermatrix.kernels import kernelcache
     from infermatrix.context import Context
 
     nvcc = _nvcc()

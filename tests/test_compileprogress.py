@@ -101,10 +101,10 @@ def test_prior_for_prefers_this_hosts_record_of_the_key() -> None:
 
 
 def test_without_a_terminal_a_plain_line_comes_every_interval() -> None:
-    """stages/watch.py: CI and nohup get one line per interval, with files and the ETA."""
+    """watch.py: CI and nohup get one line per interval, with files and the ETA."""
     import time
 
-    from infermatrix.stages.watch import CompileWatch, Heartbeat
+    from infermatrix.watch import CompileWatch, Heartbeat
 
     said: list[str] = []
     with CompileWatch("cell: flash-attn", cp.Prior(), said.append, terminal=False,

@@ -15,7 +15,8 @@ from infermatrix.config import load_matrix
 from infermatrix.errors import UsageError
 from infermatrix.host import proxmox
 from infermatrix.model.cell import Cell
-from infermatrix.stages import deploy, publish
+from infermatrix.consumer import deploy
+from infermatrix.stages import publish
 
 from tests.spec_support import run_of, spec_of
 

@@ -22,7 +22,8 @@ from infermatrix.cli import build_parser, main
 from infermatrix.cli import pipeline as pipeline_cli
 from infermatrix.context import Context
 from infermatrix.model.spec import resolve
-from infermatrix.stages import export, lock, plan_cells
+from infermatrix.scale import export
+from infermatrix.stages import lock, plan_cells
 from infermatrix.stages.render import render_cells
 
 from .planning_support import recorded_metadata

@@ -22,7 +22,8 @@ from infermatrix.model.selectors import expand
 from infermatrix.model.spec import lock_path
 from infermatrix.names import UnsafeName, inside
 from infermatrix.state import StatePaths
-from infermatrix.stages import plandiff, publish
+from infermatrix.cli import plandiff
+from infermatrix.stages import publish
 
 from .test_config_errors import MINI, cli, problems, write
 from .test_render_safety import FIXTURE_CELLS, TESTS

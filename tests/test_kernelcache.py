@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from infermatrix.stages import kernelcache as kc
+from infermatrix.kernels import kernelcache as kc
 from infermatrix.state import StatePaths
 
 SPEC = {"package": "flash-attn", "version": "2.8.3", "gb_per_nvcc_thread": 5.0}
@@ -30,7 +30,7 @@ def test_same_inputs_same_key_in_any_process():
     assert key() == kc.KernelKey("flash-attn", "2.8.3", "2.11.0", "13.0", "3.12", ("sm_120",),
                                  (), hashlib.sha256(b"S").hexdigest()[:16], "linux/amd64")
     assert key().slug == KNOWN_SLUG
-    code = ("from infermatrix.stages import kernelcache as kc; print(kc.make_key(" + repr(SPEC) +
+    code = ("from infermatrix.kernels import kernelcache as kc; print(kc.make_key(" + repr(SPEC) +
             ", torch='2.11.0', cuda='13.0', python='3.12', archs=['sm_120'], stage_text='S').slug)")
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -23,7 +23,7 @@ from infermatrix.options import RunOptions
 from infermatrix import journal
 from infermatrix.context import Context, setup_command_log
 from infermatrix.engine import docker as engine
-from infermatrix.stages import kernelcache, kernelregistry
+from infermatrix.kernels import kernelcache, kernelregistry
 from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
 from tests.registry_support import free_port, start_registry

@@ -16,8 +16,8 @@ from infermatrix.config import load_matrix
 from infermatrix.engine import artifacts
 from infermatrix.engine.registry import RegistryUnreachable
 from infermatrix.errors import ConfigError
-from infermatrix.stages import kernelcache as kc
-from infermatrix.stages import kernelregistry as kr
+from infermatrix.kernels import kernelcache as kc
+from infermatrix.kernels import kernelregistry as kr
 from infermatrix.state import StatePaths
 
 TEST_MATRIX = Path(__file__).parent / "matrix" / "matrix.yaml"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from infermatrix.config import load_matrix
 from infermatrix.model.mtp import find_weights, launch_args
-from infermatrix.stages.deploy import service
-from infermatrix.stages.pull import serve_command
+from infermatrix.consumer.deploy import service
+from infermatrix.consumer.pull import serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix.stages import plandiff
+from infermatrix.cli import plandiff
 from infermatrix.model.coverage import FATBIN_MAGIC
 from infermatrix.errors import ConfigError
 from infermatrix.model.index import IndexUnavailable

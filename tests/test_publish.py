@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from infermatrix import imageslock, journal
-from infermatrix.stages import publish, pull
+from infermatrix.stages import publish
+from infermatrix.consumer import pull
 from infermatrix.config import load_matrix
 from infermatrix.errors import ConfigError, StageFailure, UsageError
 from infermatrix.model.cell import Cell

@@ -15,7 +15,8 @@ import yaml
 
 from infermatrix.engine import docker as engine
 from infermatrix import journal
-from infermatrix.stages import publish, pull, tagging
+from infermatrix.stages import publish, tagging
+from infermatrix.consumer import pull
 from infermatrix.engine import registry as registry_api
 from infermatrix.cli import main
 from infermatrix.context import Context

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from infermatrix.cli import main
-from infermatrix.stages import merge
+from infermatrix.scale import merge
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "journal"
 STATE = FIXTURE / "state"

@@ -126,7 +126,7 @@ def test_verify_sizes_an_sm121_engine_from_memavailable_before_anything_runs(tmp
                                                                               capsys):
     """The consumer's `verify` on a GB10 sizes the engine as deploy does (fraction flag,
     container memory limit, /dev/shm) and says so before it looks for the image."""
-    from infermatrix.stages import verify
+    from infermatrix.consumer import verify
 
     entry = publish.read_lock(gb10_lock)["images"][SM121.id]
     sizing = verify.unified_sizing(entry, GB10_MEMINFO)

@@ -1,4 +1,4 @@
-"""`infermatrix verify` (stages/verify.py): the consumer's check of a pulled image. Usage errors
+"""`infermatrix verify` (consumer/verify.py): the consumer's check of a pulled image. Usage errors
 here (no Docker but the last test); the real run is in tests/test_publish_consumer.py."""
 
 from __future__ import annotations

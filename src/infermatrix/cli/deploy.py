@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import StageFailure, UsageError
 from ..host import proxmox
-from ..stages import deploy
+from ..consumer import deploy
 from ..imageslock import LOCK_NAME, read_lock
 from ..stages.publish import cell_from_labels
 from ..model.spec import Launch

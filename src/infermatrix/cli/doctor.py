@@ -10,7 +10,7 @@ from pathlib import Path
 from ..host import doctor, proxmox
 from ..errors import UsageError
 from ..imageslock import LOCK_NAME, read_lock
-from ..stages.pull import docker_run_line
+from ..consumer.pull import docker_run_line
 
 
 def _host_options(parser: argparse.ArgumentParser) -> None:

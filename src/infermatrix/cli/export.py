@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..stages import export
+    from ..scale import export
 
     export_run = load_run(args)
     ctx = export_run.ctx
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _bake(args: argparse.Namespace, export_run, out: Path | None) -> tuple[str, list]:
     """The bake file, its args from the compile planner as `build` sizes them."""
-    from ..stages import export
+    from ..scale import export
     from ..stages.build import compile_plan_for_cells, secrets_for
 
     options = export_run.options

@@ -81,7 +81,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
             run = lock.lock_cells(ctx, plans, index=lock_run.options.index_url, jobs=args.jobs,
                                   all_planned=all_planned)
             if all_planned is not None:  # the whole matrix: commit what its selectors resolved
-                from ..stages.plandiff import write_snapshot
+                from .plandiff import write_snapshot
                 write_snapshot(ctx.root, plans)
     if args.json:
         json.dump(_as_json(run), sys.stdout, indent=2, sort_keys=True)

@@ -125,7 +125,7 @@ def passed_over_lines(plans: list[CellPlan]) -> list[str]:
 
 def _print_diff(ctx: Context, plans: list[CellPlan], whole: bool) -> int:
     """`plan --diff`; a damaged plan file is rebuilt from the plan of the `whole` matrix."""
-    from ..stages import plandiff
+    from . import plandiff
     from ..model.index import IndexUnavailable, release_list
 
     committed = plandiff.load_snapshot(ctx.root, plans if whole else None)

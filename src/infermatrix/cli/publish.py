@@ -10,7 +10,7 @@ from ..host import doctor, hostcheck
 from ..errors import StageFailure, UsageError
 from ..imageslock import LOCK_NAME, read_lock, select_entries
 from ..stages.publish import publish
-from ..stages.pull import docker_run_line, pull_entry
+from ..consumer.pull import docker_run_line, pull_entry
 from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
 from ..state import run_lock

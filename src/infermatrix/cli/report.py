@@ -83,9 +83,9 @@ def resolve_plans(args: argparse.Namespace, state: StatePaths) -> list[Any]:
 
 
 def run_merge(args: argparse.Namespace, state: StatePaths) -> int:
-    """One report, images.lock and journal from the fragments (stages/merge.py); nothing is
+    """One report, images.lock and journal from the fragments (scale/merge.py); nothing is
     written when two fragments pin one tag to different digests."""
-    from ..stages.merge import describe, merge_dirs, write_merged_journal
+    from ..scale.merge import describe, merge_dirs, write_merged_journal
     from ..imageslock import LOCK_NAME, write_lock
 
     merged = merge_dirs(args.merge)

@@ -1,5 +1,5 @@
 """`infermatrix verify CELL --model-dir DIR`: the consumer's own gpu and model levels of a
-pulled image, on this host, from images.lock alone (stages/verify.py)."""
+pulled image, on this host, from images.lock alone (consumer/verify.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..imageslock import LOCK_NAME, read_lock
-from ..stages.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
-                             write_verdict)
+from ..consumer.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
+                               write_verdict)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from ..stages.deploy import locked_entry
+    from ..consumer.deploy import locked_entry
 
     levels = [part.strip() for part in args.levels.split(",") if part.strip()]
     unknown = [level for level in levels if level not in VERIFY_LEVELS]

@@ -2,7 +2,7 @@
 `docker-compose` (1.29, Python). Every call goes through proc.run, so each is logged exactly.
 
 Used to start and stop a deployment written by `infermatrix deploy` (tests, bench, the
-throughput level of a deployed cell); the Compose file itself is stages/deploy.py's."""
+throughput level of a deployed cell); the Compose file itself is consumer/deploy.py's."""
 
 from __future__ import annotations
 

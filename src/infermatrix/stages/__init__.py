@@ -68,7 +68,7 @@ ON_THE_BUILDER = frozenset({"audit", "smoke", "tag", "publish"})
 
 def builder_groups(run: Run, alive: list[CellSpec]) -> list[tuple[Any, list[CellSpec]]]:
     """(engine or None for the default one, its cells), by the builder each cell was built on."""
-    from .builders import endpoints_for
+    from ..engine.builders import endpoints_for
 
     if not alive:  # nothing left (every cell failed earlier): the step runs on no cell
         return [(None, alive)]

@@ -38,7 +38,7 @@ from ..errors import ConfigError, MissingTool, UsageError
 from ..model.spec import os_base
 from ..model.spec import CellSpec
 from ..state import StatePaths
-from .watch import Heartbeat
+from ..watch import Heartbeat
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 log = logging.getLogger(__name__)

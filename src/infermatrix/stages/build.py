@@ -38,7 +38,8 @@ from ..model import compileplan, compileprogress
 from ..engine import docker as engine
 from ..engine.docker import Engine
 from .. import journal, proc
-from . import kernelcache, kernelregistry, watch
+from ..kernels import kernelcache, kernelregistry
+from .. import watch
 from . import lock as locks
 from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
@@ -759,7 +760,7 @@ def build_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None 
     docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     planned = [p for p in plans if p.planned]
     results: dict[str, CellResult] = {}
-    from .builders import endpoints_for
+    from ..engine.builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:
         with run_lock(ctx.state, wait=options.wait):
@@ -810,7 +811,7 @@ def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[An
     building and every cell left in its queue, with the reason; the others go on."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .builders import assign, connect
+    from ..engine.builders import assign, connect
     up, down = connect(endpoints, echo)
     previous = {p.id: journal.cell_record(ctx.state, p.id).builder_name or "" for p in planned}
     for cell_id, reason in assign(planned, up, previous, down).items():
@@ -831,7 +832,7 @@ def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[An
 
 def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
                 echo: Echo) -> dict[str, CellResult]:
-    from .builders import ensure_bases
+    from ..engine.builders import ensure_bases
 
     results: dict[str, CellResult] = {}
     identity = builder.identity()

@@ -43,7 +43,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
 from .. import journal, proc
-from . import kernelcache
+from ..kernels import kernelcache
 from ..context import Context
 from ..errors import CommandFailed, StageFailure
 from ..model.index import SIMPLE_JSON, IndexUnavailable, MetadataCache, NotOnIndex, _http_get

@@ -1,5 +1,5 @@
 """Publish tagged cells to a registry under immutable tags and record them in images.lock
-(imageslock.py); pulling them back by digest is stages/pull.py.
+(imageslock.py); pulling them back by digest is consumer/pull.py.
 
 Only cells whose `tag` stage passed are published, and only the exact image id that stage
 tested. Before a push the tag's remote manifest is read: the same image (its config digest is
@@ -36,7 +36,7 @@ from ..model.selectors import Selection
 from ..state import StatePaths
 from ..model.spec import CONTAINER_MODEL, CellSpec, driver_table
 from ..model.spec import min_driver_for
-from .watch import Heartbeat
+from ..watch import Heartbeat
 from ..imageslock import (LOCK_HEADER, LOCK_NAME, LOCK_VERSION, dump_lock, empty_lock,  # noqa: F401
                           lock_problems, read_lock, write_lock)
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401

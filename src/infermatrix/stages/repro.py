@@ -35,7 +35,8 @@ from typing import Any, Iterable
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from . import build, kernelcache
+from . import build
+from ..kernels import kernelcache
 from ..engine import docker as engine
 from ..engine.docker import Engine
 from ..options import RunOptions

@@ -50,7 +50,7 @@ from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
 from ..model.spec import CellSpec
 from ..options import RunOptions
-from .watch import Heartbeat
+from ..watch import Heartbeat
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
@@ -742,7 +742,7 @@ def smoke_endpoint(ctx: Context, text: str | None) -> "engine.Endpoint | None":
     name (its TLS files and all), else [NAME=]ENDPOINT or a Docker context."""
     if not text:
         return None
-    from .builders import endpoints_of_matrix
+    from ..engine.builders import endpoints_of_matrix
 
     named = {e.name: e for e in endpoints_of_matrix(ctx.matrix)}
     return named[text] if text in named else engine.parse_builder(text)

@@ -16,7 +16,7 @@ from ...model.spec import CellSpec
 from ...model.coverage import (
     Arch,
 )
-from ..watch import Heartbeat
+from ...watch import Heartbeat
 from .cache import FAIL, SKIP
 from .checks import (
     audited_objects,

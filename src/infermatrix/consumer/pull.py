@@ -10,8 +10,8 @@ from typing import Any, Callable
 from ..engine import registry as registries
 from ..engine.docker import Engine
 from ..model.spec import DEFAULT_PORT, DEFAULT_SHM
-from .publish import CONTAINER_MODEL_DIR, infermatrix_labels
-from .watch import Heartbeat
+from ..stages.publish import CONTAINER_MODEL_DIR, infermatrix_labels
+from ..watch import Heartbeat
 
 def verify_pulled(entry: dict[str, Any], info: dict[str, Any]) -> list[str]:
     """Differences between a pulled image and its lock entry (empty: it is the one)."""
@@ -51,7 +51,7 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
     creds = creds or registries.credentials_for(entry["repository"])
     labels = remote_labels(entry, creds)
     if verify is not None:
-        from . import sign
+        from ..stages import sign
         sign.verify_entry(entry, verify, creds, say)
     if host_check is not None:
         host_check(entry, labels)

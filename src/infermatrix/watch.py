@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..model.compileprogress import Prior, Progress, clock
+from .model.compileprogress import Prior, Progress, clock
 
 PLAIN_EVERY_S = 60.0
 

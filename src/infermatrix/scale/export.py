@@ -151,7 +151,7 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
     """(a `docker buildx bake` JSON file, the planned cells left out because images/<cell>/
     holds no rendered Dockerfile). Contexts are relative to `out_dir`, where bake runs;
     secrets name their source file, never their content."""
-    from .build import INPUT_HASH_LABEL, cell_dir, input_hash, kernel_keys_for, local_ref
+    from ..stages.build import INPUT_HASH_LABEL, cell_dir, input_hash, kernel_keys_for, local_ref
 
     targets: dict[str, Any] = {}
     unrendered = []

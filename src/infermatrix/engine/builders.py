@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import Matrix
-from ..engine import docker as engine
+from . import docker as engine
 from ..errors import UsageError
 from ..model import compileplan
 from ..model.cell import CellPlan

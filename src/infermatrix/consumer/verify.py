@@ -24,9 +24,9 @@ from ..errors import UsageError
 from ..harness import probe as harness_probe
 from ..model.spec import CONTAINER_MODEL
 from ..model.unifiedmem import GIB, Sizing, size_from_meminfo, with_fraction
-from . import smoke
+from ..stages import smoke
 from .pull import serve_command
-from .smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
+from ..stages.smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
 
 VERIFY_LEVELS = ("gpu", "model")
 DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0}
