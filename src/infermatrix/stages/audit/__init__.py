@@ -29,7 +29,7 @@ mapped, once the `model` smoke level recorded it (server_mapped_objects).
 
 from __future__ import annotations
 
-# The package's parts, each a concept; every name is here too (`audit.X`, as before).
+# The package's parts, each a concept; what is used outside the package is here too (`audit.X`).
 from .cache import (  # noqa: F401
     _CUDA_SONAME,
     _CUDA_WHEEL,
@@ -53,14 +53,9 @@ from .cache import (  # noqa: F401
     list_device_code,
     relocatable_fatbin_ranges,
 )
-from .checks import (  # noqa: F401
-    _image_id,
-    _pip_problem,
-    _pip_subject,
-    _sbsa_tagged,
+from .checks import (  # noqa: F401  (the checks named outside the package)
     audited_objects,
     check_cuda_major,
-    check_floor,
     check_kernels,
     check_loaded_set,
     check_pins,
@@ -69,8 +64,6 @@ from .checks import (  # noqa: F401
     cuda_majors,
     expected_pins,
     load_context,
-    no_deps_packages,
-    recorded_mapped,
     runtime_chosen_builds,
     version_matches,
 )
