@@ -277,8 +277,8 @@ def test_an_interrupt_midway_then_rerun_resumes(mini_ctx, built_base, signum):
     # Wait until the slow cell's build is under way (its record says `running`).
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        record = journal.load(mini_ctx.state, slow)
-        if journal.stage_status(record, "build") == "running" and first.poll() is None:
+        if journal.cell_record(mini_ctx.state, slow).status_of("build") == "running" \
+                and first.poll() is None:
             break
         time.sleep(0.2)
     else:
@@ -293,8 +293,8 @@ def test_an_interrupt_midway_then_rerun_resumes(mini_ctx, built_base, signum):
     assert not other_processes_naming(f"/context-{slow}-"), "a build client was left running"
     assert not any((mini_ctx.state.root / "tmp").glob(f"context-{slow}-*"))
     assert (mini_ctx.state.root / "run.lock").read_text() == ""  # no dead pid in it
-    assert journal.stage_status(journal.load(mini_ctx.state, slow), "build") == "running"
-    assert journal.stage_status(journal.load(mini_ctx.state, mini1), "build") == "pass"
+    assert journal.cell_record(mini_ctx.state, slow).status_of("build") == "running"
+    assert journal.cell_record(mini_ctx.state, mini1).status_of("build") == "pass"
     # Every record is whole JSON (atomic writes), and no temporary file is left behind.
     for path in mini_ctx.state.journal.glob("*"):
         assert path.suffix == ".json", path

@@ -149,16 +149,6 @@ def test_missing_file(tmp_path):
     assert proc.returncode == 2 and "file not found" in proc.stderr
 
 
-def test_value_error_locates_the_line_of_a_list_value(tmp_path):
-    """The hook plan's index-existence check uses: a torch version not on the index is an
-    error at the line that writes it (file:line, exit 2)."""
-    path = write(tmp_path, MINI.replace('torch: ["2.9.1", "2.11.0"]',
-                                        'torch:\n    - "2.9.1"\n    - "2.99.0"'))
-    m = load_matrix(path)
-    error = m.value_error("torch 2.99.0 is not on the package index", ("axes", "torch"), "2.99.0",
-                          fix="one of the released versions")
-    assert (error.path, error.line, error.exit_code) == (path, 14, 2)
-
 
 def test_internal_error_has_no_traceback_unless_debug(tmp_path, capsys, monkeypatch):
     import infermatrix.cli.plan as plan_cli

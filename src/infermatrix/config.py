@@ -332,18 +332,6 @@ class Matrix:
     def error(self, message: str, *key_path: Any, fix: str | None = None) -> ConfigError:
         return ConfigError(message, self.path, self.line_of(*key_path), fix)
 
-    def value_error(self, message: str, key_path: Iterable[Any], value: str,
-                    fix: str | None = None) -> ConfigError:
-        """An error about one value of a list (an axis entry such as a torch version that is
-        not on the index), located at the line where that value is written."""
-        key_path = tuple(key_path)
-        node = self.locator.node(key_path)
-        if isinstance(node, yaml.SequenceNode):
-            for item in node.value:
-                if isinstance(item, yaml.ScalarNode) and item.value == str(value):
-                    return ConfigError(message, self.path, item.start_mark.line + 1, fix)
-        return ConfigError(message, self.path, self.line_of(*key_path), fix)
-
     # Convenient views -------------------------------------------------------------------
     @property
     def python(self) -> str:

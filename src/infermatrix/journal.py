@@ -252,6 +252,3 @@ def record_stage(state: StatePaths, cell_id: str, stage: str, status: Status, *,
     save(state, record)
     return record
 
-
-def stage_status(record: dict[str, Any], stage: str) -> str | None:
-    return record.get("stages", {}).get(stage, {}).get("status")

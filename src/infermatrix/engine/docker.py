@@ -950,15 +950,6 @@ class Engine:
         return raw.decode("utf-8", "replace")
 
     @reconnecting
-    def container_memory(self, container_id: str) -> tuple[int | None, int | None]:
-        """(current, peak) memory of a running container in bytes, from the engine's stats
-        (cgroup v1 reports the peak as max_usage; v2 has none there: None)."""
-        with _translated(f"docker stats {container_id[:12]}"):
-            stats = self.sdk().api.stats(container_id, stream=False)
-        memory = stats.get("memory_stats") or {}
-        return memory.get("usage"), memory.get("max_usage")
-
-    @reconnecting
     def stop_container(self, container_id: str, timeout: int = 10) -> None:
         import docker
 

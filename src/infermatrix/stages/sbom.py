@@ -161,11 +161,9 @@ def document(cell: Cell, image_id: str, lock_text: str | None, dpkg_status: str 
 def to_json(bom) -> str:
     """The document as CycloneDX 1.6 JSON, validated against the schema (StageFailure if not)."""
     from cyclonedx.output.json import JsonV1Dot6
-    from cyclonedx.schema import SchemaVersion
-    from cyclonedx.validation.json import JsonStrictValidator
 
     text = JsonV1Dot6(bom).output_as_string(indent=2)
-    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    error = validation_error(text)
     if error is not None:
         raise StageFailure(f"the SBOM does not validate against CycloneDX 1.6: {error}")
     return text
