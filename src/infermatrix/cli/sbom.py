@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from ..stages.sign import write_sbom_file
 
     ctx = load_context(args)
-    records = journal.load_records(ctx.state)
+    records = journal.load_all(ctx.state)  # stored records: sbom and attest read them as stored
     record = records.get(args.ref)
     if record is not None:
-        image = record.image_id
+        image = record.get("image_id")
         if not image:
             raise UsageError(f"cell {args.ref} has no built image in the journal of "
                              f"{ctx.state.root}", fix=f"`infermatrix build --select {args.ref}`")
