@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.docker import Engine
     from ..errors import StageFailure, UsageError
     from ..model.cell import Cell
+    from ..model.spec import lock_path, read_lock_text
     from ..stages import sbom
     from ..stages.publish import cell_from_labels
     from ..stages.sign import write_sbom_file
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     except StageFailure as exc:
         raise UsageError(f"{args.ref}: not an infermatrix image ({exc})") from None
     record = record or records.get(cell.id) or {"cell": cell.id, "stages": {}}
-    text = sbom.build_sbom(ctx, cell, info["Id"], record, docker)
+    text = sbom.build_sbom(ctx, cell, info["Id"], record,
+                           read_lock_text(lock_path(ctx, cell.id), cell.id), docker)
     if args.out == "-":
         sys.stdout.write(text + "\n")
         return 0

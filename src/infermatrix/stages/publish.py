@@ -312,7 +312,7 @@ class Publisher:
             else _now()
         entry = lock_entry(cell, self.repository, tag, digest, cand.image_id, labels,
                            cand.record, run, published)
-        entry["signing"] = self._signing(cand, cell, entry, old)
+        entry["signing"] = self._signing(cand, spec, entry, old)
         self.lock["images"][cand.cell_id] = entry
         write_lock(self.lock_path, self.lock)
         journal.record_stage(self.ctx.state, cand.cell_id, "publish", journal.Status.PASS,
@@ -325,7 +325,7 @@ class Publisher:
         signed = "signed" if entry["signing"] else "UNSIGNED"
         self.say(f"{action:9} {self.repository}:{tag}  {digest}  ({cand.cell_id}, {signed})")
 
-    def _signing(self, cand: Candidate, cell: Cell, entry: dict[str, Any],
+    def _signing(self, cand: Candidate, spec: CellSpec, entry: dict[str, Any],
                  old: dict[str, Any]) -> dict[str, Any] | None:
         """images.lock's `signing` of a pushed digest: signed now, kept when this key's
         signature and attestations are already on it, or None without a signing key."""
@@ -334,7 +334,7 @@ class Publisher:
         from . import sign
         if sign.still_signed(old, entry, self.signer, self.creds):
             return old["signing"]
-        return sign.sign_entry(self.ctx, self.signer, entry, cand.record, cell, self.creds,
+        return sign.sign_entry(self.ctx, self.signer, entry, cand.record, spec, self.creds,
                                self.docker)
 
     def _push_verified(self, image_id: str, tag: str) -> str:

@@ -234,13 +234,11 @@ def image_facts(image: str, docker: Engine) -> tuple[dict[str, Any], str | None]
     return info, status
 
 
-def build_sbom(ctx, cell: Cell, image_id: str, record: dict[str, Any], docker: Engine
-               ) -> str:
-    """The validated CycloneDX JSON of a cell's built image (in `docker`)."""
-    from ..model.spec import lock_path, read_lock_text
-
+def build_sbom(ctx, cell: Cell, image_id: str, record: dict[str, Any], lock_text: str | None,
+               docker: Engine) -> str:
+    """The validated CycloneDX JSON of a cell's built image (in `docker`); its Python pins from
+    the cell's lock text (a CellSpec's: read once per run)."""
     info, status = image_facts(image_id, docker)
-    lock_text = read_lock_text(lock_path(ctx, cell.id), cell.id)
     labels = (info.get("Config") or {}).get("Labels") or {}
     finished = ((record.get("stages") or {}).get("build") or {}).get("finished")
     bom = document(cell, info["Id"], lock_text, status, kernel_wheels(ctx, record, lock_text),

@@ -28,7 +28,7 @@ from ..engine import cosign
 from ..engine.docker import Engine
 from ..engine import registry as registries
 from ..errors import UsageError
-from ..model.cell import Cell
+from ..model.spec import CellSpec
 from . import attest, sbom
 
 SKIP_FLAG = "--skip-verify"
@@ -57,11 +57,11 @@ def signer_from_env() -> Signer | None:
     return Signer(key, fingerprint, cosign.version())
 
 
-def predicates(ctx, cell: Cell, image_id: str, record: dict[str, Any], docker: Engine
+def predicates(ctx, spec: CellSpec, image_id: str, record: dict[str, Any], docker: Engine
                ) -> dict[str, Any]:
     """name -> predicate of the three attestations of a cell's published image (read from
-    `docker`, the engine that holds it)."""
-    from ..model.spec import lock_path
+    `docker`, the engine that holds it); the SBOM's pins from the run's CellSpec's lock."""
+    cell = spec.cell
 
     base_refs = ((record.get("stages") or {}).get("base") or {}).get("details", {}) \
         .get("images") or []
@@ -78,20 +78,23 @@ def predicates(ctx, cell: Cell, image_id: str, record: dict[str, Any], docker: E
     build_log = ((record.get("stages") or {}).get("build") or {}).get("log")
     return {
         "test-result": attest.test_result(record, cell),
-        "sbom": json.loads(sbom.build_sbom(ctx, cell, image_id, record, docker)),
+        "sbom": json.loads(sbom.build_sbom(ctx, cell, image_id, record, spec.lock_text,
+                                           docker)),
         "provenance": attest.provenance(
             record, cell, matrix_path=ctx.matrix.path, root=ctx.root,
-            lock_path=lock_path(ctx, cell.id), cell_dir=ctx.cell_dir(cell.id),
+            lock_path=spec.lock_path, cell_dir=ctx.cell_dir(cell.id),
             build_log=Path(build_log) if build_log else None, base_images=bases,
             engine_facts=engine_facts),
     }
 
 
-def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: dict[str, Any], cell: Cell,
-               creds: registries.RegistryCredentials, docker: Engine) -> dict[str, Any]:
+def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: dict[str, Any],
+               spec: CellSpec, creds: registries.RegistryCredentials, docker: Engine
+               ) -> dict[str, Any]:
     """Sign the entry's digest, attach its attestations; images.lock's `signing` of it."""
     reference = entry["reference"]
-    made = predicates(ctx, cell, entry["image_id"], record, docker)
+    cell = spec.cell
+    made = predicates(ctx, spec, entry["image_id"], record, docker)
     made["test-result"]["digest"] = entry["digest"]
     cosign.sign(reference, signer.key, creds)
     for name, predicate_type in attest.PREDICATES.items():
