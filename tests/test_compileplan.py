@@ -293,7 +293,7 @@ def test_compile_plan_command_for_another_host_as_json(tmp_path, capsys):
 # ---- parsing real files -----------------------------------------------------------------------
 
 def test_parsers():
-    assert cp.parse_meminfo("MemTotal: 100 kB\nMemAvailable:   2048 kB\n") == 2048 * 1024
+    assert cp.mem_available("MemTotal: 100 kB\nMemAvailable:   2048 kB\n") == 2048 * 1024
     assert cp.parse_limit("max\n") is None
     assert cp.parse_limit(f"{V1_UNLIMITED}\n") is None
     assert cp.parse_limit("1073741824\n") == GIB

@@ -527,11 +527,11 @@ class JobSampler:
 # Reading the real host
 # --------------------------------------------------------------------------------------------
 
-def parse_meminfo(text: str) -> int | None:
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None
+def mem_available(meminfo_text: str) -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None when the file has none)."""
+    from .unifiedmem import meminfo_bytes
+
+    return meminfo_bytes(meminfo_text).get("MemAvailable")
 
 
 def parse_limit(text: str) -> int | None:
@@ -599,7 +599,7 @@ def read_host(root: Path = Path("/")) -> HostReading:
     meminfo = _read(root / "proc/meminfo")
     groups = parse_cgroup_paths(_read(root / "proc/self/cgroup") or "")
     sys_cgroup = root / "sys/fs/cgroup"
-    reading: dict[str, Any] = {"mem_available": parse_meminfo(meminfo) if meminfo else None}
+    reading: dict[str, Any] = {"mem_available": mem_available(meminfo) if meminfo else None}
     if (sys_cgroup / "cgroup.controllers").is_file():  # unified (v2) hierarchy
         path = groups.get("", "/")
         reading["cgroup_v2_max"] = _min_over_ancestors(sys_cgroup, path, "memory.max")

@@ -43,13 +43,20 @@ def unified_capability(compute_cap: str, data: Mapping[str, Any] | None = None) 
     return arch if unified_arch(arch, data) else None
 
 
-def parse_meminfo(text: str) -> tuple[int, int]:
-    """(MemTotal, MemAvailable) in bytes from /proc/meminfo."""
+def meminfo_bytes(text: str) -> dict[str, int]:
+    """Every `Key: N kB` line of /proc/meminfo, in bytes (the one reader of the file's form)."""
     values = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
-        if key in ("MemTotal", "MemAvailable") and rest.split():
-            values[key] = int(rest.split()[0]) * 1024
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            values[key] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    return values
+
+
+def parse_meminfo(text: str) -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo."""
+    values = {k: v for k, v in meminfo_bytes(text).items() if k in ("MemTotal", "MemAvailable")}
     if len(values) != 2:
         raise ValueError("/proc/meminfo has no MemTotal or MemAvailable line")
     return values["MemTotal"], values["MemAvailable"]

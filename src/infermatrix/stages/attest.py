@@ -12,12 +12,12 @@ deploy require of it. Pure: journal records and files in, predicates and verdict
 from __future__ import annotations
 
 import calendar
-import hashlib
 import time
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..engine.artifacts import sha256_file
 from ..model.cell import Cell
 from . import tagging
 
@@ -119,14 +119,6 @@ def verdict_problem(predicate: dict[str, Any], image_id: str | None,
 
 
 # --- provenance ----------------------------------------------------------------------------
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def tree_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
