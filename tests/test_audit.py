@@ -351,7 +351,7 @@ def test_probe_runs_on_a_plain_python(tmp_path: Path) -> None:
 
 def load_ctx(image: ImageFacts, matrix_data: dict | None = None, cuda: str | None = "13.0",
              model: str | None = "Qwen/Qwen3.6-27B"):
-    return audit.load_context(matrix_data or {}, image, cuda, model)
+    return audit.loaded_set_context(matrix_data or {}, image, cuda, model)
 
 
 def test_matrix_not_loaded_rules_waive_objects_the_engine_never_loads_on_that_arch() -> None:

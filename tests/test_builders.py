@@ -11,7 +11,7 @@ import pytest
 
 from infermatrix.options import RunOptions
 from infermatrix.config import load_matrix
-from infermatrix.engine.docker import Endpoint, Engine, EngineFacts, parse_builder
+from infermatrix.engine.docker import Endpoint, Engine, DockerFacts, parse_builder
 from infermatrix.errors import ConfigError, UsageError
 from infermatrix.model.cell import Cell, CellPlan
 from infermatrix.engine import builders
@@ -89,7 +89,7 @@ def builder(name: str, platform: str, cpus: int, memory_gib: float,
             platforms: tuple[str, ...] = ()) -> builders.Builder:
     endpoint = Endpoint(name, host=f"unix:///run/{name}.sock", platforms=platforms)
     return builders.Builder(endpoint, Engine(endpoint),
-                            EngineFacts(cpus, int(memory_gib * GIB), platform))
+                            DockerFacts(cpus, int(memory_gib * GIB), platform))
 
 
 def plan(arch: str, engine_version: str, platform: str) -> CellPlan:

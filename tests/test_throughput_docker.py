@@ -15,7 +15,7 @@ from infermatrix.engine import docker as engine
 from infermatrix.stages import smoke
 from infermatrix.stages.plan import plan_matrix
 from infermatrix.stages.report import build_report, load_journal, render_html
-from infermatrix.stages.tagging import decide
+from infermatrix.stages.tagging import decide_tag
 from infermatrix.state import StatePaths
 from tests.deploy_support import CPU_CELL, CPU_ID, cpu_image
 from tests.planning_support import recorded_metadata
@@ -86,8 +86,8 @@ def test_the_report_shows_the_figures_and_the_floor_judges_them(measured):
     figure = level["per_replica_tokens_per_s"]
     # only the throughput level ran here: the floor makes it the one required level
     for floor, allowed in ((figure * 10, False), (figure / 10, True)):
-        decision = decide(record, {"require": [], "throughput": {"min_tokens_per_s_cpu": floor}},
+        decision = decide_tag(record, {"require": [], "throughput": {"min_tokens_per_s_cpu": floor}},
                           CPU_CELL)
         assert decision.allowed is allowed, decision.reason
         assert ("under the floor" in decision.reason) is not allowed
-    assert not decide(record, {"require": ["static", "model"]}, CPU_CELL).allowed
+    assert not decide_tag(record, {"require": ["static", "model"]}, CPU_CELL).allowed

@@ -88,7 +88,7 @@ def test_used_on_keys(used_on: tuple[str, ...], key: str) -> None:
 def test_an_explicit_key_of_an_entry_wins() -> None:
     entry = loadedset.Entry.from_dict({"id": "x", "paths": ["a/*.so"], "reason": "r",
                                        "used_on": ["9.x"], "key": "fa3-hopper"})
-    ctx = loadedset.Context({}, 13, ("qwen3_5",), entries=[entry])
+    ctx = loadedset.LoadContext({}, 13, ("qwen3_5",), entries=[entry])
     assert loadedset.verdict("a/b.so", Arch(12, 0), ctx).key == "fa3-hopper"
 
 

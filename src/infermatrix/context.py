@@ -34,13 +34,13 @@ class Context:
         """The cell's CellSpec, resolved once per run and handed to every step: its lock is
         read and parsed once. Resolved again only when the lock file changed since (the lock
         step writes it) or the plan did (model/spec.py resolves it)."""
-        from .model.spec import lock_path, lock_stamp, resolve
+        from .model.spec import lock_path, lock_stamp, resolve_spec
 
         stamp = lock_stamp(lock_path(self, plan.id))
         cached = self._specs.get(plan.id)
         if cached is not None and cached[0] == stamp and cached[1].plan == plan:
             return cached[1]
-        resolved = resolve(self, plan)
+        resolved = resolve_spec(self, plan)
         self._specs[plan.id] = (stamp, resolved)
         return resolved
 

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 def cell_needs(ctx, plan, kernel_need) -> list:
     """The memory model's keys of a cell's kernels: its CUDA, one target (its own arch), the
-    version its lock pins when the matrix says `match-engine` (spec.resolve reads it)."""
+    version its lock pins when the matrix says `match-engine` (spec.resolve_spec reads it)."""
 
     specs = ctx.matrix.build.get("kernels", {})
     resolved = {k.name: k.version for k in ctx.spec(plan).kernels}

@@ -84,9 +84,9 @@ def run_deploy(args: argparse.Namespace) -> int:
         raise UsageError("--lxc passes GPU device nodes: it needs --gpus")
     verify = sign.verify_options(args.key, args.skip_verify, args.require_levels)
     if not verify.skip:  # the digest's signature and test results, in its registry
-        sign.verify_entry(entry, verify, registries.credentials_for(entry["repository"]))
+        sign.verify_signatures(entry, verify, registries.credentials_for(entry["repository"]))
     else:
-        sign.verify_entry(entry, verify, registries.RegistryCredentials())
+        sign.verify_signatures(entry, verify, registries.RegistryCredentials())
     lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
         if gpus else None
     lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_generate)
 
 
-def endpoints_of(args: argparse.Namespace) -> list[generate.Endpoint]:
+def endpoints_of(args: argparse.Namespace) -> list[generate.ServerEndpoint]:
     if args.deployment is not None:
         return generate.deployment_endpoints(args.deployment)
     return generate.explicit_endpoints(args.endpoint)

@@ -52,7 +52,7 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
     labels = remote_labels(entry, creds)
     if verify is not None:
         from ..stages import sign
-        sign.verify_entry(entry, verify, creds, say)
+        sign.verify_signatures(entry, verify, creds, say)
     if host_check is not None:
         host_check(entry, labels)
     with Heartbeat(f"pull of {entry['reference']}"):

@@ -36,7 +36,7 @@ from ..model.cell import CellPlan
 class Builder:
     endpoint: engine.Endpoint
     engine: engine.Engine
-    facts: engine.EngineFacts
+    facts: engine.DockerFacts
     down: str | None = None  # why it stopped building (it died mid-run)
     queue: list[CellPlan] = field(default_factory=list)
     compile: compileplan.CompilePlan | None = None  # sized from this engine's figures

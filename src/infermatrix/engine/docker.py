@@ -444,7 +444,7 @@ def parse_builder(text: str, index: int = 0) -> Endpoint:
 
 
 @dataclass(frozen=True)
-class EngineFacts:
+class DockerFacts:
     """What an engine says about itself (`docker info`): the figures builders are sized by."""
 
     cpus: int
@@ -501,12 +501,12 @@ class Engine:
         with _translated("docker info"):
             return self.sdk().info()
 
-    def facts(self) -> EngineFacts:
+    def facts(self) -> DockerFacts:
         """CPUs, memory and platform as the engine reports them (`docker info`)."""
         from ..model.spec import platform_of_machine
 
         info = self._info()
-        return EngineFacts(cpus=int(info.get("NCPU") or 1), memory=int(info.get("MemTotal") or 0),
+        return DockerFacts(cpus=int(info.get("NCPU") or 1), memory=int(info.get("MemTotal") or 0),
                            platform=platform_of_machine(str(info.get("Architecture") or "")),
                            server_version=info.get("ServerVersion"))
 

@@ -36,7 +36,7 @@ class HostCheck:
         return not self.problems
 
 
-def driver_floor(entry: dict[str, Any], labels: dict[str, str] | None) -> str | None:
+def image_driver_floor(entry: dict[str, Any], labels: dict[str, str] | None) -> str | None:
     """The minimum driver: the image's own label when it has one, else images.lock's."""
     labels = labels or {}
     found = next((labels[name] for name in DRIVER_FLOOR_LABELS if labels.get(name)), None)
@@ -75,7 +75,7 @@ def check_host(entry: dict[str, Any], labels: dict[str, str] | None,
         return result
     readers = readers or doctor.HostReaders()
     facts = doctor.gather(readers)
-    floor = driver_floor(entry, labels)
+    floor = image_driver_floor(entry, labels)
     fit = doctor.cell_fit({**entry, "min_driver": floor}, facts)
     if not fit.fits:
         result.problems += fit.reasons

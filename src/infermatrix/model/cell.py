@@ -65,6 +65,12 @@ class Cell:
         return f"{digits[:-1]}.{digits[-1]}"
 
     @property
+    def arch_number(self) -> str | None:
+        """`120` for sm_120 (the form FLASH_ATTN_CUDA_ARCHS and -gencode want: the kernel
+        templates read it)."""
+        return None if not self.is_gpu else self.arch.split("_", 1)[1]
+
+    @property
     def engine_spec(self) -> str:
         return f"{self.engine}=={self.engine_version}"
 

@@ -145,7 +145,7 @@ def entries(matrix_data: dict[str, Any] | None = None) -> list[Entry]:
 
 
 @dataclass
-class Context:
+class LoadContext:
     """What the verdict depends on besides the object: the image and the cell."""
 
     distributions: dict[str, str]
@@ -169,7 +169,7 @@ def _used_on(entry: Entry, target: Arch | None) -> bool:
         all(cc_matches(s, target) for s in negative)
 
 
-def verdict(path: str, target: Arch | None, ctx: Context) -> LoadVerdict:
+def verdict(path: str, target: Arch | None, ctx: LoadContext) -> LoadVerdict:
     """The first entry in range whose paths match decides; no entry: unknown (counts loaded)."""
     for entry in ctx.entries:
         if not entry.matches_path(path) or not entry.in_range(ctx.distributions):
@@ -183,7 +183,7 @@ def verdict(path: str, target: Arch | None, ctx: Context) -> LoadVerdict:
 
 
 def _entry_verdict(entry: Entry, path: str, target: Arch | None,
-                   ctx: Context) -> LoadVerdict | None:
+                   ctx: LoadContext) -> LoadVerdict | None:
     def not_loaded(why: str, key: str, mapped: bool | None = entry.mapped,
                    **extra: Any) -> LoadVerdict:
         return LoadVerdict(NOT_LOADED, entry.id, why, entry.source, mapped,
@@ -267,7 +267,7 @@ class MappedJudgement:
                 "notes": self.notes}
 
 
-def judge_mapped(mapped: Iterable[str], targets: list[Arch], ctx: Context,
+def judge_mapped(mapped: Iterable[str], targets: list[Arch], ctx: LoadContext,
                  coverage_rows: Iterable[dict[str, Any]] = ()) -> MappedJudgement:
     """Every mapped object must be loaded by data's account and cover each target.
 

@@ -1,6 +1,6 @@
 """The resolved cell: every per-cell fact, computed once from the plan and the cell's lock.
 
-`resolve(ctx, plan)` gives a `CellSpec`: platform and machine, the base and its `from:` chain,
+`resolve_spec(ctx, plan)` gives a `CellSpec`: platform and machine, the base and its `from:` chain,
 the kernels with the versions the lock resolved (for `version: match-engine`), their sdist
 pins and how each is pinned (scope), the lock path and its pins, the launch (command, env,
 shm, port, health, attention backend) and the driver floor. The stages read these fields;
@@ -450,7 +450,7 @@ class CellSpec:
             if self.engine_package else None
 
 
-def resolve(ctx: Any, plan: CellPlan) -> CellSpec:
+def resolve_spec(ctx: Any, plan: CellPlan) -> CellSpec:
     """The CellSpec of a planned cell (reads its lock once). Steps take it from
     `Context.spec(plan)`, which resolves each cell once per run."""
     settings = plan.settings

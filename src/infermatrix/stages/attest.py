@@ -41,7 +41,7 @@ def _level(level: dict[str, Any]) -> dict[str, Any]:
     return {k: level.get(k) for k in ("status", "reason", "duration_s") if k in level}
 
 
-def host_facts(smoke_details: dict[str, Any]) -> dict[str, Any]:
+def smoke_host_facts(smoke_details: dict[str, Any]) -> dict[str, Any]:
     """The smoke host as smoke recorded it: whether it had a GPU, and the device, compute
     capability and driver the gpu level saw."""
     levels = smoke_details.get("levels") or {}
@@ -90,7 +90,7 @@ def test_result(record: dict[str, Any], cell: Cell) -> dict[str, Any]:
                   "checks": [{k: check.get(k) for k in ("name", "status", "detail")}
                              for check in audit_details.get("checks") or []
                              if isinstance(check, dict)]},
-        "host": host_facts(smoke_details),
+        "host": smoke_host_facts(smoke_details),
         "tool": {"name": "infermatrix", "version": __version__},
     }
 

@@ -113,7 +113,7 @@ def read_prompts(path: Path) -> list[Prompt]:
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class ServerEndpoint:
     name: str
     url: str  # http://host:port
     health: str = DEFAULT_HEALTH
@@ -128,7 +128,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def deployment_endpoints(directory: Path) -> list[Endpoint]:
+def deployment_endpoints(directory: Path) -> list[ServerEndpoint]:
     """The replicas of an `infermatrix deploy` directory, from its compose.yaml: each service's
     published port (0.0.0.0 is reached over 127.0.0.1) and the health route its check asks."""
     compose = directory / "compose.yaml"
@@ -149,20 +149,20 @@ def deployment_endpoints(directory: Path) -> list[Endpoint]:
         host = "127.0.0.1" if host in ("", "0.0.0.0") else host
         test = " ".join(map(str, (service.get("healthcheck") or {}).get("test") or []))
         route = HEALTH_URL.search(test)
-        endpoints.append(Endpoint(name, f"http://{host}:{port}",
+        endpoints.append(ServerEndpoint(name, f"http://{host}:{port}",
                                   route.group(1) if route else DEFAULT_HEALTH))
     if not endpoints:
         raise UsageError(f"{compose}: no services")
     return endpoints
 
 
-def explicit_endpoints(urls: Iterable[str]) -> list[Endpoint]:
+def explicit_endpoints(urls: Iterable[str]) -> list[ServerEndpoint]:
     endpoints = []
     for index, url in enumerate(urls):
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise UsageError(f"--endpoint {url!r}: give http://HOST:PORT")
-        endpoints.append(Endpoint(f"endpoint{index}", f"{parsed.scheme}://{parsed.netloc}"))
+        endpoints.append(ServerEndpoint(f"endpoint{index}", f"{parsed.scheme}://{parsed.netloc}"))
     return endpoints
 
 
@@ -259,7 +259,7 @@ def post_chat(url: str, payload: dict[str, Any], timeout_s: float) -> Completion
         raise RequestError(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None
 
 
-def healthy(endpoint: Endpoint, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+def healthy(endpoint: ServerEndpoint, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
     try:
         with urllib.request.urlopen(endpoint.url + endpoint.health, timeout=timeout_s) as r:
             return r.status == 200
@@ -267,7 +267,7 @@ def healthy(endpoint: Endpoint, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
         return False
 
 
-def served_model(endpoint: Endpoint, timeout_s: float = 30.0) -> str:
+def served_model(endpoint: ServerEndpoint, timeout_s: float = 30.0) -> str:
     try:
         with urllib.request.urlopen(endpoint.url + "/v1/models", timeout=timeout_s) as r:
             return json.loads(r.read())["data"][0]["id"]
@@ -279,7 +279,7 @@ def served_model(endpoint: Endpoint, timeout_s: float = 30.0) -> str:
 
 @dataclass
 class Replica:
-    endpoint: Endpoint
+    endpoint: ServerEndpoint
     concurrency: int
     healthy: bool = False
     outstanding: int = 0  # tokens owed: max_tokens of the requests in flight
@@ -416,7 +416,7 @@ class Batch:
     """The dispatch loop: the main thread owns all state; request threads and the health
     checker only post events to one queue."""
 
-    def __init__(self, endpoints: list[Endpoint], prompts: list[Prompt],
+    def __init__(self, endpoints: list[ServerEndpoint], prompts: list[Prompt],
                  settings: BatchSettings, log: AnswerLog,
                  progress: Progress | None = None) -> None:
         self.settings = settings
@@ -606,7 +606,7 @@ class Batch:
                            self.retried, self.unasked)
 
 
-def run_batch(endpoints: list[Endpoint], prompts: list[Prompt], settings: BatchSettings,
+def run_batch(endpoints: list[ServerEndpoint], prompts: list[Prompt], settings: BatchSettings,
               out: Path | None = None, progress: Progress | None = None) -> BatchResult:
     """Ask every prompt not yet answered in `out` (None: keep the answers in memory only)."""
     if settings.concurrency < 1:

@@ -247,7 +247,7 @@ def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def kernel_pins(ctx: Context, plan: CellPlan) -> list[str]:
+def kernel_source_pins(ctx: Context, plan: CellPlan) -> list[str]:
     """How each compiled kernel's source is pinned: PyPI sdist sha256 or a source-tree hash."""
     assert plan.settings is not None
     kernels = ctx.matrix.build.get("kernels", {})
@@ -298,7 +298,7 @@ def lock_inputs(ctx: Context, plan: CellPlan, *, index: str | None = None,
         cell_id=plan.id, python=settings.python, platform=platform, platform_reason=reason,
         index_url=index or package_index(), extra_index_urls=tuple(_unique(extra)),
         requirements=tuple(requirements), no_deps=tuple(no_deps),
-        kernels=tuple(kernel_pins(ctx, plan)), uv_version=uv_version())
+        kernels=tuple(kernel_source_pins(ctx, plan)), uv_version=uv_version())
 
 
 # Resolution -------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ def _no_deps_section(text: str) -> str:
 
 
 # Files, journal, drift ------------------------------------------------------------------------
-def write_lock(ctx: Context, result: LockResult) -> Path:
+def write_uv_lock(ctx: Context, result: LockResult) -> Path:
     assert result.text is not None
     path = lock_path(ctx, result.cell_id)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -521,7 +521,7 @@ def lock_cells(ctx: Context, plans: list[CellPlan], *, check: bool = False,
                 run.drifted[result.cell_id] = ["committed lock, but no solution now: "
                                                + (result.explanation or "")]
             continue
-        written = write_lock(ctx, result) if result.locked else None
+        written = write_uv_lock(ctx, result) if result.locked else None
         record(ctx, result, written)
     if all_planned is not None:
         keep = set(all_planned)

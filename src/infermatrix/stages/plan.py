@@ -277,7 +277,7 @@ def _exact_pins(meta: ReleaseMetadata, machine: str) -> tuple[tuple[str, str], .
 
 
 @dataclass
-class Candidate:
+class ExpandedCell:
     """A generated cell before the rules: where it came from and what expansion found."""
 
     cell: Cell
@@ -289,7 +289,7 @@ class Candidate:
 
 @dataclass
 class Expansion:
-    candidates: list[Candidate]
+    candidates: list[ExpandedCell]
     not_generated: dict[str, int] = field(default_factory=dict)  # reason -> combinations
 
 
@@ -393,7 +393,7 @@ def expand(m: Matrix, gatherer: FactGatherer | None = None,
     for i, version in enumerate(_torch_axis(m) or []):
         _check_torch_exists(m, gatherer, version, ("axes", "torch", i))
     notes: dict[str, int] = {}
-    candidates: list[Candidate] = []
+    candidates: list[ExpandedCell] = []
     memo: dict[tuple[str, str, str], tuple[list[str], list[Verdict], str | None]] = {}
     for choice, arch in itertools.product(resolve_engines(m, releases, gatherer),
                                            axes["arch"]):
@@ -407,19 +407,19 @@ def expand(m: Matrix, gatherer: FactGatherer | None = None,
             notes[FORBIDDEN_TORCH] = notes.get(FORBIDDEN_TORCH, 0) + \
                 (len(listed) - len(torches)) * len(axes["cuda"])
         for cuda, torch in itertools.product(axes["cuda"], torches):
-            candidates.append(Candidate(Cell(cuda, torch, choice.engine, choice.version, arch),
+            candidates.append(ExpandedCell(Cell(cuda, torch, choice.engine, choice.version, arch),
                                         "axes", choice, list(verdicts), unresolved))
     for i, entry in enumerate(m.data.get("include", [])):
         name, version = _parse_engine(entry["engine"])
         _check_torch_exists(m, gatherer, entry["torch"], ("include", i, "torch"))
         choice = EngineChoice(name, version, f"=={version}", ("include", i, "engine"))
-        candidates.append(Candidate(Cell(entry["cuda"], entry["torch"], name, version,
+        candidates.append(ExpandedCell(Cell(entry["cuda"], entry["torch"], name, version,
                                          entry["arch"]), f"include[{i}]", choice))
     _refuse_duplicates(m, candidates)
     return Expansion(candidates, notes)
 
 
-def _refuse_duplicates(m: Matrix, candidates: list[Candidate]) -> None:
+def _refuse_duplicates(m: Matrix, candidates: list[ExpandedCell]) -> None:
     seen: dict[str, str] = {}
     for cand in candidates:
         cell, origin = cand.cell, cand.origin
@@ -625,7 +625,7 @@ def _cell_torch_cuda(gatherer: FactGatherer, cell: Cell, machine: str,
         return None
 
 
-def plan_cell(cand: Candidate, m: Matrix, gatherer: FactGatherer,
+def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
               exists: ExistsCheck | None = None, code: WheelCodeCache | None = None) -> CellPlan:
     cell, origin = cand.cell, cand.origin
     resolution = cand.choice.record() if cand.choice else None

@@ -219,7 +219,7 @@ def stage_results(record: CellRecord) -> list[StageResult]:
     return record.ordered_stages()
 
 
-def classify(plan_status: str, stages: list[StageResult]) -> tuple[str, str | None]:
+def outcome_of(plan_status: str, stages: list[StageResult]) -> tuple[str, str | None]:
     """(outcome, failed stage): a pruned cell is pruned; else the first failure wins; then
     how far the cell got."""
     by_name = {s.name: s.status for s in stages}
@@ -504,7 +504,7 @@ def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: CellRecord
     record = record or CellRecord(cell_id)
     stages = stage_results(record)
     plan_status = str(plan.get("status") or "unknown")
-    outcome, failed = classify(plan_status, stages)
+    outcome, failed = outcome_of(plan_status, stages)
     axes = {k: str(v) for k, v in _mapping(plan.get("axes")).items()} or dict(UNKNOWN_AXES)
     reasons = [_mapping(r) if isinstance(r, dict) else {"reason": _text(r)}
                for r in (plan.get("reasons") or []) if r is not None] \

@@ -9,7 +9,7 @@ cell is published unsigned, said on its line; pull and deploy then refuse it unl
 images.lock's `signing` records the key's fingerprint, the signature manifest and each
 attestation's layer digest.
 
-Verify (`verify_entry`), against the consumer's public key: the signature covers the locked
+Verify (`verify_signatures`), against the consumer's public key: the signature covers the locked
 digest; the test-result attestation verifies and says "passed" with every required level
 passed; the SBOM and provenance attestations verify. Each refusal is one line and its fix
 (SignatureError, exit 1): wrong key, unsigned, signature of another digest, missing or tampered
@@ -190,7 +190,7 @@ def _signature_problem(message: str) -> str:
     return "the signature does not verify"
 
 
-def verify_entry(entry: dict[str, Any], options: VerifyOptions,
+def verify_signatures(entry: dict[str, Any], options: VerifyOptions,
                  creds: registries.RegistryCredentials,
                  say: Callable[[str], None] = print) -> dict[str, Any]:
     """Check the signature and attestations of a locked digest; the verified test result."""

@@ -684,11 +684,11 @@ def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host
 
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
-                     ):  # -> generate.Endpoint
-    from .generate import Endpoint
+                     ):  # -> generate.ServerEndpoint
+    from .generate import ServerEndpoint
 
     host, port = published_port(docker, container_id)
-    return Endpoint(f"replica{index}", f"http://{host}:{port}", health)
+    return ServerEndpoint(f"replica{index}", f"http://{host}:{port}", health)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """`infermatrix tag`: tag only the cells whose smoke levels pass, on the exact image tested.
 
 The policy (matrix.yaml `tag_policy`) names the levels that must pass. Decisions are pure
-(`decide`: a journal record in, a TagDecision out):
+(`decide_tag`: a journal record in, a TagDecision out):
   - no image, no passed build, no finished smoke run: not tagged;
   - the image was rebuilt after the smoke run (journal image id != the tested one): not tagged;
   - any level that failed, required or not: not tagged;
@@ -108,7 +108,7 @@ def required_outcomes(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
     return missing, skipped
 
 
-def decide(record: dict[str, Any], policy: dict[str, Any], cell: Cell) -> TagDecision:
+def decide_tag(record: dict[str, Any], policy: dict[str, Any], cell: Cell) -> TagDecision:
     """Whether a cell may be tagged, and how, from its journal record alone."""
     refuse = lambda reason, **kw: TagDecision(cell.id, False, reason, **kw)
     image_id = record.get("image_id")
@@ -211,7 +211,7 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
     tag stage of one cell."""
     record = journal.load(ctx.state, cell.id)
     policy = {**DEFAULT_POLICY, **(ctx.matrix.tag_policy or {})}
-    decision = decide(record, policy, cell)
+    decision = decide_tag(record, policy, cell)
     if not decision.allowed:
         journal.record_stage(ctx.state, cell.id, "tag", journal.Status.SKIP, reason=decision.reason,
                              details={"decision": decision.as_dict(), "policy": policy})

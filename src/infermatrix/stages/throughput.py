@@ -104,7 +104,7 @@ def prompts_for(pool: list[generate.Prompt], count: int, thinking: bool,
                             thinking, pool[n % len(pool)].max_tokens) for n in range(count)]
 
 
-def run_point(endpoints: list[generate.Endpoint], pool: list[generate.Prompt],
+def run_point(endpoints: list[generate.ServerEndpoint], pool: list[generate.Prompt],
               settings: LoadSettings, concurrency: int, thinking: bool) -> dict[str, Any]:
     count = settings.requests * len(endpoints)
     tag = f"r{len(endpoints)}c{concurrency}{'t' if thinking else 'n'}"
@@ -118,7 +118,7 @@ def run_point(endpoints: list[generate.Endpoint], pool: list[generate.Prompt],
             "unasked": result.unasked, **figures}
 
 
-def check_loopback(endpoints: list[generate.Endpoint]) -> None:
+def check_loopback(endpoints: list[generate.ServerEndpoint]) -> None:
     import urllib.parse
 
     for endpoint in endpoints:
@@ -128,7 +128,7 @@ def check_loopback(endpoints: list[generate.Endpoint]) -> None:
                              f"{endpoint.url}")
 
 
-def wait_all_healthy(endpoints: list[generate.Endpoint], timeout_s: float,
+def wait_all_healthy(endpoints: list[generate.ServerEndpoint], timeout_s: float,
                      alive: Any = None) -> float:
     """Seconds until every replica's health route answers 200 (the load needs all N)."""
     started = time.monotonic()
@@ -147,7 +147,7 @@ def wait_all_healthy(endpoints: list[generate.Endpoint], timeout_s: float,
     return round(time.monotonic() - started, 2)
 
 
-def warm_up(endpoints: list[generate.Endpoint], pool: list[generate.Prompt],
+def warm_up(endpoints: list[generate.ServerEndpoint], pool: list[generate.Prompt],
             settings: LoadSettings) -> None:
     """Two short requests per replica, not counted: a server's first requests are slow."""
     short = LoadSettings(requests=2, max_tokens=4, max_s=settings.max_s, model=settings.model)
@@ -155,7 +155,7 @@ def warm_up(endpoints: list[generate.Endpoint], pool: list[generate.Prompt],
         run_point([endpoint], pool, short, 1, False)
 
 
-def measure(endpoints: list[generate.Endpoint], settings: LoadSettings) -> dict[str, Any]:
+def measure(endpoints: list[generate.ServerEndpoint], settings: LoadSettings) -> dict[str, Any]:
     """The sweep on all replicas, then scaling 1..N at the top concurrency; the figures."""
     check_loopback(endpoints)
     pool = load_prompts(settings.prompts)

@@ -63,7 +63,7 @@ from .checks import (  # noqa: F401  (the checks named outside the package)
     check_torch_cuda,
     cuda_majors,
     expected_pins,
-    load_context,
+    loaded_set_context,
     runtime_chosen_builds,
     version_matches,
 )

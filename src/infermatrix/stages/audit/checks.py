@@ -82,7 +82,7 @@ def cuda_majors(facts: ImageFacts, chosen_at_run_time: Iterable[str] = ()) -> di
     return dict(found)
 
 
-def runtime_chosen_builds(facts: ImageFacts, load_ctx: loadedset.Context) -> dict[str, str]:
+def runtime_chosen_builds(facts: ImageFacts, load_ctx: loadedset.LoadContext) -> dict[str, str]:
     """rel path -> why: builds for another CUDA major that their package does not load here."""
     chosen = {}
     for obj in facts.objects:
@@ -275,12 +275,12 @@ def check_floor(ctx: "Context", plan: CellPlan, facts: ImageFacts) -> Check:
     return Check("engine-floor", PASS, f"{package} {installed} meets {floor}")
 
 
-def load_context(ctx_matrix_data: dict[str, Any], facts: ImageFacts, cuda: str | None,
-                 model: str | None) -> loadedset.Context:
+def loaded_set_context(ctx_matrix_data: dict[str, Any], facts: ImageFacts, cuda: str | None,
+                 model: str | None) -> loadedset.LoadContext:
     """What loaded.yaml's verdicts depend on: installed versions, CUDA major, model traits."""
     traits = loadedset.model_traits(model)
     major = int(cuda.split(".")[0]) if cuda and cuda[0].isdigit() else None
-    return loadedset.Context(
+    return loadedset.LoadContext(
         distributions=facts.distributions, cuda_major=major,
         traits=tuple(traits["traits"]) if traits else None,
         linked={name for obj in facts.objects for name in obj.get("needed", [])},
@@ -288,8 +288,8 @@ def load_context(ctx_matrix_data: dict[str, Any], facts: ImageFacts, cuda: str |
 
 
 def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: list[Arch],
-                    load_ctx: loadedset.Context | None = None) -> list[AuditedObject]:
-    load_ctx = load_ctx or load_context({}, facts, None, None)
+                    load_ctx: loadedset.LoadContext | None = None) -> list[AuditedObject]:
+    load_ctx = load_ctx or loaded_set_context({}, facts, None, None)
     objects = []
     for obj in facts.objects:
         if not obj.get("gpu_code"):
@@ -325,7 +325,7 @@ def _image_id(ref: str, docker: Engine) -> str | None:
 
 
 def check_loaded_set(mapped: dict[str, Any] | None, targets: list[Arch],
-                     load_ctx: loadedset.Context, rows: list[dict[str, Any]]) -> Check:
+                     load_ctx: loadedset.LoadContext, rows: list[dict[str, Any]]) -> Check:
     """The server's mapped objects (when the model level recorded them) against loaded.yaml
     and the coverage verdicts."""
     if mapped is None:

@@ -10,7 +10,7 @@ from ...engine.docker import Engine
 from ...errors import StageFailure
 from ...model import loadedset
 from ...model.cell import CellPlan
-from .checks import load_context
+from .checks import loaded_set_context
 from .probe import MARKER, ImageFacts, parse_probe_output
 from .result import default_targets
 
@@ -70,7 +70,7 @@ def judge_server_maps(ctx: "Context", plan: CellPlan, mapped: dict[str, Any]) ->
     rows): status, detail, problems, notes."""
     cell = plan.cell
     facts = ImageFacts("", [], mapped.get("distributions", {}), [], None, {})
-    load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
+    load_ctx = loaded_set_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                             (ctx.matrix.model or {}).get("name"))
     recorded = journal.cell_record(ctx.state, cell.id).stage("audit")
     rows = recorded.details.get("coverage", []) if recorded else []

@@ -28,7 +28,7 @@ from .checks import (
     check_pip,
     check_torch_cuda,
     expected_pins,
-    load_context,
+    loaded_set_context,
     no_deps_packages,
     recorded_mapped,
     runtime_chosen_builds,
@@ -68,7 +68,7 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
                 plan.settings.engine_package if plan.settings else None) if cell.is_gpu else (),
                 emulated=runs_emulated)
         result.phase_s["probe"] = time.monotonic() - started
-        load_ctx = load_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
+        load_ctx = loaded_set_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                                 (ctx.matrix.model or {}).get("name"))
         if cell.is_gpu:
             gpu = [o for o in facts.objects if o.get("gpu_code")]
