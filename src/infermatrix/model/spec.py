@@ -272,6 +272,7 @@ class KernelPin:
     path: str | None = None
     sdist: str | None = None  # the sdist file the lock header pins
     sdist_sha256: str | None = None
+    sdist_version: str | None = None  # the version of that sdist (another one: a stale lock)
 
     @property
     def requirement(self) -> str:
@@ -306,7 +307,8 @@ def kernel_pins(matrix: Matrix, names: list[str], pins: Mapping[str, str],
                                 version=kernel_version(entry, pins) if entry else None,
                                 scope=scope, path=entry.get("path"),
                                 sdist=sdist.get("sdist") or None,
-                                sdist_sha256=sdist.get("sha256") or None))
+                                sdist_sha256=sdist.get("sha256") or None,
+                                sdist_version=sdist.get("version") or None))
     return result
 
 

@@ -40,9 +40,9 @@ from ..config import REPO_ROOT, Matrix
 from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
 from ..model.cell import Cell, CellPlan, CellSettings
-from ..model.spec import CellSpec
-from ..model.spec import (kernel_pins_from_lock, kernel_version, lock_path, lock_subset,
-                          lock_without_comments, os_base, pinned_packages)
+from ..model.spec import CellSpec, KernelPin
+from ..model.spec import (lock_path, lock_subset,
+                          lock_without_comments, os_base)
 from ..state import run_lock
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
@@ -379,11 +379,12 @@ def flashinfer_arch(cell: Cell) -> str:
     return cc + "a" if cc.startswith("12.") else cc
 
 
-def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[KernelSpec]:
-    matrix, cell = ctx.matrix, plan.cell
+def kernel_specs(ctx: Context, plan: CellPlan) -> list[KernelSpec]:
+    """The Dockerfile's view of the cell's kernels: the CellSpec's pins (versions the lock
+    resolved, sdist pins of its header) with the recipe, env and source tree of each."""
+    matrix, cell, spec = ctx.matrix, plan.cell, ctx.spec(plan)
     known = matrix.build.get("kernels", {})
-    pins = kernel_pins_from_lock(lock_text) if lock_text else {}
-    locked = pinned_packages(lock_text)
+    pinned = {k.name: k for k in spec.kernels}
     specs = []
     for name in _settings(plan).kernels:
         if name not in known:
@@ -400,7 +401,7 @@ def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[Ke
                                    "build", "kernels", name, "path")
             source_dir = f"kernels/{name}"
             build_requires = _build_requires(source)
-        version = kernel_version(data, locked)
+        version = pinned[name].version
         if package == "flash-attn" and not data.get("path"):
             recipe = "flash-attn"
         elif package == "flashinfer-python" and not data.get("path"):
@@ -410,12 +411,13 @@ def kernel_specs(ctx: Context, plan: CellPlan, lock_text: str | None) -> list[Ke
         built = FLASHINFER_AOT_DIST if recipe == "flashinfer" else package
         sdist, sdist_sha256 = None, None
         if recipe != "flashinfer" and not source_dir:
-            sdist, sdist_sha256 = _sdist_pin(ctx, cell.id, package, version, pins)
+            sdist, sdist_sha256 = _sdist_pin(ctx, cell.id, pinned[name])
         specs.append(KernelSpec(name=name, package=package, version=version, recipe=recipe,
                                 source_dir=source_dir, env=env, build_requires=build_requires,
                                 wheel_glob=f"{wheel_prefix(built)}-*.whl", sdist=sdist,
                                 sdist_sha256=sdist_sha256,
-                                sdist_hashes=tuple(kernelscope.locked_hashes(lock_text, package))
+                                sdist_hashes=tuple(kernelscope.locked_hashes(spec.lock_text,
+                                                                             package))
                                 if recipe == "flashinfer" else (),
                                 consumer=kernelscope.consumer(data, cell.engine)))
     return specs
@@ -429,19 +431,17 @@ def _flashinfer_scope(ctx: Context, plan: CellPlan, kernels: list[KernelSpec]
     return kernelscope.flashinfer_scope(ctx.matrix.model, version, platform)
 
 
-def _sdist_pin(ctx: Context, cell_id: str, package: str, version: str | None,
-               pins: dict[str, dict[str, str]]) -> tuple[str | None, str | None]:
+def _sdist_pin(ctx: Context, cell_id: str, pin: KernelPin) -> tuple[str | None, str | None]:
     """(sdist file name, sha256) the lock header pins for a PyPI kernel package, if any; a pin
     of another version than build.kernels asks for means the lock is stale (exit 2)."""
-    pin = pins.get(canonicalize_name(package))
-    if not pin or not pin["sha256"]:
+    if not pin.sdist_sha256:
         return None, None  # no lock, or locked offline (the header says "not checked")
-    if pin["version"] != version:
+    if pin.sdist_version != pin.version:
         raise ConfigError(
-            f"the lock pins {package} {pin['version']} (sdist sha256) but build.kernels asks for "
-            f"{version}: the lock is stale", _shown(lock_path(ctx, cell_id)),
+            f"the lock pins {pin.package} {pin.sdist_version} (sdist sha256) but build.kernels "
+            f"asks for {pin.version}: the lock is stale", _shown(lock_path(ctx, cell_id)),
             fix=f"infermatrix lock --select {cell_id}")
-    return pin["sdist"], pin["sha256"]
+    return pin.sdist, pin.sdist_sha256
 
 
 def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
@@ -602,7 +602,7 @@ def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
     cell = plan.cell
     matrix = ctx.matrix
     lock_text = ctx.spec(plan).lock_text  # the run's one read of the cell's lock
-    kernels = kernel_specs(ctx, plan, lock_text)
+    kernels = kernel_specs(ctx, plan)
     base = choose_base(matrix, plan, compiles=bool(kernels))
     serve_words, needs_model = serve_script_argv(ctx, plan)
     install = engine_install(ctx, plan)
