@@ -896,6 +896,21 @@ def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Pa
     assert recipe(stage) != recipe(plain_stage)
 
 
+def test_a_lock_pinning_another_kernel_sdist_version_is_stale(tmp_path: Path) -> None:
+    """The lock header pins flash-attn 2.8.2's sdist while build.kernels asks for 2.8.3: the
+    lock is stale, a config error at the lock file with the command that fixes it (exit 2)."""
+    cell_id = "cu128-torch2.10.0-vllm0.19.1-sm120"
+    ctx = _with_shipped_lock(tmp_path, cell_id,
+                             lambda text: text.replace("flash-attn==2.8.3 sdist flash_attn-2.8.3",
+                                                       "flash-attn==2.8.2 sdist flash_attn-2.8.2"))
+    plan = next(p for p in golden_plans(ctx) if p.id == cell_id)
+    with pytest.raises(ConfigError) as err:
+        render.render_cell(ctx, plan)
+    assert "pins flash-attn 2.8.2 (sdist sha256) but build.kernels asks for 2.8.3" in str(err.value)
+    assert err.value.exit_code == 2 and err.value.fix == f"infermatrix lock --select {cell_id}"
+    assert str(err.value.path).endswith(f"locks/{cell_id}.txt")
+
+
 def test_local_kernel_source_keeps_its_copy_in_the_context(golden_rendered) -> None:
     fixture = next(c for c in golden_rendered if "kernel-fixture" in c.cell_id)
     stage = render.kernel_stage_text(fixture.files["Dockerfile"][0].decode(), "cudakern")
