@@ -13,6 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from infermatrix.journal import CellRecord
+
+
+def as_record(data: dict[str, Any]) -> CellRecord:
+    """A record written in its stored JSON form, read as the stages read it (typed)."""
+    return CellRecord.from_json(str(data.get("cell") or "cell"), data)
+
 # Maps whose keys are names (packages, build args, env vars, labels), not fields.
 NAMED_MAPS = frozenset({"kernels", "versions", "build_args", "env", "labels", "source_urls",
                         "distributions",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.journal_shape import as_record
 from infermatrix.journal import CellRecord
 from infermatrix.options import RunOptions
 from infermatrix.stages import smoke, tagging
@@ -148,7 +149,7 @@ def test_gpu_cell_model_level_without_real_weights_is_not_verified_never_pass(sh
         "smoke": {"status": "pass", "details": {"image_id": "sha256:1", "levels": {
             "static": {"status": "pass"}, "gpu": {"status": "pass"},
             "model": result.as_dict()}}}}}
-    decision = tagging.decide_tag(record, {"require": ["static", "gpu", "model"],
+    decision = tagging.decide_tag(as_record(record), {"require": ["static", "gpu", "model"],
                                        "allow_static_only": True}, GPU_CELL)
     assert not decision.allowed and "not verified" in decision.reason
 

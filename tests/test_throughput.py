@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.journal_shape import as_record
 from infermatrix.errors import StageFailure, UsageError
 from infermatrix.model.cell import Cell
 from infermatrix.stages import generate, throughput
@@ -92,17 +93,17 @@ def smoked_record(per_replica: float) -> dict:
 
 def test_a_throughput_floor_is_off_by_default_and_refuses_below_it():
     policy = {"require": ["static", "gpu", "model"]}
-    assert decide_tag(smoked_record(10.0), policy, CPU).allowed
+    assert decide_tag(as_record(smoked_record(10.0)), policy, CPU).allowed
     floored = {**policy, "throughput": {"min_tokens_per_s_cpu": 25}}
-    decision = decide_tag(smoked_record(10.0), floored, CPU)
+    decision = decide_tag(as_record(smoked_record(10.0)), floored, CPU)
     assert not decision.allowed and "under the floor" in decision.reason
-    assert decide_tag(smoked_record(30.0), floored, CPU).allowed
+    assert decide_tag(as_record(smoked_record(30.0)), floored, CPU).allowed
     # the GPU floor does not apply to the CPU lane; on a GPU cell it makes the level required
-    assert decide_tag(smoked_record(10.0), {**policy, "throughput": {
+    assert decide_tag(as_record(smoked_record(10.0)), {**policy, "throughput": {
         "min_tokens_per_s_per_gpu": 500}}, CPU).allowed
     record = smoked_record(10.0)
     del record["stages"]["smoke"]["details"]["levels"]["throughput"]
-    decision = decide_tag(record, {"require": ["static", "model"],
+    decision = decide_tag(as_record(record), {"require": ["static", "model"],
                                "throughput": {"min_tokens_per_s_per_gpu": 500}}, GPU)
     assert not decision.allowed and "throughput" in decision.reason
 

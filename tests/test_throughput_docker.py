@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from tests.journal_shape import as_record
 from infermatrix.options import RunOptions
 from infermatrix import journal
 from infermatrix.context import Context
@@ -86,8 +87,9 @@ def test_the_report_shows_the_figures_and_the_floor_judges_them(measured):
     figure = level["per_replica_tokens_per_s"]
     # only the throughput level ran here: the floor makes it the one required level
     for floor, allowed in ((figure * 10, False), (figure / 10, True)):
-        decision = decide_tag(record, {"require": [], "throughput": {"min_tokens_per_s_cpu": floor}},
-                          CPU_CELL)
+        decision = decide_tag(as_record(record),
+                              {"require": [], "throughput": {"min_tokens_per_s_cpu": floor}},
+                              CPU_CELL)
         assert decision.allowed is allowed, decision.reason
         assert ("under the floor" in decision.reason) is not allowed
-    assert not decide_tag(record, {"require": ["static", "model"]}, CPU_CELL).allowed
+    assert not decide_tag(as_record(record), {"require": ["static", "model"]}, CPU_CELL).allowed

@@ -108,24 +108,23 @@ def required_outcomes(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
     return missing, skipped
 
 
-def decide_tag(record: dict[str, Any], policy: dict[str, Any], cell: Cell) -> TagDecision:
+def decide_tag(record: journal.CellRecord, policy: dict[str, Any], cell: Cell) -> TagDecision:
     """Whether a cell may be tagged, and how, from its journal record alone."""
     refuse = lambda reason, **kw: TagDecision(cell.id, False, reason, **kw)
-    image_id = record.get("image_id")
-    stages = record.get("stages", {})
-    if not image_id or stages.get("build", {}).get("status") != "pass":
+    image_id = record.image_id
+    if not image_id or record.status_of("build") != journal.Status.PASS:
         return refuse("not built: no passed build in the journal")
-    smoke = stages.get("smoke")
-    if not smoke or smoke.get("status") == "running":
+    smoke = record.stage("smoke")
+    if smoke is None or smoke.status == journal.Status.RUNNING:
         return refuse("not smoke-tested (no finished smoke run)", image_id=image_id)
-    details = smoke.get("details") or {}
+    details = smoke.details
     tested = details.get("image_id")
     if tested != image_id:
         return refuse(f"the image was rebuilt after the smoke test (tested {tested}, built "
                       f"{image_id}): run smoke again", image_id=image_id)
-    audit = stages.get("audit") or {}
-    if audit.get("status") == "fail":  # e.g. `infermatrix audit` run on its own after smoke
-        return refuse(f"the audit failed: {audit.get('reason') or 'see the audit stage'}",
+    audit = record.stage("audit")
+    if audit is not None and audit.status == journal.Status.FAIL:  # e.g. `infermatrix audit` run on its own after smoke
+        return refuse(f"the audit failed: {audit.reason or 'see the audit stage'}",
                       image_id=image_id)
     levels: dict[str, dict[str, Any]] = details.get("levels") or {}
     missing, skipped = required_outcomes(levels, policy, cell)
@@ -209,7 +208,7 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
              docker: Engine | None = None) -> TagDecision:
     """Decide, apply (in `docker`, default DOCKER_HOST / the current context) and record the
     tag stage of one cell."""
-    record = journal.load(ctx.state, cell.id)
+    record = journal.cell_record(ctx.state, cell.id)
     policy = {**DEFAULT_POLICY, **(ctx.matrix.tag_policy or {})}
     decision = decide_tag(record, policy, cell)
     if not decision.allowed:
