@@ -5,7 +5,7 @@
 
 With --deployment, a running `infermatrix deploy` deployment (its replicas on loopback). Without
 it, the CPU lane here: `infermatrix deploy --cpu-lane 2` of the test matrix's vllm-cpu cell,
-started and stopped through Compose (tests/deploy_support.py: the cell's image, the tiny fixture
+started and stopped through Compose (tests/support/deploy_support.py: the cell's image, the tiny fixture
 model). The load is stages/throughput.py's closed loop: `concurrency` requests in flight per
 replica, `requests` answers per replica, on 1 replica and then on all of them.
 
@@ -38,7 +38,7 @@ def replicas(deployment: Path | None, work: Path):
     if deployment is not None:
         yield generate.deployment_endpoints(deployment)
         return
-    from tests.deploy_support import cpu_lane
+    from tests.support.deploy_support import cpu_lane
 
     ctx = Context.load(TEST_MATRIX, work / "state")
     setup_command_log(ctx.state)

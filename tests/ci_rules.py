@@ -17,7 +17,7 @@ import os
 # GPU-less host's behaviour is checked with RunOptions(host_gpu=False), on any host). Add one
 # only for what cannot exist on that machine, with why.
 SKIPS_ALLOWED: tuple[str, ...] = (
-    # tests/test_gpu_ops.py's torch references (the naive GDN recurrence, attention, dropout and
+    # tests/unit/harness/test_gpu_ops.py's torch references (the naive GDN recurrence, attention, dropout and
     # conv1d references): the CI machine's test venv has no torch (PyPI's Linux torch is the
     # CUDA build with ~3 GB of NVIDIA wheels; the CPU build's index is not reachable from CI).
     # They ran with torch on the H200 host (docs/h200-gpu-ops.txt) and 26 of 26 passed there.

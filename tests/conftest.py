@@ -80,7 +80,7 @@ def session_registry(tmp_path_factory: pytest.TempPathFactory):
     cell there first, so the consumer test's push of the same layers from the same engine is
     a cross-repository blob mount instead of compressing ~7 GB again. Stopped at the end, or
     by a test that stops it on purpose (the consumer's "registry stopped" case, last)."""
-    from tests.registry_support import SESSION_PASSWORD, SESSION_USER, start_registry
+    from tests.support.registry_support import SESSION_PASSWORD, SESSION_USER, start_registry
 
     server = start_registry(tmp_path_factory.mktemp("registry"), SESSION_USER, SESSION_PASSWORD)
     yield server

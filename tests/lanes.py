@@ -12,7 +12,7 @@ Phases, each timed, the lanes side by side:
   not realcell"`), side by side once the test matrix's base exists (`bases-test`): the modules
   of the CPU cell's image (DOCKER_CPU_MODULES) in `docker-cpu`, every other one in `docker`;
 - lane `real`: the real engine cells (`-m realcell`) on their own private dockerd
-  (tests/test_build_real_cells.py), once the real matrix's amd64 base exists.
+  (tests/docker/test_build_real_cells.py), once the real matrix's amd64 base exists.
 
 Each lane is a pytest process of its own with the CI=true rules of tests/conftest.py, a JUnit XML
 and a log under DIR (default .state/ci), and `df` of the disk at its start and end. The run fails
@@ -212,7 +212,7 @@ def pytest_argv(lane: str, marker: str, state: Path, extra: tuple[str, ...] = ()
 # tags; test_smoke_docker asserts that no container of the engine carries its smoke label).
 # test_build_matrix last: it builds the CUDA fixture cells test_audit_docker (the other
 # lane) builds first, so their layers are in BuildKit's cache by then.
-DOCKER_CPU_MODULES = tuple(f"tests/{name}.py" for name in (
+DOCKER_CPU_MODULES = tuple(f"tests/docker/{name}.py" for name in (
     "test_pipeline", "test_smoke_docker", "test_throughput_docker", "test_generate_docker",
     "test_publish_consumer", "test_build_matrix"))
 
@@ -319,7 +319,7 @@ def reclaim_disk(say) -> None:  # type: ignore[no-untyped-def]
     keeps it): private engines' data roots no process uses (the real lane's holds ~30 GB) and
     the machine engine's dangling images. Caches of earlier runs stay (they are what makes a
     warm run fast); nothing a test of this run made exists yet."""
-    from tests.dockerd_support import reclaim_stale_engines
+    from tests.support.dockerd_support import reclaim_stale_engines
 
     before = disk_line("start")
     removed = reclaim_stale_engines()

@@ -7,7 +7,7 @@ One printed form for all of them (`str(error)`, after main()'s `infermatrix: err
       fix: <fix>
 
 the second line only when there is a fix. A message names what failed and why; the fix goes in
-the `fix=` field, never into the message text (tests/test_errors_catalogue.py checks).
+the `fix=` field, never into the message text (tests/unit/toplevel/test_errors_catalogue.py checks).
 
 | code | class | meaning | default fix |
 |---|---|---|---|
@@ -234,7 +234,7 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
-# Every kind, in the order of the table above (tests/test_errors_catalogue.py holds them to it).
+# Every kind, in the order of the table above (tests/unit/toplevel/test_errors_catalogue.py holds them to it).
 CATALOGUE: tuple[type[BaseException], ...] = (
     InfermatrixError, StageFailure, CommandFailed, EngineError, GpuUnavailable, RegistryError,
     RegistryAuthError, RegistryNotFound, RegistryTLSError, DigestMismatch, SignatureError,

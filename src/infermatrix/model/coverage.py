@@ -247,7 +247,7 @@ def device_code_from_listing(listing: str) -> DeviceCode:
 # them with the driver API (cuFFT 12 in CUDA 13: .nv_fatbin holds one sm_75 stub, .ldata ~24,000
 # fat binaries with sm_75 ... sm_120 code). `cuobjdump` on the object sees only .nv_fatbin, so
 # these are read from their headers. The layout is NVIDIA's fatbin container (fatbinary.h of
-# the CUDA toolkit; undocumented fields checked against cuobjdump 13.5 in tests/test_coverage.py):
+# the CUDA toolkit; undocumented fields checked against cuobjdump 13.5 in tests/unit/model/test_coverage.py):
 #   container header: magic 0xBA55ED50 (u32), version 1 (u16), header size 16 (u16),
 #                     payload size (u64);
 #   entry header: kind (u16: 1 PTX, 2 ELF cubin), version (u16), header size (u32),

@@ -1,0 +1,1 @@
+"""Tests against the real Docker engine, registry and engine servers."""

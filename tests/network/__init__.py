@@ -1,0 +1,1 @@
+"""Tests that need the package index (PyPI)."""

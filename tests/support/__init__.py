@@ -1,0 +1,1 @@
+"""Helpers the tests share: engines, registries, sshd, fixtures, recorded answers."""

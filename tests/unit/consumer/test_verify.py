@@ -1,0 +1,48 @@
+"""`infermatrix verify` (consumer/verify.py): the consumer's check of a pulled image. Usage errors
+here (no Docker but the last test); the real run is in tests/docker/test_publish_consumer.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from infermatrix.cli import main
+from infermatrix.stages import publish
+
+CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
+
+
+@pytest.fixture
+def lock(tmp_path):
+    lock = publish.empty_lock()
+    lock["images"][CELL] = {"cell": CELL, "arch": "cpu",
+                            "reference": "localhost:1/infermatrix-test/none@sha256:" + "0" * 64,
+                            "image_id": "sha256:" + "1" * 64, "digest": "sha256:" + "0" * 64,
+                            "run": {"command": ["python3", "-m", "x"], "gpu": False}}
+    path = tmp_path / "images.lock"
+    publish.write_lock(path, lock)
+    return path
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--levels", "gpu,perf"], "expected a comma-separated subset of gpu,model"),
+    (["--lock", "/no/such/images.lock"], "does not exist"),
+    (["--model-dir", "/no/such/dir"], "is not a directory"),
+])
+def test_bad_input_exits_2(lock, tmp_path, capsys, extra, words):
+    args = ["verify", CELL, "--lock", str(lock), "--model-dir", str(tmp_path), *extra]
+    assert main(args) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_an_unknown_cell_exits_2(lock, tmp_path, capsys):
+    assert main(["verify", "no-such-cell", "--lock", str(lock), "--model-dir",
+                 str(tmp_path)]) == 2
+    assert "no-such-cell" in capsys.readouterr().err
+
+
+@pytest.mark.docker
+def test_an_image_not_pulled_says_to_pull_it(docker_available, lock, tmp_path, capsys):
+    assert main(["verify", CELL, "--lock", str(lock), "--model-dir", str(tmp_path),
+                 "--out", str(tmp_path / "v.json")]) == 2
+    assert f"run `infermatrix pull {CELL}` first" in capsys.readouterr().err
+    assert not (tmp_path / "v.json").exists()

