@@ -316,13 +316,16 @@ def report(runner: Runner) -> int:
 
 def reclaim_disk(say) -> None:  # type: ignore[no-untyped-def]
     """Before any lane: remove what killed runs left on this machine (a persistent CI machine
-    keeps it): private engines' data roots no process uses (the real lane's holds ~30 GB) and
-    the machine engine's dangling images. Caches of earlier runs stay (they are what makes a
-    warm run fast); nothing a test of this run made exists yet."""
-    from tests.support.dockerd_support import reclaim_stale_engines
+    keeps it): private engines' data roots no process uses (the real lane's holds ~30 GB), their
+    bridges and NAT rules, and the machine engine's dangling images. Caches of earlier runs
+    stay (they are what makes a warm run fast); nothing a test of this run made exists yet."""
+    from tests.support.dockerd_support import reclaim_stale_bridges, reclaim_stale_engines
 
     before = disk_line("start")
     removed = reclaim_stale_engines()
+    bridges = reclaim_stale_bridges()
+    if bridges:
+        say(f"removed the bridges and NAT rules of dead private engines: {', '.join(bridges)}")
     dangling = subprocess.run(["docker", "image", "prune", "--force"], capture_output=True,
                               text=True)
     say(f"disk: {before}; removed {len(removed)} dead private engine(s)"

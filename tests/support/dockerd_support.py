@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -226,4 +227,40 @@ def reclaim_stale_engines(parent: Path = Path("/var/lib")) -> list[Path]:
             if target.startswith(str(directory) + "/"):
                 subprocess.run(["umount", "-l", target], capture_output=True)
         shutil.rmtree(directory, ignore_errors=True)
+    return stale
+
+
+def bridges_on_this_machine() -> list[str]:
+    listed = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True,
+                            text=True).stdout
+    return [line.split(":", 2)[1].strip().split("@")[0] for line in listed.splitlines()
+            if line.count(":") >= 2]
+
+
+def rules_naming(bridge: str) -> list[tuple[str, list[str]]]:
+    """(table, rule without its -A) of every iptables rule that names `bridge`."""
+    found = []
+    for table in ("nat", "filter"):
+        listed = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True,
+                                text=True).stdout
+        for line in listed.splitlines():
+            words = shlex.split(line)
+            if words[:1] == ["-A"] and bridge in words:
+                found.append((table, words[1:]))
+    return found
+
+
+def reclaim_stale_bridges(prefix: str = "im") -> list[str]:
+    """The bridges and NAT rules of private engines no process uses any more (a run killed
+    before `stop()`): left behind, the next run's engine on the same subnet could not reach
+    PyPI. Only names of this helper's shape (PREFIXbrXXXXXX) are touched, and only before the
+    lanes start (a bridge exists a moment before its dockerd names it on its command line)."""
+    shape = re.compile(rf"{re.escape(prefix)}[a-z0-9]*br[a-z0-9_x]+")
+    live = _live_command_lines()
+    stale = [b for b in bridges_on_this_machine()
+             if shape.fullmatch(b) and f"--bridge={b}" not in live]
+    for bridge in stale:
+        for table, rule in rules_naming(bridge):
+            subprocess.run(["iptables", "-t", table, "-D", *rule], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
     return stale

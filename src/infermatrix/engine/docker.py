@@ -34,6 +34,7 @@ import re
 import shlex
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
@@ -322,9 +323,9 @@ def _translated(what: str, gpu_request: bool = False, engine: str = "") -> Itera
 
 _names = itertools.count(1)
 
-# A pooled connection whose transport died: the SDK's ssh client socket cannot tell a dead
-# `ssh ... docker system dial-stdio` process before writing to it (urllib3 reuses it), and
-# requests does not retry. Seen in CI as a bare BrokenPipeError from a model level over ssh.
+# A connection whose transport died under a call: an ssh:// engine's process or network gone
+# (closing one that ended is mended in sshsocket.py), a tcp:// engine restarted. requests
+# does not retry; idempotent calls do, below.
 _DROPPED = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 
@@ -400,6 +401,9 @@ class Endpoint:
     def sdk_client(self) -> Any:  # docker.DockerClient
         import docker
 
+        from .sshsocket import mend_ssh_socket_close
+
+        mend_ssh_socket_close()  # ssh:// (an address or a context's): docker-py#3218
         if self.context:
             from docker.context import ContextAPI
 
@@ -819,14 +823,19 @@ class Engine:
                 shm_size=shm_size, ports=ports or None, name=name,
                 entrypoint=entrypoint, labels={OWNER_LABEL: "infermatrix", **(labels or {})},
                 user=user, mem_limit=mem_limit, **_network_option(network), **gpu_options)
-        for mount in copied:
-            self.copy_into_container(container.id, Path(mount.source), mount.target)
-        self.__dict__.setdefault("_copy_back", {})[container.id] = \
-            [m for m in copied if not m.read_only]
-        _sdk_log(f"docker start {container.id[:12]}")
-        with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
-                         engine=self.label()):
-            container.start()
+        try:
+            for mount in copied:
+                self.copy_into_container(container.id, Path(mount.source), mount.target)
+            self.__dict__.setdefault("_copy_back", {})[container.id] = \
+                [m for m in copied if not m.read_only]
+            _sdk_log(f"docker start {container.id[:12]}")
+            with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
+                             engine=self.label()):
+                container.start()
+        except BaseException:  # a refused start (a GPU request) left a created container
+            with contextlib.suppress(Exception):
+                self.remove_container(container.id, force=True)
+            raise
         return container.id
 
     def copy_into_container(self, container_id: str, source: Path, target: str) -> None:
@@ -927,10 +936,29 @@ class Engine:
             return None
         return bindings[0]["HostIp"] or "127.0.0.1", int(bindings[0]["HostPort"])
 
-    @reconnecting
     def wait_container(self, container_id: str, timeout: float | None = None) -> int:
         """Wait for a container to exit; return its exit code (StageFailure past the
-        timeout)."""
+        timeout). An engine elsewhere is asked its state each second instead: the SDK's
+        ssh:// transport reads from the ssh process without a timeout, so a timed `docker
+        wait` there returned only when the container ended (a hung harness hung the run)."""
+        if timeout is not None and not self.is_local():
+            return self._wait_by_polling(container_id, timeout)
+        return self._wait_by_api(container_id, timeout)
+
+    def _wait_by_polling(self, container_id: str, timeout: float, every_s: float = 1.0) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.container_status(container_id)
+            if state.get("Status") in ("exited", "dead"):
+                return int(state.get("ExitCode", -1))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StageFailure(f"container {container_id[:12]} still running after "
+                                   f"{timeout} s")
+            time.sleep(min(every_s, left))
+
+    @reconnecting
+    def _wait_by_api(self, container_id: str, timeout: float | None) -> int:
         import requests
 
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from infermatrix.model import gpuaccess
@@ -75,12 +77,17 @@ def test_a_gpu_request_the_daemon_cannot_serve_is_translated(docker_available, b
 
     claiming = engine.Engine()
     claiming._gpu_verdicts = {GpuSetting(): GpuAccess("runtime", "claimed by the test")}
+    mark = {"io.infermatrix.test": uuid.uuid4().hex}
     with pytest.raises(engine.EngineError) as caught:
-        claiming.run_container(built_base, ["true"], gpus=True)
+        claiming.run_container(built_base, ["true"], gpus=True, labels=mark)
     message = str(caught.value)
     assert "\n" not in caught.value.message
     assert "refused the GPU request" in message and "could not select device driver" in message
     assert "nvidia-ctk" in message
+    left = claiming.sdk().containers.list(all=True, sparse=True,
+                                          filters={"label": "io.infermatrix.test=" + mark[
+                                              "io.infermatrix.test"]})
+    assert not left, "the container the refused start had created was left behind"
 
 
 # ---- the device nodes (no NVIDIA runtime, no CDI: a Proxmox LXC guest, the H200 VM) ---------
