@@ -174,6 +174,7 @@ def uv_compiles_of(pid: int) -> dict[int, Path]:
     return found
 
 
+@pytest.mark.network  # uv resolves against the index while it is interrupted
 @pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_lock_stops_uv_and_leaves_nothing(tmp_path, signum):
     """Issue 32: SIGTERM took `lock` down with 143 and no word, left `uv pip compile` running

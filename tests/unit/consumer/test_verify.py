@@ -1,7 +1,10 @@
 """`infermatrix verify` (consumer/verify.py): the consumer's check of a pulled image. Usage errors
-here (no Docker but the last test); the real run is in tests/docker/test_publish_consumer.py."""
+here, no Docker (an image not pulled: tests/docker/test_verify_docker.py); the real run is in
+tests/docker/test_publish_consumer.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +14,8 @@ from infermatrix.stages import publish
 CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
 
 
-@pytest.fixture
-def lock(tmp_path):
+def lock_of_an_image_nobody_pulled(tmp_path: Path) -> Path:
+    """images.lock naming one CPU cell at a digest no engine holds."""
     lock = publish.empty_lock()
     lock["images"][CELL] = {"cell": CELL, "arch": "cpu",
                             "reference": "localhost:1/infermatrix-test/none@sha256:" + "0" * 64,
@@ -21,6 +24,11 @@ def lock(tmp_path):
     path = tmp_path / "images.lock"
     publish.write_lock(path, lock)
     return path
+
+
+@pytest.fixture
+def lock(tmp_path):
+    return lock_of_an_image_nobody_pulled(tmp_path)
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -38,11 +46,3 @@ def test_an_unknown_cell_exits_2(lock, tmp_path, capsys):
     assert main(["verify", "no-such-cell", "--lock", str(lock), "--model-dir",
                  str(tmp_path)]) == 2
     assert "no-such-cell" in capsys.readouterr().err
-
-
-@pytest.mark.docker
-def test_an_image_not_pulled_says_to_pull_it(docker_available, lock, tmp_path, capsys):
-    assert main(["verify", CELL, "--lock", str(lock), "--model-dir", str(tmp_path),
-                 "--out", str(tmp_path / "v.json")]) == 2
-    assert f"run `infermatrix pull {CELL}` first" in capsys.readouterr().err
-    assert not (tmp_path / "v.json").exists()

@@ -1,6 +1,6 @@
 """render: golden cells, determinism across processes, hadolint, the stage contract, drift
-check, stale directories and bad input. Pure rendering: no Docker, no network (except the
-marked tests at the end)."""
+check, stale directories and bad input. Pure rendering: no Docker, no network (those are
+tests/docker/test_render_docker.py and tests/network/test_render_network.py)."""
 
 from __future__ import annotations
 
@@ -653,84 +653,6 @@ def test_a_failing_cell_writes_nothing(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # With the real planner (package index) and the committed images/
 # --------------------------------------------------------------------------------------------
-
-@pytest.mark.network
-def test_committed_images_match_a_fresh_render_of_the_shipped_matrix() -> None:
-    result = subprocess.run([sys.executable, "-m", "infermatrix", "render", "--check",
-                             "--matrix", str(REPO / "matrix.yaml")],
-                            capture_output=True, text=True, cwd=REPO, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-SIX_SDIST_SHA256 = "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926"
-
-
-@pytest.mark.network
-def test_hash_checked_sdist_command_builds_only_the_pinned_file(tmp_path: Path) -> None:
-    """The kernel stages' `pip wheel --require-hashes` line (macro sdist_wheel), run for real
-    with a small PyPI sdist: the pinned file builds (the same bytes twice, with the fixed
-    SOURCE_DATE_EPOCH), a wrong hash is refused."""
-    from infermatrix.stages import lock
-
-    venv = tmp_path / "venv"
-    env = {**os.environ, **lock.uv_env()}
-    subprocess.run([lock.uv_bin(), "venv", "-q", "--python", sys.executable, str(venv)],
-                   check=True, env=env)
-    subprocess.run([lock.uv_bin(), "pip", "install", "-q", "-p", str(venv),
-                    *render.KERNEL_BUILD_TOOLS[:3]], check=True, env=env)
-    macros = render.make_environment(render.TEMPLATES_DIR).get_template("blocks/macros.j2")
-
-    def build(sha: str, run: str) -> subprocess.CompletedProcess:
-        kernel = render.KernelSpec(name="six", package="six", version="1.16.0", recipe="wheel",
-                                   source_dir=None, env={}, build_requires=(),
-                                   wheel_glob="six-*.whl", sdist_sha256=sha)
-        line = macros.module.sdist_wheel(kernel)
-        assert "--require-hashes" in line and f"--hash=sha256:{sha}" in line
-        line = (line.replace("/tmp/", f"{tmp_path}/{run}-").replace("/wheels", f"{tmp_path}/{run}")
-                .replace("with-secrets pip ", f"{venv}/bin/pip "))
-        return subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=False,
-                              env={**env, "SOURCE_DATE_EPOCH": "1747699200"})
-
-    for run in ("a", "b"):
-        result = build(SIX_SDIST_SHA256, run)
-        assert result.returncode == 0, result.stdout + result.stderr
-    wheels = [sorted((tmp_path / run).glob("six-1.16.0-*.whl")) for run in ("a", "b")]
-    assert len(wheels[0]) == 1 and wheels[0][0].read_bytes() == wheels[1][0].read_bytes()
-    refused = build("0" * 64, "c")
-    assert refused.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr
-    assert not list((tmp_path / "c").glob("*.whl"))
-
-
-@pytest.mark.docker
-@pytest.mark.network
-@pytest.mark.slow
-def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(tmp_path: Path) -> None:
-    """A real BuildKit build of `--target kernel-cudakern` (CUDA 13 wheels toolchain, torch from
-    PyPI) exports only /wheels/, and the wheel's library holds sm_121 code and no other arch."""
-    import zipfile
-
-    from infermatrix.engine import docker as engine
-
-    ctx = Context.load(TEST_MATRIX)
-    plan = fixture_plan("sm_121")
-    base_ref = render.debootstrap_image_ref(ctx.matrix, "bookworm")
-    if not engine.Engine().available() or not engine.Engine().image_exists(base_ref):
-        pytest.skip(f"needs Docker and the base image {base_ref} (infermatrix base build)")
-    [dockerfile] = render.render_to(ctx, [plan], tmp_path / "images")
-    out = tmp_path / "out"
-    engine.Engine().build_image(dockerfile.parent, target="kernel-cudakern", output_dir=out,
-                       build_args={"MAX_JOBS": "2", "NVCC_THREADS": "1"},
-                       secrets={"ca_bundle": Path("/etc/ssl/certs/ca-certificates.crt")},
-                       log_path=tmp_path / "build.log", timeout=1800)
-    exported = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    # the wheel, and the compile's own measurement (templates/files/measure.sh) beside it
-    wheels = [p for p in exported if p.endswith(".whl")]
-    assert len(wheels) == 1 and re.fullmatch(r"wheels/cudakern-0\.1\.0-.*\.whl", wheels[0])
-    assert sorted(set(exported) - set(wheels)) == ["wheels/cudakern.build-stats.json"]
-    with zipfile.ZipFile(out / wheels[0]) as wheel:
-        library = next(wheel.read(n) for n in wheel.namelist() if n.endswith(".so"))
-    arches = set(re.findall(rb"sm_1[0-9]{2}[af]?", library))
-    assert arches == {b"sm_121"}, arches
 
 
 # --------------------------------------------------------------------------------------------

@@ -409,22 +409,6 @@ def test_cli_report_bad_plan_file_is_a_usage_error(tmp_path, capsys):
 
 # -- image sizes from the real Docker engine --------------------------------------------------
 
-@pytest.mark.docker
-def test_cli_fills_missing_image_sizes_from_docker(built_base, tmp_path):
-    from infermatrix.engine import docker as engine
-    from infermatrix.journal import records_of
-    from infermatrix.stages.report import fill_image_sizes
-
-    info = engine.Engine().inspect_image(built_base)
-    records = records_of({
-        TAGGED: {"image_id": info["Id"], "stages": {"build": {"status": "pass"}}},
-        RENDERED: {"image_id": None, "stages": {}},
-        VERIFIED: {"image_id": info["Id"], "image_size_bytes": 123, "stages": {}}})
-    assert fill_image_sizes(records) == 1
-    assert records[TAGGED].extra["image_size_bytes"] == info["Size"] > 0
-    assert records[VERIFIED].extra["image_size_bytes"] == 123  # a recorded size wins
-    assert cell(build_report(records, []), TAGGED).image_size == info["Size"]
-
 
 AXES = {PRUNED_TWO: {"cuda": "12.8", "torch": "2.11.0", "engine": "sglang==0.5.9",
                      "arch": "sm_120"},

@@ -1,0 +1,29 @@
+"""The tests' layout (docs/testing.md) holds: a test's folder says what it needs. Checked on
+pytest's own collection, so module-level `pytestmark` and per-test marks both count."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.paths import REPO
+
+
+def collected(folder: str, marker: str) -> list[str]:
+    """Test ids under `folder` that the marker expression selects."""
+    found = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                            "-p", "no:cacheprovider", "-m", marker, folder],
+                           capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert found.returncode in (0, 5), found.stdout[-2000:] + found.stderr[-2000:]  # 5: none
+    return [line for line in found.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.parametrize("folder, misplaced", [
+    ("tests/unit", "docker or network or realcell"),  # unit: neither Docker nor the index
+    ("tests/docker", "not docker"),
+    ("tests/network", "docker or realcell"),  # the index, and how its failures are told
+])
+def test_each_folder_holds_only_the_tests_its_name_says(folder, misplaced):
+    assert collected(folder, misplaced) == []
