@@ -63,6 +63,14 @@ def engine_endpoint(text: str) -> str:
     return text.strip()
 
 
+def gpu_arch(text: str) -> str:
+    """An arch the audit knows (sm_120, 12.0, sm_90a...), kept as written."""
+    from .model.coverage import Arch
+
+    Arch.parse(text)  # ValueError: says which forms it takes
+    return text.strip()
+
+
 def existing_dir(text: str) -> Path:
     path = Path(text)
     if not path.is_dir():
@@ -192,6 +200,23 @@ class RunOptions:
         "--ca-bundle", "CA bundle passed to builds as the `ca_bundle` secret (default: "
         "$SSL_CERT_FILE or the system bundle)", existing_file, metavar="FILE")
     publish: bool = option("--no-publish", "skip the publish step", switch_sets=False)
+    registry: str | None = option(
+        "--registry", "push to this registry instead of publish.registry of matrix.yaml", str,
+        metavar="HOST[/PATH]")
+    allow_retag: bool = option(
+        "--allow-retag", "move a tag that already holds another image (breaks consumers "
+        "pinned to the tag; those pinned by digest are safe)")
+    images_lock: Path | None = option(
+        "--lock", "the images.lock publish updates (default: images.lock beside the matrix)",
+        Path, metavar="PATH")
+    audit_targets: list[str] = option(
+        "--target", "GPU arch the audit checks (sm_120, sm_121, 9.0...); repeatable (default: "
+        "the cell's arch)", gpu_arch, metavar="ARCH", repeatable=True)
+    record_audit: bool = option("--no-record", "do not write the audit result to the journal",
+                                switch_sets=False)
+    tag_repository: str | None = option(
+        "--repository", "local repository of the tag (default: publish.repository)", str,
+        metavar="NAME")
     builders: list[str] = option(
         "--builder", "a Docker engine to build on: unix://PATH, ssh://USER@HOST, "
         "tcp://HOST:PORT or a Docker context name; repeatable (cells are shared out by "

@@ -107,7 +107,8 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         code = main(["publish", "--matrix", str(test_ctx.matrix.path), "--state-dir",
                      str(test_ctx.state.root), "--select", CPU_ID, "--registry", server.host,
                      "--lock", str(lock_path), "--wait"])
-        out = capsys.readouterr().out
+        said = capsys.readouterr()
+        out = said.out + said.err  # the publish step's lines are on stderr
         assert code == 0 and "published 1" in out and f"({CPU_ID}, signed)" in out, out
         monkeypatch.delenv(cosign.KEY_FILE_ENV)
         monkeypatch.delenv(cosign.PASSWORD_ENV)

@@ -161,9 +161,9 @@ def env(monkeypatch, tmp_path):
 def publish_cli(root: Path, cell: str, lock: Path, capsys) -> str:
     code = main(["publish", "--matrix", str(root / "matrix.yaml"), "--state-dir",
                  str(root / "state"), "--select", cell, "--lock", str(lock), "--wait"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    return out
+    said = capsys.readouterr()  # the step's lines are on stderr
+    assert code == 0, said.out + said.err
+    return said.out + said.err
 
 
 def one_line(err: str) -> str:

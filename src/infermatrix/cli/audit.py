@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from . import common_options, load_run, selection_options
+from . import common_options, load_run, run_options, selection_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,36 +23,36 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(labelled io.infermatrix.cell); default: every built cell selected")
     common_options(parser)
     selection_options(parser)
-    parser.add_argument("--target", action="append", default=[], metavar="ARCH",
-                        help="GPU arch to check (sm_120, sm_121, 9.0...); repeatable; "
-                        "default: the cell's arch")
+    run_options(parser, "audit_targets", "record_audit", "wait")
     parser.add_argument("--json", action="store_true",
                         help="print the results as a JSON list instead of tables")
     parser.add_argument("--all", action="store_true", dest="all_objects",
                         help="the full tables, listing every object with GPU code")
-    parser.add_argument("--no-record", action="store_true",
-                        help="do not write the result to the journal")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """The main job's own audit step, over the cells (or images of cells) named."""
+    import dataclasses
+
     from rich.console import Console
 
-    from ..engine.docker import host_platform
-    from ..model.tritontwin import natives_first, twin_archs_for
-    from ..stages.audit import audit_cell, images_to_audit, parse_targets, render
+    from ..errors import UsageError
+    from ..stages import run_steps, steps_named
+    from ..stages.audit import images_to_audit, render
+    from ..state import run_lock
     from .views import audit_lines, print_lines
 
-    targets = parse_targets(args.target)  # bad arch names: exit 2 before any work
     audit_run = load_run(args, quiet=args.json)
-    ctx = audit_run.ctx
-    host = host_platform()
-    pairs = images_to_audit(ctx, audit_run.plans, args.refs, args.select, audit_run.docker)
-    order = {p.id: i for i, p in enumerate(natives_first([p for p, _ in pairs], host))}
-    results = [audit_cell(ctx, plan, image, targets, record=not args.no_record,
-                          twin_archs=twin_archs_for(plan, audit_run.plans, host),
-                          docker=audit_run.docker)
-               for plan, image in sorted(pairs, key=lambda pair: order[pair[0].id])]
+    pairs = images_to_audit(audit_run.ctx, audit_run.plans, args.refs, args.select,
+                            audit_run.docker)
+    twice = sorted({p.id for p, _ in pairs if sum(q.id == p.id for q, _ in pairs) > 1})
+    if twice:
+        raise UsageError(f"more than one image of {', '.join(twice)}: name one image per cell")
+    audit_run = dataclasses.replace(audit_run, images={p.id: image for p, image in pairs})
+    with run_lock(audit_run.ctx.state, wait=audit_run.options.wait):
+        [record] = run_steps(audit_run, steps_named("audit"), ids=[p.id for p, _ in pairs])
+    results = list(record.results.values())
     if args.json:
         json.dump([r.as_dict() for r in results], sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -63,7 +63,4 @@ def run(args: argparse.Namespace) -> int:
                 render(result, console, all_objects=args.all_objects)
             else:
                 print_lines(audit_lines(result.as_dict()), console)
-        failed = [r.cell_id for r in results if not r.passed]
-        console.print(f"audit: {len(results) - len(failed)} passed, {len(failed)} failed"
-                      + (f": {', '.join(failed)}" if failed else ""))
-    return 1 if any(not r.passed for r in results) else 0
+    return 1 if record.failed else 0

@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     selection_options(parser)
     run_options(parser, "fail_fast", "levels", "smoke_on", "max_jobs", "nvcc_threads",
                 "timeout_min",
-                "force", "ca_bundle", "wait", "publish", "builders")
+                "force", "ca_bundle", "wait", "publish", "builders", "registry", "images_lock",
+                "allow_retag")
     parser.set_defaults(func=run)
 
 

@@ -9,13 +9,12 @@ from pathlib import Path
 from ..host import doctor, hostcheck
 from ..errors import StageFailure, UsageError
 from ..imageslock import LOCK_NAME, read_lock, select_entries
-from ..stages.publish import publish
 from ..consumer.pull import docker_run_line, pull_entry
 from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
 from ..state import run_lock
 from ..stages import sign
-from . import common_options, load_run, selection_options, wait_option
+from . import common_options, load_run, run_options, selection_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,14 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "credential helpers (`docker login`).")
     common_options(parser)
     selection_options(parser)
-    parser.add_argument("--registry", metavar="HOST[/PATH]",
-                        help="override publish.registry of matrix.yaml")
-    parser.add_argument("--lock", metavar="PATH", type=Path,
-                        help=f"the lock to update (default: {LOCK_NAME} beside the matrix)")
-    wait_option(parser)
-    parser.add_argument("--allow-retag", action="store_true",
-                        help="move a tag that already holds another image (breaks consumers "
-                        "pinned to the tag; those pinned by digest are safe)")
+    run_options(parser, "registry", "images_lock", "wait", "allow_retag")
     parser.set_defaults(func=run_publish)
 
     pull = sub.add_parser(
@@ -77,18 +69,21 @@ def verify_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_publish(args: argparse.Namespace) -> int:
+    """The main job's own publish step over the selected planned cells."""
+    from ..stages import run_steps, steps_named
+    from ..stages.publish import registry_configured, tagged_cells, target_repository
+
     run = load_run(args, quiet=True)  # its CellSpecs give images.lock's serve command
+    if not registry_configured(run.ctx.matrix, run.options.registry):
+        target_repository(run.ctx.matrix, run.options.registry)  # says what to set, exit 2
+    planned = {p.id for p in run.plans if p.planned}
+    for cand in tagged_cells(run.ctx.state, Selection(args.select, args.skip)):
+        if cand.cell_id not in planned:
+            print(f"not published {cand.cell_id}: tagged, but not planned in "
+                  f"{run.ctx.matrix.path} (pruned or removed since)", file=sys.stderr)
     with run_lock(run.ctx.state, wait=run.options.wait):  # the journal is written per cell
-        result = publish(run.ctx, Selection(args.select, args.skip), registry=args.registry,
-                         allow_retag=args.allow_retag, lock_path=args.lock, docker=run.docker,
-                         cells=run.cells())
-    for cell_id, why in sorted(result.refused.items()):
-        print(f"refused   {cell_id}: {why}", file=sys.stderr)
-    for cell_id, why in sorted(result.failed.items()):
-        print(f"failed    {cell_id}: {why}", file=sys.stderr)
-    print(f"published {len(result.pushed)}, unchanged {len(result.unchanged)}, "
-          f"refused {len(result.refused)}, failed {len(result.failed)}")
-    if not result.ok:
+        [record] = run_steps(run, steps_named("publish"))
+    if record.failed:
         raise StageFailure("publish incomplete: see the refused/failed cells above")
     return 0
 

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import ConfigError, InfermatrixError, UsageError
+from ..model.cell import CellPlan
 from ..stages.report import (build_report, fill_image_sizes, load_journal, load_plan_file,
                       print_summary, write_report)
 from ..state import DEFAULT_STATE_DIR, StatePaths
@@ -45,7 +46,7 @@ def _state(args: argparse.Namespace) -> StatePaths:
     return StatePaths.at(args.state_dir or Path(args.matrix).resolve().parent / DEFAULT_STATE_DIR)
 
 
-def _read_plan_file(path: Path) -> list[dict[str, Any]]:
+def _read_plan_file(path: Path) -> list[CellPlan]:
     try:
         return load_plan_file(path)
     except FileNotFoundError:
@@ -54,7 +55,7 @@ def _read_plan_file(path: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"not a plan JSON file: {exc}", path) from None
 
 
-def _plan_from_matrix(args: argparse.Namespace) -> list[Any]:
+def _plan_from_matrix(args: argparse.Namespace) -> list[CellPlan]:
     """The plan every command works from (stages.plan_cells: the lock's verdicts included)."""
     from ..context import Context
     from ..stages import plan_cells
@@ -62,9 +63,9 @@ def _plan_from_matrix(args: argparse.Namespace) -> list[Any]:
     return list(plan_cells(Context.load(args.matrix, args.state_dir, args.offline)))
 
 
-def resolve_plans(args: argparse.Namespace, state: StatePaths) -> list[Any]:
-    """--plan FILE; else a fresh plan of the matrix; else <state>/plan.json; else none (the
-    report then shows only the cells of the journal)."""
+def resolve_plans(args: argparse.Namespace, state: StatePaths) -> list[CellPlan]:
+    """The typed plans the report reads: --plan FILE; else a fresh plan of the matrix; else
+    <state>/plan.json; else none (the report then shows only the cells of the journal)."""
     if args.plan:
         return _read_plan_file(Path(args.plan))
     saved = state.root / PLAN_FILE

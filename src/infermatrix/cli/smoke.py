@@ -22,9 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     selection_options(tag)
     tag.add_argument("cells", nargs="*", metavar="CELL_ID",
                      help="cells to tag (default: every planned cell with a smoke result)")
-    tag.add_argument("--repository", default=None, metavar="NAME",
-                     help="local repository of the tag (default: publish.repository)")
-    wait_option(tag)
+    run_options(tag, "tag_repository", "wait")
     tag.set_defaults(func=run_tag)
 
 
@@ -78,20 +76,13 @@ def run_smoke(args: argparse.Namespace) -> int:
 
 
 def run_tag(args: argparse.Namespace) -> int:
+    """The main job's own tag step; a cell the policy does not let through is exit 1."""
+    import dataclasses
+
+    from ..stages import run_steps, steps_named
     from ..state import run_lock
-    from ..stages.tagging import tag_cell, tag_ref
 
     run, plans = _plans(args, "smoke")
-    ctx = run.ctx
-    refused = []
-    with run_lock(ctx.state, wait=run.options.wait):
-        for plan in plans:
-            decision = tag_cell(ctx, plan.cell, args.repository, docker=run.docker)
-            if decision.allowed:
-                print(f"{plan.id}: tagged {tag_ref(ctx, plan.cell, args.repository)} "
-                      f"({decision.kind}) on {decision.image_id[:19]}")
-            else:
-                refused.append(plan.id)
-                print(f"{plan.id}: not tagged: {decision.reason}")
-    print(f"tag: {len(plans) - len(refused)} tagged, {len(refused)} not tagged")
-    return 1 if refused else 0
+    with run_lock(run.ctx.state, wait=run.options.wait):
+        [record] = run_steps(dataclasses.replace(run, plans=plans), steps_named("tag"))
+    return 1 if record.failed or record.dropped else 0

@@ -6,8 +6,8 @@ Identifiers are stable and readable: `cu130-torch2.11.0-sglang0.5.11-sm120`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args
 
 from ..names import CELL_ID, UnsafeName, is_cell_part
 
@@ -138,6 +138,43 @@ class CellPlan:
     @property
     def planned(self) -> bool:
         return self.status == "planned"
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CellPlan | None:
+        """The plan `as_dict` wrote (a journal's plan stage, `infermatrix plan --json`), read
+        back; None where it cannot be one: axes that make no valid `Cell`, an id they do not
+        give, a status that is not a PlanStatus. Stored data may have any shape, so this never
+        raises: a reason that is not a mapping keeps its text, settings without their required
+        fields are dropped (None), an odd origin or resolution takes its default."""
+        if not isinstance(data, dict) or data.get("status") not in get_args(PlanStatus):
+            return None
+        axes = data["axes"] if isinstance(data.get("axes"), dict) else {}
+        engine, _, version = str(axes.get("engine") or "").partition("==")
+        try:
+            cell = Cell(axes.get("cuda"), axes.get("torch"), engine, version, axes.get("arch"))
+        except UnsafeName:  # a part missing, not text, or not of the cell-id grammar
+            return None
+        if data.get("id") not in (None, cell.id):
+            return None
+
+        def text(value: Any) -> str:
+            return "" if value is None else str(value)
+
+        reasons = data["reasons"] if isinstance(data.get("reasons"), list) else []
+        verdicts = [Verdict(text(r.get("rule")), text(r.get("reason")), text(r.get("source")))
+                    if isinstance(r, dict) else Verdict("", text(r), "")
+                    for r in reasons if r is not None]
+
+        # the report shows stored settings as they are (it reads any value's type), so only
+        # their names are checked: the known ones, the required ones present
+        stored = data["settings"] if isinstance(data.get("settings"), dict) else {}
+        known = {f.name: stored[f.name] for f in fields(CellSettings) if f.name in stored}
+        settings = CellSettings(**known) \
+            if {"python", "base", "engine_package"} <= set(known) else None
+        origin, resolution = data.get("origin"), data.get("resolution")
+        return cls(cell, data["status"], verdicts, settings,
+                   origin if isinstance(origin, str) and origin else "axes",
+                   resolution if isinstance(resolution, dict) else None)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -101,14 +101,17 @@ def _step_per_builder(run: Run, name: str, step: Step, alive: list[CellSpec]) ->
     return StepRecord(name, status, [c for p in parts for c in p.passed],
                       [c for p in parts for c in p.failed],
                       [c for p in parts for c in p.dropped],
-                      note="; ".join(p.note for p in parts if p.note))
+                      note="; ".join(p.note for p in parts if p.note),
+                      results={k: v for p in parts for k, v in p.results.items()})
 
 
 def run_steps(run: Run, steps: tuple[tuple[str, Step], ...] = STEPS,
-              announce: Callable[[str], None] | None = None) -> list[StepRecord]:
-    """Run the steps in order; a cell a step failed or dropped is left out of the later ones."""
+              announce: Callable[[str], None] | None = None,
+              ids: list[str] | None = None) -> list[StepRecord]:
+    """Run the steps in order over the planned cells (of `ids`: a single-stage command's
+    choice); a cell a step failed or dropped is left out of the later ones."""
     records: list[StepRecord] = []
-    alive = [p.id for p in run.plans if p.planned]
+    alive = [p.id for p in run.plans if p.planned and (ids is None or p.id in ids)]
     for name, step in steps:
         if announce:
             announce(name)

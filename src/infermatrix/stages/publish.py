@@ -123,9 +123,9 @@ def target_repository(matrix: Matrix, registry: str | None = None) -> str:
     return full
 
 
-def registry_configured(matrix: Matrix) -> bool:
-    """Whether the pipeline's publish step has somewhere to push (publish.registry set)."""
-    return bool(matrix.publish.get("registry"))
+def registry_configured(matrix: Matrix, registry: str | None = None) -> bool:
+    """Whether the publish step has somewhere to push (publish.registry, or --registry)."""
+    return bool(registry or matrix.publish.get("registry"))
 
 
 def alias_rank(entry: dict[str, Any]) -> tuple:
@@ -427,12 +427,22 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
 # --------------------------------------------------------------------------------------------
 
 def step(run: Run, cells: list[CellSpec]) -> StepRecord:
-    if not run.options.publish or not registry_configured(run.ctx.matrix):
+    """Push the tagged ones of `cells` (`infermatrix publish` and the main job alike); the
+    note is the count line, each refused or failed cell gets a line with its reason."""
+    options = run.options
+    if not options.publish or not registry_configured(run.ctx.matrix, options.registry):
         return StepRecord("publish", StepStatus.NOT_CONFIGURED,
                           note="no publish.registry in matrix.yaml (or --no-publish)")
     if not cells:  # an empty selection would mean every cell
         return step_record("publish", [], [])
-    result = publish(run.ctx, Selection([c.id for c in cells]), say=echo, docker=run.docker,
-                     cells=cells)  # their CellSpecs give images.lock's serve command
+    result = publish(run.ctx, Selection([c.id for c in cells]), registry=options.registry,
+                     allow_retag=options.allow_retag, lock_path=options.images_lock, say=echo,
+                     docker=run.docker, cells=cells)  # their CellSpecs: the serve command
+    for cell_id, why in sorted(result.refused.items()):
+        echo(f"refused   {cell_id}: {why}")
+    for cell_id, why in sorted(result.failed.items()):
+        echo(f"failed    {cell_id}: {why}")
     return step_record("publish", [*result.pushed, *result.unchanged],
-                   [*result.refused, *result.failed])
+                       [*result.refused, *result.failed],
+                       note=f"published {len(result.pushed)}, unchanged {len(result.unchanged)}, "
+                            f"refused {len(result.refused)}, failed {len(result.failed)}")

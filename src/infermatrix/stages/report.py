@@ -1,10 +1,13 @@
 """The report: the whole matrix at a glance, from the journal and the plan.
 
-`build_report(journal, plans)` is pure: it turns journal records (`journal.load_all`) and plan
-dicts (`CellPlan.as_dict()`, or `infermatrix plan --json` output) into a `Report`: one
-`CellReport` per cell with its outcome, stage results and the facts people look for (image
-size, versions, kernel coverage, smoke throughput, the failing log tail). Journals are partial
-by nature (interrupted runs, stages that never ran, details of any shape written by other
+`build_report(journal, plans)` is pure: it turns journal records (`journal.load_records`) and
+the run's typed plans (`CellPlan`) into a `Report`: one `CellReport` per cell with its outcome,
+stage results and the facts people look for (image size, versions, kernel coverage, smoke
+throughput, the failing log tail). A cell goes Cell → CellPlan → CellReport, never through a
+plan dict. Plans come from storage at two edges only, each read back once with
+`CellPlan.from_dict`: the plan a journal-only cell recorded (`CellRecord.recorded_plan`) and a
+plan JSON file (`load_plan_file`, `infermatrix plan --json` output). Journals are partial by
+nature (interrupted runs, stages that never ran, details of any shape written by other
 stages), so every reader here tolerates missing keys and unexpected types; a report never
 crashes on a journal.
 
@@ -38,6 +41,7 @@ from rich.text import Text
 
 from .. import journal
 from ..journal import CellRecord, StageRecord, load_records, records_of
+from ..model.cell import CellPlan
 from ..model.spec import CellSpec
 from ..journal import number_of as _number
 from ..journal import text_of as _text
@@ -498,17 +502,27 @@ def log_tail(stage: StageResult, cell_id: str, state: StatePaths | None) -> str 
     return redact(tail[-LOG_TAIL_CHARS:])
 
 
-def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: CellRecord | None,
+def recorded_plan(record: CellRecord) -> tuple[CellPlan | None, str]:
+    """(plan, status) the journal recorded for a cell: its plan stage's details read back into
+    a `CellPlan`; a stored plan that cannot be one (damaged, another version's) still gives
+    its status text, else "unknown"."""
+    stored = record.recorded_plan
+    plan = CellPlan.from_dict(stored)
+    if plan is not None:
+        return plan, plan.status
+    return None, _text(_mapping(stored).get("status")) or "unknown"
+
+
+def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
                 state: StatePaths | None = None) -> CellReport:
-    plan = _mapping(plan)
+    """The report of one cell. `plan`: the run's plan of it; None: the plan its journal
+    recorded, if any (a journal-only cell)."""
     record = record or CellRecord(cell_id)
+    plan, plan_status = (plan, plan.status) if plan is not None else recorded_plan(record)
     stages = stage_results(record)
-    plan_status = str(plan.get("status") or "unknown")
     outcome, failed = outcome_of(plan_status, stages)
-    axes = {k: str(v) for k, v in _mapping(plan.get("axes")).items()} or dict(UNKNOWN_AXES)
-    reasons = [_mapping(r) if isinstance(r, dict) else {"reason": _text(r)}
-               for r in (plan.get("reasons") or []) if r is not None] \
-        if isinstance(plan.get("reasons"), list) else []
+    axes = plan.cell.axes() if plan else dict(UNKNOWN_AXES)
+    reasons = [v.as_dict() for v in plan.verdicts] if plan else []
     if outcome == "pruned" and not reasons:
         plan_stage = next((s for s in stages if s.name == "plan"), None)
         if plan_stage and plan_stage.reason:
@@ -525,14 +539,14 @@ def cell_report(cell_id: str, plan: Mapping[str, Any] | None, record: CellRecord
     return CellReport(
         id=cell_id, axes=axes, plan_status=plan_status, outcome=outcome, failed_stage=failed,
         interrupted_stage=running.name if running else None, reasons=reasons,
-        settings=_mapping(plan.get("settings")), stages=stages,
+        settings=plan.settings.as_dict() if plan and plan.settings else {}, stages=stages,
         image_id=record.image_id, image_size=image_size(record, stages),
         versions=versions(record, stages), coverage_columns=columns, coverage_rows=rows,
         uncovered=uncovered, smoke_levels=levels, throughput=chart,
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
         audit_checks=audit_checks(stages),
         log_tail=log_tail(failed_stage, cell_id, state) if failed_stage else None,
-        in_plan=bool(plan), problems=list(record.problems), signing=signing_status(stages))
+        in_plan=plan is not None, problems=list(record.problems), signing=signing_status(stages))
 
 
 def signing_status(stages: list[StageResult]) -> dict[str, Any] | None:
@@ -559,33 +573,20 @@ def signing_status(stages: list[StageResult]) -> dict[str, Any] | None:
             "sbom": f"../{sbom_file}" if sbom_file and ".." not in sbom_file else None}
 
 
-def _plan_dicts(plans: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """Plan entries by id; accepts CellPlan objects, their dicts, or {"cells": [...]}."""
-    if plans is None:
-        return {}
-    if isinstance(plans, Mapping):
-        plans = plans.get("cells") or plans.get("plans") or []
-    found: dict[str, dict[str, Any]] = {}
-    for entry in plans:
-        data = entry.as_dict() if hasattr(entry, "as_dict") else entry
-        if isinstance(data, dict) and data.get("id"):
-            found[str(data["id"])] = data
-    return found
-
-
-def build_report(journal: Mapping[str, Any], plans: Iterable[Any] | Mapping[str, Any] | None,
+def build_report(journal: Mapping[str, Any], plans: Iterable[CellPlan] | None,
                  state: StatePaths | Mapping[str, StatePaths] | None = None) -> Report:
     """The report of every cell of the plan and of the journal (a journal-only cell is one the
     current plan no longer has; it is kept, marked as such, placed by the plan it recorded).
-    `journal`: typed records (`journal.load_records`) or their JSON form. `state`: where logs
+    `journal`: typed records (`journal.load_records`) or their JSON form. `plans`: the run's
+    typed plans (`Run.plans`, `stages.plan_cells`, `load_plan_file`). `state`: where logs
     are, or per cell id (a merged journal: each cell's fragment)."""
-    by_id = _plan_dicts(plans)
+    by_id = {plan.id: plan for plan in plans or ()}
     records = records_of(journal if isinstance(journal, Mapping) else {})
     ids = list(by_id) + [i for i in records if i not in by_id]
     cells = []
     for i in ids:
         record = records.get(i)
-        plan = by_id.get(i) or (record.recorded_plan if record else None)
+        plan = by_id.get(i)
         where = state.get(i) if isinstance(state, Mapping) else state
         cells.append(cell_report(str(i), plan, record, where))
     for c in cells:
@@ -638,10 +639,23 @@ def fill_image_sizes(records: Mapping[str, CellRecord], docker: "Engine | None" 
 # ---------------------------------------------------------------------------------------------
 # Plans: from plan.plan_matrix when the matrix loads, else a saved plan JSON file.
 
-def load_plan_file(path: Path) -> list[dict[str, Any]]:
-    """Plan dicts from a JSON file (`infermatrix plan --json` output, a list or {"cells": ...})."""
+def load_plan_file(path: Path) -> list[CellPlan]:
+    """The plans of a JSON file (`infermatrix plan --json` output, a list or {"cells": ...}),
+    read back into `CellPlan`s; an entry that cannot be one is named on stderr and left out."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    return list(_plan_dicts(data).values())
+    if isinstance(data, dict):
+        data = data.get("cells") or data.get("plans") or []
+    entries = data if isinstance(data, list) else []
+    plans = [CellPlan.from_dict(entry) for entry in entries]
+    unreadable = [_plan_name(e) for e, p in zip(entries, plans) if p is None]
+    if unreadable:
+        print(f"infermatrix report: warning: {path}: {len(unreadable)} entries are not plans "
+              f"of a cell, left out: {', '.join(unreadable)}", file=sys.stderr)
+    return [p for p in plans if p is not None]
+
+
+def _plan_name(entry: Any) -> str:
+    return redact(_text(_mapping(entry).get("id")) or repr(entry)[:60])
 
 
 # ---------------------------------------------------------------------------------------------

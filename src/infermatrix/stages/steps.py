@@ -40,6 +40,9 @@ class StepRecord:
     dropped: list[str] = field(default_factory=list)  # left out of later steps, not failures
     seconds: float = 0.0
     note: str = ""
+    # each cell's result object, for the command that ran the step to show (audit's tables);
+    # not in run.json: the journal keeps them
+    results: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": str(self.status), "passed": self.passed,
@@ -65,6 +68,8 @@ class Run:
     # several builders, a step over one builder's cells gets a Run whose `docker` is that
     # builder's: _step_per_builder).
     docker: Engine = field(default_factory=Engine)
+    # cell id -> the image to take instead of the journal's build (`infermatrix audit IMAGE`)
+    images: dict[str, str] = field(default_factory=dict)
 
     def cells(self, ids: list[str] | None = None) -> list[CellSpec]:
         """The CellSpec of each planned cell (of `ids`, in the run's order): what every step
@@ -77,7 +82,7 @@ class Run:
 
 def step_record(name: str, passed: list[str], failed: list[str], note: str = "",
             dropped: list[str] | None = None) -> StepRecord:
-    status = StepStatus.RAN if passed or failed else StepStatus.NOTHING_TO_DO
+    status = StepStatus.RAN if passed or failed or dropped else StepStatus.NOTHING_TO_DO
     return StepRecord(name, status, passed, failed, dropped or [], note=note)
 
 

@@ -232,15 +232,17 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
 # --------------------------------------------------------------------------------------------
 
 def step(run: Run, cells: list[CellSpec]) -> StepRecord:
-    """Tag the exact tested image of each cell the policy allows; refusals are not failures
-    of the run (a CUDA cell on a GPU-less host is "built, not verified"), a tag step that
-    fails (its tag already names another image) is."""
+    """Tag the exact tested image of each cell the policy allows. A refusal (a CUDA cell on a
+    GPU-less host is "built, not verified") drops the cell from publish without failing the
+    run; a tag that fails (its tag already names another image) is a failure."""
     tagged, refused, failed = [], [], []
     for cell in cells:
-        decision = tag_cell(run.ctx, cell.cell, docker=run.docker)
+        decision = tag_cell(run.ctx, cell.cell, run.options.tag_repository, docker=run.docker)
         outcome = tagged if decision.allowed else failed if decision.failed else refused
         outcome.append(cell.id)
-        verdict = f"tagged ({decision.kind})" if decision.allowed else (
-            "tag failed" if decision.failed else "not tagged")
+        verdict = f"tagged {tag_ref(run.ctx, cell.cell, run.options.tag_repository)} " \
+            f"({decision.kind}) on {(decision.image_id or '')[:19]}" if decision.allowed else (
+                "tag failed" if decision.failed else "not tagged")
         echo(f"{cell.id}: {verdict}: {decision.reason}")
-    return step_record("tag", tagged, failed, note=f"{len(refused)} not tagged" if refused else "")
+    return step_record("tag", tagged, failed, dropped=refused,
+                       note=f"{len(refused)} not tagged" if refused else "")

@@ -145,7 +145,7 @@ def test_publish_of_no_cell_publishes_nothing(ctx, monkeypatch):
     """An empty cell list is not a selection of every cell (Selection([]) matches all)."""
     from infermatrix.stages import publish
 
-    monkeypatch.setattr(publish, "registry_configured", lambda matrix: True)
+    monkeypatch.setattr(publish, "registry_configured", lambda *given: True)
     monkeypatch.setattr(publish, "publish", lambda *a, **k: pytest.fail("publish was called"))
     run = Run(ctx, [], RunOptions())
     record = publish.step(run, [])

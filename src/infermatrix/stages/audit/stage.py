@@ -34,7 +34,7 @@ from .checks import (
     runtime_chosen_builds,
 )
 from .probe import ImageFacts, device_code_of, probe_image
-from .result import AuditResult, Check, default_targets
+from .result import AuditResult, Check, default_targets, parse_targets
 from .triton import check_triton_smem, emulation_of, judge_triton
 from ..steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
@@ -227,24 +227,28 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
 # --------------------------------------------------------------------------------------------
 
 def step(run: Run, cells: list[CellSpec]) -> StepRecord:
-    """Kernel coverage, CUDA major, pins, pip check and the engine floor of each built image,
-    without a GPU (smoke's static level then reuses this record for the same image)."""
+    """Kernel coverage, CUDA major, pins, pip check and the engine floor of each built image
+    (`run.images`' if named, else the journal's), without a GPU (smoke's static level then
+    reuses this record for the same image). The record's `results` are the AuditResults."""
     from ...engine.docker import host_platform
     from ...errors import InfermatrixError
     from ...model.tritontwin import natives_first, twin_archs_for
-    passed, failed = [], []
+    passed, failed, results = [], [], {}
     host = host_platform()
+    targets = parse_targets(run.options.audit_targets)
     for plan in natives_first([c.plan for c in cells], host):  # a twin's Triton result before its foreign cell
-        image = journal.cell_record(run.ctx.state, plan.id).image_id
+        image = run.images.get(plan.id) or journal.cell_record(run.ctx.state, plan.id).image_id
         try:
-            result = audit_cell(run.ctx, plan, image,
+            result = audit_cell(run.ctx, plan, image, targets, record=run.options.record_audit,
                                 twin_archs=twin_archs_for(plan, run.plans, host),
                                 docker=run.docker)
-            ok = result.passed
+            results[plan.id], ok = result, result.passed
             echo(f"{plan.id}: audit {result.status}" +
                  (f": {result.reason}" if result.reason else ""))
         except InfermatrixError as exc:
             ok = False
             echo(f"{plan.id}: audit failed: {exc}")
         (passed if ok else failed).append(plan.id)
-    return step_record("audit", passed, failed)
+    record = step_record("audit", passed, failed)
+    record.results = results
+    return record
