@@ -15,52 +15,53 @@ from .model.selectors import matches
 from .names import reference_problem
 from .state import DamagedStateFile, read_state_text
 
-LOCK_NAME = "images.lock"
-LOCK_VERSION = 1
-LOCK_HEADER = ("# images.lock: written by `infermatrix publish`, read by `infermatrix pull` and\n"
-               "# `infermatrix doctor`. Every image is pinned by its registry digest.\n")
+IMAGES_LOCK_NAME = "images.lock"
+IMAGES_LOCK_VERSION = 1
+IMAGES_LOCK_HEADER = (
+    "# images.lock: written by `infermatrix publish`, read by `infermatrix pull` and\n"
+    "# `infermatrix doctor`. Every image is pinned by its registry digest.\n")
 
 
-def empty_lock() -> dict[str, Any]:
-    return {"version": LOCK_VERSION, "images": {}, "aliases": {}}
+def empty_images_lock() -> dict[str, Any]:
+    return {"version": IMAGES_LOCK_VERSION, "images": {}, "aliases": {}}
 
 
-LOCK_FIX = ("restore it (`git checkout images.lock`) or remove the damaged entry; "
-            "`infermatrix publish` writes the entry again")
+IMAGES_LOCK_FIX = ("restore it (`git checkout images.lock`) or remove the damaged entry; "
+                   "`infermatrix publish` writes the entry again")
 ENTRY_TYPES = {"repository": str, "digest": str, "tag": str, "reference": str, "image_id": str,
                "labels": dict, "run": dict, "versions": dict, "smoke": dict,
                "signing": dict}  # when set
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def read_lock(path: Path) -> dict[str, Any]:
+def read_images_lock(path: Path) -> dict[str, Any]:
     """The one reader of images.lock: its data, checked entry by entry; a damaged file (not
     YAML, binary, entries of the wrong shape) is a DamagedStateFile naming it, with the fix."""
     if not path.is_file():
-        return empty_lock()
-    text = read_state_text(path, "images.lock", LOCK_FIX)
+        return empty_images_lock()
+    text = read_state_text(path, "images.lock", IMAGES_LOCK_FIX)
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise DamagedStateFile(f"malformed images.lock: {exc}", path,
-                               mark.line + 1 if mark else None, LOCK_FIX) from None
-    if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:
-        raise DamagedStateFile(f"not an images.lock of version {LOCK_VERSION}", path, 1,
-                               LOCK_FIX)
+                               mark.line + 1 if mark else None, IMAGES_LOCK_FIX) from None
+    if not isinstance(data, dict) or data.get("version") != IMAGES_LOCK_VERSION:
+        raise DamagedStateFile(f"not an images.lock of version {IMAGES_LOCK_VERSION}", path, 1,
+                               IMAGES_LOCK_FIX)
     data.setdefault("images", {})
     data.setdefault("aliases", {})
-    problems = lock_problems(data)
+    problems = images_lock_problems(data)
     if problems:
         where = next((i + 1 for i, line in enumerate(text.splitlines())
                       if line.strip().startswith(f"{problems[0][0]}:")), None)
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DamagedStateFile(f"damaged images.lock: {problems[0][1]}{more}", path, where,
-                               LOCK_FIX)
+                               IMAGES_LOCK_FIX)
     return data
 
 
-def lock_problems(lock: dict[str, Any]) -> list[tuple[str, str]]:
+def images_lock_problems(lock: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, what is wrong) for every entry of images.lock whose shape publish, pull, doctor
     and deploy could not use."""
     images, aliases = lock.get("images"), lock.get("aliases")
@@ -71,7 +72,7 @@ def lock_problems(lock: dict[str, Any]) -> list[tuple[str, str]]:
     found += [(str(alias), f"alias {alias!r} is not a mapping with cell and digest")
               for alias, entry in aliases.items()
               if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str)
-                                                       for k in ("cell", "digest"))]
+                                                        for k in ("cell", "digest"))]
     return found
 
 
@@ -92,16 +93,16 @@ def _entry_problem(key: Any, entry: Any) -> str | None:
     return f"entry {key!r}: {problem}" if problem else None
 
 
-def dump_lock(lock: dict[str, Any]) -> str:
-    return LOCK_HEADER + yaml.safe_dump(lock, sort_keys=True, default_flow_style=False,
-                                        allow_unicode=True, width=100)
+def dump_images_lock(lock: dict[str, Any]) -> str:
+    return IMAGES_LOCK_HEADER + yaml.safe_dump(lock, sort_keys=True, default_flow_style=False,
+                                               allow_unicode=True, width=100)
 
 
-def write_lock(path: Path, lock: dict[str, Any]) -> None:
+def write_images_lock(path: Path, lock: dict[str, Any]) -> None:
     """Atomic write: a reader (or an interrupted publish) sees the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(dump_lock(lock), encoding="utf-8")
+    tmp.write_text(dump_images_lock(lock), encoding="utf-8")
     tmp.replace(path)
 
 

@@ -8,12 +8,8 @@ land on the image id that passed. The step records of the run go to <state>/run.
 
 from __future__ import annotations
 
-from rich.console import Console
-
 from .state import write_json_atomic
-from .stages import Run, StepRecord, run_steps
-
-console = Console(stderr=True)
+from .stages import Run, StepRecord, console, run_steps  # noqa: F401 - console: the steps' own
 
 
 def run_pipeline(run: Run) -> tuple[int, list[StepRecord]]:

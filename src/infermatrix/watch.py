@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .model.compileprogress import Prior, Progress, clock
+from .model.compileprogress import CompileProgress, Prior, clock
 
 PLAIN_EVERY_S = 60.0
 
@@ -57,14 +57,14 @@ def _release_bar() -> None:
 
 
 class CompileWatch:
-    """Feeds one compile's output lines to a Progress and shows it; a context manager."""
+    """Feeds one compile's output lines to a CompileProgress and shows it; a context manager."""
 
     def __init__(self, label: str, prior: Prior, echo: Callable[[str], None],
                  terminal: bool | None = None, every: float = PLAIN_EVERY_S,
                  now: Callable[[], float] = time.monotonic) -> None:
         self.label, self.echo, self.every, self.now = label, echo, every, now
         self.terminal = is_terminal() if terminal is None else terminal
-        self.progress = Progress(prior=prior, started=now())
+        self.progress = CompileProgress(prior=prior, started=now())
         self._lock = threading.Lock()
         self._said = self.progress.started
         self._stop = threading.Event()

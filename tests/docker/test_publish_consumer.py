@@ -112,7 +112,7 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         assert code == 0 and "published 1" in out and f"({CPU_ID}, signed)" in out, out
         monkeypatch.delenv(cosign.KEY_FILE_ENV)
         monkeypatch.delenv(cosign.PASSWORD_ENV)
-        entry = publish.read_lock(lock_path)["images"][CPU_ID]
+        entry = publish.read_images_lock(lock_path)["images"][CPU_ID]
         image_id = entry["image_id"]
         assert entry["repository"].startswith(server.host + "/")
         assert entry["signing"]["verdict"] == "passed" and all(

@@ -169,7 +169,7 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
     assert tags_of(registry, repo) == [GPU_CELL]  # the failed cell left no tag
     remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert remote is not None and remote.config_digest == images["gpu-a"]
-    lock = publish.read_lock(lock_path)
+    lock = publish.read_images_lock(lock_path)
     entry = lock["images"][GPU_CELL]
     assert entry["digest"] == remote.digest
     assert entry["reference"] == f"{registry}/{repo}@{remote.digest}"
@@ -238,7 +238,8 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     assert held.digest in err and "--allow-retag" in err
     after = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert after.digest == held.digest  # the tag did not move
-    assert publish.read_lock(tmp_path / "images.lock")["images"][GPU_CELL]["digest"] == held.digest
+    assert publish.read_images_lock(tmp_path / "images.lock")["images"][GPU_CELL]["digest"] == \
+        held.digest
     assert journal.load(rebuilt.state, GPU_CELL)["stages"]["publish"]["status"] == "fail"
 
     moved = publish.publish(rebuilt, lock_path=tmp_path / "images.lock", creds=good(),
@@ -275,7 +276,7 @@ def test_aliases_follow_the_newest_cell_after_the_immutable_tags(tmp_path, regis
     assert result.aliases == {"kernel-fixture-sm120-latest": "pushed"}
     alias = registry_api.remote_manifest(f"{registry}/{repo}", "kernel-fixture-sm120-latest", good())
     assert alias.config_digest == images["gpu2"]  # engine version 2.0 beats 1.0
-    lock = publish.read_lock(lock_path)
+    lock = publish.read_images_lock(lock_path)
     assert lock["aliases"]["kernel-fixture-sm120-latest"]["cell"] == GPU_CELL_2
     assert lock["aliases"]["kernel-fixture-sm120-latest"]["digest"] == \
         lock["images"][GPU_CELL_2]["digest"]
@@ -287,7 +288,7 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     lock_path = tmp_path / "images.lock"
     publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
-    entry = publish.read_lock(lock_path)["images"][CPU_CELL]
+    entry = publish.read_images_lock(lock_path)["images"][CPU_CELL]
     DOCKER.remove_image(images["cpu"], force=True)  # ours: every tag goes, the layers too
     assert DOCKER.inspect_image(images["cpu"]) is None
 
@@ -317,7 +318,7 @@ def test_pull_refuses_an_image_that_does_not_match_the_lock(tmp_path, registry, 
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     lock_path = tmp_path / "images.lock"
     publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
-    entry = publish.read_lock(lock_path)["images"][CPU_CELL]
+    entry = publish.read_images_lock(lock_path)["images"][CPU_CELL]
     entry["labels"]["io.infermatrix.torch"] = "2.12.0"  # a lock edited by hand
 
     with pytest.raises(publish.StageFailure, match="io.infermatrix.torch"):
@@ -332,10 +333,10 @@ def test_images_lock_round_trips_after_a_real_publish(tmp_path, registry, images
     lock_path = tmp_path / "images.lock"
     publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
 
-    lock = publish.read_lock(lock_path)
-    publish.write_lock(tmp_path / "again.lock", lock)
+    lock = publish.read_images_lock(lock_path)
+    publish.write_images_lock(tmp_path / "again.lock", lock)
 
-    assert publish.read_lock(tmp_path / "again.lock") == lock
+    assert publish.read_images_lock(tmp_path / "again.lock") == lock
     assert (tmp_path / "again.lock").read_text() == lock_path.read_text()
     assert sorted(lock["images"]) == [CPU_CELL, GPU_CELL]
     assert isinstance(lock["images"][GPU_CELL]["cuda"], str)
@@ -408,7 +409,7 @@ def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, image
     assert result.pushed == [GPU_CELL]
     remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert remote.config_digest == derived != images["gpu-a"]
-    entry = publish.read_lock(tmp_path / "images.lock")["images"][GPU_CELL]
+    entry = publish.read_images_lock(tmp_path / "images.lock")["images"][GPU_CELL]
     assert entry["verified"] == "static-only" and entry["tested_image_id"] == images["gpu-a"]
     assert entry["labels"]["io.infermatrix.verified"] == "static-only"  # put there by tagging
     assert entry["labels"]["io.infermatrix.tested-image"] == images["gpu-a"]
@@ -464,11 +465,11 @@ def test_pull_without_credentials_is_one_line(tmp_path, registry, images, monkey
 def test_a_digest_the_registry_does_not_hold_is_one_line(tmp_path, registry, images,
                                                          monkeypatch, capsys):
     lock_path = published_lock(tmp_path, registry, CPU_CELL, images["cpu"])
-    lock = publish.read_lock(lock_path)
+    lock = publish.read_images_lock(lock_path)
     entry = lock["images"][CPU_CELL]
     entry["digest"] = "sha256:" + "0" * 64
     entry["reference"] = f"{entry['repository']}@{entry['digest']}"
-    publish.write_lock(lock_path, lock)
+    publish.write_images_lock(lock_path, lock)
     monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
     monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
     code, err = pull_cli(lock_path, capsys)
@@ -496,7 +497,7 @@ def test_a_gpu_cell_is_not_pulled_onto_a_host_that_cannot_run_it(tmp_path, regis
                                                                  monkeypatch, capsys, caplog):
     """The host check runs before any layer moves: the daemon is never asked to pull."""
     lock_path = published_lock(tmp_path, registry, GPU_CELL, images["gpu-a"])
-    entry = publish.read_lock(lock_path)["images"][GPU_CELL]
+    entry = publish.read_images_lock(lock_path)["images"][GPU_CELL]
     monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
     monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
     fake_root = tmp_path / "gpu-less-host"  # no /proc, /dev: and nvidia-smi is not run here
@@ -522,13 +523,13 @@ def test_a_registry_whose_certificate_is_not_trusted_is_one_line(tmp_path, image
     root.mkdir()
     server = start_registry(root, USER, PASSWORD, address, self_signed_cert(root, address))
     try:
-        lock = publish.empty_lock()
+        lock = publish.empty_images_lock()
         digest = "sha256:" + "e" * 64
         lock["images"][CPU_CELL] = {
             "cell": CPU_CELL, "repository": f"{server.host}/imx-tls", "digest": digest,
             "reference": f"{server.host}/imx-tls@{digest}", "image_id": images["cpu"],
             "arch": "cpu", "cuda": "cpu", "labels": {}, "run": {}}
-        publish.write_lock(tmp_path / "images.lock", lock)
+        publish.write_images_lock(tmp_path / "images.lock", lock)
         monkeypatch.setenv(registry_api.REGISTRY_USER_ENV, USER)
         monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, PASSWORD)
         code, err = pull_cli(tmp_path / "images.lock", capsys)

@@ -222,14 +222,14 @@ def test_signed_publish_pull_deploy_and_every_refusal(tmp_path, registry, images
     # 1. publish the GPU cell unsigned (no key): said, and recorded as unsigned
     out = publish_cli(root, GPU_CELL, lock, capsys)
     assert "UNSIGNED" in out and "--skip-verify" in out
-    assert publish.read_lock(lock)["images"][GPU_CELL]["signing"] is None
+    assert publish.read_images_lock(lock)["images"][GPU_CELL]["signing"] is None
 
     # 2. publish the CPU cell signed: key from a file, its password from the environment
     env.setenv(cosign.KEY_FILE_ENV, str(keys["private"]))
     env.setenv(cosign.PASSWORD_ENV, KEY_PASSWORD)
     out = publish_cli(root, CPU_CELL, lock, capsys)
     assert "signing: cosign" in out and "offline" in out and f"({CPU_CELL}, signed)" in out
-    entry = publish.read_lock(lock)["images"][CPU_CELL]
+    entry = publish.read_images_lock(lock)["images"][CPU_CELL]
     signing = entry["signing"]
     assert signing["signed"] and signing["verdict"] == attest.PASSED
     assert signing["key"] == cosign.key_fingerprint(keys["public"].read_text())
@@ -253,7 +253,7 @@ def test_signed_publish_pull_deploy_and_every_refusal(tmp_path, registry, images
     # a second publish of the unchanged digest keeps its signature (nothing signed again)
     out = publish_cli(root, CPU_CELL, lock, capsys)
     assert "unchanged" in out
-    assert publish.read_lock(lock)["images"][CPU_CELL]["signing"] == signing
+    assert publish.read_images_lock(lock)["images"][CPU_CELL]["signing"] == signing
 
     # 3. remove every local copy; pull verifies, then pulls by digest
     DOCKER.remove_image(images["cpu"], force=True)
@@ -288,7 +288,7 @@ def test_signed_publish_pull_deploy_and_every_refusal(tmp_path, registry, images
     line = one_line(err)  # an insufficient verdict for what this consumer requires
     assert code == 1 and "required level 'gpu'" in line, err
     # a signature copied from another digest: the CPU digest's signature put on the GPU digest
-    gpu_entry = publish.read_lock(lock)["images"][GPU_CELL]
+    gpu_entry = publish.read_images_lock(lock)["images"][GPU_CELL]
     sig_tag = cosign.attached_tag(entry["digest"], "sig")
     sig = http(registry.host, "GET", f"{repo}/manifests/{sig_tag}",
                headers={"Accept": OCI_MANIFEST})
@@ -380,7 +380,7 @@ def test_static_only_verdict_is_refused_and_key_from_env(tmp_path, registry, ima
     env.setenv(cosign.PASSWORD_ENV, KEY_PASSWORD)
     out = publish_cli(root, CPU_CELL, lock, capsys)
     assert f"({CPU_CELL}, signed)" in out
-    assert publish.read_lock(lock)["images"][CPU_CELL]["signing"]["verdict"] == \
+    assert publish.read_images_lock(lock)["images"][CPU_CELL]["signing"]["verdict"] == \
         attest.NOT_VERIFIED
     env.delenv(cosign.KEY_ENV)
     code, out, err = pull(lock, CPU_CELL, keys["public"], capsys)

@@ -81,11 +81,11 @@ def write_lock(test_ctx: Context, path: Path) -> None:
     cell = CPU_CELL
     record = {"stages": {"tag": {"details": {"image_id": "sha256:" + "2" * 64,
                                              "kind": "tested"}}}}
-    lock = publish.empty_lock()
-    lock["images"][CPU_ID] = publish.lock_entry(
+    lock = publish.empty_images_lock()
+    lock["images"][CPU_ID] = publish.images_lock_entry(
         cell, "im18-local/infermatrix", CPU_ID, "sha256:" + "ab" * 32, "sha256:" + "2" * 64,
         labels(cell), record, run_of(test_ctx.matrix, cell), "2026-12-01T10:00:00Z")
-    publish.write_lock(path, lock)
+    publish.write_images_lock(path, lock)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import StageFailure, UsageError
 from ..host import proxmox
 from ..consumer import deploy
-from ..imageslock import LOCK_NAME, read_lock
+from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..stages.publish import cell_from_labels
 from ..model.spec import Launch
 from ..stages import sign
@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where to write (default: ./deploy/CELL)")
     parser.add_argument("--lock", type=Path, default=None, metavar="PATH",
-                        help=f"the images.lock to read (default: {LOCK_NAME} beside the matrix)")
+                        help=f"the images.lock to read (default: {IMAGES_LOCK_NAME} beside "
+                        "the matrix)")
     parser.add_argument("--base-port", type=int, default=None, metavar="PORT",
                         help="host port of the first server, the next ones count up "
                         "(default: the image's port, 8000)")
@@ -60,11 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_deploy(args: argparse.Namespace) -> int:
     ctx = load_context(args, log=False)
-    lock_path = args.lock or ctx.matrix.root / LOCK_NAME
+    lock_path = args.lock or ctx.matrix.root / IMAGES_LOCK_NAME
     if not lock_path.is_file():
         raise UsageError(f"{lock_path} does not exist: run `infermatrix publish` first or pass "
                          "--lock PATH")
-    entry = deploy.locked_entry(read_lock(lock_path), args.cell, str(lock_path))
+    entry = deploy.locked_entry(read_images_lock(lock_path), args.cell, str(lock_path))
     try:
         cell = cell_from_labels(entry.get("labels") or {})
     except StageFailure as exc:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from ..host import doctor, proxmox
 from ..errors import UsageError
-from ..imageslock import LOCK_NAME, read_lock
+from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..consumer.pull import docker_run_line
 
 
 def _host_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lock", metavar="PATH", type=Path, default=Path(LOCK_NAME),
-                        help=f"the images.lock to check (default: ./{LOCK_NAME})")
+    parser.add_argument("--lock", metavar="PATH", type=Path, default=Path(IMAGES_LOCK_NAME),
+                        help=f"the images.lock to check (default: ./{IMAGES_LOCK_NAME})")
     parser.add_argument("--nvidia-smi-csv", metavar="FILE", type=Path,
                         help="read this recorded `nvidia-smi --query-gpu=index,name,compute_cap,"
                         "driver_version --format=csv` output instead of running nvidia-smi")
@@ -72,7 +72,7 @@ def _readers(args: argparse.Namespace, docker: bool = True) -> doctor.HostReader
 
 
 def _lock(path: Path) -> dict:
-    return read_lock(path) if path.is_file() else {"images": {}}
+    return read_images_lock(path) if path.is_file() else {"images": {}}
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -107,7 +107,7 @@ def run_lxc_config(args: argparse.Namespace) -> int:
     if args.cell:
         if not args.lock.is_file():
             raise UsageError(f"--cell needs images.lock: {args.lock} not found (pass --lock)")
-        entry = proxmox.choose_entry(read_lock(args.lock), args.cell)
+        entry = proxmox.choose_entry(read_images_lock(args.lock), args.cell)
         if entry is not None:
             run_line = docker_run_line(entry, args.model_dir,
                                        devices=proxmox.device_flags(nodes))

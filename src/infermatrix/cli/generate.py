@@ -108,7 +108,7 @@ def run_generate(args: argparse.Namespace) -> int:
 class progress_display:
     """A rich progress bar with ETA on a terminal, plain lines otherwise."""
 
-    def __enter__(self) -> generate.Progress:
+    def __enter__(self) -> generate.GenerateProgress:
         if not sys.stderr.isatty():
             return PlainProgress()
         from rich.console import Console

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..host import doctor, hostcheck
 from ..errors import StageFailure, UsageError
-from ..imageslock import LOCK_NAME, read_lock, select_entries
+from ..imageslock import IMAGES_LOCK_NAME, read_images_lock, select_entries
 from ..consumer.pull import docker_run_line, pull_entry
 from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model from it.")
     pull.add_argument("cell", metavar="CELL_OR_SELECTOR",
                       help="a cell id or a selector (fnmatch, {a,b} braces)")
-    pull.add_argument("--lock", metavar="PATH", type=Path, default=Path(LOCK_NAME),
-                      help=f"the lock to read (default: ./{LOCK_NAME})")
+    pull.add_argument("--lock", metavar="PATH", type=Path, default=Path(IMAGES_LOCK_NAME),
+                      help=f"the lock to read (default: ./{IMAGES_LOCK_NAME})")
     pull.add_argument("--model-dir", default="$HOME/models/model", metavar="DIR",
                       help="host directory with the model weights, mounted read-only")
     pull.add_argument("--port", type=int, default=None, help="port to serve on (default 8000)")
@@ -110,7 +110,7 @@ def run_pull(args: argparse.Namespace) -> int:
     if not args.lock.is_file():
         raise UsageError(f"{args.lock} does not exist: run `infermatrix publish` first or "
                            "pass --lock PATH")
-    lock = read_lock(args.lock)
+    lock = read_images_lock(args.lock)
     entries = select_entries(lock, args.cell)
     verify = None if args.no_pull else \
         sign.verify_options(args.key, args.skip_verify, args.require_levels)

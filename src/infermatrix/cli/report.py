@@ -87,7 +87,7 @@ def run_merge(args: argparse.Namespace, state: StatePaths) -> int:
     """One report, images.lock and journal from the fragments (scale/merge.py); nothing is
     written when two fragments pin one tag to different digests."""
     from ..scale.merge import describe, merge_dirs, write_merged_journal
-    from ..imageslock import LOCK_NAME, write_lock
+    from ..imageslock import IMAGES_LOCK_NAME, write_images_lock
 
     merged = merge_dirs(args.merge)
     plans = resolve_plans(args, state)
@@ -97,12 +97,12 @@ def run_merge(args: argparse.Namespace, state: StatePaths) -> int:
     report = build_report(merged.records, plans, logs)
     out = Path(args.out) if args.out else state.reports
     files = write_report(report, out)
-    write_lock(out / LOCK_NAME, merged.lock)
+    write_images_lock(out / IMAGES_LOCK_NAME, merged.lock)
     write_merged_journal(merged, StatePaths.at(out))
     console = Console()
     print_summary(report, files.html, console)
     console.print(f"{describe(merged)}; wrote {files.html}, {files.markdown.name}, "
-                  f"{files.json.name}, {LOCK_NAME}, journal/ in {out}",
+                  f"{files.json.name}, {IMAGES_LOCK_NAME}, journal/ in {out}",
                   markup=False, highlight=False)
     return 0
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UsageError
-from ..imageslock import LOCK_NAME, read_lock
+from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..consumer.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
                                write_verdict)
 
@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("cell", metavar="CELL", help="a cell id of images.lock")
     parser.add_argument("--model-dir", required=True, type=Path, metavar="DIR",
                         help="host directory with the model weights, mounted read-only")
-    parser.add_argument("--lock", metavar="PATH", type=Path, default=Path(LOCK_NAME),
-                        help=f"the lock to read (default: ./{LOCK_NAME})")
+    parser.add_argument("--lock", metavar="PATH", type=Path, default=Path(IMAGES_LOCK_NAME),
+                        help=f"the lock to read (default: ./{IMAGES_LOCK_NAME})")
     parser.add_argument("--levels", default=",".join(VERIFY_LEVELS), metavar="LIST",
                         help=f"comma-separated subset of {','.join(VERIFY_LEVELS)} "
                         "(default: both)")
@@ -55,7 +55,7 @@ def run_verify(args: argparse.Namespace) -> int:
                          "you pulled from)")
     if not args.model_dir.is_dir():
         raise UsageError(f"--model-dir {args.model_dir} is not a directory")
-    entry = locked_entry(read_lock(args.lock), args.cell, str(args.lock))
+    entry = locked_entry(read_images_lock(args.lock), args.cell, str(args.lock))
     unified = unified_sizing(entry, args.memory_from)  # too little memory: exit 1, nothing run
     if unified is not None:
         print(f"{args.cell}: {unified.describe()}")

@@ -22,7 +22,7 @@ import yaml
 from ..errors import UsageError
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, Launch
 from ..model.unifiedmem import GIB, Sizing, with_fraction
-from ..imageslock import LOCK_NAME
+from ..imageslock import IMAGES_LOCK_NAME
 from .pull import serve_command
 
 COMPOSE_NAME = "compose.yaml"
@@ -112,7 +112,7 @@ def _cpu_range(cpus: list[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def locked_entry(lock: dict[str, Any], cell_id: str, lock_name: str = LOCK_NAME
+def locked_entry(lock: dict[str, Any], cell_id: str, lock_name: str = IMAGES_LOCK_NAME
                  ) -> dict[str, Any]:
     """The images.lock entry of the cell, with a digest reference to pin."""
     images = lock.get("images") or {}

@@ -37,11 +37,11 @@ def remote_labels(entry: dict[str, Any], creds: registries.RegistryCredentials
     return dict(((config or {}).get("config") or {}).get("Labels") or {})
 
 
-HostCheck = Callable[[dict[str, Any], dict[str, str]], None]
+HostChecker = Callable[[dict[str, Any], dict[str, str]], None]
 
 
 def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | None = None,
-               host_check: HostCheck | None = None, verify: Any = None,
+               host_check: HostChecker | None = None, verify: Any = None,
                say: Callable[[str], None] = print, docker: Engine | None = None
                ) -> dict[str, Any]:
     """Pull a locked cell by digest into `docker` (default DOCKER_HOST / the current context)

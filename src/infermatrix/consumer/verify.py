@@ -53,8 +53,8 @@ def host_facts(docker: Engine) -> dict[str, Any]:
             "engine": docker.label()}
 
 
-def run_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
-            timeout_s: float) -> LevelResult:
+def verify_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
+               timeout_s: float) -> LevelResult:
     if not entry["run"].get("gpu"):
         return LevelResult("gpu", "skip", "a CPU cell: the gpu level does not apply",
                            details={"applicable": False})
@@ -77,9 +77,9 @@ def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:
     return size_from_meminfo(meminfo, entry["arch"], entry["labels"]["io.infermatrix.engine"])
 
 
-def run_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
-              settings: harness_probe.ProbeSettings,
-              unified: Sizing | None = None) -> LevelResult:
+def verify_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
+                 settings: harness_probe.ProbeSettings,
+                 unified: Sizing | None = None) -> LevelResult:
     run = entry["run"]
     if run.get("gpu") and not gpu_here:
         return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
@@ -114,8 +114,8 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
         health_path=entry["run"].get("health") or "/health",
         health_timeout_s=DEFAULT_TIMEOUTS["model"])
     runners = {
-        "gpu": lambda: run_gpu(entry, harness, gpu_here, DEFAULT_TIMEOUTS["gpu"]),
-        "model": lambda: run_model(entry, harness, model_dir, gpu_here, settings, unified),
+        "gpu": lambda: verify_gpu(entry, harness, gpu_here, DEFAULT_TIMEOUTS["gpu"]),
+        "model": lambda: verify_model(entry, harness, model_dir, gpu_here, settings, unified),
     }
     results = {name: smoke.timed_level(name, runners[name]) for name in levels or VERIFY_LEVELS}
     status = smoke.overall_status([r.status for r in results.values()])

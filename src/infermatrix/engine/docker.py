@@ -314,7 +314,7 @@ def _translated(what: str, gpu_request: bool = False, engine: str = "") -> Itera
     try:
         yield
     except docker.errors.DockerException as exc:
-        if gpu_request and gpuaccess.refusal(str(exc)):
+        if gpu_request and gpuaccess.is_gpu_refusal(str(exc)):
             explanation = getattr(exc, "explanation", None) or str(exc)
             raise GpuUnavailable(f"engine {engine} refused the GPU request ({explanation})",
                                  fix=gpuaccess.FIX) from None

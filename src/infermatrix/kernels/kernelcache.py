@@ -111,7 +111,7 @@ def make_key(spec: dict[str, Any], *, torch: str, cuda: str, python: str, archs:
 # --------------------------------------------------------------------------------------------
 
 @dataclass
-class Entry:
+class CachedKernel:
     key: KernelKey
     directory: Path
     wheels: list[Path] = field(default_factory=list)
@@ -122,7 +122,7 @@ def entry_dir(state: StatePaths, key: KernelKey) -> Path:
     return state.kernels / key.slug
 
 
-def lookup(state: StatePaths, key: KernelKey) -> Entry | None:
+def lookup(state: StatePaths, key: KernelKey) -> CachedKernel | None:
     """The complete entry for `key`, or None."""
     directory = entry_dir(state, key)
     marker = directory / ENTRY_FILE
@@ -132,11 +132,11 @@ def lookup(state: StatePaths, key: KernelKey) -> Entry | None:
     wheels = [directory / name for name in meta.get("wheels", [])]
     if not wheels or not all(w.is_file() for w in wheels):
         return None
-    return Entry(key, directory, wheels, meta.get("details") or {})
+    return CachedKernel(key, directory, wheels, meta.get("details") or {})
 
 
 def store(state: StatePaths, key: KernelKey, wheels: list[Path],
-          details: dict[str, Any] | None = None) -> Entry:
+          details: dict[str, Any] | None = None) -> CachedKernel:
     """Put freshly compiled wheels in the cache (atomically); return the entry."""
     if not wheels:
         raise ValueError(f"no wheels to store for {key.slug}")
@@ -165,12 +165,12 @@ def store(state: StatePaths, key: KernelKey, wheels: list[Path],
     return entry
 
 
-def read_entry(entry: Entry) -> dict[str, Any]:
+def read_entry(entry: CachedKernel) -> dict[str, Any]:
     """The entry's `entry.json`: its build record."""
     return json.loads((entry.directory / ENTRY_FILE).read_text(encoding="utf-8"))
 
 
-def stage_into(entries: list[Entry], kernel_wheels_dir: Path) -> list[Path]:
+def stage_into(entries: list[CachedKernel], kernel_wheels_dir: Path) -> list[Path]:
     """Copy the wheels of `entries` into a build context's `kernel-wheels/` directory."""
     kernel_wheels_dir.mkdir(parents=True, exist_ok=True)
     placed = []

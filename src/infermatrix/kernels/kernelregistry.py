@@ -62,7 +62,7 @@ def shared_cache(matrix: Matrix) -> SharedCache | None:
 
 # --- the record and its checks (pure) -------------------------------------------------------
 
-def record_of(entry: kernelcache.Entry) -> dict[str, Any]:
+def record_of(entry: kernelcache.CachedKernel) -> dict[str, Any]:
     """The build record pushed with the wheels: the entry's entry.json, with each wheel's
     sha256 (an entry stored before entry.json carried them gets them here)."""
     record = kernelcache.read_entry(entry)
@@ -88,7 +88,7 @@ def key_differences(record: dict[str, Any], key: kernelcache.KernelKey) -> list[
             for name in sorted(set(ours) | set(theirs)) if theirs.get(name) != ours.get(name)]
 
 
-def refusal(record: Any, key: kernelcache.KernelKey, wheels: list[Path]) -> str | None:
+def artifact_refusal(record: Any, key: kernelcache.KernelKey, wheels: list[Path]) -> str | None:
     """Why a pulled artifact may not be taken for `key`, or None: its record's key inputs must
     be this build's, its wheels the ones it names, each hashing to the record's sha256."""
     if not isinstance(record, dict):
@@ -112,7 +112,7 @@ def refusal(record: Any, key: kernelcache.KernelKey, wheels: list[Path]) -> str 
 
 # --- push and pull --------------------------------------------------------------------------
 
-def push(shared: SharedCache, entry: kernelcache.Entry, say: Callable[[str], None]
+def push(shared: SharedCache, entry: kernelcache.CachedKernel, say: Callable[[str], None]
          ) -> dict[str, Any]:
     """Push a freshly compiled entry; the journal's note of it. A failure is a warning."""
     if not shared.push:
@@ -133,7 +133,7 @@ def push(shared: SharedCache, entry: kernelcache.Entry, say: Callable[[str], Non
 
 
 def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp_root: Path,
-         say: Callable[[str], None]) -> tuple[kernelcache.Entry | None, dict[str, Any]]:
+         say: Callable[[str], None]) -> tuple[kernelcache.CachedKernel | None, dict[str, Any]]:
     """(the local entry made from the registry's artifact for `key`, or None; the journal's
     note). Never raises for a miss: the caller compiles then."""
     reference = shared.reference(key)
@@ -146,7 +146,7 @@ def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp
             if artifact is None:
                 return _miss(say, key, f"{reference} is not in the registry")
             record = json.loads(artifact.record)
-            refused = refusal(record, key, artifact.files)
+            refused = artifact_refusal(record, key, artifact.files)
             if refused:
                 return _miss(say, key, f"{reference} refused: {refused}")
             details = {**_mapping(record.get("details")), "source": SOURCE,

@@ -98,7 +98,7 @@ class Prior:
 
 
 @dataclass
-class Progress:
+class CompileProgress:
     """One compile as it goes: feed it lines with the time they arrived."""
 
     prior: Prior = field(default_factory=Prior)

@@ -240,6 +240,6 @@ def driver_files(loader: Mapping[str, str], binaries: Mapping[str, str | None],
     return files, missing
 
 
-def refusal(message: str) -> bool:
+def is_gpu_refusal(message: str) -> bool:
     """The daemon's own answer to a GPU request it cannot serve."""
     return "could not select device driver" in message or "unresolvable CDI devices" in message

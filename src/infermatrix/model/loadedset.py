@@ -2,7 +2,7 @@
 
 Two sides of evidence:
 - data: per package version range, model traits and arch, each entry with a reason and a source
-  (read from the released wheels' loader code); `verdict()` says for one object on one target
+  (read from the released wheels' loader code); `load_verdict()` says for one object on one target
   whether it is loaded or not, and why;
 - observation: the objects the server really maps (/proc/<pid>/maps, recorded by the `model`
   smoke level); `judge_mapped()` fails a mapped object that data called never mapped, a mapped
@@ -53,7 +53,7 @@ def cc_matches(spec: str, target: Arch) -> bool:
 
 
 @dataclass(frozen=True)
-class Entry:
+class LoadedEntry:
     id: str
     paths: tuple[str, ...]
     reason: str
@@ -72,7 +72,7 @@ class Entry:
     key: str = ""  # short reason key for terminal lines; default: from the condition that held
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Entry:
+    def from_dict(cls, raw: dict[str, Any]) -> LoadedEntry:
         return cls(id=raw["id"], paths=tuple(raw.get("paths") or [raw["path"]]),
                    reason=" ".join(str(raw["reason"]).split()), source=raw.get("source", ""),
                    package=raw.get("package"), versions=raw.get("versions"),
@@ -130,17 +130,17 @@ class LoadVerdict:
                 "source": self.source, "mapped": self.mapped, "key": self.key}
 
 
-def entries(matrix_data: dict[str, Any] | None = None) -> list[Entry]:
+def entries(matrix_data: dict[str, Any] | None = None) -> list[LoadedEntry]:
     """The packaged entries, then the matrix's own `audit.not_loaded` rules."""
-    found = [Entry.from_dict(e) for e in load_data().get("entries", [])]
+    found = [LoadedEntry.from_dict(e) for e in load_data().get("entries", [])]
     for index, raw in enumerate((matrix_data or {}).get("audit", {}).get("not_loaded", [])):
         # "not loaded on these archs" = used on every device but these; no archs: never used
         archs = tuple(f"!{Arch.parse(a).major}.{Arch.parse(a).minor}" for a in raw.get("arch", []))
-        found.append(Entry(id=f"matrix audit.not_loaded[{index}]", paths=(raw["path"],),
-                           reason=" ".join(raw["reason"].split()),
-                           source=raw.get("source", "matrix.yaml"),
-                           used_on=archs or ("none",), mapped=raw.get("mapped"),
-                           key="matrix-waiver"))
+        found.append(LoadedEntry(id=f"matrix audit.not_loaded[{index}]", paths=(raw["path"],),
+                                 reason=" ".join(raw["reason"].split()),
+                                 source=raw.get("source", "matrix.yaml"),
+                                 used_on=archs or ("none",), mapped=raw.get("mapped"),
+                                 key="matrix-waiver"))
     return found
 
 
@@ -152,11 +152,11 @@ class LoadContext:
     cuda_major: int | None
     traits: tuple[str, ...] | None  # None: unknown model
     linked: set[str] = field(default_factory=set)  # sonames some object of the image links
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[LoadedEntry] = field(default_factory=list)
     features: tuple[str, ...] = ()  # optional engine features the cell's launch enables
 
 
-def _used_on(entry: Entry, target: Arch | None) -> bool:
+def _used_on(entry: LoadedEntry, target: Arch | None) -> bool:
     if not entry.used_on:
         return True
     if entry.used_on == ("none",):
@@ -169,7 +169,7 @@ def _used_on(entry: Entry, target: Arch | None) -> bool:
         all(cc_matches(s, target) for s in negative)
 
 
-def verdict(path: str, target: Arch | None, ctx: LoadContext) -> LoadVerdict:
+def load_verdict(path: str, target: Arch | None, ctx: LoadContext) -> LoadVerdict:
     """The first entry in range whose paths match decides; no entry: unknown (counts loaded)."""
     for entry in ctx.entries:
         if not entry.matches_path(path) or not entry.in_range(ctx.distributions):
@@ -182,7 +182,7 @@ def verdict(path: str, target: Arch | None, ctx: LoadContext) -> LoadVerdict:
     return LoadVerdict(UNKNOWN)
 
 
-def _entry_verdict(entry: Entry, path: str, target: Arch | None,
+def _entry_verdict(entry: LoadedEntry, path: str, target: Arch | None,
                    ctx: LoadContext) -> LoadVerdict | None:
     def not_loaded(why: str, key: str, mapped: bool | None = entry.mapped,
                    **extra: Any) -> LoadVerdict:
@@ -278,7 +278,7 @@ def judge_mapped(mapped: Iterable[str], targets: list[Arch], ctx: LoadContext,
     problems, notes = [], []
     for path in mapped:
         for target in targets or [None]:
-            found = verdict(path, target, ctx)
+            found = load_verdict(path, target, ctx)
             where = target.sm if target is not None else "this cell"
             if found.state == NOT_LOADED and not found.mapped:
                 problems.append(f"{path} is mapped by the server on {where}, but loaded.yaml "

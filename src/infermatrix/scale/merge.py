@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from ..errors import DigestConflict, UsageError
 from ..journal import CellRecord, load_records
 from ..state import StatePaths
-from ..imageslock import LOCK_NAME, empty_lock, read_lock
+from ..imageslock import IMAGES_LOCK_NAME, empty_images_lock, read_images_lock
 
 
 @dataclass
@@ -57,9 +57,9 @@ def fragment_roots(dirs: Iterable[Path | str]) -> list[Path]:
 
 
 def load_fragment(root: Path) -> Fragment:
-    lock_file = root / LOCK_NAME
+    lock_file = root / IMAGES_LOCK_NAME
     return Fragment(root, load_records(StatePaths.at(root)),
-                    read_lock(lock_file) if lock_file.is_file() else empty_lock())
+                    read_images_lock(lock_file) if lock_file.is_file() else empty_images_lock())
 
 
 def _newer(candidate: CellRecord, current: CellRecord | None) -> bool:
@@ -98,7 +98,7 @@ class _LockMerger:
     """Adds entries one by one; remembers which fragment pinned each tag to which digest."""
 
     def __init__(self) -> None:
-        self.lock = empty_lock()
+        self.lock = empty_images_lock()
         self.pinned: dict[str, tuple[str, Path]] = {}  # tag -> (digest, fragment)
 
     def add(self, cell_id: str, entry: dict[str, Any], source: Path) -> None:
@@ -124,7 +124,7 @@ class _LockMerger:
 
 
 def merge_fragments(fragments: list[Fragment]) -> Merged:
-    merged = Merged({}, empty_lock())
+    merged = Merged({}, empty_images_lock())
     locks = _LockMerger()
     for fragment in fragments:
         for cell_id, record in fragment.records.items():
@@ -133,12 +133,12 @@ def merge_fragments(fragments: list[Fragment]) -> Merged:
                 merged.sources[cell_id] = fragment.root
         for cell_id, entry in fragment.lock.get("images", {}).items():
             if isinstance(entry, dict) and entry.get("digest"):
-                locks.add(str(cell_id), entry, fragment.root / LOCK_NAME)
+                locks.add(str(cell_id), entry, fragment.root / IMAGES_LOCK_NAME)
         for cell_id, entry in journal_lock_entries(fragment.records).items():
             locks.add(cell_id, entry, fragment.root / "journal" / f"{cell_id}.json")
         for alias, entry in fragment.lock.get("aliases", {}).items():
             if isinstance(entry, dict):
-                locks.add_alias(str(alias), entry, fragment.root / LOCK_NAME)
+                locks.add_alias(str(alias), entry, fragment.root / IMAGES_LOCK_NAME)
     merged.lock = locks.lock
     return merged
 
@@ -164,5 +164,5 @@ def write_merged_journal(merged: Merged, state: StatePaths) -> None:
 def describe(merged: Merged) -> str:
     fragments = sorted(set(merged.sources.values()))
     return (f"merged {len(merged.records)} cell(s) from {len(fragments)} fragment(s); "
-            f"{len(merged.lock['images'])} image(s) in {LOCK_NAME}")
+            f"{len(merged.lock['images'])} image(s) in {IMAGES_LOCK_NAME}")
 

@@ -344,7 +344,7 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                     echo: Callable[[str], None], docker: Engine, no_cache: bool = False,
                     platform: str | None = None,
                     shared: dict[str, dict[str, Any]] | None = None
-                    ) -> tuple[list[kernelcache.Entry], dict[str, dict[str, Any]]]:
+                    ) -> tuple[list[kernelcache.CachedKernel], dict[str, dict[str, Any]]]:
     """Compile the kernels missing from the cache; return the cell's entries and a report.
     `shared`: the registry notes of `_take_shared_kernels`, by kernel name."""
     entries, report = [], {}
@@ -401,7 +401,7 @@ def _take_shared_kernels(ctx: Context, cell_id: str, keys: dict[str, kernelcache
     return notes
 
 
-def _push_compiled(ctx: Context, entry: kernelcache.Entry, say: Callable[[str], None]
+def _push_compiled(ctx: Context, entry: kernelcache.CachedKernel, say: Callable[[str], None]
                    ) -> dict[str, Any]:
     """Push a kernel this build compiled to `build.kernel_cache`'s registry, if any."""
     shared = kernelregistry.shared_cache(ctx.matrix)
@@ -422,7 +422,7 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                       key: kernelcache.KernelKey, build_args: dict[str, str],
                       secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
                       echo: Callable[[str], None], docker: Engine, no_cache: bool,
-                      platform: str | None) -> tuple[kernelcache.Entry, str, float]:
+                      platform: str | None) -> tuple[kernelcache.CachedKernel, str, float]:
     """(the cache entry, "hit" or "miss", when the work started)."""
     entry = kernelcache.lookup(ctx.state, key)
     started = time.monotonic()
@@ -476,7 +476,7 @@ def compile_prior(ctx: Context, key: kernelcache.KernelKey,
 
 def _record_compile(ctx: Context, key: kernelcache.KernelKey,
                     sampler: compileplan.JobSampler, build_args: dict[str, str],
-                    progress: compileprogress.Progress | None = None) -> dict[str, Any]:
+                    progress: compileprogress.CompileProgress | None = None) -> dict[str, Any]:
     """Append the compile's measured peak, wall time and seconds per file to the planner's
     history (the next plan for the same package, version, CUDA and targets uses the peak, the
     next compile of the key its file times for the ETA). A compile whose jobs the sampler never

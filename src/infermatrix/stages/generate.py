@@ -409,7 +409,7 @@ class _Task:
     abandoned: bool = False
 
 
-Progress = Callable[[int, int, list[Replica]], None]  # (done, total, replicas)
+GenerateProgress = Callable[[int, int, list[Replica]], None]  # (done, total, replicas)
 
 
 class Batch:
@@ -418,7 +418,7 @@ class Batch:
 
     def __init__(self, endpoints: list[ServerEndpoint], prompts: list[Prompt],
                  settings: BatchSettings, log: AnswerLog,
-                 progress: Progress | None = None) -> None:
+                 progress: GenerateProgress | None = None) -> None:
         self.settings = settings
         self.replicas = [Replica(e, settings.concurrency) for e in endpoints]
         self.log = log
@@ -607,7 +607,7 @@ class Batch:
 
 
 def run_batch(endpoints: list[ServerEndpoint], prompts: list[Prompt], settings: BatchSettings,
-              out: Path | None = None, progress: Progress | None = None) -> BatchResult:
+              out: Path | None = None, progress: GenerateProgress | None = None) -> BatchResult:
     """Ask every prompt not yet answered in `out` (None: keep the answers in memory only)."""
     if settings.concurrency < 1:
         raise UsageError(f"--concurrency {settings.concurrency}: at least 1 per replica")

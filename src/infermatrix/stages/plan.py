@@ -25,12 +25,12 @@ from ..context import Context
 from ..model.coverage import Coverage, decide
 from ..errors import UsageError
 from ..model.index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
-                    index_lists, release_list, url_exists)
+                           index_lists, release_list, url_exists)
 from ..options import from_environment, package_index
 from .. import journal
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
 from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
-                    evaluate, exact_pin, load_rules, torch_satisfies)
+                           evaluate, exact_pin, load_rules, torch_satisfies)
 from ..model.selectors import Selection, matches
 from ..model.spec import machine_of, serve_args
 from ..model.spec import CellSpec
@@ -385,8 +385,8 @@ def _newest_allowed_torch(m: Matrix, releases: ReleaseSource | None, facts: Engi
         facts.metadata_url)], None)
 
 
-def expand(m: Matrix, gatherer: FactGatherer | None = None,
-           releases: ReleaseSource | None = None) -> Expansion:
+def expand_axes(m: Matrix, gatherer: FactGatherer | None = None,
+                releases: ReleaseSource | None = None) -> Expansion:
     """The cells of the axes (engine releases resolved, torch following the engine), then the
     `include` entries."""
     axes = m.data["axes"]
@@ -396,7 +396,7 @@ def expand(m: Matrix, gatherer: FactGatherer | None = None,
     candidates: list[ExpandedCell] = []
     memo: dict[tuple[str, str, str], tuple[list[str], list[Verdict], str | None]] = {}
     for choice, arch in itertools.product(resolve_engines(m, releases, gatherer),
-                                           axes["arch"]):
+                                          axes["arch"]):
         machine = machine_of(_platform_of_arch(m, arch))
         key = (choice.engine, choice.version, machine)
         if key not in memo:
@@ -408,13 +408,13 @@ def expand(m: Matrix, gatherer: FactGatherer | None = None,
                 (len(listed) - len(torches)) * len(axes["cuda"])
         for cuda, torch in itertools.product(axes["cuda"], torches):
             candidates.append(ExpandedCell(Cell(cuda, torch, choice.engine, choice.version, arch),
-                                        "axes", choice, list(verdicts), unresolved))
+                                           "axes", choice, list(verdicts), unresolved))
     for i, entry in enumerate(m.data.get("include", [])):
         name, version = _parse_engine(entry["engine"])
         _check_torch_exists(m, gatherer, entry["torch"], ("include", i, "torch"))
         choice = EngineChoice(name, version, f"=={version}", ("include", i, "engine"))
         candidates.append(ExpandedCell(Cell(entry["cuda"], entry["torch"], name, version,
-                                         entry["arch"]), f"include[{i}]", choice))
+                                            entry["arch"]), f"include[{i}]", choice))
     _refuse_duplicates(m, candidates)
     return Expansion(candidates, notes)
 
@@ -718,7 +718,7 @@ def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = ()
         code = code or WheelCodeCache(ctx.state.index_cache / "wheel-code", package_index(),
                                       offline=ctx.offline)
     gatherer = FactGatherer(source)
-    expansion = expand(m, gatherer, releases)
+    expansion = expand_axes(m, gatherer, releases)
     cells = [c.cell for c in expansion.candidates]
     _check_selectors(m, cells, select, skip)
     selection = Selection(list(select), list(skip))
@@ -775,5 +775,5 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
                              details=plan.as_dict())
     pruned = [p.id for p in alive if p.status == "pruned"]
     return step_record("plan", [p.id for p in alive if p.planned],
-                   [p.id for p in alive if p.status == "unresolved"],
-                   note=f"{len(pruned)} pruned", dropped=pruned)
+                       [p.id for p in alive if p.status == "unresolved"],
+                       note=f"{len(pruned)} pruned", dropped=pruned)

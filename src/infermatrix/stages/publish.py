@@ -37,8 +37,9 @@ from ..state import StatePaths
 from ..model.spec import CONTAINER_MODEL, CellSpec, driver_table
 from ..model.spec import min_driver_for
 from ..watch import Heartbeat
-from ..imageslock import (LOCK_HEADER, LOCK_NAME, LOCK_VERSION, dump_lock, empty_lock,  # noqa: F401
-                          lock_problems, read_lock, write_lock)
+from ..imageslock import (  # noqa: F401
+    IMAGES_LOCK_HEADER, IMAGES_LOCK_NAME, IMAGES_LOCK_VERSION, dump_images_lock,
+    empty_images_lock, images_lock_problems, read_images_lock, write_images_lock)
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 LABEL_PREFIX = "io.infermatrix."
@@ -167,9 +168,9 @@ def smoke_summary(smoke: dict[str, Any]) -> dict[str, Any]:
             "host_gpu": details.get("host_gpu"), "tokens_per_s": details.get("tokens_per_s")}
 
 
-def lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,
-               labels: dict[str, str], record: dict[str, Any], run: dict[str, Any],
-               published: str) -> dict[str, Any]:
+def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,
+                      labels: dict[str, str], record: dict[str, Any], run: dict[str, Any],
+                      published: str) -> dict[str, Any]:
     stages = record.get("stages", {})
     tag_details = stages.get("tag", {}).get("details") or {}
     return {
@@ -272,7 +273,7 @@ class Publisher:
         self.docker = docker  # the engine that holds the tested images and pushes them
         self.lock_path, self.allow_retag, self.say = lock_path, allow_retag, say
         self.signer = signer  # sign.Signer, or None: published unsigned
-        self.lock = read_lock(lock_path)
+        self.lock = read_images_lock(lock_path)
         self.result = PublishResult()
 
     def publish_cell(self, cand: Candidate) -> None:
@@ -310,11 +311,11 @@ class Publisher:
         old = self.lock["images"].get(cand.cell_id, {})
         published = old["published"] if old.get("digest") == digest and old.get("published") \
             else _now()
-        entry = lock_entry(cell, self.repository, tag, digest, cand.image_id, labels,
-                           cand.record, run, published)
+        entry = images_lock_entry(cell, self.repository, tag, digest, cand.image_id, labels,
+                                  cand.record, run, published)
         entry["signing"] = self._signing(cand, spec, entry, old)
         self.lock["images"][cand.cell_id] = entry
-        write_lock(self.lock_path, self.lock)
+        write_images_lock(self.lock_path, self.lock)
         journal.record_stage(self.ctx.state, cand.cell_id, "publish", journal.Status.PASS,
                              duration_s=time.monotonic() - started,
                              details={"tag": f"{self.repository}:{tag}", "digest": digest,
@@ -371,7 +372,7 @@ class Publisher:
                 action = "pushed"
             self.lock["aliases"][alias] = {"cell": entry["cell"], "digest": entry["digest"],
                                            "tag": f"{self.repository}:{alias}"}
-            write_lock(self.lock_path, self.lock)
+            write_images_lock(self.lock_path, self.lock)
             self.result.aliases[alias] = action
             self.say(f"{action:9} {self.repository}:{alias} -> {entry['cell']} (alias)")
 
@@ -388,8 +389,8 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     A refused credential, an unreachable registry or a TLS failure stops the run at once."""
     selection = selection or Selection()
     repository = target_repository(ctx.matrix, registry)
-    lock_path = lock_path or ctx.root / LOCK_NAME
-    read_lock(lock_path)  # a damaged images.lock stops the run before anything is pushed
+    lock_path = lock_path or ctx.root / IMAGES_LOCK_NAME
+    read_images_lock(lock_path)  # a damaged images.lock stops the run before anything is pushed
     candidates = tagged_cells(ctx.state, selection)
     tag_failures = failed_tags(ctx.state, selection)
     if not candidates:

@@ -483,7 +483,7 @@ def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def log_tail(stage: StageResult, cell_id: str, state: StatePaths | None) -> str | None:
+def stage_log_tail(stage: StageResult, cell_id: str, state: StatePaths | None) -> str | None:
     """The tail of a stage's log: from its details, its log file (or the conventional path
     under the state directory when the journal came from another machine), else its reason."""
     details = _mapping(stage.details)
@@ -545,7 +545,7 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
         uncovered=uncovered, smoke_levels=levels, throughput=chart,
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
         audit_checks=audit_checks(stages),
-        log_tail=log_tail(failed_stage, cell_id, state) if failed_stage else None,
+        log_tail=stage_log_tail(failed_stage, cell_id, state) if failed_stage else None,
         in_plan=plan is not None, problems=list(record.problems), signing=signing_status(stages))
 
 

@@ -56,7 +56,7 @@ _KINDS = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "d
 
 
 @dataclass(frozen=True)
-class Entry:
+class ImageFile:
     path: str
     kind: str
     mode: int
@@ -109,19 +109,19 @@ class _ChunkReader(io.RawIOBase):
         return size
 
 
-def manifest_of_tar(stream: Iterable[bytes] | io.IOBase) -> dict[str, Entry]:
-    """path -> Entry for every member of a tar stream (read once, front to back)."""
+def manifest_of_tar(stream: Iterable[bytes] | io.IOBase) -> dict[str, ImageFile]:
+    """path -> ImageFile for every member of a tar stream (read once, front to back)."""
     raw = stream if isinstance(stream, io.IOBase) else io.BufferedReader(
         _ChunkReader(stream), buffer_size=1 << 20)
-    entries: dict[str, Entry] = {}
+    entries: dict[str, ImageFile] = {}
     with tarfile.open(fileobj=raw, mode="r|") as archive:
         for member in archive:
             path = _absolute(member.name)
             if member.islnk():  # a hard link is the file it names
                 target = entries.get(_absolute(member.linkname))
                 if target is not None:
-                    entries[path] = Entry(path, target.kind, member.mode, member.uid, member.gid,
-                                          target.size, target.sha256)
+                    entries[path] = ImageFile(path, target.kind, member.mode, member.uid,
+                                              member.gid, target.size, target.sha256)
                     continue
             sha = None
             if member.isreg():
@@ -131,9 +131,9 @@ def manifest_of_tar(stream: Iterable[bytes] | io.IOBase) -> dict[str, Entry]:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
                 sha = digest.hexdigest()
-            entries[path] = Entry(path, _KINDS.get(member.type, "other"), member.mode,
-                                  member.uid, member.gid, member.size if member.isreg() else 0,
-                                  sha, member.linkname if member.issym() else None)
+            entries[path] = ImageFile(path, _KINDS.get(member.type, "other"), member.mode,
+                                      member.uid, member.gid, member.size if member.isreg() else 0,
+                                      sha, member.linkname if member.issym() else None)
     return entries
 
 
@@ -145,12 +145,12 @@ def _absolute(name: str) -> str:
     return "/" + name if name not in ("", ".") else "/"
 
 
-def image_manifest(image: str, docker: Engine) -> dict[str, Entry]:
+def image_manifest(image: str, docker: Engine) -> dict[str, ImageFile]:
     with docker.exported_filesystem(image) as chunks:
         return manifest_of_tar(chunks)
 
 
-def compare(first: dict[str, Entry], second: dict[str, Entry]) -> list[Difference]:
+def compare(first: dict[str, ImageFile], second: dict[str, ImageFile]) -> list[Difference]:
     """Every difference between two manifests, sorted by path."""
     differences: list[Difference] = []
     for path in sorted(first.keys() | second.keys()):

@@ -283,7 +283,7 @@ def append_log(path: Path, title: str, text: str) -> None:
             handle.write("\n")
 
 
-def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+def last_lines(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
@@ -329,14 +329,14 @@ def harness_level(level: str, code: int | None, parsed: dict[str, Any] | None, o
                   timeout_s: float) -> tuple[str, str | None, dict[str, Any]]:
     """Status, reason and details from a harness program's run."""
     if code is None:
-        return "fail", f"timed out after {timeout_s:.0f} s", {"output_tail": log_tail(output)}
+        return "fail", f"timed out after {timeout_s:.0f} s", {"output_tail": last_lines(output)}
     if parsed is None:
         return "fail", f"the harness printed no result (exit {code})", \
-            {"output_tail": log_tail(output)}
+            {"output_tail": last_lines(output)}
     status = parsed.get("status", "fail")
     details = {k: v for k, v in parsed.items() if k not in ("status", "reason", "check")}
     if status == "fail":
-        details["output_tail"] = log_tail(output, 20)
+        details["output_tail"] = last_lines(output, 20)
     return status, parsed.get("reason"), details
 
 
@@ -428,9 +428,9 @@ def fixture_dir(ctx: Context, cell_id: str, variant: str) -> Path:
     return ctx.state.root / "fixtures" / f"{cell_id}-{variant}"
 
 
-def make_fixture(ctx: Context, spec: CellSpec, harness: Harness, variant: str,
-                 timeout_s: float, level: str = "model",
-                 reuse: bool = False) -> tuple[Path | None, LevelResult | None]:
+def prepare_fixture(ctx: Context, spec: CellSpec, harness: Harness, variant: str,
+                    timeout_s: float, level: str = "model",
+                    reuse: bool = False) -> tuple[Path | None, LevelResult | None]:
     """Generate the fixture model with the image's own transformers, into the state dir
     (with `reuse`, the one this image made already, e.g. for the model level just before)."""
     import shutil
@@ -493,7 +493,7 @@ def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
     details: dict[str, Any] = {"model_source": str(host_model) if real_model
                                else f"fixture ({options.fixture})"}
     if host_model is None:
-        host_model, failed = make_fixture(ctx, spec, harness, options.fixture, timeout_s)
+        host_model, failed = prepare_fixture(ctx, spec, harness, options.fixture, timeout_s)
         if failed:
             return failed
         details["fixture_s"] = round(time.monotonic() - started, 2)
@@ -549,7 +549,7 @@ def serve_image_and_probe(harness: Harness, launch: LaunchSpec, host_model: Path
     append_log(harness.log_path, f"engine server: {' '.join(launch.command)}", engine_log)
     details.update({k: v for k, v in probe.items() if k not in ("status", "reason", "check")})
     if probe["status"] == "fail":
-        details["engine_log_tail"] = log_tail(engine_log)
+        details["engine_log_tail"] = last_lines(engine_log)
     if probe["status"] != "fail" and loaded.get("status") == "fail":
         return LevelResult("model", "fail", f"loaded set: {loaded['detail']}", details=details)
     return LevelResult("model", probe["status"], probe.get("reason"), details=details)
@@ -595,7 +595,7 @@ def probe_beside(harness: Harness, server_id: str, settings: harness_probe.Probe
     parsed = harness_result.parse(output)
     if parsed is None:
         return {"check": "model", "status": "fail", "checks": [],
-                "reason": f"the probe printed no result (exit {code}): {log_tail(output, 5)}"}
+                "reason": f"the probe printed no result (exit {code}): {last_lines(output, 5)}"}
     return parsed
 
 
@@ -640,8 +640,8 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
                                else "fixture (normal)", "command": launch.command}
     if host_model is None:
-        host_model, failed = make_fixture(ctx, spec, harness, "normal", timeout_s,
-                                          level="throughput", reuse=True)
+        host_model, failed = prepare_fixture(ctx, spec, harness, "normal", timeout_s,
+                                             level="throughput", reuse=True)
         if failed:
             return failed
     launch = with_mtp(ctx, spec, launch, host_model, details)
@@ -655,7 +655,7 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
         try:
             details["health_wait_s"] = throughput.wait_all_healthy(
                 endpoints, remaining, alive=lambda: next(filter(None, (container_gone(docker, c)()
-                                                                        for c in ids)), None))
+                                                                       for c in ids)), None))
             details.update(throughput.measure(endpoints, settings))
         finally:
             logs = [docker.container_logs(cid) for cid in ids]
@@ -664,7 +664,7 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
                    text)
     status, reason = throughput.verdict(details)
     if status == "fail":
-        details["engine_log_tail"] = log_tail(logs[0], 40)
+        details["engine_log_tail"] = last_lines(logs[0], 40)
     return LevelResult("throughput", status, reason, details=details)
 
 

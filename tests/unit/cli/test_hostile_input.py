@@ -248,7 +248,7 @@ def test_every_images_lock_entry_is_checked(tmp_path, images, said):
     lock_file = tmp_path / "images.lock"
     lock_file.write_text(yaml.safe_dump({"version": 1, "images": images, "aliases": {}}))
     with pytest.raises(ConfigError, match="damaged images.lock") as info:
-        publish.read_lock(lock_file)
+        publish.read_images_lock(lock_file)
     assert said in str(info.value)
 
 

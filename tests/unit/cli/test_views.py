@@ -86,10 +86,10 @@ def test_used_on_keys(used_on: tuple[str, ...], key: str) -> None:
 
 
 def test_an_explicit_key_of_an_entry_wins() -> None:
-    entry = loadedset.Entry.from_dict({"id": "x", "paths": ["a/*.so"], "reason": "r",
-                                       "used_on": ["9.x"], "key": "fa3-hopper"})
+    entry = loadedset.LoadedEntry.from_dict({"id": "x", "paths": ["a/*.so"], "reason": "r",
+                                             "used_on": ["9.x"], "key": "fa3-hopper"})
     ctx = loadedset.LoadContext({}, 13, ("qwen3_5",), entries=[entry])
-    assert loadedset.verdict("a/b.so", Arch(12, 0), ctx).key == "fa3-hopper"
+    assert loadedset.load_verdict("a/b.so", Arch(12, 0), ctx).key == "fa3-hopper"
 
 
 def plan(cell_id_axes: dict, status: str, verdicts=()) -> CellPlan:

@@ -41,9 +41,9 @@ def lock_entry(matrix, cell: Cell, digest: str = DIGEST) -> dict:
     """An entry as publish writes it: the run spec from the matrix, as at publish."""
     record = {"stages": {"tag": {"details": {"image_id": "sha256:" + "2" * 64,
                                              "kind": "tested"}}}}
-    return publish.lock_entry(cell, REPOSITORY, cell.id, digest, "sha256:" + "2" * 64,
-                              labels(cell), record, run_of(matrix, cell),
-                              "2026-12-01T10:00:00Z")
+    return publish.images_lock_entry(cell, REPOSITORY, cell.id, digest, "sha256:" + "2" * 64,
+                                     labels(cell), record, run_of(matrix, cell),
+                                     "2026-12-01T10:00:00Z")
 
 
 @pytest.fixture
@@ -53,11 +53,11 @@ def matrix():
 
 @pytest.fixture
 def lock_path(tmp_path, matrix) -> Path:
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     for cell in (SM120, CPU_CELL):
         lock["images"][cell.id] = lock_entry(matrix, cell)
     path = tmp_path / "images.lock"
-    publish.write_lock(path, lock)
+    publish.write_images_lock(path, lock)
     return path
 
 
@@ -218,12 +218,12 @@ def test_bad_input_exits_2_with_the_fix(tmp_path, lock_path, capsys, cell, extra
 
 
 def test_a_missing_digest_or_lock_is_a_usage_error(tmp_path, matrix, capsys):
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     entry = lock_entry(matrix, SM120)
     entry["reference"], entry["digest"] = f"{REPOSITORY}:{SM120.id}", None
     lock["images"][SM120.id] = entry
     path = tmp_path / "images.lock"
-    publish.write_lock(path, lock)
+    publish.write_images_lock(path, lock)
     code, _ = run_deploy(tmp_path, path, SM120.id, "--gpus", "0")
     assert code == 2 and "no digest reference" in capsys.readouterr().err
     code, _ = run_deploy(tmp_path, tmp_path / "absent.lock", SM120.id, "--gpus", "0")

@@ -16,13 +16,13 @@ CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
 
 def lock_of_an_image_nobody_pulled(tmp_path: Path) -> Path:
     """images.lock naming one CPU cell at a digest no engine holds."""
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     lock["images"][CELL] = {"cell": CELL, "arch": "cpu",
                             "reference": "localhost:1/infermatrix-test/none@sha256:" + "0" * 64,
                             "image_id": "sha256:" + "1" * 64, "digest": "sha256:" + "0" * 64,
                             "run": {"command": ["python3", "-m", "x"], "gpu": False}}
     path = tmp_path / "images.lock"
-    publish.write_lock(path, lock)
+    publish.write_images_lock(path, lock)
     return path
 
 

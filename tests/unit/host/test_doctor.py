@@ -162,9 +162,9 @@ def test_lxc_evidence_from_pid1_environment(tmp_path):
 
 
 def test_doctor_command_with_recorded_output_and_a_lock(tmp_path, capsys):
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     lock["images"] = LOCK["images"]
-    publish.write_lock(tmp_path / "images.lock", lock)
+    publish.write_images_lock(tmp_path / "images.lock", lock)
 
     code = main(["doctor", "--lock", str(tmp_path / "images.lock"), "--nvidia-smi-csv",
                  str(HOST / "gb10-sample" / "nvidia-smi.csv"), "--host-root",
@@ -204,7 +204,7 @@ def test_a_driver_above_the_image_floor_fits():
 
 def test_doctor_cell_exits_1_below_the_floor_and_0_above(tmp_path, capsys):
     lock = tmp_path / "images.lock"
-    lock.write_text(json.dumps(dict(floored("575.51.03"), version=publish.LOCK_VERSION)))
+    lock.write_text(json.dumps(dict(floored("575.51.03"), version=publish.IMAGES_LOCK_VERSION)))
     cell = next(iter(floored("575.51.03")["images"]))
     base = ["doctor", "--lock", str(lock), "--no-docker", "--cell", cell, "--nvidia-smi-csv"]
     assert main(base + [str(HOST / "old-driver-sample" / "nvidia-smi-noheader.csv")]) == 1

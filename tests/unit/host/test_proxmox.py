@@ -97,7 +97,7 @@ def test_ctid_must_be_a_proxmox_id():
 def test_lxc_config_command_prints_the_pinned_run_line(tmp_path, capsys):
     root = host_root(tmp_path, "h200-580")
     cell = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     digest = "sha256:" + "3" * 64
     lock["images"][cell.id] = {
         "cell": cell.id, "repository": "ghcr.io/acme/infermatrix", "digest": digest,
@@ -105,7 +105,7 @@ def test_lxc_config_command_prints_the_pinned_run_line(tmp_path, capsys):
         "run": {"command": ["python3", "-m", "sglang.launch_server", "--port", "{port}",
                             "--model-path", "{model}"], "env": {}, "gpu": True,
                 "shm_size": "16g", "port": 30000}}
-    publish.write_lock(tmp_path / "images.lock", lock)
+    publish.write_images_lock(tmp_path / "images.lock", lock)
 
     code = main(["proxmox", "lxc-config", "--ctid", "105", "--host-root", str(root),
                  "--nvidia-smi-csv", str(HOST / "h200-580" / "nvidia-smi.csv"),

@@ -33,7 +33,7 @@ def make_key(**changes) -> kc.KernelKey:
 
 
 @pytest.fixture
-def entry(tmp_path) -> kc.Entry:
+def entry(tmp_path) -> kc.CachedKernel:
     wheel = tmp_path / "out" / WHEEL
     wheel.parent.mkdir()
     wheel.write_bytes(b"compiled wheel bytes")
@@ -113,7 +113,7 @@ def test_the_record_is_the_entry_json_with_each_wheels_sha256(entry):
     assert record["key"] == entry.key.as_dict() and record["wheels"] == [WHEEL]
     assert record["sha256"] == {WHEEL: hashlib.sha256(b"compiled wheel bytes").hexdigest()}
     assert record["details"]["stats"] == {"seconds": 3412}
-    assert kr.refusal(record, entry.key, entry.wheels) is None
+    assert kr.artifact_refusal(record, entry.key, entry.wheels) is None
 
 
 def test_an_old_entry_without_hashes_gets_them_in_its_record(entry):
@@ -126,10 +126,10 @@ def test_an_old_entry_without_hashes_gets_them_in_its_record(entry):
 
 def test_a_record_of_another_key_is_refused_naming_the_input(entry):
     record = kr.record_of(entry)
-    why = kr.refusal(record, make_key(torch="2.12.0"), entry.wheels)
+    why = kr.artifact_refusal(record, make_key(torch="2.12.0"), entry.wheels)
     assert why and "torch: '2.13.0' != '2.12.0'" in why
     forged = dict(record, key={**record["key"], "archs": ["sm_90"]})  # the slug kept: still no
-    why = kr.refusal(forged, entry.key, entry.wheels)
+    why = kr.artifact_refusal(forged, entry.key, entry.wheels)
     assert why and "archs: ['sm_90'] != ['sm_120']" in why
 
 
@@ -138,19 +138,20 @@ def test_a_wheel_of_another_hash_or_name_is_refused(entry, tmp_path):
     tampered = tmp_path / "pulled" / WHEEL
     tampered.parent.mkdir()
     tampered.write_bytes(b"other bytes")
-    why = kr.refusal(record, entry.key, [tampered])
+    why = kr.artifact_refusal(record, entry.key, [tampered])
     assert why and f"{WHEEL} hashes to {hashlib.sha256(b'other bytes').hexdigest()}" in why
     renamed = tmp_path / "pulled" / "other-1.0-py3-none-any.whl"
     renamed.write_bytes(b"compiled wheel bytes")
-    assert "not the ones its record names" in (kr.refusal(record, entry.key, [renamed]) or "")
-    assert kr.refusal({**record, "sha256": {}}, entry.key, entry.wheels)
+    assert "not the ones its record names" in (
+        kr.artifact_refusal(record, entry.key, [renamed]) or "")
+    assert kr.artifact_refusal({**record, "sha256": {}}, entry.key, entry.wheels)
 
 
 @pytest.mark.parametrize("damage", [[], "text", {"key": "x"}, {"sha256": ["x"]},
                                     {"wheels": WHEEL}, {"wheels": None}])
 def test_a_malformed_record_is_refused_not_raised(entry, damage):
     record = damage if not isinstance(damage, dict) else {**kr.record_of(entry), **damage}
-    assert kr.refusal(record, entry.key, entry.wheels)
+    assert kr.artifact_refusal(record, entry.key, entry.wheels)
 
 
 # --- pull and push wiring, around recording fakes of the registry calls -------------------------

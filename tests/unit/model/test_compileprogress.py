@@ -44,7 +44,7 @@ def status(n: int, m: int, name: str) -> str:
 
 
 def test_uniform_weights_extrapolate_the_rate_seen() -> None:
-    progress = cp.Progress(started=0.0)
+    progress = cp.CompileProgress(started=0.0)
     assert progress.eta_s(10.0) is None  # nothing known yet
     progress.feed(status(1, 4, "a"), 100.0)
     assert progress.eta_s(100.0) == pytest.approx(300.0)
@@ -57,7 +57,7 @@ def test_this_hosts_file_times_make_an_uneven_compile_predictable() -> None:
     """Light files first, the heavy one last: the rate of the light ones alone would say 40 s
     left at half-way; the recorded times say 400 s, which is what it takes."""
     record = {"unit_seconds": {"a": 20.0, "b": 20.0, "c": 20.0, "heavy": 400.0}}
-    progress = cp.Progress(prior=cp.Prior.from_history(record), started=0.0)
+    progress = cp.CompileProgress(prior=cp.Prior.from_history(record), started=0.0)
     assert progress.eta_s(0.0) == pytest.approx(460.0)  # before any file: the recorded total
     assert progress.eta_s(4.0) == pytest.approx(460.0)  # the toolchain stages do not count
     assert progress.line(4.0).startswith("the stages before the compile run, 0m04s elapsed")
@@ -66,7 +66,7 @@ def test_this_hosts_file_times_make_an_uneven_compile_predictable() -> None:
         progress.feed(status(n, 4, name), at)
     assert progress.eta_s(65.0) == pytest.approx(400.0)
     assert progress.unit_seconds == {"src/a": 20.0, "src/b": 20.0, "src/c": 20.0}
-    uniform = cp.Progress(started=5.0)
+    uniform = cp.CompileProgress(started=5.0)
     for n, name, at in ((1, "a", 25.0), (2, "b", 45.0), (3, "c", 65.0)):
         uniform.feed(status(n, 4, name), at)
     assert uniform.eta_s(65.0) == pytest.approx(20.0)
@@ -82,7 +82,7 @@ def test_the_model_prior_scales_the_measured_build_to_this_jobs_count() -> None:
 
 
 def test_a_second_ninja_run_adds_to_the_count() -> None:
-    progress = cp.Progress(started=0.0)
+    progress = cp.CompileProgress(started=0.0)
     for n in (1, 2, 3):
         progress.feed(status(n, 3, f"m1_{n}"), float(n))
     progress.feed(status(1, 2, "m2_1"), 4.0)
@@ -128,7 +128,7 @@ def replay(lines: list[str], prior: cp.Prior) -> list[tuple[int, float, float]]:
     def at(line: str) -> float:
         return float(line.split()[1])
 
-    progress, end, rows = cp.Progress(prior=prior, started=0.0), at(lines[-1]), []
+    progress, end, rows = cp.CompileProgress(prior=prior, started=0.0), at(lines[-1]), []
     for line in lines:
         progress.feed(line, at(line))
         if progress.done:

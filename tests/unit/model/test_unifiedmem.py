@@ -74,10 +74,10 @@ def gb10_lock(tmp_path) -> Path:
     from infermatrix.config import load_matrix
 
     matrix = load_matrix(REPO / "matrix.yaml")
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     lock["images"][SM121.id] = lock_entry(matrix, SM121)
     path = tmp_path / "images.lock"
-    publish.write_lock(path, lock)
+    publish.write_images_lock(path, lock)
     return path
 
 
@@ -128,7 +128,7 @@ def test_verify_sizes_an_sm121_engine_from_memavailable_before_anything_runs(tmp
     container memory limit, /dev/shm) and says so before it looks for the image."""
     from infermatrix.consumer import verify
 
-    entry = publish.read_lock(gb10_lock)["images"][SM121.id]
+    entry = publish.read_images_lock(gb10_lock)["images"][SM121.id]
     sizing = verify.unified_sizing(entry, GB10_MEMINFO)
     assert sizing is not None and sizing.fraction == 0.82 and sizing.flag == \
         "--gpu-memory-utilization"

@@ -9,7 +9,7 @@ import pytest
 from infermatrix.errors import ConfigError, UsageError
 from infermatrix.model.index import IndexUnavailable
 from infermatrix.model.cell import Cell
-from infermatrix.stages.plan import expand, plan_matrix
+from infermatrix.stages.plan import expand_axes, plan_matrix
 
 from tests.support.planning_support import (DATA, mini_context, reachable, recorded_metadata,
                                recorded_releases)
@@ -37,7 +37,7 @@ def test_cell_id_is_stable_and_readable():
 
 def test_expansion_is_the_product_plus_includes(tmp_path):
     ctx = mini_context(tmp_path)
-    cells = expand(ctx.matrix).candidates  # no index: nothing to filter torch by
+    cells = expand_axes(ctx.matrix).candidates  # no index: nothing to filter torch by
     assert len(cells) == 3 * 2 * 3 * 2 + 1
     assert cells[-1].origin == "include[0]"
     assert len({c.cell.id for c in cells}) == len(cells)

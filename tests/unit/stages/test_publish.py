@@ -120,31 +120,31 @@ def sample_entry(cell: Cell = SGLANG, digest: str = "sha256:" + "1" * 64) -> dic
     run = {"command": ["python3", "-m", "sglang.launch_server", "--port", "{port}",
                        "--model-path", "{model}", "--reasoning-parser", "qwen3"],
            "env": {"B": "2", "A": "1"}, "gpu": cell.is_gpu, "shm_size": "16g", "port": 8000}
-    return publish.lock_entry(cell, "ghcr.io/acme/infermatrix", cell.id, digest,
-                              "sha256:" + "2" * 64, labels(cell), record, run,
-                              "2026-11-30T12:30:00Z")
+    return publish.images_lock_entry(cell, "ghcr.io/acme/infermatrix", cell.id, digest,
+                                     "sha256:" + "2" * 64, labels(cell), record, run,
+                                     "2026-11-30T12:30:00Z")
 
 
 def test_images_lock_round_trips_with_stable_order(tmp_path):
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     lock["images"][VLLM_CPU.id] = sample_entry(VLLM_CPU)
     lock["images"][SGLANG.id] = sample_entry(SGLANG)
     lock["aliases"]["sglang-sm120-latest"] = {"cell": SGLANG.id, "digest": "sha256:" + "1" * 64,
-                                             "tag": "ghcr.io/acme/infermatrix:sglang-sm120-latest"}
+                                              "tag": "ghcr.io/acme/infermatrix:sglang-sm120-latest"}
     path = tmp_path / "images.lock"
 
-    publish.write_lock(path, lock)
+    publish.write_images_lock(path, lock)
     text = path.read_text()
-    back = publish.read_lock(path)
+    back = publish.read_images_lock(path)
 
     assert back == lock
     assert text.startswith("# images.lock")
     assert isinstance(back["images"][SGLANG.id]["cuda"], str)  # "13.0", not 13.0
     assert isinstance(back["images"][SGLANG.id]["published"], str)  # not a datetime
-    reordered = publish.empty_lock()
+    reordered = publish.empty_images_lock()
     reordered["aliases"] = lock["aliases"]
     reordered["images"] = dict(reversed(list(lock["images"].items())))
-    assert publish.dump_lock(reordered) == text  # insertion order does not matter
+    assert publish.dump_images_lock(reordered) == text  # insertion order does not matter
     entry = back["images"][SGLANG.id]
     assert entry["min_driver"] == "580.65.06" and entry["smoke"]["status"] == "pass"
     assert entry["smoke"]["levels"]["static"] == {"status": "pass", "reason": None,
@@ -157,11 +157,11 @@ def test_a_broken_lock_is_a_config_error(tmp_path):
     path = tmp_path / "images.lock"
     path.write_text("version: 1\nimages: [\n")
     with pytest.raises(ConfigError) as err:
-        publish.read_lock(path)
+        publish.read_images_lock(path)
     assert err.value.line is not None
     path.write_text("version: 7\n")
     with pytest.raises(ConfigError, match="version 1"):
-        publish.read_lock(path)
+        publish.read_images_lock(path)
 
 
 def test_the_run_line_pins_the_digest_and_fills_port_and_model():
@@ -209,7 +209,7 @@ def test_alias_goes_to_the_newest_engine_then_torch_then_cuda():
 
 
 def test_select_entries_by_id_or_selector():
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     lock["images"] = {SGLANG.id: sample_entry(SGLANG), VLLM_CPU.id: sample_entry(VLLM_CPU)}
     assert [e["cell"] for e in imageslock.select_entries(lock, SGLANG.id)] == [SGLANG.id]
     assert [e["cell"] for e in imageslock.select_entries(lock, "*-sm12{0,1}")] == [SGLANG.id]
@@ -235,7 +235,7 @@ def lock_problems(lock: dict) -> list[str]:
 
 
 def test_lock_problems_finds_each_kind_of_fault():
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     lock["images"][SGLANG.id] = sample_entry(SGLANG)
     assert lock_problems(lock) == []
     lock["images"][SGLANG.id]["digest"] = "sha256:short"
@@ -249,10 +249,10 @@ def test_lock_problems_finds_each_kind_of_fault():
 
 
 def test_committed_images_lock_is_what_publish_writes_and_sound():
-    """The committed file, byte for byte as publish.write_lock writes its content, and every
+    """The committed file, byte for byte as publish.write_images_lock writes its content, and every
     entry and alias sound (today it holds none: nothing was published from CI)."""
     path = REPO / "images.lock"
-    lock = publish.read_lock(path)
-    assert path.read_text() == publish.dump_lock(lock)
+    lock = publish.read_images_lock(path)
+    assert path.read_text() == publish.dump_images_lock(lock)
     assert yaml.safe_load(path.read_text())["version"] == 1
     assert lock_problems(lock) == []

@@ -46,7 +46,7 @@ BASE = [("etc", "dir", b"", 0o755), ("etc/os-release", "file", b"bookworm\n", 0o
         (".dockerenv", "file", b"", 0o755)]
 
 
-def _manifest(members) -> dict[str, repro.Entry]:
+def _manifest(members) -> dict[str, repro.ImageFile]:
     data = _tar(members)
     chunks = [data[i:i + 1000] for i in range(0, len(data), 1000)]  # a stream, like export()
     return repro.manifest_of_tar(chunks)

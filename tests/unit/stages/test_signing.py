@@ -179,13 +179,13 @@ def test_pull_without_a_key_or_the_skip_flag_is_exit_2(tmp_path, monkeypatch, ca
 
     monkeypatch.delenv(cosign.PUBLIC_KEY_ENV, raising=False)
     monkeypatch.delenv(cosign.KEYLESS_ENV, raising=False)
-    lock = publish.empty_lock()
+    lock = publish.empty_images_lock()
     lock["images"][CPU.id] = {"cell": CPU.id, "repository": "127.0.0.1:9/x",
                               "digest": "sha256:" + "0" * 64,
                               "reference": "127.0.0.1:9/x@sha256:" + "0" * 64,
                               "image_id": IMAGE, "run": {"command": []}, "labels": {}}
     path = tmp_path / "images.lock"
-    publish.write_lock(path, lock)
+    publish.write_images_lock(path, lock)
     assert main(["pull", CPU.id, "--lock", str(path)]) == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()  # the error line, then its fix line

@@ -86,7 +86,7 @@ def runtime_chosen_builds(facts: ImageFacts, load_ctx: loadedset.LoadContext) ->
     """rel path -> why: builds for another CUDA major that their package does not load here."""
     chosen = {}
     for obj in facts.objects:
-        found = loadedset.verdict(obj["rel"], None, load_ctx)
+        found = loadedset.load_verdict(obj["rel"], None, load_ctx)
         if found.runtime_cuda:
             chosen[obj["rel"]] = f"{found.reason} ({found.source})"
     return chosen
@@ -297,7 +297,7 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
         code = codes[obj["sha256"]]
         if code.empty:  # a fat binary section with nothing cuobjdump can list
             continue
-        loads = {str(t): loadedset.verdict(obj["rel"], t, load_ctx) for t in targets}
+        loads = {str(t): loadedset.load_verdict(obj["rel"], t, load_ctx) for t in targets}
         waivers = {t: f"{v.reason} (loaded.yaml {v.entry}; {v.source})" if v.source
                    else f"{v.reason} ({v.entry})"
                    for t, v in loads.items() if not v.counts_as_loaded}
