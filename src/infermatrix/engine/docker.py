@@ -938,12 +938,19 @@ class Engine:
 
     def wait_container(self, container_id: str, timeout: float | None = None) -> int:
         """Wait for a container to exit; return its exit code (StageFailure past the
-        timeout). An engine elsewhere is asked its state each second instead: the SDK's
-        ssh:// transport reads from the ssh process without a timeout, so a timed `docker
-        wait` there returned only when the container ended (a hung harness hung the run)."""
-        if timeout is not None and not self.is_local():
+        timeout). Over a transport without read timeouts the engine is asked its state each
+        second instead: a timed `docker wait` there returned only when the container ended
+        (a hung harness hung the run)."""
+        if timeout is not None and not self.reads_time_out():
             return self._wait_by_polling(container_id, timeout)
         return self._wait_by_api(container_id, timeout)
+
+    def reads_time_out(self) -> bool:
+        """Whether the SDK's reads from this engine honour a timeout: unix:// and tcp:// do;
+        the ssh:// transport (an `ssh ... docker system dial-stdio` process per request)
+        does not, and a Docker context may stand for either."""
+        address = self.endpoint.address if self.endpoint else engine_address()
+        return address.startswith(("unix://", "tcp://"))
 
     def _wait_by_polling(self, container_id: str, timeout: float, every_s: float = 1.0) -> int:
         deadline = time.monotonic() + timeout

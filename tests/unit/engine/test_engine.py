@@ -77,3 +77,18 @@ def test_docker_host_is_honoured(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60).stdout
     assert out.startswith("EngineUnavailable") and "nothing.sock" in out and "DOCKER_HOST" in out
+
+
+def test_only_transports_without_read_timeouts_wait_by_polling(monkeypatch):
+    """A timed wait polls the container's state only where the SDK's reads ignore a timeout
+    (ssh://, or a context that may stand for it); unix:// and tcp:// use the API's wait."""
+    def waits(address: str) -> str:
+        builder = engine.Engine(engine.parse_builder(f"b={address}"))
+        monkeypatch.setattr(builder, "_wait_by_polling", lambda cid, timeout: "polled")
+        monkeypatch.setattr(builder, "_wait_by_api", lambda cid, timeout: "api")
+        return builder.wait_container("c0ffee", timeout=5)
+
+    assert waits("ssh://root@gpu-host") == "polled"
+    assert waits("some-context") == "polled"
+    assert waits("tcp://10.0.0.2:2376") == "api"
+    assert waits("unix:///run/docker.sock") == "api"
