@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from infermatrix.journal import CellRecord
 from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.engine import compose
@@ -84,7 +85,7 @@ def write_lock(test_ctx: Context, path: Path) -> None:
     lock = publish.empty_images_lock()
     lock["images"][CPU_ID] = publish.images_lock_entry(
         cell, "im18-local/infermatrix", CPU_ID, "sha256:" + "ab" * 32, "sha256:" + "2" * 64,
-        labels(cell), record, run_of(test_ctx.matrix, cell), "2026-12-01T10:00:00Z")
+        labels(cell), CellRecord.from_json(cell.id, record), run_of(test_ctx.matrix, cell), "2026-12-01T10:00:00Z")
     publish.write_images_lock(path, lock)
 
 

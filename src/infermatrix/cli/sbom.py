@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from ..stages.sign import write_sbom_file
 
     ctx = load_context(args)
-    records = journal.load_all(ctx.state)  # stored records: sbom and attest read them as stored
+    records = journal.load_records(ctx.state)
     record = records.get(args.ref)
     if record is not None:
-        image = record.get("image_id")
+        image = record.image_id
         if not image:
             raise UsageError(f"cell {args.ref} has no built image in the journal of "
                              f"{ctx.state.root}", fix=f"`infermatrix build --select {args.ref}`")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         cell: Cell = cell_from_labels((info.get("Config") or {}).get("Labels") or {})
     except StageFailure as exc:
         raise UsageError(f"{args.ref}: not an infermatrix image ({exc})") from None
-    record = record or records.get(cell.id) or {"cell": cell.id, "stages": {}}
+    record = record or records.get(cell.id) or journal.CellRecord(cell.id)
     text = sbom.build_sbom(ctx, cell, info["Id"], record,
                            read_lock_text(lock_path(ctx, cell.id), cell.id), docker)
     if args.out == "-":

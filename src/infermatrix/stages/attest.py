@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import __version__
 from ..engine.artifacts import sha256_file
+from ..journal import CellRecord, StageRecord
 from ..model.cell import Cell
 from . import tagging
 
@@ -33,8 +34,12 @@ NOT_TAGGED = "not tagged"
 PREDICATES = {"test-result": TEST_RESULT_TYPE, "sbom": SBOM_TYPE, "provenance": PROVENANCE_TYPE}
 
 
-def _stage(record: dict[str, Any], name: str) -> dict[str, Any]:
-    return (record.get("stages") or {}).get(name) or {}
+def _status(stage: StageRecord | None) -> str | None:
+    return str(stage.status) if stage else None
+
+
+def _details(stage: StageRecord | None) -> dict[str, Any]:
+    return stage.details if stage else {}
 
 
 def _level(level: dict[str, Any]) -> dict[str, Any]:
@@ -57,17 +62,15 @@ def smoke_host_facts(smoke_details: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def test_result(record: dict[str, Any], cell: Cell) -> dict[str, Any]:
+def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
     """The test-result predicate of a cell from its journal record."""
-    tag, smoke, audit = _stage(record, "tag"), _stage(record, "smoke"), _stage(record, "audit")
-    tag_details = tag.get("details") or {}
-    smoke_details = smoke.get("details") or {}
-    audit_details = audit.get("details") or {}
+    tag, smoke, audit = record.stage("tag"), record.stage("smoke"), record.stage("audit")
+    tag_details, smoke_details, audit_details = _details(tag), _details(smoke), _details(audit)
     policy = tag_details.get("policy") or tagging.DEFAULT_POLICY
     kind = tag_details.get("kind")
-    if tag.get("status") == "pass" and kind == tagging.TESTED:
+    if _status(tag) == "pass" and kind == tagging.TESTED:
         verdict = PASSED
-    elif tag.get("status") == "pass" and kind == tagging.STATIC_ONLY:
+    elif _status(tag) == "pass" and kind == tagging.STATIC_ONLY:
         verdict = NOT_VERIFIED
     else:
         verdict = NOT_TAGGED
@@ -82,11 +85,11 @@ def test_result(record: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "levels": {name: _level(level) for name, level in
                    sorted((smoke_details.get("levels") or {}).items())
                    if isinstance(level, dict)},
-        "smoke": {"status": smoke.get("status"), "finished": smoke.get("finished"),
+        "smoke": {"status": _status(smoke), "finished": smoke.finished if smoke else None,
                   "image_id": smoke_details.get("image_id"),
                   "tokens_per_s": smoke_details.get("tokens_per_s")},
-        "audit": {"status": audit.get("status"), "finished": audit.get("finished"),
-                  "reason": audit.get("reason"),
+        "audit": {"status": _status(audit), "finished": audit.finished if audit else None,
+                  "reason": audit.reason if audit else None,
                   "checks": [{k: check.get(k) for k in ("name", "status", "detail")}
                              for check in audit_details.get("checks") or []
                              if isinstance(check, dict)]},
@@ -132,9 +135,9 @@ def logged_commands(log_path: Path | None) -> list[str]:
         return [line[2:].rstrip("\n") for line in handle if line.startswith("$ ")]
 
 
-def _started(stage: dict[str, Any]) -> str | None:
-    finished, seconds = stage.get("finished"), stage.get("duration_s")
-    if not finished or not isinstance(seconds, (int, float)):
+def _started(stage: StageRecord | None) -> str | None:
+    finished, seconds = (stage.finished, stage.duration_s) if stage else (None, None)
+    if not finished or seconds is None:
         return None
     try:
         end = calendar.timegm(time.strptime(finished, "%Y-%m-%dT%H:%M:%SZ"))
@@ -143,15 +146,15 @@ def _started(stage: dict[str, Any]) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end - seconds))
 
 
-def provenance(record: dict[str, Any], cell: Cell, *, matrix_path: Path, root: Path,
+def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
                lock_path: Path, cell_dir: Path, build_log: Path | None,
                base_images: dict[str, str | None], engine_facts: dict[str, Any]) -> dict[str, Any]:
     """The SLSA v1 provenance predicate of a cell's image.
 
     `base_images`: base reference -> its image id; `engine_facts`: the Docker engine's
     version and platform (what built it)."""
-    build = _stage(record, "build")
-    details = build.get("details") or {}
+    build = record.stage("build")
+    details = _details(build)
 
     def file_dep(path: Path, name: str) -> dict[str, Any]:
         return {"uri": f"file:{name}", "digest": {"sha256": sha256_file(path)}}
@@ -177,7 +180,8 @@ def provenance(record: dict[str, Any], cell: Cell, *, matrix_path: Path, root: P
             deps.append({"uri": f"infermatrix-kernel:{name}", "name": kernel.get("key"),
                          "annotations": {k: kernel.get(k) for k in ("cache", "source")
                                          if kernel.get(k) is not None}})
-    builder = record.get("builder") or {}
+    builder = record.extra.get("builder") if isinstance(record.extra.get("builder"), dict) \
+        else {}
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
@@ -186,7 +190,7 @@ def provenance(record: dict[str, Any], cell: Cell, *, matrix_path: Path, root: P
                                    "arch": cell.arch, "cuda": cell.cuda, "torch": cell.torch},
             "internalParameters": {"build_args": details.get("build_args") or {},
                                    "secret_ids": details.get("secret_ids") or [],
-                                   "input_hash": record.get("input_hash")},
+                                   "input_hash": record.input_hash},
             "resolvedDependencies": deps,
         },
         "runDetails": {
@@ -196,8 +200,9 @@ def provenance(record: dict[str, Any], cell: Cell, *, matrix_path: Path, root: P
                         "builderDependencies": [{"name": builder.get("name"),
                                                  "uri": builder.get("endpoint")}]
                         if builder else []},
-            "metadata": {"invocationId": record.get("input_hash") or cell.id,
-                         "startedOn": _started(build), "finishedOn": build.get("finished")},
+            "metadata": {"invocationId": record.input_hash or cell.id,
+                         "startedOn": _started(build),
+                         "finishedOn": build.finished if build else None},
             "byproducts": [{"name": "commands", "mediaType": "text/plain",
                             "annotations": {"commands": logged_commands(build_log)}}],
         },

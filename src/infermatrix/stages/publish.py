@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..engine.docker import Engine
 from .. import journal
+from ..journal import CellRecord, StageRecord
 from ..engine import registry as registries
 from ..config import Matrix
 from ..context import Context
@@ -158,21 +159,22 @@ def run_spec(matrix: Matrix, spec: CellSpec) -> dict[str, Any]:
     return run
 
 
-def smoke_summary(smoke: dict[str, Any]) -> dict[str, Any]:
+def smoke_summary(smoke: StageRecord | None) -> dict[str, Any]:
     """The smoke results worth keeping in images.lock: per level status, reason, duration."""
-    details = smoke.get("details") or {}
+    details = smoke.details if smoke else {}
     levels = {name: {k: level.get(k) for k in ("status", "reason", "duration_s")}
               for name, level in sorted((details.get("levels") or {}).items())
               if isinstance(level, dict)}
-    return {"status": smoke.get("status"), "finished": smoke.get("finished"), "levels": levels,
+    return {"status": str(smoke.status) if smoke else None,
+            "finished": smoke.finished if smoke else None, "levels": levels,
             "host_gpu": details.get("host_gpu"), "tokens_per_s": details.get("tokens_per_s")}
 
 
 def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,
-                      labels: dict[str, str], record: dict[str, Any], run: dict[str, Any],
+                      labels: dict[str, str], record: CellRecord, run: dict[str, Any],
                       published: str) -> dict[str, Any]:
-    stages = record.get("stages", {})
-    tag_details = stages.get("tag", {}).get("details") or {}
+    tag_stage = record.stage("tag")
+    tag_details = tag_stage.details if tag_stage else {}
     return {
         "cell": cell.id, "repository": repository, "tag": tag, "digest": digest,
         "reference": f"{repository}@{digest}", "image_id": image_id, "published": published,
@@ -183,7 +185,7 @@ def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_
         "versions": versions_from_labels(labels), "labels": infermatrix_labels(labels),
         "verified": tag_details.get("kind", "tested"),  # or static-only (tagging.py)
         "tested_image_id": tag_details.get("image_id", image_id),
-        "smoke": smoke_summary(stages.get("smoke", {})),
+        "smoke": smoke_summary(record.stage("smoke")),
         "run": run,
     }
 
@@ -194,30 +196,30 @@ def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_
 class Candidate:
     cell_id: str
     image_id: str | None
-    record: dict[str, Any]
+    record: CellRecord
     problem: str | None = None  # why it cannot be published although its tag stage passed
 
 
-def tested_image_id(record: dict[str, Any]) -> str | None:
+def tested_image_id(record: CellRecord) -> str | None:
     """The image the tag stage put its tag on (None when it did not pass).
 
     That is the tested image itself, or for a static-only tag the derived image tagging.py
     commits from it (details `tagged_image_id`). Refuses a cell rebuilt since it was tagged
     (the journal's image id moved on from the tested one)."""
-    tag = record.get("stages", {}).get("tag", {})
-    if tag.get("status") != "pass":
+    tag = record.stage("tag")
+    if tag is None or tag.status != journal.Status.PASS:
         return None
-    details = tag.get("details") or {}
-    tested, current = details.get("image_id"), record.get("image_id")
+    details = tag.details
+    tested, current = details.get("image_id"), record.image_id
     if tested and current and tested != current:
-        raise StageFailure(f"{record['cell']}: rebuilt since it was tagged (tagged {tested}, "
+        raise StageFailure(f"{record.cell}: rebuilt since it was tagged (tagged {tested}, "
                            f"built {current}); run smoke and tag again")
     return details.get("tagged_image_id") or tested or current
 
 
 def tagged_cells(state: StatePaths, selection: Selection) -> list[Candidate]:
     found = []
-    for cell_id, record in journal.load_all(state).items():
+    for cell_id, record in journal.load_records(state).items():
         if not selection(cell_id):
             continue
         try:

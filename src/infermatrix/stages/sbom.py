@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..journal import CellRecord
 from .. import __version__
 from ..errors import StageFailure
 from ..engine.docker import Engine
@@ -180,13 +181,14 @@ def validation_error(text: str) -> str | None:
 
 # --- facts of a built image -----------------------------------------------------------------
 
-def kernel_wheels(ctx, record: dict[str, Any], lock_text: str | None) -> list[KernelWheel]:
+def kernel_wheels(ctx, record: CellRecord, lock_text: str | None) -> list[KernelWheel]:
     """The kernel wheels a cell's build installed: journal build.details.kernels, each key's
     kernel cache record (wheel sha256, arches, flags), the lock header's sdist pin."""
     from ..model.spec import kernel_pins_from_lock
     from packaging.utils import canonicalize_name
 
-    details = ((record.get("stages") or {}).get("build") or {}).get("details") or {}
+    build = record.stage("build")
+    details = build.details if build else {}
     pins = kernel_pins_from_lock(lock_text or "") if lock_text else {}
     found = []
     for name, kernel in sorted((details.get("kernels") or {}).items()):
@@ -234,7 +236,7 @@ def image_facts(image: str, docker: Engine) -> tuple[dict[str, Any], str | None]
     return info, status
 
 
-def build_sbom(ctx, cell: Cell, image_id: str, record: dict[str, Any], lock_text: str | None,
+def build_sbom(ctx, cell: Cell, image_id: str, record: CellRecord, lock_text: str | None,
                docker: Engine) -> str:
     """The validated CycloneDX JSON of a cell's built image (in `docker`); its Python pins from
     the cell's lock text (a CellSpec's: read once per run)."""

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from ..engine import cosign
 from ..engine.docker import Engine
+from ..journal import CellRecord
 from ..engine import registry as registries
 from ..errors import UsageError
 from ..model.spec import CellSpec
@@ -57,14 +58,14 @@ def signer_from_env() -> Signer | None:
     return Signer(key, fingerprint, cosign.version())
 
 
-def predicates(ctx, spec: CellSpec, image_id: str, record: dict[str, Any], docker: Engine
+def predicates(ctx, spec: CellSpec, image_id: str, record: CellRecord, docker: Engine
                ) -> dict[str, Any]:
     """name -> predicate of the three attestations of a cell's published image (read from
     `docker`, the engine that holds it); the SBOM's pins from the run's CellSpec's lock."""
     cell = spec.cell
 
-    base_refs = ((record.get("stages") or {}).get("base") or {}).get("details", {}) \
-        .get("images") or []
+    base = record.stage("base")
+    base_refs = (base.details.get("images") if base else None) or []
     bases = {}
     for ref in base_refs:
         info = docker.inspect_image(ref)
@@ -75,7 +76,8 @@ def predicates(ctx, spec: CellSpec, image_id: str, record: dict[str, Any], docke
                         "platform": f"{facts.get('Os')}/{facts.get('Arch')}"}
     except Exception:  # noqa: BLE001 - the facts are informative; the build happened
         engine_facts = {}
-    build_log = ((record.get("stages") or {}).get("build") or {}).get("log")
+    build = record.stage("build")
+    build_log = build.log if build else None
     return {
         "test-result": attest.test_result(record, cell),
         "sbom": json.loads(sbom.build_sbom(ctx, cell, image_id, record, spec.lock_text,
@@ -88,7 +90,7 @@ def predicates(ctx, spec: CellSpec, image_id: str, record: dict[str, Any], docke
     }
 
 
-def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: dict[str, Any],
+def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: CellRecord,
                spec: CellSpec, creds: registries.RegistryCredentials, docker: Engine
                ) -> dict[str, Any]:
     """Sign the entry's digest, attach its attestations; images.lock's `signing` of it."""

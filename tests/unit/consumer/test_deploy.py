@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infermatrix.journal import CellRecord
 from infermatrix.cli import main
 from infermatrix.config import load_matrix
 from infermatrix.errors import UsageError
@@ -42,7 +43,7 @@ def lock_entry(matrix, cell: Cell, digest: str = DIGEST) -> dict:
     record = {"stages": {"tag": {"details": {"image_id": "sha256:" + "2" * 64,
                                              "kind": "tested"}}}}
     return publish.images_lock_entry(cell, REPOSITORY, cell.id, digest, "sha256:" + "2" * 64,
-                                     labels(cell), record, run_of(matrix, cell),
+                                     labels(cell), CellRecord.from_json(cell.id, record), run_of(matrix, cell),
                                      "2026-12-01T10:00:00Z")
 
 

@@ -10,6 +10,7 @@ import re
 import pytest
 import yaml
 
+from infermatrix.journal import CellRecord
 from infermatrix import imageslock, journal
 from infermatrix.stages import publish
 from infermatrix.consumer import pull
@@ -121,7 +122,7 @@ def sample_entry(cell: Cell = SGLANG, digest: str = "sha256:" + "1" * 64) -> dic
                        "--model-path", "{model}", "--reasoning-parser", "qwen3"],
            "env": {"B": "2", "A": "1"}, "gpu": cell.is_gpu, "shm_size": "16g", "port": 8000}
     return publish.images_lock_entry(cell, "ghcr.io/acme/infermatrix", cell.id, digest,
-                                     "sha256:" + "2" * 64, labels(cell), record, run,
+                                     "sha256:" + "2" * 64, labels(cell), CellRecord.from_json(cell.id, record), run,
                                      "2026-11-30T12:30:00Z")
 
 

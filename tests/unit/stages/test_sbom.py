@@ -10,6 +10,7 @@ from tests.paths import TESTS
 
 import json
 
+from infermatrix.journal import CellRecord
 from infermatrix.model.cell import Cell
 from infermatrix.stages import sbom
 
@@ -111,7 +112,7 @@ def test_kernel_wheels_from_the_build_record_and_the_kernel_cache(tmp_path):
         "wheels": [wheel], "sha256": {wheel: "9" * 64}}))
     record = {"stages": {"build": {"details": {"kernels": {
         "cudakern-sm120a": {"key": slug, "wheels": [wheel], "cache": "hit"}}}}}}
-    (found,) = sbom.kernel_wheels(ctx, record, None)
+    (found,) = sbom.kernel_wheels(ctx, CellRecord.from_json("c", record), None)
     assert (found.package, found.version, found.sha256) == ("cudakern", "0.1.0", "9" * 64)
     assert found.flags == {"CUDAKERN_ARCHS": "120a"} and found.archs == ["sm_120"]
     assert found.source_tree == "src-0123456789abcdef" and found.sdist is None

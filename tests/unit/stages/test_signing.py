@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.journal import CellRecord, StageRecord
 from infermatrix import proc
 from infermatrix.cli import main
 from infermatrix.engine import cosign
@@ -26,11 +27,11 @@ IMAGE = "sha256:" + "a" * 64
 
 
 def record(kind: str = "tested", levels: dict | None = None, tag_status: str = "pass",
-           host_gpu: bool = False) -> dict:
+           host_gpu: bool = False) -> CellRecord:
     levels = levels or {"static": {"status": "pass", "duration_s": 2.0},
                         "gpu": {"status": "skip", "applicable": False},
                         "model": {"status": "pass", "duration_s": 30.0}}
-    return {"cell": CPU.id, "image_id": IMAGE, "stages": {
+    return CellRecord.from_json(CPU.id, {"cell": CPU.id, "image_id": IMAGE, "stages": {
         "audit": {"status": "pass", "finished": "2026-12-01T10:00:00Z",
                   "details": {"checks": [{"name": "pins", "status": "pass", "detail": "ok",
                                           "extra": "dropped"}]}},
@@ -38,7 +39,7 @@ def record(kind: str = "tested", levels: dict | None = None, tag_status: str = "
                   "details": {"image_id": IMAGE, "levels": levels, "host_gpu": host_gpu}},
         "tag": {"status": tag_status, "details": {
             "image_id": IMAGE, "tagged_image_id": IMAGE, "kind": kind,
-            "policy": {"require": ["static", "gpu", "model"], "allow_static_only": True}}}}}
+            "policy": {"require": ["static", "gpu", "model"], "allow_static_only": True}}}}})
 
 
 # --- the test-result predicate and the verdict pull requires ---------------------------------
@@ -104,10 +105,10 @@ def test_provenance_names_the_inputs_commands_and_times(tmp_path):
     log.write_text("$ DOCKER_BUILDKIT=1 /usr/bin/docker build --secret id=ca_bundle,src=/x .\n"
                    "#1 building\n$ /usr/bin/docker image inspect y\n")
     rec = record()
-    rec["input_hash"] = "sha256:" + "1" * 64
-    rec["stages"]["build"] = {"status": "pass", "finished": "2026-12-01T10:01:40Z",
-                              "duration_s": 100.0, "details": {"build_args": {"MAX_JOBS": "2"},
-                                                               "kernels": {}}}
+    rec.input_hash = "sha256:" + "1" * 64
+    rec.stages["build"] = StageRecord.from_json("build", {
+        "status": "pass", "finished": "2026-12-01T10:01:40Z", "duration_s": 100.0,
+        "details": {"build_args": {"MAX_JOBS": "2"}, "kernels": {}}})
     predicate = attest.provenance(
         rec, CPU, matrix_path=tmp_path / "matrix.yaml", root=tmp_path,
         lock_path=tmp_path / "locks" / f"{CPU.id}.txt", cell_dir=cell_dir, build_log=log,
@@ -121,7 +122,7 @@ def test_provenance_names_the_inputs_commands_and_times(tmp_path):
     assert uris["docker-image:infermatrix/base-bookworm:x"]["digest"] == {"sha256": "c" * 64}
     assert len(uris["file:matrix.yaml"]["digest"]["sha256"]) == 64
     run = predicate["runDetails"]
-    assert run["metadata"] == {"invocationId": rec["input_hash"],
+    assert run["metadata"] == {"invocationId": rec.input_hash,
                                "startedOn": "2026-12-01T10:00:00Z",
                                "finishedOn": "2026-12-01T10:01:40Z"}
     assert run["byproducts"][0]["annotations"]["commands"] == [
@@ -242,13 +243,14 @@ def test_the_report_shows_signing_status_and_links_the_sbom():
     sig, att = "sha256:" + "5" * 64, {"test-result": "sha256:" + "6" * 64,
                                       "sbom": "sha256:" + "7" * 64,
                                       "provenance": "sha256:" + "8" * 64}
-    signed["stages"]["publish"] = {"status": "pass", "details": {"lock_entry": {"signing": {
-        "signed": True, "key": "sha256:" + "9" * 64, "verdict": "passed",
-        "mode": "key from INFERMATRIX_COSIGN_KEY_FILE, offline", "sbom_file":
-        f"sbom/{CPU.id}.cdx.json", "signature": {"digest": sig}, "attestations": att}}}}
-    unsigned["cell"] = GPU.id
-    unsigned["stages"]["publish"] = {"status": "pass", "details": {"lock_entry": {
-        "signing": None}}}
+    signed.stages["publish"] = StageRecord.from_json("publish", {
+        "status": "pass", "details": {"lock_entry": {"signing": {
+            "signed": True, "key": "sha256:" + "9" * 64, "verdict": "passed",
+            "mode": "key from INFERMATRIX_COSIGN_KEY_FILE, offline", "sbom_file":
+            f"sbom/{CPU.id}.cdx.json", "signature": {"digest": sig}, "attestations": att}}}})
+    unsigned.cell = GPU.id
+    unsigned.stages["publish"] = StageRecord.from_json("publish", {
+        "status": "pass", "details": {"lock_entry": {"signing": None}}})
     built = report.build_report({CPU.id: signed, GPU.id: unsigned}, None)
     md = report.render_markdown(built)
     assert f"- `{CPU.id}`: signed, key sha256:9999" in md and "'passed'" in md
