@@ -95,7 +95,7 @@ def images(built_base: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 def test_fixture_built_for_sm120_covers_sm120_and_sm121(test_ctx, images) -> None:
     plan = plan_for("sm_120")
-    result = audit.audit_cell(test_ctx, plan, images["120"], ["sm_120", "sm_121"])
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120"], ["sm_120", "sm_121"])
     kernels = result.check("kernels")
     assert kernels is not None and kernels.status == PASS, kernels
     [obj] = result.objects
@@ -117,7 +117,7 @@ def test_fixture_built_for_sm120_covers_sm120_and_sm121(test_ctx, images) -> Non
 def test_fixture_built_only_as_sm120a_fails_for_sm121_and_names_the_object(test_ctx,
                                                                            images) -> None:
     plan = plan_for("sm_121")
-    result = audit.audit_cell(test_ctx, plan, images["120a"])
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120a"])
     assert result.targets == [Arch(12, 1)]
     assert not result.passed
     assert result.check("kernels").status == FAIL
@@ -128,17 +128,18 @@ def test_fixture_built_only_as_sm120a_fails_for_sm121_and_names_the_object(test_
     assert OBJECT in record["reason"]
     assert record["details"]["uncovered"] == [f"{OBJECT} (sm_121)"]
     # the same object on its own arch is covered (an `a` cubin runs on exactly its CC)
-    again = audit.audit_cell(test_ctx, plan, images["120a"], ["sm_120"], record=False)
+    again = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120a"], ["sm_120"],
+                             record=False)
     assert again.check("kernels").status == PASS
 
 
 def test_cuobjdump_results_are_cached_by_content(test_ctx, images) -> None:
     cache = test_ctx.state.root / "cache" / "cuobjdump"
-    audit.audit_cell(test_ctx, plan_for("sm_120"), images["120"], record=False)
+    audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")), images["120"], record=False)
     entries = sorted(cache.glob("*.json"))
     assert len(entries) >= 1
     before = {p: p.stat().st_mtime_ns for p in entries}
-    audit.audit_cell(test_ctx, plan_for("sm_120"), images["120"], record=False)
+    audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")), images["120"], record=False)
     assert {p: p.stat().st_mtime_ns for p in sorted(cache.glob("*.json"))} == before
 
 
@@ -201,7 +202,7 @@ def real_cells(test_ctx, built_base) -> dict[str, tuple[CellPlan, str]]:
 def test_real_cell_compiled_for_sm120_passes_every_check_for_sm120_and_sm121(test_ctx,
                                                                             real_cells) -> None:
     plan, image = real_cells[GOOD_CELL]
-    result = audit.audit_cell(test_ctx, plan, image, ["sm_120", "sm_121"])
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), image, ["sm_120", "sm_121"])
     assert result.passed, result.reason
     assert {c.name: c.status for c in result.checks} == {
         "kernels": PASS, "cuda-major": PASS, "torch-cuda": PASS, "pins": PASS,
@@ -216,7 +217,7 @@ def test_real_cell_compiled_for_sm120_passes_every_check_for_sm120_and_sm121(tes
 @pytest.mark.network
 def test_real_cell_with_only_an_sm120a_cubin_fails_for_sm121(test_ctx, real_cells) -> None:
     plan, image = real_cells[ARCH_SPECIFIC_CELL]
-    result = audit.audit_cell(test_ctx, plan, image)
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), image)
     assert not result.passed
     assert result.uncovered == [f"{OBJECT} (sm_121)"]
     assert [c.name for c in result.checks if c.status == FAIL] == ["kernels"]
@@ -227,8 +228,8 @@ def test_real_cell_with_only_an_sm120a_cubin_fails_for_sm121(test_ctx, real_cell
 
 
 def test_missing_image_fails_the_audit_with_a_reason(test_ctx, docker_available) -> None:
-    result = audit.audit_cell(test_ctx, plan_for("sm_120"), "infermatrix-audit-test:no-such-tag",
-                              record=False)
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")),
+                              "infermatrix-audit-test:no-such-tag", record=False)
     assert not result.passed
     [probe] = result.checks
     assert probe.name == "probe" and "no-such-tag" in probe.detail

@@ -121,7 +121,7 @@ def test_real_cell_builds_from_its_engine_wheels_and_is_audited(real_ctx, real_e
         assert compiled["exit"] == 0 and compiled["seconds"] >= 0 and compiled["peak_rss_bytes"] > 0
         # the vLLM cell is the GB10 cell's native twin: its Triton check compiles for sm_121
         # too, for the GB10 test (below, run after it) to adopt
-        verdict = audit.audit_cell(real_ctx, plan, result.image_id, ["sm_120"],
+        verdict = audit.audit_cell(real_ctx, real_ctx.spec(plan), result.image_id, ["sm_120"],
                                    twin_archs=twin_archs_for(plan, plan_matrix(real_ctx),
                                                              engine.host_platform()),
                                    docker=real_engine)
@@ -193,7 +193,7 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
         info = real_engine.inspect_image(ref)
         assert (info["Os"], info["Architecture"]) == ("linux", "arm64")
         assert real_engine.image_labels(ref)["io.infermatrix.engine.version"] == "0.33.0"
-        verdict = audit.audit_cell(real_ctx, plan, result.image_id, ["sm_121"],
+        verdict = audit.audit_cell(real_ctx, real_ctx.spec(plan), result.image_id, ["sm_121"],
                                    docker=real_engine)
         checks = {c.name: c for c in verdict.checks}
         # the aarch64 wheels' objects: vLLM's custom ops run on 12.1 by their sm_120f cubins,

@@ -299,6 +299,7 @@ def test_cpu_lane_records_the_servers_mapped_objects_and_the_audit_uses_them(cpu
     assert len(mapped["processes"]) >= 1 and mapped["processes"][0]["site_objects"] > 0
     assert model["loaded_set"]["status"] == "pass", model["loaded_set"]
     assert any(isa[0] in note for note in model["loaded_set"]["notes"])
-    result = audit.audit_cell(test_ctx, cpu_plan, record["image_id"], record=False)
+    result = audit.audit_cell(test_ctx, test_ctx.spec(cpu_plan), record["image_id"],
+                              record=False)
     check = result.check("loaded-set")
     assert check.status == "pass" and check.data["mapped"] == len(mapped["objects"])

@@ -447,6 +447,11 @@ class CellSpec:
         return self.plan.settings.driver_floor if self.plan.settings else None
 
     @property
+    def attention_backend(self) -> str | None:
+        """The backend the plan chose (matrix.yaml engines.<e>.attention_backend), if any."""
+        return self.plan.settings.attention_backend if self.plan.settings else None
+
+    @property
     def engine_requirement(self) -> str | None:
         return f"{self.engine_package}=={self.cell.engine_version}" \
             if self.engine_package else None

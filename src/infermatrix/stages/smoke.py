@@ -389,7 +389,7 @@ def run_audit(ctx: Context, spec: CellSpec, image_id: str, details: dict[str, An
     try:
         from . import audit
 
-        result = audit.audit_cell(ctx, spec.plan, image_id, docker=docker)
+        result = audit.audit_cell(ctx, spec, image_id, docker=docker)
     except (ImportError, InfermatrixError) as exc:  # an audit that did not run fails the level
         details["audit"] = {"status": "fail", "reason": f"the audit did not run: {exc}"}
         return "fail"
@@ -609,7 +609,7 @@ def observe_loaded_set(ctx: Context, spec: CellSpec, docker: Engine, container_i
     except (StageFailure, InfermatrixError) as exc:
         details["loaded_set"] = {"status": "fail", "detail": str(exc)}
         return details["loaded_set"]
-    details["loaded_set"] = audit.judge_server_maps(ctx, spec.plan, details["mapped"])
+    details["loaded_set"] = audit.judge_server_maps(ctx, spec.cell, details["mapped"])
     return details["loaded_set"]
 
 

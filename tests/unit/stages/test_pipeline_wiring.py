@@ -54,7 +54,7 @@ def probe_facts(ctx: Context, plan) -> str:
     """What the audit probe prints for an image that has exactly the cell's pins."""
     facts = {"python": "3.11.2", "site_dirs": ["/opt/venv/lib/python3.11/site-packages"],
              "distributions": {name: version
-                               for name, (version, _) in expected_pins(ctx, plan).items()},
+                               for name, (version, _) in expected_pins(ctx.spec(plan)).items()},
              "objects": [], "torch": {"version": "2.13.0+cpu", "cuda": None},
              "pip_check": {"tool": "uv", "command": "uv pip check", "returncode": 0,
                            "output": ""}}

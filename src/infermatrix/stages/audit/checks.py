@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 from ... import journal, proc
 from ...engine.docker import Engine
 from ...model import loadedset
-from ...model.cell import CellPlan
+from ...model.cell import Cell
+from ...model.spec import CellSpec
 from ...model.coverage import (
     Arch,
     DeviceCode,
@@ -140,22 +141,20 @@ def check_torch_cuda(facts: ImageFacts, cuda: str, emulated: str | None = None) 
                  f"torch {torch_facts.get('version')} built for CUDA {got}{how}", data)
 
 
-def expected_pins(ctx: "Context", plan: CellPlan) -> dict[str, tuple[str, str]]:
+def expected_pins(spec: CellSpec) -> dict[str, tuple[str, str]]:
     """canonical name -> (version, where the pin comes from): the lock, then the cell."""
     from packaging.utils import canonicalize_name
 
     from ...model.spec import MATCH_ENGINE
 
     pins: dict[str, tuple[str, str]] = {}
-    cell = plan.cell
-    spec = ctx.spec(plan) if plan.settings is not None else None
-    if spec is not None:
-        for name, version in spec.lock_pins.items():
-            pins[name] = (version, f"lock {spec.lock_path.name}")
+    cell = spec.cell
+    for name, version in spec.lock_pins.items():
+        pins[name] = (version, f"lock {spec.lock_path.name}")
     pins["torch"] = (cell.torch, "cell axis torch")
-    if spec is not None and spec.engine_package:
+    if spec.engine_package:
         pins[canonicalize_name(spec.engine_package)] = (cell.engine_version, "cell axis engine")
-    for kernel in (spec.kernels if spec else ()):
+    for kernel in spec.kernels:
         if kernel.declared and kernel.scope != MATCH_ENGINE:
             pins[canonicalize_name(kernel.package)] = (kernel.declared,
                                                        f"build.kernels.{kernel.name}")
@@ -195,8 +194,8 @@ def check_pins(facts: ImageFacts,
         versions
 
 
-def no_deps_packages(ctx: "Context", plan: CellPlan) -> list[str]:
-    engine = ctx.matrix.engines.get(plan.cell.engine, {})
+def no_deps_packages(ctx: "Context", cell: Cell) -> list[str]:
+    engine = ctx.matrix.engines.get(cell.engine, {})
     return list(engine.get("install", {}).get("no_deps", []))
 
 
@@ -257,15 +256,15 @@ def _pip_problem(line: str) -> bool:
                                       "the package", "requirement"))
 
 
-def check_floor(ctx: "Context", plan: CellPlan, facts: ImageFacts) -> Check:
+def check_floor(ctx: "Context", spec: CellSpec, facts: ImageFacts) -> Check:
     from packaging.utils import canonicalize_name
 
-    package = plan.settings.engine_package if plan.settings else None
-    floor = ctx.matrix.floors.get(plan.cell.engine)
+    package, engine = spec.engine_package, spec.cell.engine
+    floor = ctx.matrix.floors.get(engine)
     if not package:
-        return Check("engine-floor", SKIP, f"engine {plan.cell.engine} installs no package")
+        return Check("engine-floor", SKIP, f"engine {engine} installs no package")
     if floor is None:
-        return Check("engine-floor", SKIP, f"model.floors names no floor for {plan.cell.engine}")
+        return Check("engine-floor", SKIP, f"model.floors names no floor for {engine}")
     installed = facts.distributions.get(canonicalize_name(package))
     if installed is None:
         return Check("engine-floor", FAIL, f"{package} is not installed")

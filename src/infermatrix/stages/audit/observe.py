@@ -9,7 +9,7 @@ from ... import journal, proc
 from ...engine.docker import Engine
 from ...errors import StageFailure
 from ...model import loadedset
-from ...model.cell import CellPlan
+from ...model.cell import Cell
 from .checks import loaded_set_context
 from .probe import MARKER, ImageFacts, parse_probe_output
 from .result import default_targets
@@ -65,15 +65,14 @@ def server_mapped_objects(docker: Engine, container_id: str) -> dict[str, Any]:
             "distributions": {canonicalize_name(k): v for k, v in data["distributions"].items()}}
 
 
-def judge_server_maps(ctx: "Context", plan: CellPlan, mapped: dict[str, Any]) -> dict[str, Any]:
+def judge_server_maps(ctx: "Context", cell: Cell, mapped: dict[str, Any]) -> dict[str, Any]:
     """The observation against loaded.yaml and the audit recorded for the cell (its coverage
     rows): status, detail, problems, notes."""
-    cell = plan.cell
     facts = ImageFacts("", [], mapped.get("distributions", {}), [], None, {})
     load_ctx = loaded_set_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                             (ctx.matrix.model or {}).get("name"))
     recorded = journal.cell_record(ctx.state, cell.id).stage("audit")
     rows = recorded.details.get("coverage", []) if recorded else []
-    judged = loadedset.judge_mapped(mapped.get("objects", []), default_targets(plan), load_ctx,
+    judged = loadedset.judge_mapped(mapped.get("objects", []), default_targets(cell), load_ctx,
                                     rows)
     return judged.as_dict()

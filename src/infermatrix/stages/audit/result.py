@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ...errors import UsageError
 from ...journal import Status
-from ...model.cell import CellPlan
+from ...model.cell import Cell
 from ...model.coverage import (
     Arch,
     Coverage,
@@ -182,5 +182,5 @@ def parse_targets(values: Iterable[str] | None) -> list[Arch] | None:
         raise UsageError(str(exc)) from None
 
 
-def default_targets(plan: CellPlan) -> list[Arch]:
-    return [Arch.parse(plan.cell.arch).device] if plan.cell.is_gpu else []
+def default_targets(cell: Cell) -> list[Arch]:
+    return [Arch.parse(cell.arch).device] if cell.is_gpu else []

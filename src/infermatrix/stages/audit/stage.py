@@ -41,18 +41,18 @@ from ..steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 if TYPE_CHECKING:
     from ...context import Context
 
-def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
+def audit_cell(ctx: "Context", spec: CellSpec, image_ref: str,
                targets: Iterable[Arch | str] | None = None, *, record: bool = True,
                twin_archs: Iterable[str] = (), docker: Engine | None = None) -> AuditResult:
     """Audit one built image of `docker` (default DOCKER_HOST / the current context) against
-    its cell; record it in the journal (stage `audit`). `twin_archs`: archs of foreign-CPU
-    cells this native cell is the twin of (tritontwin): its Triton check compiles for them
-    too, for those cells to adopt."""
+    its cell (the run's CellSpec); record it in the journal (stage `audit`). `twin_archs`:
+    archs of foreign-CPU cells this native cell is the twin of (tritontwin): its Triton check
+    compiles for them too, for those cells to adopt."""
     started = time.monotonic()
     docker = docker or Engine()
-    cell = plan.cell
+    cell = spec.cell
     arch_targets = [Arch.parse(t).device if isinstance(t, str) else t.device
-                    for t in targets] if targets else default_targets(plan)
+                    for t in targets] if targets else default_targets(cell)
     log_path = ctx.state.cell_log(cell.id, "audit")
     result = AuditResult(cell.id, image_ref, arch_targets)
     runs_emulated = emulation_of(image_ref, docker)
@@ -60,12 +60,12 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     extra = [Arch.parse(a).device for a in twin_archs
              if a not in {t.sm for t in arch_targets}]
     # under emulation Triton cannot start: a native twin's recorded result is looked for first
-    triton = start_triton_check(ctx, plan, image_ref, arch_targets, log_path, extra, docker) \
+    triton = start_triton_check(ctx, spec, image_ref, arch_targets, log_path, extra, docker) \
         if cell.is_gpu and not emulated else None
     try:
         with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
             facts = probe_image(image_ref, docker, log_path, digest_dists=tritontwin.digest_distributions(
-                plan.settings.engine_package if plan.settings else None) if cell.is_gpu else (),
+                spec.engine_package) if cell.is_gpu else (),
                 emulated=runs_emulated)
         result.phase_s["probe"] = time.monotonic() - started
         load_ctx = loaded_set_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
@@ -82,7 +82,7 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
             result.checks.append(check_torch_cuda(facts, cell.cuda, emulated))
             mark = time.monotonic()
             if triton is None:
-                triton_check = twin_or_own_triton_check(ctx, plan, image_ref, arch_targets,
+                triton_check = twin_or_own_triton_check(ctx, spec, image_ref, arch_targets,
                                                         log_path, facts, emulated, docker)
             else:
                 triton_check = triton.result()
@@ -96,10 +96,10 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
                               Check("cuda-major", SKIP, "CPU lane: torch's CUDA libraries are "
                                     "not used"),
                               Check("torch-cuda", SKIP, "CPU lane")]
-        pins_check, result.versions = check_pins(facts, expected_pins(ctx, plan))
+        pins_check, result.versions = check_pins(facts, expected_pins(spec))
         result.checks.append(pins_check)
-        result.checks.append(check_pip(facts, no_deps_packages(ctx, plan)))
-        result.checks.append(check_floor(ctx, plan, facts))
+        result.checks.append(check_pip(facts, no_deps_packages(ctx, cell)))
+        result.checks.append(check_floor(ctx, spec, facts))
         result.checks.append(check_loaded_set(recorded_mapped(ctx, cell.id, image_ref, docker),
                                               arch_targets, load_ctx,
                                               [o.row() for o in result.objects]))
@@ -116,23 +116,23 @@ def audit_cell(ctx: "Context", plan: CellPlan, image_ref: str,
     return result
 
 
-def timed_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
+def timed_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: list[Arch],
                        log_path: Path, docker: Engine, extra: Iterable[Arch] = (),
                        emulated: str | None = None) -> Check:
     """check_triton_smem for the cell, with a heartbeat and its seconds in the data."""
-    cell, extra = plan.cell, list(extra)
+    cell, extra = spec.cell, list(extra)
     began = time.monotonic()
     with Heartbeat(f"{cell.id}: Triton kernels compiled for "
                    f"{', '.join(str(t) for t in [*targets, *extra])}"):
         check = check_triton_smem(
-            image_ref, docker, cell.engine, plan.settings.attention_backend if plan.settings else None,
-            targets, (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
-            serve_args=ctx.spec(plan).launch.args if plan.settings else (), extra_archs=extra)
+            image_ref, docker, cell.engine, spec.attention_backend, targets,
+            (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
+            serve_args=spec.launch.args if spec.launch else (), extra_archs=extra)
     check.data["seconds"] = round(time.monotonic() - began, 1)
     return check
 
 
-def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: list[Arch],
+def start_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: list[Arch],
                        log_path: Path, extra: list[Arch], docker: Engine
                        ) -> concurrent.futures.Future[Check]:
     """The Triton compile check, started in a thread of its own: it needs only the image, so
@@ -140,7 +140,7 @@ def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: 
     2-core machine the audit takes about the longer of the two instead of their sum). The
     thread talks to the audit's engine, `docker`."""
     def run() -> Check:
-        return timed_triton_check(ctx, plan, image_ref, targets, log_path, docker, extra)
+        return timed_triton_check(ctx, spec, image_ref, targets, log_path, docker, extra)
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                  thread_name_prefix="infermatrix-triton")
@@ -150,7 +150,7 @@ def start_triton_check(ctx: "Context", plan: CellPlan, image_ref: str, targets: 
         pool.shutdown(wait=False)
 
 
-def twin_or_own_triton_check(ctx: "Context", plan: CellPlan, image_ref: str,
+def twin_or_own_triton_check(ctx: "Context", spec: CellSpec, image_ref: str,
                              targets: list[Arch], log_path: Path, facts: ImageFacts,
                              emulated: str, docker: Engine) -> Check:
     """A cell whose image runs emulated here: the Triton result of its native twin when the
@@ -160,11 +160,11 @@ def twin_or_own_triton_check(ctx: "Context", plan: CellPlan, image_ref: str,
                                                                       journal.Status.UNKNOWN)).details
               for cell_id, record in journal.load_records(ctx.state).items()}
     archs = [t.sm for t in targets]
-    match, passed_over = tritontwin.adopt(plan.id, facts.python, facts.py_digests, archs,
+    match, passed_over = tritontwin.adopt(spec.id, facts.python, facts.py_digests, archs,
                                           audits)
-    backend = plan.settings.attention_backend if plan.settings else None
+    backend = spec.attention_backend
     if match is None:
-        check = timed_triton_check(ctx, plan, image_ref, targets, log_path, docker,
+        check = timed_triton_check(ctx, spec, image_ref, targets, log_path, docker,
                                    emulated=emulated)
         if check.status == SKIP:
             check.detail += ("; no native twin stands for it: " + "; ".join(passed_over)
@@ -236,10 +236,12 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     passed, failed, results = [], [], {}
     host = host_platform()
     targets = parse_targets(run.options.audit_targets)
+    specs = {c.id: c for c in cells}
     for plan in natives_first([c.plan for c in cells], host):  # a twin's Triton result before its foreign cell
         image = run.images.get(plan.id) or journal.cell_record(run.ctx.state, plan.id).image_id
         try:
-            result = audit_cell(run.ctx, plan, image, targets, record=run.options.record_audit,
+            result = audit_cell(run.ctx, specs[plan.id], image, targets,
+                                record=run.options.record_audit,
                                 twin_archs=twin_archs_for(plan, run.plans, host),
                                 docker=run.docker)
             results[plan.id], ok = result, result.passed
