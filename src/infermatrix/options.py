@@ -248,7 +248,10 @@ class RunOptions:
     cuobjdump: Path | None = option(
         None, "the cuobjdump the audit runs (default: the nvidia-cuda-cuobjdump wheel, PATH, "
         "$CUDA_HOME/bin)", existing_file, env="INFERMATRIX_CUOBJDUMP")
-    # Set by code only (benchmarks, tests): no flag, no variable.
+    # Set by code only (benchmarks, tests, a command): no flag, no variable.
+    prune_images: bool = option(
+        None, "render removes images/ directories of cells no longer planned (`infermatrix "
+        "render` over the whole matrix)")
     no_cache: bool = option(None, "BuildKit --no-cache (cold-build benchmarks)")
     compile_nonce: str = option(
         None, "a new value compiles the kernels again (BuildKit's cache aside)", str, default="")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..stages import render
-from ..context import Context
-from ..model.cell import CellPlan
+import dataclasses
+
+from ..stages import Run, render, run_steps, steps_named
 from ..model.spec import check_lock_files
 from . import common_options, load_context, load_run, selection_options, wait_option
 
@@ -31,11 +31,11 @@ def run(args: argparse.Namespace) -> int:
 
     ctx = load_context(args, log=False)  # bad input writes nothing
     with run_lock(ctx.state, wait=args.wait):  # plan fills the cache, render writes images/
-        run = load_run(args)
-        return _render(args, run.ctx, run.plans)
+        return _render(args, load_run(args))
 
 
-def _render(args: argparse.Namespace, ctx: Context, plans: list[CellPlan]) -> int:
+def _render(args: argparse.Namespace, run: Run) -> int:
+    ctx, plans = run.ctx, run.plans
     prune = not args.select and not args.skip
     check_lock_files(ctx, plans)  # a damaged lock is named before render reads it
     planned = render.planned(plans)
@@ -51,7 +51,10 @@ def _render(args: argparse.Namespace, ctx: Context, plans: list[CellPlan]) -> in
             return 1
         print(f"images/ is up to date ({len(planned)} cells)")
         return 0
-    written = render.render_cells(ctx, plans, prune=prune)
+    render_run = dataclasses.replace(run, options=dataclasses.replace(run.options,
+                                                                       prune_images=prune))
+    [record] = run_steps(render_run, steps_named("render"))  # the main job's own render step
+    written = list(record.results.values())
     for path in written:
         print(path.relative_to(ctx.root))
     print(f"rendered {len(written)} cells into {ctx.images_dir.relative_to(ctx.root)}/")

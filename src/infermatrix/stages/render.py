@@ -947,8 +947,13 @@ def kernel_stage_text(dockerfile: str, name: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 def step(run: Run, cells: list[CellSpec]) -> StepRecord:
+    """images/<cell-id>/ of each cell; with the `prune_images` option, the directories of
+    cells the run's plan no longer has are removed (the plan's unresolved cells keep theirs).
+    The record's `results` are the Dockerfiles written, by cell id."""
     from ..model.spec import check_lock_files
-    plans = [c.plan for c in cells]
+    plans = run.plans if run.options.prune_images else [c.plan for c in cells]
     check_lock_files(run.ctx, plans)
-    render_cells(run.ctx, plans)
-    return step_record("render", [c.id for c in cells], [])
+    written = render_cells(run.ctx, plans, prune=run.options.prune_images)
+    record = step_record("render", [c.id for c in cells], [])
+    record.results = {path.parent.name: path for path in written}
+    return record

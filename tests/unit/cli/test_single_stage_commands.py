@@ -24,7 +24,7 @@ def recording_step(module: str, monkeypatch: pytest.MonkeyPatch, outcome: str = 
                    ) -> list[tuple[object, list[str]]]:
     """Replace `infermatrix.stages.<module>.step` by one that records (run, cell ids)."""
     calls: list[tuple[object, list[str]]] = []
-    name = {"tagging": "tag", "audit": "audit", "publish": "publish"}[module]
+    name = {"tagging": "tag"}.get(module, module)
 
     def recorded(run, cells):
         calls.append((run, [c.id for c in cells]))
@@ -83,3 +83,12 @@ def test_an_unknown_audit_target_is_a_usage_error_before_the_step(tmp_path, monk
     calls = recording_step("audit", monkeypatch)
     assert main(["audit", CELL, *common(tmp_path), "--target", "sm_7x"]) == 2
     assert "--target 'sm_7x'" in capsys.readouterr().err and not calls
+
+
+@pytest.mark.parametrize("selection, prunes", [([], True), (["--select", CELL], False)])
+def test_render_runs_the_render_step_and_prunes_only_over_the_whole_matrix(
+        tmp_path, monkeypatch, selection, prunes):
+    calls = recording_step("render", monkeypatch)
+    main(["render", *common(tmp_path), *selection])
+    [(run, ids)] = calls
+    assert CELL in ids and run.options.prune_images is prunes
