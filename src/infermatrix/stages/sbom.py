@@ -242,7 +242,8 @@ def build_sbom(ctx, cell: Cell, image_id: str, record: CellRecord, lock_text: st
     the cell's lock text (a CellSpec's: read once per run)."""
     info, status = image_facts(image_id, docker)
     labels = (info.get("Config") or {}).get("Labels") or {}
-    finished = ((record.get("stages") or {}).get("build") or {}).get("finished")
+    build = record.stage("build")
+    finished = build.finished if build else None
     bom = document(cell, info["Id"], lock_text, status, kernel_wheels(ctx, record, lock_text),
                    labels, finished or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return to_json(bom)
