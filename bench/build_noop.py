@@ -41,10 +41,10 @@ def main() -> int:
         render.render_cells(ctx, plans)
         quiet = RunOptions(no_cache=args.no_cache)
         started = time.monotonic()
-        cold = build_cells(ctx, plans, quiet, echo=lambda _line: None)
+        cold = build_cells(ctx, ctx.specs(plans), quiet, echo=lambda _line: None)
         cold_s = time.monotonic() - started
         started = time.monotonic()
-        rerun = build_cells(ctx, plans, RunOptions(), echo=lambda _line: None)
+        rerun = build_cells(ctx, ctx.specs(plans), RunOptions(), echo=lambda _line: None)
         rerun_s = time.monotonic() - started
         builds = sum(1 for ln in ctx.state.commands_log.read_text().splitlines()
                      if "--progress=plain" in ln)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from .config import Matrix, load_matrix
 from .names import inside
@@ -43,6 +43,11 @@ class Context:
         resolved = resolve_spec(self, plan)
         self._specs[plan.id] = (stamp, resolved)
         return resolved
+
+    def specs(self, plans: "Iterable[CellPlan]") -> "list[CellSpec]":
+        """The CellSpec of each planned cell of `plans`, in their order (pruned ones have
+        none)."""
+        return [self.spec(p) for p in plans if p.planned]
 
     def once(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
         """A per-cell fact computed once per run, under a key that names all it depends on

@@ -129,11 +129,21 @@ class CellRecord:
         stage = self.stages.get(name)
         return stage.status if stage else None
 
+    def details_of(self, name: str) -> dict[str, Any]:
+        """The stage's details; empty when the stage has no record."""
+        stage = self.stages.get(name)
+        return stage.details if stage else {}
+
+    @property
+    def builder(self) -> dict[str, Any]:
+        """The identity of the builder that built the cell (several builders); empty if one."""
+        builder = self.extra.get("builder")
+        return builder if isinstance(builder, dict) else {}
+
     @property
     def builder_name(self) -> str | None:
         """The builder that built the cell (several builders), from the build's record."""
-        builder = self.extra.get("builder")
-        return text_of(builder.get("name")) if isinstance(builder, dict) else None
+        return text_of(self.builder.get("name"))
 
     @property
     def recorded_plan(self) -> dict[str, Any] | None:

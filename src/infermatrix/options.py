@@ -268,7 +268,7 @@ class RunOptions:
 
 
 OPTIONS: dict[str, RunOption] = {f.name: replace(f.metadata["option"], name=f.name)
-                                  for f in fields(RunOptions) if "option" in f.metadata}
+                                 for f in fields(RunOptions) if "option" in f.metadata}
 
 
 def add(parser: argparse.ArgumentParser, *names: str) -> None:

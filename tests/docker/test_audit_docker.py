@@ -191,7 +191,7 @@ def real_cells(test_ctx, built_base) -> dict[str, tuple[CellPlan, str]]:
     plans = plan_matrix(test_ctx, select=[GOOD_CELL, ARCH_SPECIFIC_CELL],
                         source=recorded_metadata)
     render.render_cells(test_ctx, plans)
-    results = build.build_cells(test_ctx, plans, RunOptions(wait=True))
+    results = build.build_cells(test_ctx, test_ctx.specs(plans), RunOptions(wait=True))
     for result in results.values():
         assert result.status == "pass", result.summary()
     return {p.id: (p, results[p.id].image_id) for p in plans}

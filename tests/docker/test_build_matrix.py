@@ -68,7 +68,7 @@ def matrix_build(built_base, test_ctx):
     wanted = [p for p in plans if p.cell.engine == "vllm-cpu"
               or any(p.id.endswith(s) for s in KERNEL_CELLS)]
     render.render_cells(test_ctx, wanted)
-    results = build_cells(test_ctx, wanted, RunOptions())
+    results = build_cells(test_ctx, test_ctx.specs(wanted), RunOptions())
     return plans, wanted, results
 
 
@@ -143,7 +143,7 @@ def test_the_compile_shows_ninjas_files_and_records_their_times(matrix_build, te
         plan = next(p for p in plans if p.id == cell)
         import uuid
 
-        result = build_cells(fresh, [plan], RunOptions(compile_nonce=uuid.uuid4().hex),
+        result = build_cells(fresh, fresh.specs([plan]), RunOptions(compile_nonce=uuid.uuid4().hex),
                              echo=lambda _: None)
         assert result[cell].status == "pass", result[cell].summary()
         real = [(fresh, cell, result[cell])]
@@ -168,7 +168,7 @@ def test_rerun_does_no_work(matrix_build, test_ctx):
     plans, wanted, _results = matrix_build
     broken = _id(plans, "broken-fixture1.0-sm120")
     good = [p for p in wanted if p.id != broken]
-    again = build_cells(test_ctx, good, RunOptions(), echo=lambda _: None)
+    again = build_cells(test_ctx, test_ctx.specs(good), RunOptions(), echo=lambda _: None)
     assert all(r.status == "pass" and r.reused for r in again.values()), \
         [r.summary() for r in again.values()]
 
@@ -193,7 +193,7 @@ def test_verify_repro_kernels_recompiles_the_fixture_and_explains_every_differen
     cell = _id(plans, "kernel-fixture1.0-sm120")
     assert results[cell].status == "pass"
     plan = next(p for p in plans if p.id == cell)
-    [report] = repro.verify_kernels(test_ctx, plan, against_cache=True)
+    [report] = repro.verify_kernels(test_ctx, test_ctx.spec(plan), against_cache=True)
     assert report.kernel == "cudakern" and report.members > 3
     assert report.sources[0].startswith("kernel cache ")
     assert report.identical or report.explained, report.summary()

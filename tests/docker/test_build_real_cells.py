@@ -101,7 +101,7 @@ def plan_render_build(ctx: Context, cell_id: str, private: engine.Engine):
     [plan] = plan_matrix(ctx, select=[cell_id])
     assert plan.planned, plan.verdicts
     render.render_cells(ctx, [plan])
-    return plan, build_cells(ctx, [plan], RunOptions(), echo=lambda _: None,
+    return plan, build_cells(ctx, ctx.specs([plan]), RunOptions(), echo=lambda _: None,
                              docker=private)[cell_id]
 
 

@@ -50,7 +50,7 @@ def tagged_cpu_plan(ctx: Context):
     tag the CPU cell in the session's shared state."""
     (plan,) = plan_matrix(ctx, select=[CPU_ID], source=recorded_metadata)
     render.render_cells(ctx, [plan])
-    built = build.build_cells(ctx, [plan], RunOptions(wait=True))[CPU_ID]
+    built = build.build_cells(ctx, ctx.specs([plan]), RunOptions(wait=True))[CPU_ID]
     assert built.status == "pass", built.reason
     record = journal.load(ctx.state, CPU_ID)
     smoked = record.get("stages", {}).get("smoke", {})

@@ -113,7 +113,7 @@ COPY --from=compile-k /wheels/ /wheels/
 def test_without_the_repro_block_the_differences_are_listed(tmp_path, built_base):
     ctx = _light_cell(tmp_path, built_base, fixed=False)
     [plan] = plan_matrix(ctx, [CPU_CELL])
-    report = repro.verify_repro(ctx, plan)
+    report = repro.verify_repro(ctx, ctx.spec(plan))
     assert not report.identical
     categories = report.by_category()
     assert categories.get("python bytecode (.pyc)", 0) > 0  # pip/ensurepip/import timestamps
@@ -164,8 +164,8 @@ def test_a_kernel_compile_again_reruns_only_the_compile_step(tmp_path, built_bas
     [plan] = plan_matrix(ctx, [CPU_CELL])
     secrets = build.secrets_for(RunOptions())
     log = tmp_path / "kernel.log"
-    wheels = [repro.compile_kernel_again(ctx, plan, "k", tmp_path / str(run), {}, secrets, log,
-                                         engine.Engine())
+    wheels = [repro.compile_kernel_again(ctx, ctx.spec(plan), "k", tmp_path / str(run), {},
+                                         secrets, log, engine.Engine())
               for run in (1, 2)]
     members = [repro.wheel_members(w[0])["k.so"] for w in wheels]
     assert members[0] != members[1]  # two real compiles

@@ -49,7 +49,7 @@ def built_plan(ctx: Context, cell_id: str):
     """Plan (recorded index answers), render and build one cell of the test matrix."""
     (plan,) = plan_matrix(ctx, select=[cell_id], source=recorded_metadata)
     render.render_cells(ctx, [plan])
-    result = build.build_cells(ctx, [plan], RunOptions(wait=True))[cell_id]
+    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(wait=True))[cell_id]
     assert result.status == "pass", result.reason
     return plan
 

@@ -100,7 +100,7 @@ def load_run(args: argparse.Namespace, *, extra_select: list[str] | None = None,
     run = Run(ctx, plans, options, select, skip)
     if not quiet:
         counts = {s: sum(p.status == s for p in run.plans) for s in ("planned", "pruned",
-                                                                        "unresolved")}
+                                                                     "unresolved")}
         print(f"infermatrix {getattr(args, 'command', '')}: {ctx.matrix.path}, state "
               f"{ctx.state.root}; " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
               + f"; {options.preamble()}", file=sys.stderr)

@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """The main job's own audit step, over the cells (or images of cells) named."""
     import dataclasses
+    from collections import Counter
 
     from rich.console import Console
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     audit_run = load_run(args, quiet=args.json)
     pairs = images_to_audit(audit_run.ctx, audit_run.plans, args.refs, args.select,
                             audit_run.docker)
-    twice = sorted({p.id for p, _ in pairs if sum(q.id == p.id for q, _ in pairs) > 1})
+    twice = sorted(cell_id for cell_id, n in Counter(p.id for p, _ in pairs).items() if n > 1)
     if twice:
         raise UsageError(f"more than one image of {', '.join(twice)}: name one image per cell")
     audit_run = dataclasses.replace(audit_run, images={p.id: image for p, image in pairs})

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         from ..stages.build import compile_plan_for_cells
 
-        print(compile_plan_for_cells(build_run.ctx, build_run.plans, build_run.options).explain())
+        print(compile_plan_for_cells(build_run.ctx, build_run.cells(), build_run.options).explain())
         return 0
     [record] = run_steps(build_run, steps_named("build"))  # the main job's own build step
     return 1 if record.failed else 0

@@ -65,7 +65,7 @@ def _bake(args: argparse.Namespace, export_run, out: Path | None) -> tuple[str, 
     from ..stages.build import compile_plan_for_cells, secrets_for
 
     options = export_run.options
-    compile = compile_plan_for_cells(export_run.ctx, export_run.plans, options)
+    compile = compile_plan_for_cells(export_run.ctx, export_run.cells(), options)
     out_dir = out.parent if out else Path.cwd()
     data, unrendered = export.bake_file(export_run.ctx, export_run.plans, compile.build_args(),
                                         secrets_for(options), out_dir)

@@ -74,8 +74,8 @@ def run_lock_command(args: argparse.Namespace) -> int:
     if not any(p.planned for p in plans):
         raise UsageError("no planned cell in the selection (see `infermatrix plan`)")
     if args.check:  # writes nothing: no need to hold the state directory
-        run = lock.lock_cells(ctx, plans, check=True, index=lock_run.options.index_url, jobs=args.jobs,
-                              all_planned=all_planned)
+        run = lock.lock_cells(ctx, plans, check=True, index=lock_run.options.index_url,
+                              jobs=args.jobs, all_planned=all_planned)
     else:
         with run_lock(ctx.state, wait=lock_run.options.wait):
             run = lock.lock_cells(ctx, plans, index=lock_run.options.index_url, jobs=args.jobs,
@@ -148,7 +148,7 @@ def run_verify_repro(args: argparse.Namespace) -> int:
         raise UsageError("--against-cache needs --kernels")
     if args.kernels:
         with run_lock(ctx.state, wait=repro_run.options.wait):
-            reports = repro.verify_kernels(ctx, plan, against_cache=args.against_cache,
+            reports = repro.verify_kernels(ctx, ctx.spec(plan), against_cache=args.against_cache,
                                            options=repro_run.options, docker=repro_run.docker)
         if args.json:
             json.dump([r.__dict__ | {"differences": [d.__dict__ for d in r.differences]}
@@ -158,7 +158,7 @@ def run_verify_repro(args: argparse.Namespace) -> int:
             print("\n".join(r.summary() for r in reports))
         return 0 if all(r.identical for r in reports) else 1
     with run_lock(ctx.state, wait=repro_run.options.wait):
-        report = repro.verify_repro(ctx, plan, keep=args.keep, options=repro_run.options,
+        report = repro.verify_repro(ctx, ctx.spec(plan), keep=args.keep, options=repro_run.options,
                                     docker=repro_run.docker)
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)

@@ -109,7 +109,7 @@ def host_checker(args: argparse.Namespace):
 def run_pull(args: argparse.Namespace) -> int:
     if not args.lock.is_file():
         raise UsageError(f"{args.lock} does not exist: run `infermatrix publish` first or "
-                           "pass --lock PATH")
+                         "pass --lock PATH")
     lock = read_images_lock(args.lock)
     entries = select_entries(lock, args.cell)
     verify = None if args.no_pull else \

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
-
 import dataclasses
+import sys
 
 from ..stages import Run, render, run_steps, steps_named
 from ..model.spec import check_lock_files
@@ -52,7 +51,7 @@ def _render(args: argparse.Namespace, run: Run) -> int:
         print(f"images/ is up to date ({len(planned)} cells)")
         return 0
     render_run = dataclasses.replace(run, options=dataclasses.replace(run.options,
-                                                                       prune_images=prune))
+                                                                      prune_images=prune))
     [record] = run_steps(render_run, steps_named("render"))  # the main job's own render step
     written = list(record.results.values())
     for path in written:

@@ -13,7 +13,7 @@ from rich.console import Console
 from ..errors import ConfigError, InfermatrixError, UsageError
 from ..model.cell import CellPlan
 from ..stages.report import (build_report, fill_image_sizes, load_journal, load_plan_file,
-                      print_summary, write_report)
+                             print_summary, write_report)
 from ..state import DEFAULT_STATE_DIR, StatePaths
 from . import common_options
 

@@ -222,7 +222,7 @@ def next_step(cell: Any) -> tuple[str, str] | None:
     publish = stages.get("publish")
     if publish is None or publish.status != "pass":
         return ("tagged, not published" + (f": {publish.reason.splitlines()[0]}"
-                                            if publish is not None and publish.reason else ""),
+                                           if publish is not None and publish.reason else ""),
                 f"infermatrix publish --select {cid}")
     return None
 

@@ -29,7 +29,7 @@ from ..config import Matrix
 from . import docker as engine
 from ..errors import UsageError
 from ..model import compileplan
-from ..model.cell import CellPlan
+from ..model.spec import CellSpec
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Builder:
     engine: engine.Engine
     facts: engine.DockerFacts
     down: str | None = None  # why it stopped building (it died mid-run)
-    queue: list[CellPlan] = field(default_factory=list)
+    queue: list[CellSpec] = field(default_factory=list)
     compile: compileplan.CompilePlan | None = None  # sized from this engine's figures
 
     @property
@@ -120,25 +120,25 @@ def _load(builder: Builder) -> float:
     return (len(builder.queue) + 1) / max(1, builder.facts.cpus)
 
 
-def assign(plans: list[CellPlan], builders: list[Builder], previous: dict[str, str],
+def assign(cells: list[CellSpec], builders: list[Builder], previous: dict[str, str],
            down: dict[str, str]) -> dict[str, str]:
     """Fill each builder's queue; return cell id -> why no builder took it. `previous`: the
     builder that built a cell before (journal), kept while it is up and fits."""
     by_name = {b.name: b for b in builders}
     refused: dict[str, str] = {}
-    for plan in plans:
-        platform = plan.settings.platform if plan.settings else None
-        fitting = [b for b in builders if platform is None or platform in b.platforms]
+    for cell in cells:
+        platform = cell.platform
+        fitting = [b for b in builders if platform in b.platforms]
         if not fitting:
             have = ", ".join(f"{b.name} {'/'.join(b.platforms)}" for b in builders) or "none up"
             gone = "".join(f"; {name} is down: {why}" for name, why in down.items())
-            refused[plan.id] = (f"no builder for {platform} (builders: {have}{gone}); add one "
+            refused[cell.id] = (f"no builder for {platform} (builders: {have}{gone}); add one "
                                 f"with --builder or build.builders")
             continue
-        before = by_name.get(previous.get(plan.id, ""))
+        before = by_name.get(previous.get(cell.id, ""))
         chosen = before if before in fitting else \
             min(fitting, key=lambda b: (_load(b), -b.facts.memory, b.name))
-        chosen.queue.append(plan)
+        chosen.queue.append(cell)
     return refused
 
 

@@ -86,7 +86,7 @@ def compare(name: str, got, want) -> dict[str, Any]:
     finite = bool(torch.isfinite(got64).all())
     err = (got64 - want64).abs().max().item() if finite else float("inf")
     return verdict(name, err, finite, finite and torch.allclose(got64, want64, atol=atol,
-                                                                  rtol=rtol))
+                                                                rtol=rtol))
 
 
 def combine(parts: dict[str, dict[str, Any]], **facts: Any) -> dict[str, Any]:

@@ -162,7 +162,8 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
         if not (directory / "Dockerfile").is_file():
             unrendered.append(cell.id)
             continue
-        keys = kernel_keys_for(ctx, by_id[cell.id], (directory / "Dockerfile").read_text())
+        dockerfile_text = (directory / "Dockerfile").read_text()
+        keys = kernel_keys_for(ctx, ctx.spec(by_id[cell.id]), dockerfile_text)
         # the label `infermatrix build` puts on the image: a bake-built image is the same one
         digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys)
         name = bake_target_name(cell.id)

@@ -38,10 +38,6 @@ def _status(stage: StageRecord | None) -> str | None:
     return str(stage.status) if stage else None
 
 
-def _details(stage: StageRecord | None) -> dict[str, Any]:
-    return stage.details if stage else {}
-
-
 def _level(level: dict[str, Any]) -> dict[str, Any]:
     return {k: level.get(k) for k in ("status", "reason", "duration_s") if k in level}
 
@@ -65,7 +61,8 @@ def smoke_host_facts(smoke_details: dict[str, Any]) -> dict[str, Any]:
 def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
     """The test-result predicate of a cell from its journal record."""
     tag, smoke, audit = record.stage("tag"), record.stage("smoke"), record.stage("audit")
-    tag_details, smoke_details, audit_details = _details(tag), _details(smoke), _details(audit)
+    tag_details, smoke_details, audit_details = (record.details_of(name)
+                                                 for name in ("tag", "smoke", "audit"))
     policy = tag_details.get("policy") or tagging.DEFAULT_POLICY
     kind = tag_details.get("kind")
     if _status(tag) == "pass" and kind == tagging.TESTED:
@@ -154,7 +151,7 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
     `base_images`: base reference -> its image id; `engine_facts`: the Docker engine's
     version and platform (what built it)."""
     build = record.stage("build")
-    details = _details(build)
+    details = record.details_of("build")
 
     def file_dep(path: Path, name: str) -> dict[str, Any]:
         return {"uri": f"file:{name}", "digest": {"sha256": sha256_file(path)}}
@@ -180,8 +177,7 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
             deps.append({"uri": f"infermatrix-kernel:{name}", "name": kernel.get("key"),
                          "annotations": {k: kernel.get(k) for k in ("cache", "source")
                                          if kernel.get(k) is not None}})
-    builder = record.extra.get("builder") if isinstance(record.extra.get("builder"), dict) \
-        else {}
+    builder = record.builder
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,

@@ -32,7 +32,6 @@ from typing import Iterator
 from ..engine import docker as engine
 from ..engine.docker import Engine
 from .. import journal, proc
-from ..model.cell import CellPlan
 from ..config import Matrix
 from ..errors import ConfigError, MissingTool, UsageError
 from ..model.spec import os_base
@@ -371,7 +370,7 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     needs: dict[tuple[str, str], list[str]] = {}
     for cell in cells:
         for name in set(cell.base_chain) & debootstrap:
-            for platform in _base_platforms(run, cell.plan):
+            for platform in _base_platforms(run, cell):
                 needs.setdefault((name, platform), []).append(cell.id)
     made: list[str] = []
     failed: dict[str, str] = {}  # cell -> why
@@ -399,13 +398,12 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     return step_record("base", passed, sorted(failed), note=", ".join(sorted(set(made))))
 
 
-def _base_platforms(run: Run, plan: CellPlan) -> list[str]:
+def _base_platforms(run: Run, cell: CellSpec) -> list[str]:
     """The platforms whose base a cell builds on: its image's, and this machine's when its
     byte-code is compiled on the build machine's CPU (templates/blocks/bytecode.j2)."""
     from .render import bytecode_hosts
     from ..engine.docker import host_platform
-    assert plan.settings is not None
-    platforms = [plan.settings.platform]
-    if bytecode_hosts(run.ctx.matrix, plan) and host_platform() not in platforms:
+    platforms = [cell.platform]
+    if bytecode_hosts(run.ctx.matrix, cell) and host_platform() not in platforms:
         platforms.append(host_platform())
     return platforms

@@ -43,7 +43,6 @@ from .. import watch
 from . import lock as locks
 from ..context import Context
 from ..errors import CommandFailed, InfermatrixError, StageFailure
-from ..model.cell import CellPlan
 from ..model.spec import CellSpec
 from ..options import RunOptions
 from ..state import run_lock
@@ -101,7 +100,7 @@ class CellResult:
             text += "\n  first errors:\n" + "\n".join("    " + ln for ln in self.error_lines)
         if self.log_tail:
             text += "\n  last lines:\n" + "\n".join("    " + ln for ln in
-                                                   self.log_tail.splitlines())
+                                                    self.log_tail.splitlines())
         return text
 
 
@@ -149,44 +148,40 @@ def input_hash(directory: Path, build_args: dict[str, str],
     return "sha256:" + digest.hexdigest()
 
 
-def kernel_keys_for(ctx: Context, plan: CellPlan, dockerfile_text: str
+def kernel_keys_for(ctx: Context, cell: CellSpec, dockerfile_text: str
                     ) -> dict[str, kernelcache.KernelKey]:
     """The cache key of every kernel stage in the cell's Dockerfile: computed once per run for
     a cell and Dockerfile text (the compile plan and the build both need them)."""
     text_digest = hashlib.sha256(dockerfile_text.encode("utf-8")).hexdigest()
-    assert plan.settings is not None
-    inputs = (plan.id, text_digest, plan.settings.python, plan.settings.platform,
-              repr(ctx.spec(plan).kernels))  # everything the keys are made from
+    inputs = (cell.id, text_digest, cell.python, cell.platform,
+              repr(cell.kernels))  # everything the keys are made from
     return ctx.once(("kernel-keys", *inputs),
-                    lambda: _compute_kernel_keys(ctx, plan, dockerfile_text))
+                    lambda: _compute_kernel_keys(ctx, cell, dockerfile_text))
 
 
-def _compute_kernel_keys(ctx: Context, plan: CellPlan, dockerfile_text: str
+def _compute_kernel_keys(ctx: Context, cell: CellSpec, dockerfile_text: str
                          ) -> dict[str, kernelcache.KernelKey]:
-    assert plan.settings is not None
     specs = ctx.matrix.build.get("kernels", {})
-    resolved = {k.name: k.version for k in ctx.spec(plan).kernels}
+    resolved = {k.name: k.version for k in cell.kernels}
     keys = {}
     for name in kernel_stages(dockerfile_text):
         if name not in specs:
-            raise StageFailure(f"{plan.id}: Dockerfile stage kernel-{name} names no "
+            raise StageFailure(f"{cell.id}: Dockerfile stage kernel-{name} names no "
                                "build.kernels entry in matrix.yaml")
-        spec = specs[name]
         keys[name] = kernelcache.make_key(
-            spec, torch=plan.cell.torch, cuda=plan.cell.cuda, python=plan.settings.python,
-            archs=[plan.cell.arch], source_root=ctx.root,
+            specs[name], torch=cell.cell.torch, cuda=cell.cell.cuda, python=cell.python,
+            archs=[cell.cell.arch], source_root=ctx.root,
             resolved_version=resolved.get(name),
             stage_text=stage_text(dockerfile_text, f"kernel-{name}"),
-            platform=plan.settings.platform)
+            platform=cell.platform)
     return keys
 
 
-def build_platform(plan: CellPlan, docker: Engine) -> str | None:
+def build_platform(cell: CellSpec, docker: Engine) -> str | None:
     """`--platform` for a cell whose image is for another CPU than the engine's (sm_121 cells
     are linux/arm64: GB10 machines are Arm); None builds for the engine's own platform.
     Building for another CPU needs an engine that can run it (binfmt/QEMU or an Arm builder)."""
-    wanted = plan.settings.platform if plan.settings else None
-    return wanted if wanted and wanted != docker.platform() else None
+    return cell.platform if cell.platform != docker.platform() else None
 
 
 def secrets_for(options: RunOptions) -> dict[str, Path]:
@@ -230,9 +225,8 @@ def native_compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey
     return None
 
 
-def emulated_compile_refusal(ctx: Context, plan: CellPlan,
-                             keys: dict[str, kernelcache.KernelKey], platform: str | None
-                             ) -> str | None:
+def emulated_compile_refusal(ctx: Context, keys: dict[str, kernelcache.KernelKey],
+                             platform: str | None) -> str | None:
     """Why the cell is not built, when it would compile a kernel under emulation (QEMU) for
     longer than build.emulation.max_compile_minutes; said before starting, with the estimate
     and the alternatives. None: nothing to compile under emulation, or it is short enough."""
@@ -502,7 +496,8 @@ def _tmp_root(ctx: Context) -> Path:
 LOCK_LABEL = re.compile(r'io\.infermatrix\.lock="([^"]*)"')
 
 
-DEFAULT_MIN_FREE_GIB = 40.0  # one GPU cell: a 10-12 GiB image, its uv cache mount, the unpack (GB10: more)
+# one GPU cell: a 10-12 GiB image, its uv cache mount, the unpack (GB10: more)
+DEFAULT_MIN_FREE_GIB = 40.0
 
 
 def free_gib(path: Path) -> float:
@@ -557,14 +552,14 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
             "`docker builder prune --all`) then rerun")
 
 
-def lock_problem(ctx: Context, plan: CellPlan, dockerfile_text: str) -> str | None:
+def lock_problem(ctx: Context, cell: CellSpec, dockerfile_text: str) -> str | None:
     """Why the cell may not be built (no committed lock, or a render of another lock), or None."""
-    cell_id = plan.id
+    cell_id = cell.id
     try:
         path = locks.require_lock(ctx, cell_id)
     except StageFailure as exc:
         return str(exc)
-    digest = locks.lock_digest(ctx.spec(plan).lock_text or "")
+    digest = locks.lock_digest(cell.lock_text or "")
     rendered = LOCK_LABEL.search(dockerfile_text)
     if rendered is None or rendered.group(1) != digest:
         found = rendered.group(1) if rendered else "no io.infermatrix.lock label"
@@ -573,12 +568,12 @@ def lock_problem(ctx: Context, plan: CellPlan, dockerfile_text: str) -> str | No
     return None
 
 
-def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
+def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                options: RunOptions, docker: Engine, builder: dict[str, Any] | None = None,
                echo: Echo = print) -> CellResult:
     """Build one cell on `docker`; `builder`: its identity (several builders), kept in the
     journal with the result."""
-    cell_id = plan.id
+    cell_id = cell.id
     who = {"builder": builder} if builder else {}
     directory = cell_dir(ctx, cell_id)
     dockerfile = directory / "Dockerfile"
@@ -587,17 +582,17 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
         return _record_failure(ctx, cell_id, 0.0, None, f"not rendered: {dockerfile} is missing "
                                "(run `infermatrix render` first)", None, None)
     text = dockerfile.read_text(encoding="utf-8")
-    problem = lock_problem(ctx, plan, text)
+    problem = lock_problem(ctx, cell, text)
     if problem:
         return _record_failure(ctx, cell_id, 0.0, None, problem, None, None)
     build_args = compile.build_args()
     if options.compile_nonce:
         build_args[COMPILE_NONCE_ARG] = options.compile_nonce
     try:
-        keys = kernel_keys_for(ctx, plan, text)
+        keys = kernel_keys_for(ctx, cell, text)
     except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version
         return _record_failure(ctx, cell_id, 0.0, None, str(exc), None, None)
-    digest = input_hash(directory, {**build_args, "platform": plan.settings.platform}, keys)
+    digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys)
     if not options.force:
         image_id = _unchanged(ctx, cell_id, digest, docker)
         if image_id:
@@ -616,17 +611,17 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     journal.record_stage(ctx.state, cell_id, "build", journal.Status.RUNNING, log=log_path,
                          details={"input_hash": digest, **who}, **who)
     secrets = secrets_for(options)
-    platform = build_platform(plan, docker)
+    platform = build_platform(cell, docker)
     kernels: dict[str, dict[str, Any]] = {}
     short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
         return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
                                builder)
     shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
-    refusal = emulated_compile_refusal(ctx, plan, keys, platform)
+    refusal = emulated_compile_refusal(ctx, keys, platform)
     if refusal:
-        journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP, log=log_path, reason=refusal,
-                             details={"input_hash": digest})
+        journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP, log=log_path,
+                             reason=refusal, details={"input_hash": digest})
         return CellResult(cell_id, "skip", reason=refusal)
     try:
         entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
@@ -658,8 +653,9 @@ def build_cell(ctx: Context, plan: CellPlan, compile: compileplan.CompilePlan,
     details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                "compile_plan": compile.as_dict(), "build_args": build_args,
                "secret_ids": sorted(secrets), **who}
-    journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS, duration_s=duration, log=log_path,
-                         details=details, input_hash=digest, image_id=image_id, **who)
+    journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS, duration_s=duration,
+                         log=log_path, details=details, input_hash=digest, image_id=image_id,
+                         **who)
     return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration, log=log_path,
                       kernels=kernels)
 
@@ -710,11 +706,11 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
     stated = stated_failure(log_text)
     reason = stated or reason
     who = {"builder": builder} if builder else {}
-    journal.record_stage(ctx.state, cell_id, "build", journal.Status.FAIL, duration_s=duration, log=log_path,
-                         reason=reason, details={"command": command, "log_tail": log_tail,
-                                                 "error_lines": errors,
-                                                 "kernels": kernels or {},
-                                                 "input_hash": digest, **who}, **who)
+    journal.record_stage(ctx.state, cell_id, "build", journal.Status.FAIL, duration_s=duration,
+                         log=log_path, reason=reason,
+                         details={"command": command, "log_tail": log_tail,
+                                  "error_lines": errors, "kernels": kernels or {},
+                                  "input_hash": digest, **who}, **who)
     # A stated reason is the whole story on screen; the journal and the log keep the tail.
     return CellResult(cell_id, "fail", duration_s=duration, log=log_path, reason=reason,
                       command=command, log_tail=None if stated else log_tail,
@@ -729,51 +725,47 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
 # All selected cells
 # --------------------------------------------------------------------------------------------
 
-def _kernels_to_compile(ctx: Context, plan: CellPlan) -> list[kernelcache.KernelKey]:
+def _kernels_to_compile(ctx: Context, cell: CellSpec) -> list[kernelcache.KernelKey]:
     """The kernel keys of a cell whose wheels are not in the cache yet."""
-    dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
+    dockerfile = cell_dir(ctx, cell.id) / "Dockerfile"
     if not dockerfile.is_file():
         return []
     try:
-        keys = kernel_keys_for(ctx, plan, dockerfile.read_text(encoding="utf-8"))
+        keys = kernel_keys_for(ctx, cell, dockerfile.read_text(encoding="utf-8"))
     except (InfermatrixError, ValueError):
         return []  # build_cell reports it
     return [key for key in keys.values() if kernelcache.lookup(ctx.state, key) is None]
 
 
-def compile_plan_for_cells(ctx: Context, plans: list[CellPlan], options: RunOptions,
+def compile_plan_for_cells(ctx: Context, cells: list[CellSpec], options: RunOptions,
                            reading: compileplan.HostReading | None = None, builder: Any = None
                            ) -> compileplan.CompilePlan:
-    """The compile plan for the kernels the planned cells still have to compile."""
-    return compile_plan_for(ctx, [_kernels_to_compile(ctx, p) for p in plans if p.planned],
+    """The compile plan for the kernels the cells still have to compile."""
+    return compile_plan_for(ctx, [_kernels_to_compile(ctx, c) for c in cells],
                             options, reading, builder)
 
 
-def build_cells(ctx: Context, plans: list[CellPlan], options: RunOptions | None = None,
+def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
                 echo: Echo = print, docker: Engine | None = None) -> dict[str, CellResult]:
-    """Build every planned cell of `plans` (pruned ones are skipped); hold the state lock.
+    """Build every cell of `cells` (planned cells: `ctx.specs(plans)`); hold the state lock.
 
     Up to `compile.parallel_cells` cells build at once (the planner caps it so that their
     compile budgets sum under the memory available); one at a time when it is 1.
     """
     options = options or RunOptions()
     docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
-    planned = [p for p in plans if p.planned]
     results: dict[str, CellResult] = {}
     from ..engine.builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:
         with run_lock(ctx.state, wait=options.wait):
-            _build_on_builders(ctx, planned, endpoints, options, results, echo, docker)
+            _build_on_builders(ctx, cells, endpoints, options, results, echo, docker)
     else:
-        _build_here(ctx, planned, options, results, echo, docker)
-    for plan in plans:
-        if plan.id not in results and not plan.planned:
-            results[plan.id] = CellResult(plan.id, "skip", reason="pruned by the planner")
+        _build_here(ctx, cells, options, results, echo, docker)
     return results
 
 
-def _build_here(ctx: Context, planned: list[CellPlan], options: RunOptions,
+def _build_here(ctx: Context, planned: list[CellSpec], options: RunOptions,
                 results: dict[str, CellResult], echo: Echo, docker: Engine) -> None:
     """Every cell on the one engine `docker` (DOCKER_HOST / the current context)."""
     compile = compile_plan_for_cells(ctx, planned, options)
@@ -785,25 +777,25 @@ def _build_here(ctx: Context, planned: list[CellPlan], options: RunOptions,
             _build_in_parallel(ctx, planned, compile, options, results, echo, docker)
 
 
-def _bases_then_build(ctx: Context, plan: CellPlan, builder: Any, local: Engine,
+def _bases_then_build(ctx: Context, cell: CellSpec, builder: Any, local: Engine,
                       options: RunOptions, identity: dict[str, Any],
                       ensure_bases: Callable[..., None], echo: Echo) -> CellResult:
-    dockerfile = cell_dir(ctx, plan.id) / "Dockerfile"
+    dockerfile = cell_dir(ctx, cell.id) / "Dockerfile"
     if dockerfile.is_file():
-        log_path = ctx.state.cell_log(plan.id, "build")
+        log_path = ctx.state.cell_log(cell.id, "build")
         try:
             ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), echo,
                          log_path)
         except InfermatrixError as exc:
-            return _record_failure(ctx, plan.id, 0.0, log_path, f"copying the base image to "
+            return _record_failure(ctx, cell.id, 0.0, log_path, f"copying the base image to "
                                    f"builder {builder.name}: {exc}".splitlines()[0],
                                    getattr(exc, "command", None), getattr(exc, "log_tail", None),
                                    builder=identity)
-    return build_cell(ctx, plan, builder.compile, options, builder.engine, builder=identity,
+    return build_cell(ctx, cell, builder.compile, options, builder.engine, builder=identity,
                       echo=echo)
 
 
-def _build_on_builders(ctx: Context, planned: list[CellPlan], endpoints: list[Any],
+def _build_on_builders(ctx: Context, planned: list[CellSpec], endpoints: list[Any],
                        options: RunOptions, results: dict[str, CellResult], echo: Echo,
                        local: Engine) -> None:
     """One worker thread per builder, each with its engine, working through its queue
@@ -836,41 +828,41 @@ def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
 
     results: dict[str, CellResult] = {}
     identity = builder.identity()
-    for plan in builder.queue:  # each on builder.engine (build_cell's `docker`)
+    for cell in builder.queue:  # each on builder.engine (build_cell's `docker`)
         if builder.down:
-            result = _record_failure(ctx, plan.id, 0.0, None, builder.down, None, None,
+            result = _record_failure(ctx, cell.id, 0.0, None, builder.down, None, None,
                                      builder=identity)
         else:
-            result = _bases_then_build(ctx, plan, builder, local, options, identity,
+            result = _bases_then_build(ctx, cell, builder, local, options, identity,
                                        ensure_bases, echo)
             if result.status == "fail" and not builder.engine.answers():
                 builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
                                 "stopped answering during the run; rerun to build on the "
                                 "builders that are up")
-                result = _record_failure(ctx, plan.id, result.duration_s, result.log,
+                result = _record_failure(ctx, cell.id, result.duration_s, result.log,
                                          f"{builder.down} ({result.reason})",
                                          result.command, result.log_tail, result.kernels,
                                          builder=identity)
-        results[plan.id] = result
+        results[cell.id] = result
         echo(f"[{builder.name}] {result.summary()}")
         if result.status == "fail" and options.fail_fast:
             break
     return results
 
 
-def _build_in_order(ctx: Context, planned: list[CellPlan], compile: compileplan.CompilePlan,
+def _build_in_order(ctx: Context, planned: list[CellSpec], compile: compileplan.CompilePlan,
                     options: RunOptions, results: dict[str, CellResult], echo: Echo,
                     docker: Engine) -> None:
-    for plan in planned:
-        result = build_cell(ctx, plan, compile, options, docker, echo=echo)
-        results[plan.id] = result
+    for cell in planned:
+        result = build_cell(ctx, cell, compile, options, docker, echo=echo)
+        results[cell.id] = result
         echo(result.summary())
         if result.status == "fail" and options.fail_fast:
             echo("stopping: --fail-fast")
             return
 
 
-def _build_in_parallel(ctx: Context, planned: list[CellPlan],
+def _build_in_parallel(ctx: Context, planned: list[CellSpec],
                        compile: compileplan.CompilePlan, options: RunOptions,
                        results: dict[str, CellResult], echo: Echo, docker: Engine) -> None:
     """A pool of `parallel_cells` workers. On --fail-fast or an interrupt the cells not
@@ -879,7 +871,8 @@ def _build_in_parallel(ctx: Context, planned: list[CellPlan],
 
     pool = ThreadPoolExecutor(max_workers=compile.parallel_cells,
                               thread_name_prefix="infermatrix-build")
-    futures = {pool.submit(build_cell, ctx, plan, compile, options, docker, None, echo): plan for plan in planned}
+    futures = {pool.submit(build_cell, ctx, cell, compile, options, docker, None, echo): cell
+               for cell in planned}
     pending = set(futures)
     try:
         while pending:
@@ -902,8 +895,7 @@ def _build_in_parallel(ctx: Context, planned: list[CellPlan],
 # --------------------------------------------------------------------------------------------
 
 def step(run: Run, cells: list[CellSpec]) -> StepRecord:
-    results = build_cells(run.ctx, [c.plan for c in cells], run.options, echo=echo,
-                          docker=run.docker)
+    results = build_cells(run.ctx, cells, run.options, echo=echo, docker=run.docker)
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
     return step_record("build", passed, failed)

@@ -150,7 +150,7 @@ def deployment_endpoints(directory: Path) -> list[ServerEndpoint]:
         test = " ".join(map(str, (service.get("healthcheck") or {}).get("test") or []))
         route = HEALTH_URL.search(test)
         endpoints.append(ServerEndpoint(name, f"http://{host}:{port}",
-                                  route.group(1) if route else DEFAULT_HEALTH))
+                                        route.group(1) if route else DEFAULT_HEALTH))
     if not endpoints:
         raise UsageError(f"{compose}: no services")
     return endpoints
@@ -564,7 +564,7 @@ class Batch:
         over all the healthy ones (not on whichever answered its check first)."""
         results: dict[str, bool] = {}
         checks = [threading.Thread(target=lambda r=r: results.__setitem__(r.name,
-                                                                           healthy(r.endpoint)),
+                                                                          healthy(r.endpoint)),
                                    daemon=True) for r in self.replicas]
         for check in checks:
             check.start()

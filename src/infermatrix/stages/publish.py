@@ -173,8 +173,7 @@ def smoke_summary(smoke: StageRecord | None) -> dict[str, Any]:
 def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,
                       labels: dict[str, str], record: CellRecord, run: dict[str, Any],
                       published: str) -> dict[str, Any]:
-    tag_stage = record.stage("tag")
-    tag_details = tag_stage.details if tag_stage else {}
+    tag_details = record.details_of("tag")
     return {
         "cell": cell.id, "repository": repository, "tag": tag, "digest": digest,
         "reference": f"{repository}@{digest}", "image_id": image_id, "published": published,

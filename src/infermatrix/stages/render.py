@@ -38,7 +38,7 @@ from ..model import kernelscope
 from . import lock as locks
 from ..config import REPO_ROOT, Matrix
 from ..context import Context
-from ..errors import ConfigError, StageFailure, UsageError
+from ..errors import ConfigError, StageFailure
 from ..model.cell import Cell, CellPlan, CellSettings
 from ..model.spec import CellSpec, KernelPin
 from ..model.spec import (lock_path, lock_subset,
@@ -77,7 +77,7 @@ GPU_OS_PACKAGES = ("g++", "python3-dev")
 # 1980-01-01, the earliest time a ZIP (a wheel built in a kernel stage) can hold.
 DEFAULT_SOURCE_DATE_EPOCH = 315532800
 COPY_IGNORE = ("__pycache__", "*.pyc", "build", "dist", "*.egg-info", ".eggs",
-                               "*.so", ".git")
+               "*.so", ".git")
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,15 +221,14 @@ def debootstrap_image_ref(matrix: Matrix, base_name: str,
 BUILD_PLATFORM = "linux/amd64"
 
 
-def bytecode_hosts(matrix: Matrix, plan: CellPlan) -> dict[str, str]:
+def bytecode_hosts(matrix: Matrix, spec: CellSpec) -> dict[str, str]:
     """Debian architecture -> the debootstrap base of that CPU, for a cell whose byte-code is
     compiled on the build machine's own CPU (templates/blocks/bytecode.j2): a cell for another
     platform than BUILD_PLATFORM on a debootstrap OS. Empty: compiled in the image's stage.
     The Dockerfile picks the entry of the machine that builds (BUILDARCH), so an Arm builder
     compiles natively too; only that one must exist there."""
-    settings = _settings(plan)
-    name = os_base(matrix, settings.base)
-    if (settings.platform == BUILD_PLATFORM
+    name = os_base(matrix, spec.base)
+    if (spec.platform == BUILD_PLATFORM
             or matrix.bases["definitions"][name]["strategy"] != "debootstrap"):
         return {}
     return {base_images.DEBIAN_ARCHITECTURES[platform]: debootstrap_image_ref(matrix, name,
@@ -237,7 +236,7 @@ def bytecode_hosts(matrix: Matrix, plan: CellPlan) -> dict[str, str]:
             for platform in sorted(base_images.DEBIAN_ARCHITECTURES)}
 
 
-def cross_install(ctx: Context, plan: CellPlan) -> dict[str, Any]:
+def cross_install(ctx: Context, spec: CellSpec) -> dict[str, Any]:
     """The template variables of where Python packages are installed. A cell whose byte-code
     is compiled on the build machine (bytecode_hosts) has its wheels installed there too
     (templates/blocks/native-install.j2), for its own CPU: `cross_flags` are the uv flags of
@@ -246,9 +245,8 @@ def cross_install(ctx: Context, plan: CellPlan) -> dict[str, Any]:
     of a stage that COPYs it."""
     variables: dict[str, Any] = {"uv_flags": "", "toolkit_env_only": False,
                                  "cross_flags": None, "python_platform": None}
-    if bytecode_hosts(ctx.matrix, plan):
-        settings = _settings(plan)
-        platform, _ = locks.platform_for_base(ctx, settings.base, settings.platform)
+    if bytecode_hosts(ctx.matrix, spec):
+        platform, _ = locks.platform_for_base(ctx, spec.base, spec.platform)
         variables.update(python_platform=platform,
                          cross_flags=f"--python-platform {platform} --no-build")
     return variables
@@ -283,7 +281,7 @@ def plan_platform(cell: Cell, matrix: Matrix) -> str:
 
 
 def os_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | None, bool,
-                                                                   tuple[str, ...], str | None]:
+                                                                  tuple[str, ...], str | None]:
     """(image, digest, unpinned, packages it carries, suite) of the base giving the OS."""
     spec = matrix.bases["definitions"][base_name]
     if spec["strategy"] == "debootstrap":
@@ -297,38 +295,38 @@ def os_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | Non
     return os_image(matrix, os_base(matrix, base_name), cell)  # wheels: its `from:` OS
 
 
-def choose_base(matrix: Matrix, plan: CellPlan, compiles: bool) -> BaseChoice:
-    settings = _settings(plan)
-    cell = plan.cell
+def choose_base(matrix: Matrix, spec: CellSpec, compiles: bool) -> BaseChoice:
+    cell, base_name = spec.cell, spec.base
     definitions = matrix.bases["definitions"]
-    if settings.base not in definitions:
-        raise matrix.error(f"cell {cell.id} uses undefined base {settings.base!r}", "bases",
+    if base_name not in definitions:
+        raise matrix.error(f"cell {cell.id} uses undefined base {base_name!r}", "bases",
                            fix=f"one of: {', '.join(sorted(definitions))}")
-    spec = definitions[settings.base]
-    strategy = spec["strategy"]
-    image, digest, unpinned, carried, suite = os_image(matrix, settings.base, cell)
-    toolkit = _toolkit_source(matrix, settings.base, strategy, cell)
+    definition = definitions[base_name]
+    strategy = definition["strategy"]
+    image, digest, unpinned, carried, suite = os_image(matrix, base_name, cell)
+    toolkit = _toolkit_source(matrix, base_name, strategy, cell)
     wanted = set(OS_PACKAGES) | (set(GPU_OS_PACKAGES) if cell.is_gpu else set())
     apt_repo = None
     if toolkit == "apt":
-        distro = spec.get("cuda_repo") or NVIDIA_APT_DISTROS.get(suite or "")
+        distro = definition.get("cuda_repo") or NVIDIA_APT_DISTROS.get(suite or "")
         if not distro:
             raise matrix.error(
-                f"base {settings.base!r}: no NVIDIA apt repository known for suite {suite!r}",
-                "bases", "definitions", settings.base,
-                fix=f"set cuda_repo: (one of {', '.join(sorted(set(NVIDIA_APT_DISTROS.values())))})")
+                f"base {base_name!r}: no NVIDIA apt repository known for suite {suite!r}",
+                "bases", "definitions", base_name,
+                fix="set cuda_repo: (one of "
+                    f"{', '.join(sorted(set(NVIDIA_APT_DISTROS.values())))})")
         # NVIDIA names its Arm server repositories "sbsa" (GB10 machines use them too).
-        machine = "sbsa" if settings.platform == "linux/arm64" else "x86_64"
+        machine = "sbsa" if spec.platform == "linux/arm64" else "x86_64"
         apt_repo = f"{NVIDIA_APT_ROOT}/{distro}/{machine}"
     python_downloads = strategy == "registry"
     shipped = SUITE_PYTHON.get(suite or "")
-    if not python_downloads and shipped and shipped != settings.python:
+    if not python_downloads and shipped and shipped != spec.python:
         raise matrix.error(
-            f"python {settings.python} is not the CPython of base {settings.base!r} "
+            f"python {spec.python} is not the CPython of base {base_name!r} "
             f"({suite} ships {shipped}), and uv downloads no Python on debootstrap/wheels bases",
             "python", fix=f'set python: "{shipped}", or choose a base whose suite ships '
-                          f"{settings.python}")
-    return BaseChoice(name=settings.base, strategy=strategy, image=image, digest=digest,
+                          f"{spec.python}")
+    return BaseChoice(name=base_name, strategy=strategy, image=image, digest=digest,
                       unpinned=unpinned, toolkit=toolkit,
                       os_packages=tuple(sorted(wanted - set(carried))),
                       python_downloads=python_downloads, apt_repo=apt_repo)
@@ -356,10 +354,10 @@ def _toolkit_source(matrix: Matrix, base_name: str, strategy: str, cell: Cell) -
 # Kernels, engine, runtime
 # --------------------------------------------------------------------------------------------
 
-def _settings(plan: CellPlan) -> CellSettings:
-    if plan.settings is None:
-        raise UsageError(f"cell {plan.id} is {plan.status}, not planned: nothing to render")
-    return plan.settings
+def _settings(spec: CellSpec) -> CellSettings:
+    """The plan's settings (a CellSpec is only made for a planned cell)."""
+    assert spec.plan.settings is not None
+    return spec.plan.settings
 
 
 def wheel_prefix(package: str) -> str:
@@ -379,14 +377,14 @@ def flashinfer_arch(cell: Cell) -> str:
     return cc + "a" if cc.startswith("12.") else cc
 
 
-def kernel_specs(ctx: Context, plan: CellPlan) -> list[KernelSpec]:
+def kernel_specs(ctx: Context, spec: CellSpec) -> list[KernelSpec]:
     """The Dockerfile's view of the cell's kernels: the CellSpec's pins (versions the lock
     resolved, sdist pins of its header) with the recipe, env and source tree of each."""
-    matrix, cell, spec = ctx.matrix, plan.cell, ctx.spec(plan)
+    matrix, cell = ctx.matrix, spec.cell
     known = matrix.build.get("kernels", {})
     pinned = {k.name: k for k in spec.kernels}
     specs = []
-    for name in _settings(plan).kernels:
+    for name in _settings(spec).kernels:
         if name not in known:
             raise matrix.error(f"cell {cell.id} needs kernel {name!r}, not under build.kernels",
                                "build", "kernels")
@@ -423,12 +421,11 @@ def kernel_specs(ctx: Context, plan: CellPlan) -> list[KernelSpec]:
     return specs
 
 
-def _flashinfer_scope(ctx: Context, plan: CellPlan, kernels: list[KernelSpec]
+def _flashinfer_scope(ctx: Context, spec: CellSpec, kernels: list[KernelSpec]
                       ) -> dict[str, Any]:
     """The FlashInfer AOT scope of the cell (kernelscope.flashinfer_scope)."""
     version = next((k.version for k in kernels if k.recipe == "flashinfer"), None)
-    platform = plan.settings.platform if plan.settings else "linux/amd64"
-    return kernelscope.flashinfer_scope(ctx.matrix.model, version, platform)
+    return kernelscope.flashinfer_scope(ctx.matrix.model, version, spec.platform)
 
 
 def _sdist_pin(ctx: Context, cell_id: str, pin: KernelPin) -> tuple[str | None, str | None]:
@@ -493,28 +490,29 @@ def _build_requires(source: Path) -> tuple[str, ...]:
         return ()
     requires = tomllib.loads(pyproject.read_text(encoding="utf-8")).get(
         "build-system", {}).get("requires", [])
-    return tuple(sorted(r for r in requires if canonicalize_name(re.split(r"[<>=!~; \[]", r)[0]) != "torch"))
+    return tuple(sorted(r for r in requires
+                        if canonicalize_name(re.split(r"[<>=!~; \[]", r)[0]) != "torch"))
 
 
-def engine_requirement(plan: CellPlan) -> tuple[str | None, list[str]]:
+def engine_requirement(spec: CellSpec) -> tuple[str | None, list[str]]:
     """(requirement, extra index args) that install the engine when there is no lock."""
-    settings, cell = _settings(plan), plan.cell
+    settings, cell = _settings(spec), spec.cell
     if not settings.engine_package:
         return None, []
     if settings.engine_index and settings.engine_index.endswith(".whl"):
         return f"{settings.engine_package} @ {settings.engine_index}", []
     if settings.engine_index:
         return f"{settings.engine_package}=={cell.engine_version}", ["--index",
-                                                                    settings.engine_index]
+                                                                     settings.engine_index]
     return f"{settings.engine_package}=={cell.engine_version}", []
 
 
-def engine_install(ctx: Context, plan: CellPlan) -> dict[str, Any]:
+def engine_install(ctx: Context, spec: CellSpec) -> dict[str, Any]:
     """What the runtime stage installs without a lock: pins, indexes, overrides."""
-    cell = plan.cell
-    settings = _settings(plan)
+    cell = spec.cell
+    settings = _settings(spec)
     install = ctx.matrix.engines[cell.engine].get("install", {})
-    requirement, index_args = engine_requirement(plan)
+    requirement, index_args = engine_requirement(spec)
     extra = list(install.get("requirements", []))
     torch_pin = f"torch=={cell.torch}"
     if settings.torch_index:
@@ -529,28 +527,25 @@ def engine_install(ctx: Context, plan: CellPlan) -> dict[str, Any]:
             "index_args": index_args, "overrides": overrides, "pre": pre}
 
 
-def serve_script_argv(ctx: Context, plan: CellPlan) -> tuple[list[str], bool]:
+def serve_script_argv(spec: CellSpec) -> tuple[list[str], bool]:
     """The serve command as shell words ($PORT/$MODEL substituted) and whether it needs MODEL
     (the cell's spec.Launch says both)."""
-    _settings(plan)
-    launch = ctx.spec(plan).launch
-    assert launch is not None
-    return launch.shell_words()
+    assert spec.launch is not None  # every planned cell has one
+    return spec.launch.shell_words()
 
 
-def image_env(plan: CellPlan, base: BaseChoice) -> dict[str, str]:
-    settings = _settings(plan)
-    env = dict(settings.env)
-    env["INFERMATRIX_CELL"] = plan.id
-    if settings.attention_backend:
-        env["INFERMATRIX_ATTENTION_BACKEND"] = settings.attention_backend
+def image_env(spec: CellSpec, base: BaseChoice) -> dict[str, str]:
+    env = dict(_settings(spec).env)
+    env["INFERMATRIX_CELL"] = spec.id
+    if spec.attention_backend:
+        env["INFERMATRIX_ATTENTION_BACKEND"] = spec.attention_backend
     return dict(sorted(env.items()))
 
 
-def labels(ctx: Context, plan: CellPlan, base: BaseChoice, kernels: list[KernelSpec],
-           lock_text: str | None) -> dict[str, str]:
-    cell, settings = plan.cell, _settings(plan)
-    engine_name = settings.engine_package or cell.engine
+def labels(ctx: Context, spec: CellSpec, base: BaseChoice, kernels: list[KernelSpec]
+           ) -> dict[str, str]:
+    cell, lock_text = spec.cell, spec.lock_text
+    engine_name = spec.engine_package or cell.engine
     values = {
         "org.opencontainers.image.title": f"infermatrix {cell.id}",
         "org.opencontainers.image.description":
@@ -564,21 +559,22 @@ def labels(ctx: Context, plan: CellPlan, base: BaseChoice, kernels: list[KernelS
         "io.infermatrix.cuda": cell.cuda,
         "io.infermatrix.torch": cell.torch,
         "io.infermatrix.engine": cell.engine,
-        "io.infermatrix.engine.package": settings.engine_package or "",
+        "io.infermatrix.engine.package": spec.engine_package or "",
         "io.infermatrix.engine.version": cell.engine_version,
         "io.infermatrix.arch": cell.arch,
         "io.infermatrix.archs": cell.arch,  # comma-separated; a cell has one arch today
-        "io.infermatrix.platform": plan.settings.platform if plan.settings else "linux/amd64",
-        "io.infermatrix.python": settings.python,
+        "io.infermatrix.platform": spec.platform,
+        "io.infermatrix.python": spec.python,
         "io.infermatrix.kernels": ",".join(k.label for k in kernels),
         **{f"io.infermatrix.kernel.{k.name}.consumer": k.consumer for k in kernels},
-        **({"io.infermatrix.kernel.flashinfer.scope": _flashinfer_scope(ctx, plan, kernels)["summary"]}
+        **({"io.infermatrix.kernel.flashinfer.scope":
+            _flashinfer_scope(ctx, spec, kernels)["summary"]}
            if any(k.recipe == "flashinfer" for k in kernels) else {}),
         "io.infermatrix.base": f"{base.name} ({base.strategy})",
         "io.infermatrix.cuda.toolkit": base.toolkit if cell.is_gpu else "none",
-        "io.infermatrix.attention_backend": settings.attention_backend or "",
+        "io.infermatrix.attention_backend": spec.attention_backend or "",
         # the oldest NVIDIA driver the image runs on (plan: CUDA runtime, PTX-only objects)
-        "io.infermatrix.driver.floor": getattr(settings, "driver_floor", None) or "",
+        "io.infermatrix.driver.floor": spec.driver_floor or "",
         "io.infermatrix.lock": ("sha256:" + hashlib.sha256(lock_text.encode()).hexdigest())
         if lock_text else "none",
     }
@@ -596,29 +592,29 @@ def labels(ctx: Context, plan: CellPlan, base: BaseChoice, kernels: list[KernelS
 # One cell
 # --------------------------------------------------------------------------------------------
 
-def render_cell(ctx: Context, plan: CellPlan) -> RenderedCell:
+def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
     """All files of one cell's build context, in memory."""
-    settings = _settings(plan)
-    cell = plan.cell
+    settings = _settings(spec)
+    cell = spec.cell
     matrix = ctx.matrix
-    lock_text = ctx.spec(plan).lock_text  # the run's one read of the cell's lock
-    kernels = kernel_specs(ctx, plan)
-    base = choose_base(matrix, plan, compiles=bool(kernels))
-    serve_words, needs_model = serve_script_argv(ctx, plan)
-    install = engine_install(ctx, plan)
+    lock_text = spec.lock_text  # the run's one read of the cell's lock
+    kernels = kernel_specs(ctx, spec)
+    base = choose_base(matrix, spec, compiles=bool(kernels))
+    serve_words, needs_model = serve_script_argv(spec)
+    install = engine_install(ctx, spec)
     torch_lines = torch_lock(ctx, cell.id, lock_text) if lock_text is not None else None
     variables = {
         "cell": cell, "settings": settings, "base": base, "kernels": kernels,
         "cuda_full": cuda_full(matrix, cell.cuda) if cell.is_gpu else None,
         "cuda_dashed": cell.cuda.replace(".", "-") if cell.is_gpu else None,
         "torch_arch_list": torch_arch_list(cell), "flashinfer_arch": flashinfer_arch(cell),
-        "flashinfer_scope": _flashinfer_scope(ctx, plan, kernels),
+        "flashinfer_scope": _flashinfer_scope(ctx, spec, kernels),
         "lock": lock_text is not None, "install": install,
-        "bytecode_hosts": bytecode_hosts(matrix, plan),
-        **cross_install(ctx, plan),
+        "bytecode_hosts": bytecode_hosts(matrix, spec),
+        **cross_install(ctx, spec),
         "torch_lock": torch_lines, "source_date_epoch": source_date_epoch(matrix, settings.base),
-        "image_env": image_env(plan, base),
-        "labels": labels(ctx, plan, base, kernels, lock_text),
+        "image_env": image_env(spec, base),
+        "labels": labels(ctx, spec, base, kernels),
         "uv_version": UV_VERSION,
         "build_tools": KERNEL_BUILD_TOOLS, "flash_attn_extra": FLASH_ATTN_EXTRA,
         "serve_words": serve_words, "needs_model": needs_model,
@@ -701,7 +697,7 @@ def planned(plans: Iterable[CellPlan]) -> list[CellPlan]:
 
 def render_all(ctx: Context, plans: Iterable[CellPlan]) -> list[RenderedCell]:
     """Render every planned cell in memory first, so a mistake writes nothing."""
-    return [render_cell(ctx, plan) for plan in planned(plans)]
+    return [render_cell(ctx, ctx.spec(plan)) for plan in planned(plans)]
 
 
 def write_cell(directory: Path, rendered: RenderedCell) -> bool:
@@ -712,7 +708,8 @@ def write_cell(directory: Path, rendered: RenderedCell) -> bool:
     if _matches(directory, rendered):
         return False
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}{STAGING}{os.getpid()}-"))
+    staging = Path(tempfile.mkdtemp(dir=directory.parent,
+                                    prefix=f".{directory.name}{STAGING}{os.getpid()}-"))
     try:
         for relative, (data, executable) in sorted(rendered.files.items()):
             _write_file_atomic(staging / relative, data, executable)

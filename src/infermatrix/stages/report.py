@@ -730,7 +730,7 @@ def _fence(text: str) -> str:
 
 
 def render_markdown(report: Report, html_name: str | None = "report.html",
-                     tail_lines: int = 15) -> str:
+                    tail_lines: int = 15) -> str:
     counts = report.counts
     total = len(report.cells)
     parts = [f"{OUTCOME_ICONS[k]} {counts[k]} {OUTCOME_LABELS[k]}" for k, _, _ in OUTCOMES
@@ -844,7 +844,7 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
 
 
 RICH_STYLES = {"tagged": "bold green", "verified": "bold blue", "built": "yellow",
-                "failed": "bold red", "not-built": "dim", "pruned": "dim"}
+               "failed": "bold red", "not-built": "dim", "pruned": "dim"}
 
 
 def summary_table(report: Report, html_path: Path | str | None = None) -> Table:

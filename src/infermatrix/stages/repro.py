@@ -45,7 +45,7 @@ from . import lock as locks
 from ..config import DATA_DIR
 from ..context import Context
 from ..errors import StageFailure
-from ..model.cell import CellPlan
+from ..model.spec import CellSpec
 
 REPRO_REPOSITORY = "infermatrix-repro"
 CONFIG_KEYS = ("Env", "Cmd", "Entrypoint", "Labels", "WorkingDir", "User", "ExposedPorts",
@@ -318,11 +318,11 @@ def nvcc_input(dockerfile_text: str) -> dict[str, Any] | None:
     return None
 
 
-def cell_inputs(ctx: Context, plan: CellPlan, image_info: dict[str, Any],
+def cell_inputs(ctx: Context, cell: CellSpec, image_info: dict[str, Any],
                 builder: dict[str, Any]) -> dict[str, dict[str, Any]]:
     labels = (image_info.get("Config") or {}).get("Labels") or {}
-    dockerfile = (build.cell_dir(ctx, plan.id) / "Dockerfile").read_text(encoding="utf-8")
-    lock_item, lock_text = lock_input(ctx, plan.id)
+    dockerfile = (build.cell_dir(ctx, cell.id) / "Dockerfile").read_text(encoding="utf-8")
+    lock_item, lock_text = lock_input(ctx, cell.id)
     inputs = {"base": base_input(labels), "lock": lock_item, **kernel_inputs(lock_text)}
     nvcc = nvcc_input(dockerfile)
     if nvcc is not None:
@@ -401,11 +401,11 @@ class ReproReport:
         return data
 
 
-def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: dict[str, str],
+def _context_with_kernels(ctx: Context, cell: CellSpec, tmp: Path, build_args: dict[str, str],
                           secrets: dict[str, Path], log_path: Path, run: int,
                           docker: Engine) -> Path:
     """A copy of the cell's context whose kernel-wheels/ this run compiled without cache."""
-    directory = build.cell_dir(ctx, plan.id)
+    directory = build.cell_dir(ctx, cell.id)
     context = tmp / f"context-{run}"
     shutil.copytree(directory, context, symlinks=True)
     wheels_dir = context / build.KERNEL_WHEELS_DIR
@@ -414,7 +414,7 @@ def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: d
         out = tmp / f"kernel-{name}-{run}"
         docker.build_image(context, target=f"kernel-{name}", build_args=build_args,
                            secrets=secrets, output_dir=out, log_path=log_path, no_cache=True,
-                           platform=build.build_platform(plan, docker))
+                           platform=build.build_platform(cell, docker))
         wheels = kernelcache.find_wheels(out)
         if not wheels:
             raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -423,7 +423,7 @@ def _context_with_kernels(ctx: Context, plan: CellPlan, tmp: Path, build_args: d
     return context
 
 
-def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
+def build_twice(ctx: Context, cell: CellSpec, log_path: Path,
                 build_args: dict[str, str] | None = None,
                 secrets: dict[str, Path] | None = None, options: RunOptions | None = None,
                 docker: Engine | None = None) -> tuple[list[str], list[float], dict]:
@@ -432,10 +432,10 @@ def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
     --ca-bundle)."""
     options = options or RunOptions()
     docker = docker or Engine()
-    dockerfile = build.cell_dir(ctx, plan.id) / "Dockerfile"
+    dockerfile = build.cell_dir(ctx, cell.id) / "Dockerfile"
     if not dockerfile.is_file():
-        raise StageFailure(f"{plan.id}: not rendered ({dockerfile} is missing); run "
-                           f"`infermatrix render --select {plan.id}` first")
+        raise StageFailure(f"{cell.id}: not rendered ({dockerfile} is missing); run "
+                           f"`infermatrix render --select {cell.id}` first")
     stages = build.kernel_stages(dockerfile.read_text(encoding="utf-8"))
     if build_args is None:
         build_args = build.compile_plan_for(ctx, [stages], options).build_args()
@@ -444,15 +444,15 @@ def build_twice(ctx: Context, plan: CellPlan, log_path: Path,
     images, durations = [], []
     root = ctx.state.root / "tmp"
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"repro-{plan.id}-", dir=root) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"repro-{cell.id}-", dir=root) as tmp:
         for run in (1, 2):
             started = time.monotonic()
-            context = _context_with_kernels(ctx, plan, Path(tmp), build_args, secrets,
+            context = _context_with_kernels(ctx, cell, Path(tmp), build_args, secrets,
                                             log_path, run, docker)
             images.append(docker.build_image(
-                context, tag=f"{REPRO_REPOSITORY}/{plan.id}:{run}", build_args=build_args,
+                context, tag=f"{REPRO_REPOSITORY}/{cell.id}:{run}", build_args=build_args,
                 secrets=secrets, log_path=log_path, no_cache=True,
-                platform=build.build_platform(plan, docker)))
+                platform=build.build_platform(cell, docker)))
             durations.append(time.monotonic() - started)
     return images, durations, build_args
 
@@ -466,28 +466,28 @@ def compare_images(first: str, second: str, docker: Engine
     return differences, [len(a), len(b)]
 
 
-def verify_repro(ctx: Context, plan: CellPlan, keep: bool = False,
+def verify_repro(ctx: Context, cell: CellSpec, keep: bool = False,
                  options: RunOptions | None = None, docker: Engine | None = None
                  ) -> ReproReport:
     """Build twice without cache, compare files, config and digests, list the inputs; record
     the result (journal field `repro` and <state>/reports/repro-<cell>.json); remove the two
     images unless `keep`."""
     docker = docker or Engine()
-    log_path = ctx.state.cell_log(plan.id, "repro")
+    log_path = ctx.state.cell_log(cell.id, "repro")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(f"# infermatrix verify-repro {plan.id}\n", encoding="utf-8")
+    log_path.write_text(f"# infermatrix verify-repro {cell.id}\n", encoding="utf-8")
     try:
-        images, durations, build_args = build_twice(ctx, plan, log_path, options=options,
+        images, durations, build_args = build_twice(ctx, cell, log_path, options=options,
                                                     docker=docker)
         differences, files = compare_images(images[0], images[1], docker)
         infos = [docker.inspect_image(image) or {} for image in images]
         builder = builder_info(docker)
-        inputs = cell_inputs(ctx, plan, infos[0], builder)
+        inputs = cell_inputs(ctx, cell, infos[0], builder)
     finally:
         if not keep:  # only the two tags this command made
             for run in (1, 2):
-                docker.remove_image(f"{REPRO_REPOSITORY}/{plan.id}:{run}")
-    report = ReproReport(plan.id, images, files, differences, durations, build_args,
+                docker.remove_image(f"{REPRO_REPOSITORY}/{cell.id}:{run}")
+    report = ReproReport(cell.id, images, files, differences, durations, build_args,
                          metadata=compare_digests(infos[0], infos[1]), builder=builder,
                          inputs=inputs)
     _record(ctx, report, log_path)
@@ -638,44 +638,44 @@ def compare_kernel_wheels(first: list[Path], second: list[Path]
 COMPILE_NONCE_ARG = build.COMPILE_NONCE_ARG
 
 
-def compile_kernel_again(ctx: Context, plan: CellPlan, name: str, out: Path,
+def compile_kernel_again(ctx: Context, cell: CellSpec, name: str, out: Path,
                          build_args: dict[str, str], secrets: dict[str, Path],
                          log_path: Path, docker: Engine) -> list[Path]:
     """A real compile of kernel stage `name` on the cached toolchain: a nonce never used before
     (so no earlier compile can be reused from the cache) reruns the compile RUN only."""
     nonce = uuid.uuid4().hex
-    docker.build_image(build.cell_dir(ctx, plan.id), target=f"kernel-{name}",
+    docker.build_image(build.cell_dir(ctx, cell.id), target=f"kernel-{name}",
                        build_args={**build_args, COMPILE_NONCE_ARG: nonce}, secrets=secrets,
                        output_dir=out, log_path=log_path,
-                       platform=build.build_platform(plan, docker))
+                       platform=build.build_platform(cell, docker))
     wheels = kernelcache.find_wheels(out)
     if not wheels:
         raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
     return wheels
 
 
-def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False,
+def verify_kernels(ctx: Context, cell: CellSpec, against_cache: bool = False,
                    options: RunOptions | None = None, docker: Engine | None = None
                    ) -> list[KernelReproReport]:
     """Compile each kernel stage of the cell (its compile step again, on the cached toolchain:
     compile_kernel_again) and compare the wheels member by member with a second such compile,
     or (`against_cache`) with the wheel the kernel cache holds for the same key (what a rebuild
     of the cell would otherwise reuse)."""
-    dockerfile = build.cell_dir(ctx, plan.id) / "Dockerfile"
+    dockerfile = build.cell_dir(ctx, cell.id) / "Dockerfile"
     if not dockerfile.is_file():
-        raise StageFailure(f"{plan.id}: not rendered; run `infermatrix render --select {plan.id}`")
+        raise StageFailure(f"{cell.id}: not rendered; run `infermatrix render --select {cell.id}`")
     text = dockerfile.read_text(encoding="utf-8")
     stages = build.kernel_stages(text)
     if not stages:
-        raise StageFailure(f"{plan.id} compiles no kernel (no kernel-* stage)")
+        raise StageFailure(f"{cell.id} compiles no kernel (no kernel-* stage)")
     options = options or RunOptions()
     docker = docker or Engine()
     build_args = build.compile_plan_for(ctx, [stages], options).build_args()
     secrets = build.secrets_for(options)
-    keys = build.kernel_keys_for(ctx, plan, text)
-    log_path = ctx.state.cell_log(plan.id, "repro-kernels")
+    keys = build.kernel_keys_for(ctx, cell, text)
+    log_path = ctx.state.cell_log(cell.id, "repro-kernels")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(f"# infermatrix verify-repro --kernels {plan.id}\n", encoding="utf-8")
+    log_path.write_text(f"# infermatrix verify-repro --kernels {cell.id}\n", encoding="utf-8")
     reports = []
     root = ctx.state.root / "tmp"
     root.mkdir(parents=True, exist_ok=True)
@@ -684,7 +684,7 @@ def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False,
             compiles, sources, durations = [], [], []
             cached = kernelcache.lookup(ctx.state, keys[name]) if against_cache else None
             if against_cache and cached is None:
-                raise StageFailure(f"{plan.id}: the kernel cache holds no {name} for "
+                raise StageFailure(f"{cell.id}: the kernel cache holds no {name} for "
                                    f"{keys[name].slug}; build the cell first or drop "
                                    "--against-cache")
             if cached is not None:
@@ -692,24 +692,24 @@ def verify_kernels(ctx: Context, plan: CellPlan, against_cache: bool = False,
                 sources.append(f"kernel cache {keys[name].slug}")
             for run in range(1, 3 - len(compiles)):
                 started = time.monotonic()
-                compiles.append(compile_kernel_again(ctx, plan, name, Path(tmp) / str(run),
+                compiles.append(compile_kernel_again(ctx, cell, name, Path(tmp) / str(run),
                                                      build_args, secrets, log_path, docker))
                 durations.append(round(time.monotonic() - started, 1))
                 sources.append(f"fresh compile {run}")
             differences, members = compare_kernel_wheels(compiles[0], compiles[1])
-            kept = ctx.state.reports / f"repro-kernels-{plan.id}" / name
+            kept = ctx.state.reports / f"repro-kernels-{cell.id}" / name
             for index, wheels in enumerate(compiles, start=1):  # kept, to look at the bytes
                 (kept / str(index)).mkdir(parents=True, exist_ok=True)
                 for wheel in wheels:
                     shutil.copy2(wheel, kept / str(index) / wheel.name)
-            reports.append(KernelReproReport(plan.id, name, [w.name for w in compiles[0]],
+            reports.append(KernelReproReport(cell.id, name, [w.name for w in compiles[0]],
                                              members, sources, differences, durations))
-    path = ctx.state.reports / f"repro-kernels-{plan.id}.json"
+    path = ctx.state.reports / f"repro-kernels-{cell.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([asdict(r) | {"identical": r.identical, "explained": r.explained}
                                 for r in reports], indent=1, sort_keys=True) + "\n",
                     encoding="utf-8")
-    journal.update(ctx.state, plan.id, repro_kernels={
+    journal.update(ctx.state, cell.id, repro_kernels={
         r.kernel: {"identical": r.identical, "explained": r.explained,
                    "differences": len(r.differences), "members": r.members,
                    "sources": r.sources, "report": str(path)} for r in reports})

@@ -187,8 +187,7 @@ def kernel_wheels(ctx, record: CellRecord, lock_text: str | None) -> list[Kernel
     from ..model.spec import kernel_pins_from_lock
     from packaging.utils import canonicalize_name
 
-    build = record.stage("build")
-    details = build.details if build else {}
+    details = record.details_of("build")
     pins = kernel_pins_from_lock(lock_text or "") if lock_text else {}
     found = []
     for name, kernel in sorted((details.get("kernels") or {}).items()):

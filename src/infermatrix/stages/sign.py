@@ -64,8 +64,7 @@ def predicates(ctx, spec: CellSpec, image_id: str, record: CellRecord, docker: E
     `docker`, the engine that holds it); the SBOM's pins from the run's CellSpec's lock."""
     cell = spec.cell
 
-    base = record.stage("base")
-    base_refs = (base.details.get("images") if base else None) or []
+    base_refs = record.details_of("base").get("images") or []
     bases = {}
     for ref in base_refs:
         info = docker.inspect_image(ref)
@@ -193,8 +192,8 @@ def _signature_problem(message: str) -> str:
 
 
 def verify_signatures(entry: dict[str, Any], options: VerifyOptions,
-                 creds: registries.RegistryCredentials,
-                 say: Callable[[str], None] = print) -> dict[str, Any]:
+                      creds: registries.RegistryCredentials,
+                      say: Callable[[str], None] = print) -> dict[str, Any]:
     """Check the signature and attestations of a locked digest; the verified test result."""
     cell, reference = entry["cell"], entry["reference"]
     if options.skip:

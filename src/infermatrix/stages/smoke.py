@@ -730,7 +730,7 @@ def timed_level(level: str, fn: Callable[[], LevelResult]) -> LevelResult:
 def previous_levels(record: journal.CellRecord, image_id: str) -> dict[str, Any]:
     """Levels of an earlier smoke run of the same image (kept when a run redoes only some)."""
     smoke = record.stage("smoke")
-    details = smoke.details if smoke else {}
+    details = record.details_of("smoke")
     if smoke is None or smoke.status == journal.Status.RUNNING \
             or details.get("image_id") != image_id:
         return {}

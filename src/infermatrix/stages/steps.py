@@ -76,12 +76,11 @@ class Run:
         receives. Resolved once per run by the context (again only for a cell whose lock the
         lock step just wrote)."""
         wanted = None if ids is None else set(ids)
-        return [self.ctx.spec(p) for p in self.plans
-                if p.planned and (wanted is None or p.id in wanted)]
+        return self.ctx.specs(p for p in self.plans if wanted is None or p.id in wanted)
 
 
 def step_record(name: str, passed: list[str], failed: list[str], note: str = "",
-            dropped: list[str] | None = None) -> StepRecord:
+                dropped: list[str] | None = None) -> StepRecord:
     status = StepStatus.RAN if passed or failed or dropped else StepStatus.NOTHING_TO_DO
     return StepRecord(name, status, passed, failed, dropped or [], note=note)
 

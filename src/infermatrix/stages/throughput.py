@@ -44,7 +44,7 @@ class LoadSettings:
     def from_matrix(cls, section: dict[str, Any] | None, **overrides: Any) -> LoadSettings:
         """matrix.yaml `smoke.throughput` (schema-checked), then explicit overrides."""
         values = {**DEFAULTS, **(section or {}), **{k: v for k, v in overrides.items()
-                                                   if v is not None}}
+                                                    if v is not None}}
         prompts = values.get("prompts")
         return cls(int(values["replicas"]), [int(c) for c in values["concurrency"]],
                    [bool(t) for t in values["thinking"]], int(values["requests"]),

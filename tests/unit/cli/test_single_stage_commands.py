@@ -85,6 +85,15 @@ def test_an_unknown_audit_target_is_a_usage_error_before_the_step(tmp_path, monk
     assert "--target 'sm_7x'" in capsys.readouterr().err and not calls
 
 
+def test_two_images_of_one_cell_are_a_usage_error_before_the_step(tmp_path, monkeypatch,
+                                                                  capsys):
+    calls = recording_step("audit", monkeypatch)
+    journal.record_stage(StatePaths.at(tmp_path), CELL, "build", journal.Status.PASS,
+                         image_id="sha256:" + "a" * 64)
+    assert main(["audit", CELL, CELL, *common(tmp_path)]) == 2
+    assert f"more than one image of {CELL}" in capsys.readouterr().err and not calls
+
+
 @pytest.mark.parametrize("selection, prunes", [([], True), (["--select", CELL], False)])
 def test_render_runs_the_render_step_and_prunes_only_over_the_whole_matrix(
         tmp_path, monkeypatch, selection, prunes):

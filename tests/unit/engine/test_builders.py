@@ -16,6 +16,7 @@ from infermatrix.config import load_matrix
 from infermatrix.engine.docker import Endpoint, Engine, DockerFacts, parse_builder
 from infermatrix.errors import ConfigError, UsageError
 from infermatrix.model.cell import Cell, CellPlan
+from infermatrix.model.spec import CellSpec, machine_of
 from infermatrix.engine import builders
 from infermatrix.stages.plan import settings_for
 
@@ -94,21 +95,24 @@ def builder(name: str, platform: str, cpus: int, memory_gib: float,
                             DockerFacts(cpus, int(memory_gib * GIB), platform))
 
 
-def plan(arch: str, engine_version: str, platform: str) -> CellPlan:
+def spec(arch: str, engine_version: str, platform: str) -> CellSpec:
+    """A planned cell's CellSpec for `platform` (what builders.assign reads); no lock."""
     matrix = load_matrix(TESTS / "matrix" / "matrix.yaml")
     cell = Cell(cuda="13.0", torch="2.13.0", engine="kernel-fixture",
                 engine_version=engine_version, arch=arch)
     settings = settings_for(cell, matrix, None, "flashinfer")
     settings.platform = platform
-    return CellPlan(cell, "planned", settings=settings)
+    return CellSpec(CellPlan(cell, "planned", settings=settings), platform, machine_of(platform),
+                    settings.python, settings.base, (settings.base,), settings.engine_package,
+                    (), Path("/nonexistent/uv.lock"))
 
 
 def test_cells_go_by_platform_then_by_queue_per_cpu() -> None:
     big = builder("big", "linux/amd64", 16, 64)
     small = builder("small", "linux/amd64", 4, 16)
     arm = builder("gb10", "linux/arm64", 20, 128)
-    amd64 = [plan("sm_120", f"1.{i}", "linux/amd64") for i in range(10)]
-    arm64 = [plan("sm_121", f"1.{i}", "linux/arm64") for i in range(2)]
+    amd64 = [spec("sm_120", f"1.{i}", "linux/amd64") for i in range(10)]
+    arm64 = [spec("sm_121", f"1.{i}", "linux/arm64") for i in range(2)]
     refused = builders.assign(amd64 + arm64, [big, small, arm], {}, {})
     assert refused == {}
     assert [p.id for p in arm.queue] == [p.id for p in arm64]  # only the Arm engine fits
@@ -118,7 +122,7 @@ def test_cells_go_by_platform_then_by_queue_per_cpu() -> None:
 def test_a_declared_platform_and_the_last_builder_of_a_cell_are_kept() -> None:
     emulating = builder("qemu", "linux/amd64", 2, 8, platforms=("linux/amd64", "linux/arm64"))
     other = builder("other", "linux/amd64", 64, 256)
-    cells = [plan("sm_121", "1.0", "linux/arm64"), plan("sm_120", "1.0", "linux/amd64")]
+    cells = [spec("sm_121", "1.0", "linux/arm64"), spec("sm_120", "1.0", "linux/amd64")]
     refused = builders.assign(cells, [emulating, other], {cells[1].id: "qemu"}, {})
     assert refused == {}
     assert [p.id for p in emulating.queue] == [cells[0].id, cells[1].id]  # sticky despite load
@@ -127,7 +131,7 @@ def test_a_declared_platform_and_the_last_builder_of_a_cell_are_kept() -> None:
 
 def test_no_builder_for_a_platform_says_which_are_there_and_which_are_down() -> None:
     amd = builder("amd", "linux/amd64", 2, 8)
-    cell = plan("sm_121", "1.0", "linux/arm64")
+    cell = spec("sm_121", "1.0", "linux/arm64")
     refused = builders.assign([cell], [amd], {}, {"gb10": "ssh://gb10 does not answer"})
     assert refused[cell.id].startswith("no builder for linux/arm64 (builders: amd linux/amd64; "
                                        "gb10 is down: ssh://gb10 does not answer)")

@@ -142,7 +142,7 @@ def test_the_sm90_fixture_cell_runs_the_gpu_level_with_its_arch_and_kernels(tmp_
     # named, and then a missing triton or GDN op fails the level)
     assert harness.calls == [("gpu_check", ["--arch", "sm_90", "--engine", "none", "--kernels",
                                             "cudakern"], {"gpu": True})]
-    dockerfile = render.render_cell(ctx, plan).files["Dockerfile"][0].decode()
+    dockerfile = render.render_cell(ctx, ctx.spec(plan)).files["Dockerfile"][0].decode()
     assert 'TORCH_CUDA_ARCH_LIST="9.0"' in dockerfile  # the fixture compiles for Hopper
 
 

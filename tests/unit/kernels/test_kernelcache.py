@@ -129,7 +129,8 @@ def test_a_cells_kernel_keys_are_computed_once_per_run_and_again_for_a_new_docke
     from tests.support.render_support import GOLDEN_DIR, golden_context, golden_plans
 
     ctx = golden_context()
-    plan = next(p for p in golden_plans(ctx) if p.id == "cu130-torch2.11.0-sglang0.5.11-sm121")
+    plan = ctx.spec(next(p for p in golden_plans(ctx)
+                         if p.id == "cu130-torch2.11.0-sglang0.5.11-sm121"))
     text = (GOLDEN_DIR / plan.id / "Dockerfile").read_text(encoding="utf-8")
     computed = []
     real = build._compute_kernel_keys

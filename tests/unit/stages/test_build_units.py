@@ -80,19 +80,24 @@ def test_local_ref_is_not_publishable_looking():
 
 
 def test_platform_flag_only_for_another_cpu():
+    from pathlib import Path
+
     from infermatrix.engine import docker as engine
     from infermatrix.model.cell import Cell, CellPlan, CellSettings
+    from infermatrix.model.spec import CellSpec, machine_of
 
-    def plan(platform: str) -> CellPlan:
+    def spec(platform: str) -> CellSpec:
         cell = Cell("13.0", "2.11.0", "vllm", "0.20.1", "sm_121")
-        return CellPlan(cell, "planned", settings=CellSettings(
+        plan = CellPlan(cell, "planned", settings=CellSettings(
             python="3.12", base="b", engine_package="vllm", platform=platform))
+        return CellSpec(plan, platform, machine_of(platform), "3.12", "b", ("b",), "vllm", (),
+                        Path("/nonexistent/uv.lock"))
 
     host = engine.host_platform()
     other = "linux/arm64" if host != "linux/arm64" else "linux/amd64"
     machine = engine.Engine()  # the default engine's platform is this host's: no Docker call
-    assert build.build_platform(plan(host), machine) is None
-    assert build.build_platform(plan(other), machine) == other
+    assert build.build_platform(spec(host), machine) is None
+    assert build.build_platform(spec(other), machine) == other
     request = engine.BuildRequest(context_dir=".", platform=other)
     argv = request.argv(engine.BuildClient("/usr/bin/docker", "buildkit", "20.10.24"))
     assert argv[argv.index("--platform") + 1] == other
@@ -129,26 +134,17 @@ def _emulation_context(tmp_path, build_section: dict):
     return SimpleNamespace(state=state, matrix=matrix)
 
 
-def _arm_plan():
-    from infermatrix.model.cell import Cell, CellPlan, CellSettings
-
-    cell = Cell("13.0", "2.14.1", "sglang", "0.5.23", "sm_121")
-    return CellPlan(cell, "planned", settings=CellSettings(
-        python="3.11", base="b", engine_package="sglang", platform="linux/arm64"))
-
-
 def test_emulated_compile_is_refused_before_starting_with_estimate_and_alternatives(tmp_path):
     ctx = _emulation_context(tmp_path, {
         "kernels": {"flash-attn": {"estimate_minutes": 60}},
         "emulation": {"slowdown": 12, "max_compile_minutes": 60}})
     key = kernelcache.KernelKey("flash-attn", "2.8.3", "2.14.1", "13.0", "3.11", ("sm_121",),
                                 platform="linux/arm64")
-    reason = build.emulated_compile_refusal(ctx, _arm_plan(), {"flash-attn": key},
-                                            "linux/arm64")
+    reason = build.emulated_compile_refusal(ctx, {"flash-attn": key}, "linux/arm64")
     assert reason is not None
     assert "flash-attn ~12.0 h (60 min natively, build.kernels.flash-attn.estimate_minutes" in reason
     assert "native linux/arm64 builder" in reason and "--driver remote" in reason
-    assert build.emulated_compile_refusal(ctx, _arm_plan(), {"flash-attn": key}, None) is None
+    assert build.emulated_compile_refusal(ctx, {"flash-attn": key}, None) is None
 
 
 def test_emulated_compile_uses_the_measured_native_time_and_the_cache(tmp_path):
@@ -161,11 +157,9 @@ def test_emulated_compile_uses_the_measured_native_time_and_the_cache(tmp_path):
     arm = kernelcache.KernelKey("flashinfer-python", "0.7.2", "2.14.1", "13.0", "3.11",
                                 ("sm_121",), platform="linux/arm64")
     # 300 s natively x10 = 50 min: under the limit, so it compiles
-    assert build.emulated_compile_refusal(ctx, _arm_plan(), {"flashinfer": arm},
-                                          "linux/arm64") is None
+    assert build.emulated_compile_refusal(ctx, {"flashinfer": arm}, "linux/arm64") is None
     ctx.matrix.build["emulation"]["max_compile_minutes"] = 30
-    reason = build.emulated_compile_refusal(ctx, _arm_plan(), {"flashinfer": arm}, "linux/arm64")
+    reason = build.emulated_compile_refusal(ctx, {"flashinfer": arm}, "linux/arm64")
     assert reason and "flashinfer ~0.8 h (5 min natively, measured here" in reason
     kernelcache.store(ctx.state, arm, [wheel])  # in the cache: nothing to compile
-    assert build.emulated_compile_refusal(ctx, _arm_plan(), {"flashinfer": arm},
-                                          "linux/arm64") is None
+    assert build.emulated_compile_refusal(ctx, {"flashinfer": arm}, "linux/arm64") is None

@@ -215,7 +215,7 @@ def test_a_build_without_a_committed_lock_is_refused(ctx):
 
     plan = _plan(SGLANG)
     _rendered(ctx, plan.id, "none")  # rendered while the cell had no lock: no hashes
-    result = build.build_cells(ctx, [plan], RunOptions(), echo=lambda _: None)[plan.id]
+    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(), echo=lambda _: None)[plan.id]
     assert result.status == "fail" and f"lock --select {plan.id}" in result.reason
     record = journal.load(ctx.state, plan.id)
     assert record["stages"]["build"]["status"] == "fail" and record["image_id"] is None
@@ -224,13 +224,13 @@ def test_a_build_without_a_committed_lock_is_refused(ctx):
     path = lock.lock_path(ctx, plan.id)
     path.parent.mkdir(parents=True)
     path.write_text(lock.header(_inputs(cell_id=plan.id)) + LOCK_A)
-    result = build.build_cells(ctx, [plan], RunOptions(), echo=lambda _: None)[plan.id]
+    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(), echo=lambda _: None)[plan.id]
     assert result.status == "fail" and "rendered from another lock" in result.reason
     assert f"infermatrix render --select {plan.id}" in result.reason
     # Rendered from this very lock: nothing left to refuse.
     _rendered(ctx, plan.id, lock.lock_digest(path.read_text()))
     dockerfile = (ctx.images_dir / plan.id / "Dockerfile").read_text()
-    assert build.lock_problem(ctx, plan, dockerfile) is None
+    assert build.lock_problem(ctx, ctx.spec(plan), dockerfile) is None
 
 
 LOCK_WITH_ANNOTATIONS = """\

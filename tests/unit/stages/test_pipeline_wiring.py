@@ -162,7 +162,7 @@ def test_verify_repro_builds_for_the_cells_platform(ctx):
     directory.mkdir(parents=True)
     (directory / "Dockerfile").write_text("FROM scratch\n")
     fake = RecordingEngine()
-    repro.build_twice(ctx, arm, ctx.state.root / "repro.log", build_args={}, secrets={},
+    repro.build_twice(ctx, ctx.spec(arm), ctx.state.root / "repro.log", build_args={}, secrets={},
                       docker=fake)
     platforms = [c.args["platform"] for c in fake.named("build_image")]
     wanted = None if engine.host_platform() == "linux/arm64" else "linux/arm64"
@@ -211,7 +211,8 @@ def test_a_cell_short_of_disk_is_refused_before_its_build_after_pruning_when_all
     plans = plan_cells(ctx, [CPU], source=recorded_metadata)
     render.render_cells(ctx, plans)
     fake = RecordingEngine(data_root=tmp_path)
-    result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None, docker=fake)[CPU]
+    result = build.build_cells(ctx, ctx.specs(plans), RunOptions(), echo=lambda _: None,
+                               docker=fake)[CPU]
     assert result.status == "fail"
     assert result.reason.startswith("not started: ") and "build.disk.min_free_gib" in result.reason
     assert str(tmp_path) in result.reason
@@ -230,7 +231,8 @@ def test_a_short_disk_prunes_the_least_recently_used_cache_first_then_all(ctx, t
     plans = plan_cells(ctx, [CPU], source=recorded_metadata)
     render.render_cells(ctx, plans)
     fake = RecordingEngine(data_root=tmp_path, cache_bytes=2 * 10**9 * 2**30)
-    result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None, docker=fake)[CPU]
+    result = build.build_cells(ctx, ctx.specs(plans), RunOptions(), echo=lambda _: None,
+                               docker=fake)[CPU]
     assert result.status == "fail"
     first, last = [c.args["keep_bytes"] for c in fake.named("prune_build_cache")]
     assert first is not None and 0 < first < fake.cache_bytes and last is None
@@ -257,7 +259,8 @@ def test_a_cell_with_enough_free_space_builds_without_a_prune(ctx, tmp_path):
     render.render_cells(ctx, plans)
     ctx.matrix.build["disk"] = {"min_free_gib": 0.001}
     fake = RecordingEngine(data_root=tmp_path)
-    result = build.build_cells(ctx, plans, RunOptions(), echo=lambda _: None, docker=fake)[CPU]
+    result = build.build_cells(ctx, ctx.specs(plans), RunOptions(), echo=lambda _: None,
+                               docker=fake)[CPU]
     assert result.status == "pass", result.summary()
     assert fake.named("prune_build_cache") == [] and fake.named("build_image")
 

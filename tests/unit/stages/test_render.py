@@ -4,6 +4,8 @@ tests/docker/test_render_docker.py and tests/network/test_render_network.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tests.paths import REPO
 
 import hashlib
@@ -345,15 +347,16 @@ def test_only_other_cpu_cells_on_a_debootstrap_os_compile_bytecode_on_the_build_
     arm = [p for p in by_id.values() if p.settings.platform == "linux/arm64"]
     assert {p.settings.base for p in arm} == {"bookworm", "cuda-wheels"}
     for plan in arm:
-        assert render.bytecode_hosts(ctx.matrix, plan) == {
+        assert render.bytecode_hosts(ctx.matrix, ctx.spec(plan)) == {
             arch: base.image_ref(ctx.matrix, "bookworm", f"linux/{arch}")
             for arch in ("amd64", "arm64")}
     for plan in by_id.values():
         if plan.settings.platform == "linux/amd64":
-            assert render.bytecode_hosts(ctx.matrix, plan) == {}
-    registry = next(p for p in arm if p.settings.base == "bookworm")
-    registry.settings.base = "nvidia-devel"
-    assert render.bytecode_hosts(ctx.matrix, registry) == {}
+            assert render.bytecode_hosts(ctx.matrix, ctx.spec(plan)) == {}
+    bookworm = next(p for p in arm if p.settings.base == "bookworm")
+    registry = dataclasses.replace(bookworm, settings=dataclasses.replace(bookworm.settings,
+                                                                          base="nvidia-devel"))
+    assert render.bytecode_hosts(ctx.matrix, ctx.spec(registry)) == {}
 
 
 def test_kernel_stages_target_exactly_the_cells_arch(golden_rendered) -> None:
@@ -377,12 +380,13 @@ def test_kernel_stage_text_changes_with_the_compile_recipe(tmp_path: Path) -> No
     changed = copy_matrix(tmp_path / "b", edit=lambda t: t.replace(
         "      path: ", "      env: {CUDAKERN_EXTRA: \"1\"}\n      path: "))
     plan = next(p for p in golden_plans(plain) if "kernel-fixture" in p.id)
-    texts = [render.render_cell(ctx, plan).files["Dockerfile"][0].decode() for ctx in (plain, changed)]
+    texts = [render.render_cell(ctx, ctx.spec(plan)).files["Dockerfile"][0].decode()
+             for ctx in (plain, changed)]
     stage = [render.kernel_stage_text(t, "cudakern") for t in texts]
     assert "AS compile-cudakern" in stage[0] and "AS kernel-cudakern" in stage[0]
     tails = [s[s.index("FROM scratch AS kernel-cudakern"):] for s in stage]
     assert tails[0] != tails[1]
-    again = render.render_cell(plain, plan).files["Dockerfile"][0].decode()
+    again = render.render_cell(plain, plain.spec(plan)).files["Dockerfile"][0].decode()
     assert render.kernel_stage_text(again, "cudakern") == stage[0]
 
 
@@ -422,13 +426,13 @@ def test_lock_comments_do_not_reach_the_build_context(tmp_path: Path, monkeypatc
     after it are shared."""
     ctx = golden_context()
     plan = next(p for p in golden_plans(ctx) if p.id == "cu130-torch2.11.0-sglang0.5.11-sm121")
-    first = render.render_cell(ctx, plan).files["requirements.lock.txt"][0]
+    first = render.render_cell(ctx, ctx.spec(plan)).files["requirements.lock.txt"][0]
     lock = (GOLDEN_DIR / "locks" / f"{plan.id}.txt").read_text()
     edited = lock.replace(plan.id, "another-cell") + "# one more comment\n"
     (tmp_path / "edited.txt").write_text(edited)
     monkeypatch.setattr(render, "lock_path", lambda _ctx, _cell_id: tmp_path / "edited.txt")
     assert edited != lock
-    assert render.render_cell(ctx, plan).files["requirements.lock.txt"][0] == first
+    assert render.render_cell(ctx, ctx.spec(plan)).files["requirements.lock.txt"][0] == first
 
 
 def test_no_deps_engine_uses_overrides_without_a_lock(golden_rendered) -> None:
@@ -563,7 +567,7 @@ def test_registry_base_without_digest_is_refused_with_the_fix(tmp_path: Path) ->
                                                       "      digests: {}\n", t))
     plan = next(p for p in golden_plans(ctx) if p.settings.base == "nvidia-devel")
     with pytest.raises(ConfigError) as err:
-        render.render_cell(ctx, plan)
+        render.render_cell(ctx, ctx.spec(plan))
     assert err.value.exit_code == 2
     assert err.value.line == ctx.matrix.line_of("bases", "definitions", "nvidia-devel", "digests")
     assert "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 has no digest" in str(err.value)
@@ -575,7 +579,7 @@ def test_allow_unpinned_renders_the_tag_with_a_warning(tmp_path: Path) -> None:
         r"      digests:\n        \"[^\n]+\n      allow_unpinned: false",
         "      digests: {}\n      allow_unpinned: true", t))
     plan = next(p for p in golden_plans(ctx) if p.settings.base == "nvidia-devel")
-    text = render.render_cell(ctx, plan).files["Dockerfile"][0].decode()
+    text = render.render_cell(ctx, ctx.spec(plan)).files["Dockerfile"][0].decode()
     assert "FROM nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 AS toolchain" in text
     assert "# UNPINNED" in text
 
@@ -585,7 +589,7 @@ def test_wheels_base_refuses_cuda_12(tmp_path: Path) -> None:
     plan = next(p for p in golden_plans(ctx) if p.id == "cu128-torch2.10.0-vllm0.19.1-sm120")
     plan.settings.base = "cuda-wheels"
     with pytest.raises(ConfigError, match="carry ptxas and libnvvm only") as err:
-        render.render_cell(ctx, plan)
+        render.render_cell(ctx, ctx.spec(plan))
     assert err.value.exit_code == 2 and "debootstrap" in err.value.fix
 
 
@@ -594,7 +598,7 @@ def test_python_the_base_suite_lacks_is_refused(tmp_path: Path) -> None:
     plan = golden_plans(ctx)[0]
     plan.settings.python = "3.12"
     with pytest.raises(ConfigError, match="bookworm ships 3.11") as err:
-        render.render_cell(ctx, plan)
+        render.render_cell(ctx, ctx.spec(plan))
     assert err.value.line == ctx.matrix.line_of("python")
 
 
@@ -612,7 +616,7 @@ def test_template_syntax_error_names_template_and_line(tmp_path: Path) -> None:
     lines.insert(2, "{% if cell.is_gpu %}unclosed")
     block.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError) as err:
-        render.render_cell(ctx, golden_plans(ctx)[0])
+        render.render_cell(ctx, ctx.spec(golden_plans(ctx)[0]))
     assert str(err.value.path).endswith("blocks/torch.j2")
     assert err.value.line is not None and err.value.line >= 3
     assert err.value.exit_code == 2
@@ -624,7 +628,7 @@ def test_undefined_variable_is_an_error_with_template_and_line(tmp_path: Path) -
     block = templates / "blocks" / "labels.j2"
     block.write_text(block.read_text() + "# {{ no_such_variable }}\n")
     with pytest.raises(ConfigError) as err:
-        render.render_cell(ctx, golden_plans(ctx)[0])
+        render.render_cell(ctx, ctx.spec(golden_plans(ctx)[0]))
     assert "no_such_variable" in str(err.value)
     assert str(err.value.path).endswith("blocks/labels.j2")
     assert err.value.line == len(block.read_text().splitlines())
@@ -635,11 +639,11 @@ def test_missing_kernel_source_and_unplanned_cells_are_refused(tmp_path: Path) -
                                                          str(tmp_path / "nowhere")))
     plan = next(p for p in golden_plans(ctx) if "kernel-fixture" in p.id)
     with pytest.raises(ConfigError, match="source tree .* not found"):
-        render.render_cell(ctx, plan)
+        render.render_cell(ctx, ctx.spec(plan))
     pruned = CellPlan(plan.cell, "pruned")
     assert render.render_all(ctx, [pruned]) == []
     with pytest.raises(UsageError, match="not planned"):
-        render.render_cell(ctx, pruned)
+        render.render_cell(ctx, ctx.spec(pruned))
 
 
 def test_a_failing_cell_writes_nothing(tmp_path: Path) -> None:
@@ -709,7 +713,7 @@ def test_source_date_epoch_from_the_matrix_or_the_base_snapshot(tmp_path: Path, 
         "build:\n", "build:\n  source_date_epoch: 1700000000\n", 1))
     assert render.source_date_epoch(ctx.matrix, "bookworm") == 1700000000
     assert render.source_date_epoch(ctx.matrix, "nvidia-devel") == 1700000000
-    text = render.render_cell(ctx, golden_plans(ctx)[0]).files["Dockerfile"][0].decode()
+    text = render.render_cell(ctx, ctx.spec(golden_plans(ctx)[0])).files["Dockerfile"][0].decode()
     assert text.count("ARG SOURCE_DATE_EPOCH=1700000000\n") == 2  # toolchain, runtime
 
     # A snapshot mirror declared in matrix.yaml gives the epoch; the host's apt sources never
@@ -805,7 +809,8 @@ def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Pa
     pin = lock.kernel_pins_from_lock((tmp_path / "locked" / "locks" / f"{cell_id}.txt").read_text())
     sha = pin["flash-attn"]["sha256"]
     plan = next(p for p in golden_plans(ctx) if p.id == cell_id)
-    texts = [render.render_cell(c, plan).files["Dockerfile"][0].decode() for c in (plain, ctx)]
+    texts = [render.render_cell(c, c.spec(plan)).files["Dockerfile"][0].decode()
+             for c in (plain, ctx)]
     stage = render.kernel_stage_text(texts[1], "flash-attn")
     compile_run = [ins for ins in instructions(stage) if "pip wheel" in ins][0]
     assert f'echo "flash-attn==2.8.3 --hash=sha256:{sha}" > /tmp/flash-attn.sdist.txt' in compile_run
@@ -828,7 +833,7 @@ def test_a_lock_pinning_another_kernel_sdist_version_is_stale(tmp_path: Path) ->
                                                        "flash-attn==2.8.2 sdist flash_attn-2.8.2"))
     plan = next(p for p in golden_plans(ctx) if p.id == cell_id)
     with pytest.raises(ConfigError) as err:
-        render.render_cell(ctx, plan)
+        render.render_cell(ctx, ctx.spec(plan))
     assert "pins flash-attn 2.8.2 (sdist sha256) but build.kernels asks for 2.8.3" in str(err.value)
     assert err.value.exit_code == 2 and err.value.fix == f"infermatrix lock --select {cell_id}"
     assert str(err.value.path).endswith(f"locks/{cell_id}.txt")
@@ -846,11 +851,11 @@ def test_stale_or_incomplete_lock_is_refused_with_the_fix(tmp_path: Path) -> Non
                              edit=lambda t: t.replace("flash-attn==2.8.3 sdist", "flash-attn==2.8.2 sdist"))
     plan = next(p for p in golden_plans(ctx) if p.id == cell_id)
     with pytest.raises(ConfigError, match="flash-attn 2.8.2 .* asks for 2.8.3") as err:
-        render.render_cell(ctx, plan)
+        render.render_cell(ctx, ctx.spec(plan))
     assert err.value.exit_code == 2 and err.value.fix == f"infermatrix lock --select {cell_id}"
     assert str(err.value.path).endswith(f"locks/{cell_id}.txt")
 
     no_torch = _with_shipped_lock(tmp_path / "no-torch", cell_id,
                                   edit=lambda t: re.sub(r"(?m)^torch==", "torchx==", t))
     with pytest.raises(ConfigError, match="torch is not pinned"):
-        render.render_cell(no_torch, plan)
+        render.render_cell(no_torch, no_torch.spec(plan))

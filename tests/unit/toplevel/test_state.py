@@ -26,6 +26,18 @@ def test_record_stage_is_atomic_and_leaves_no_temp_files(tmp_path):
         journal.record_stage(state, "cell-a", "no-such-stage", "pass")
 
 
+def test_a_typed_record_gives_a_stages_details_and_the_builder_empty_when_absent(tmp_path):
+    state = StatePaths.at(tmp_path)
+    journal.record_stage(state, "cell-a", "build", "pass", details={"kernels": {"k": {}}},
+                         builder={"name": "gb10", "endpoint": "ssh://gb10"})
+    record = journal.cell_record(state, "cell-a")
+    assert record.details_of("build") == {"kernels": {"k": {}}}
+    assert record.details_of("smoke") == {}
+    assert record.builder == {"name": "gb10", "endpoint": "ssh://gb10"}
+    assert record.builder_name == "gb10"
+    assert journal.CellRecord("cell-b").builder == {}
+
+
 def test_a_second_run_refuses_while_the_first_holds_the_lock(tmp_path):
     state = StatePaths.at(tmp_path)
     holder = subprocess.Popen(

@@ -275,7 +275,7 @@ def check_floor(ctx: "Context", spec: CellSpec, facts: ImageFacts) -> Check:
 
 
 def loaded_set_context(ctx_matrix_data: dict[str, Any], facts: ImageFacts, cuda: str | None,
-                 model: str | None) -> loadedset.LoadContext:
+                       model: str | None) -> loadedset.LoadContext:
     """What loaded.yaml's verdicts depend on: installed versions, CUDA major, model traits."""
     traits = loadedset.model_traits(model)
     major = int(cuda.split(".")[0]) if cuda and cuda[0].isdigit() else None
@@ -308,8 +308,7 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
 def recorded_mapped(ctx: "Context", cell_id: str, image: str, docker: Engine
                     ) -> dict[str, Any] | None:
     """The objects the `model` smoke level saw the server map, for this very image."""
-    stage = journal.cell_record(ctx.state, cell_id).stage("smoke")
-    details = stage.details if stage else {}
+    details = journal.cell_record(ctx.state, cell_id).details_of("smoke")
     mapped = ((details.get("levels") or {}).get("model") or {}).get("mapped")
     if not mapped or details.get("image_id") not in (image, _image_id(image, docker)):
         return None

@@ -64,12 +64,13 @@ def audit_cell(ctx: "Context", spec: CellSpec, image_ref: str,
         if cell.is_gpu and not emulated else None
     try:
         with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
-            facts = probe_image(image_ref, docker, log_path, digest_dists=tritontwin.digest_distributions(
-                spec.engine_package) if cell.is_gpu else (),
-                emulated=runs_emulated)
+            digest_dists = tritontwin.digest_distributions(spec.engine_package) \
+                if cell.is_gpu else ()
+            facts = probe_image(image_ref, docker, log_path, digest_dists=digest_dists,
+                                emulated=runs_emulated)
         result.phase_s["probe"] = time.monotonic() - started
         load_ctx = loaded_set_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
-                                (ctx.matrix.model or {}).get("name"))
+                                      (ctx.matrix.model or {}).get("name"))
         if cell.is_gpu:
             gpu = [o for o in facts.objects if o.get("gpu_code")]
             mark = time.monotonic()
@@ -156,8 +157,7 @@ def twin_or_own_triton_check(ctx: "Context", spec: CellSpec, image_ref: str,
     """A cell whose image runs emulated here: the Triton result of its native twin when the
     journal holds one for these archs with identical sources (tritontwin), else the harness
     in its own image (which cannot start under qemu-user: a skip that names the fix)."""
-    audits = {cell_id: (record.stage("audit") or journal.StageRecord("audit",
-                                                                      journal.Status.UNKNOWN)).details
+    audits = {cell_id: record.details_of("audit")
               for cell_id, record in journal.load_records(ctx.state).items()}
     archs = [t.sm for t in targets]
     match, passed_over = tritontwin.adopt(spec.id, facts.python, facts.py_digests, archs,
@@ -237,7 +237,8 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     host = host_platform()
     targets = parse_targets(run.options.audit_targets)
     specs = {c.id: c for c in cells}
-    for plan in natives_first([c.plan for c in cells], host):  # a twin's Triton result before its foreign cell
+    # a native twin's Triton result is recorded before its foreign cell looks for it
+    for plan in natives_first([c.plan for c in cells], host):
         image = run.images.get(plan.id) or journal.cell_record(run.ctx.state, plan.id).image_id
         try:
             result = audit_cell(run.ctx, specs[plan.id], image, targets,
