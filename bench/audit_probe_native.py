@@ -57,7 +57,7 @@ def main() -> int:
     if native is None:
         raise SystemExit("this Python cannot run inside a container (not a dynamic ELF program)")
     for image in args.images or [default_image()]:
-        emulated = audit.emulation_of(image, Engine())
+        emulated = Engine().emulation_of(image)
         if not emulated:
             print(f"{image}: runs natively here, nothing to compare")
             continue

@@ -284,7 +284,7 @@ def test_an_emulated_images_probe_runs_natively_and_sees_what_the_emulated_one_s
     can."""
     import time
 
-    emulated = audit.emulation_of(arm64_image, DOCKER)
+    emulated = DOCKER.emulation_of(arm64_image)
     assert emulated and emulated.startswith("linux/arm64 under QEMU")
     native = audit.native_python()
     assert native is not None

@@ -33,7 +33,7 @@ from infermatrix.context import Context
 from infermatrix.engine import docker as engine
 from infermatrix.model.coverage import Arch, Coverage
 from infermatrix.model.tritontwin import twin_archs_for
-from infermatrix.stages import audit, render
+from infermatrix.stages import audit, render, smoke, tagging
 from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
 from tests.support.dockerd_support import PrivateDockerd
@@ -232,5 +232,18 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
         assert verdict.versions["vllm"] == "0.33.0"
         assert verdict.versions["torch"].startswith("2.14.0")
         assert verdict.passed, verdict.reason
+        # its smoke here: the audit just recorded is the static level's; the imports would
+        # crash under QEMU (measured: a 600-s timeout), so they are refused at once with
+        # where they can run, and the tag stage does not tag the cell
+        smoked = smoke.smoke_cell(real_ctx, real_ctx.spec(plan),
+                                  RunOptions(levels=["static", "gpu", "model"]),
+                                  docker=real_engine)
+        static = smoked.levels["static"]
+        assert static.status == "skip", static.reason
+        assert static.details["audit"]["status"] == "pass" and static.details["audit"]["reused"]
+        assert "on a linux/arm64 engine: --smoke-on NAME" in static.reason, static.reason
+        assert static.details["imports"]["emulated"] == "linux/arm64 under QEMU on linux/amd64"
+        decision = tagging.tag_cell(real_ctx, plan.cell, docker=real_engine)
+        assert not decision.allowed and "not verified" in decision.reason, decision.reason
     finally:
         free_the_cells_disk(ref, real_engine)

@@ -526,6 +526,17 @@ class Engine:
         """The engine's platform: this host's for the default engine, else what it says."""
         return self.facts().platform if self.endpoint else host_platform()
 
+    def emulation_of(self, image: str) -> str | None:
+        """Why programs of `image` run emulated on this engine ("linux/arm64 under QEMU on
+        linux/amd64"), or None when the image is for the engine's own CPU (a remote engine's
+        CPU is its host's, not this machine's)."""
+        info = self.inspect_image(image) or {}
+        if not info.get("Architecture"):
+            return None
+        image_platform = f"{info.get('Os') or 'linux'}/{info['Architecture']}"
+        own = self.platform()
+        return None if image_platform == own else f"{image_platform} under QEMU on {own}"
+
     def available(self) -> bool:
         try:
             self.sdk()

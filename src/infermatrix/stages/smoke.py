@@ -20,6 +20,10 @@ Levels, each with a timeout (matrix `smoke.timeouts`) and a result pass / fail /
           bounded closed-loop load: output tokens/s in total and per replica, TTFT and
           inter-token latency p50/p95, errors, scaling 1..N. Same model source and skips as
           the model level; the containers never outlive the level.
+An image whose programs run under QEMU on the engine (Engine.emulation_of: the GB10 cell's
+linux/arm64 image on an x86_64 host) runs none of them: `import torch` crashes there, so the
+static level keeps only the audit (its probe runs natively) and every program-running part is
+"not verified", naming an engine of the image's platform (`--smoke-on`, smoke.on).
 The probe runs here, on the host, against the published port (127.0.0.1, a free port Docker
 picks): that is how clients reach the server, the timeouts and the interrupt handling stay in
 this process, and no exec session is left behind when the container is stopped.
@@ -297,6 +301,7 @@ class Harness:
     mounts: list[engine.Mount] = field(default_factory=list)
     where: str = "image"  # "image" or "mounted from the host"
     gpus: "GpuSetting | bool" = True  # how a GPU container asks for its GPUs
+    emulated: str | None = None  # Engine.emulation_of: the image's programs run under QEMU
 
     @classmethod
     def for_image(cls, docker: Engine, image_id: str, log_path: Path,
@@ -306,13 +311,15 @@ class Harness:
         mount = engine.Mount(str(HARNESS_ON_HOST), HARNESS_IN_IMAGE, read_only=True)
         how = "mounted from the host" if docker.is_local() else \
             "copied from the host"  # an engine elsewhere: engine.Mount.copied_to
-        return cls(docker, image_id, log_path, [mount], how, gpus)
+        return cls(docker, image_id, log_path, [mount], how, gpus,
+                   docker.emulation_of(image_id))
 
     def run(self, program: str, args: list[str], timeout_s: float, *,
             mounts: list[engine.Mount] = (), gpu: bool = False,
             labels: dict[str, str] | None = None) -> tuple[int | None, dict[str, Any] | None, str]:
         """(exit code or None on timeout, parsed result line, output)."""
-        with container(self.docker, self.image_id, entrypoint=["python3", "-m", f"harness.{program}"],
+        with container(self.docker, self.image_id,
+                       entrypoint=["python3", "-m", f"harness.{program}"],
                        command=args, env=HARNESS_ENV, mounts=[*self.mounts, *mounts],
                        gpus=self.gpus if gpu else False,
                        labels=labels) as cid:
@@ -344,21 +351,53 @@ def harness_level(level: str, code: int | None, parsed: dict[str, Any] | None, o
 # Levels
 # --------------------------------------------------------------------------------------------
 
+def cannot_run_emulated(emulated: str) -> str:
+    """Why a level that runs the image's programs does not run them under QEMU, and where
+    it can (measured on the GB10 cell: `import torch` under qemu-user crashed after oneDNN
+    found no MIDR_EL1 in sysfs, and the static level waited out its whole timeout)."""
+    platform = emulated.split()[0]
+    return (f"{NOT_VERIFIED}: the image runs {emulated} here, where torch cannot start "
+            "(qemu-user gives oneDNN's CPU probe no MIDR_EL1); run the smoke on a "
+            f"{platform} engine: --smoke-on NAME (`infermatrix smoke --on NAME`) or smoke.on")
+
+
+def emulated_skip(level: str, emulated: str) -> LevelResult:
+    return LevelResult(level, "skip", cannot_run_emulated(emulated),
+                       details={"not_verified": True, "emulated": emulated})
+
+
+def static_verdict(audit_status: str, audit_reason: str | None,
+                   imports: dict[str, Any]) -> tuple[str, str | None]:
+    """The static level from its two parts: a failed part fails it; imports that could not
+    run (emulated) leave it "not verified" (skip, never pass), whatever the audit says."""
+    failed = ([f"audit: {audit_reason}"] if audit_status == "fail" else []) + \
+        ([f"imports: {imports.get('reason')}"] if imports.get("status") == "fail" else [])
+    if failed:
+        return "fail", "; ".join(failed)
+    if imports.get("status") == "skip":
+        return "skip", f"imports: {imports.get('reason')}"
+    return "pass", None
+
+
 def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float) -> LevelResult:
+    """The audit (the audit step's record of this image, else run now) and the imports in a
+    container of the image; under emulation the audit's native probe still runs, the imports
+    do not (cannot_run_emulated)."""
     details: dict[str, Any] = {}
-    reasons: list[str] = []
     audit_status = run_audit(ctx, spec, harness.image_id, details, harness.docker)
-    if audit_status == "fail":
-        reasons.append(f"audit: {details['audit'].get('reason')}")
-    specs = [s for s in [engine_distribution(ctx, spec), *kernel_distributions(ctx, spec)] if s]
-    code, parsed, output = harness.run("static_check", [*specs, "--torch", spec.cell.torch],
-                                       timeout_s)
-    status, reason, imports = harness_level("static", code, parsed, output, timeout_s)
+    if harness.emulated:
+        imports: dict[str, Any] = {"status": "skip", "emulated": harness.emulated,
+                                   "reason": cannot_run_emulated(harness.emulated)}
+    else:
+        specs = [s for s in [engine_distribution(ctx, spec), *kernel_distributions(ctx, spec)]
+                 if s]
+        code, parsed, output = harness.run("static_check", [*specs, "--torch", spec.cell.torch],
+                                           timeout_s)
+        status, reason, imports = harness_level("static", code, parsed, output, timeout_s)
+        imports = {**imports, "status": status, "reason": reason}
     details["imports"] = imports
-    if status == "fail":
-        reasons.append(f"imports: {reason}")
-    final = "fail" if reasons else "pass"
-    return LevelResult("static", final, "; ".join(reasons) or None, details=details)
+    final, why = static_verdict(audit_status, details["audit"].get("reason"), imports)
+    return LevelResult("static", final, why, details=details)
 
 
 def recorded_audit(record: journal.CellRecord, image_id: str, docker: Engine
@@ -405,6 +444,8 @@ def run_gpu(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                            details={"applicable": False})
     if not gpu_here:
         return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
+    if harness.emulated:
+        return emulated_skip("gpu", harness.emulated)
     kernels = [s.split("==")[0] for s in kernel_distributions(ctx, spec)]
     # the engine named by the cell: in its image a missing triton or GDN op fails the level
     engine = spec.cell.engine if spec.cell.engine in ("vllm", "sglang") else "none"
@@ -490,6 +531,8 @@ def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
     if unverified:
         return LevelResult("model", "skip", unverified,
                            details={"not_verified": True, "needs_weights": not real_model})
+    if harness.emulated:
+        return emulated_skip("model", harness.emulated)
     details: dict[str, Any] = {"model_source": str(host_model) if real_model
                                else f"fixture ({options.fixture})"}
     if host_model is None:
@@ -528,7 +571,8 @@ def serve_image_and_probe(harness: Harness, launch: LaunchSpec, host_model: Path
     name = f"infermatrix-smoke-{label}-{os.getpid()}"
     docker = harness.docker
     local = docker.is_local()
-    with container(docker, harness.image_id, command=launch.command, env=launch.env, shm_size=launch.shm_size,
+    with container(docker, harness.image_id, command=launch.command, env=launch.env,
+                   shm_size=launch.shm_size,
                    mem_limit=launch.mem_limit,
                    mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True,
                                         on_engine_host=weights_on_engine_host)],
@@ -636,6 +680,8 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     if unverified:
         return LevelResult("throughput", "skip", unverified,
                            details={"not_verified": True, "needs_weights": host_model is None})
+    if harness.emulated:
+        return emulated_skip("throughput", harness.emulated)
     settings = throughput.LoadSettings.from_matrix(smoke_settings(ctx).get("throughput"))
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
                                else "fixture (normal)", "command": launch.command}
@@ -815,7 +861,8 @@ def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: lis
     all_levels = {**kept, **{n: lv.as_dict() for n, lv in result.levels.items()}}
     status = overall_status([lv["status"] for lv in all_levels.values()])
     details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
-               "harness": harness.where, "tokens_per_s": tokens_per_s(all_levels),
+               "harness": harness.where, "emulated": harness.emulated,
+               "tokens_per_s": tokens_per_s(all_levels),
                "throughput": throughput_summary(all_levels),
                "engine": here.label(), "engine_host": engine_host(here),
                "image_moved": moved, "gpu_facts": gpu_facts(all_levels),

@@ -200,3 +200,77 @@ def test_the_smoke_record_names_the_gpu_it_ran_on_from_the_gpu_level():
                                             "driver_version": "580.159.04",
                                             "name": "NVIDIA H200"}
     assert gpu_facts({"static": {"status": "pass"}}) is None
+
+
+# ---- an image whose programs run emulated here (the GB10 cell on an x86_64 host) -------------
+
+def test_the_static_level_joins_its_audit_and_its_imports():
+    assert smoke.static_verdict("pass", None, {"status": "pass"}) == ("pass", None)
+    refused = {"status": "skip", "reason": "not verified: emulated"}
+    assert smoke.static_verdict("pass", None, refused) == \
+        ("skip", "imports: not verified: emulated")
+    assert smoke.static_verdict("fail", "uncovered", refused) == ("fail", "audit: uncovered")
+    assert smoke.static_verdict("pass", None, {"status": "fail", "reason": "ImportError: x"}) \
+        == ("fail", "imports: ImportError: x")
+    assert smoke.static_verdict("fail", "uncovered", {"status": "fail", "reason": "y"}) == \
+        ("fail", "audit: uncovered; imports: y")
+
+
+def foreign_image(fake: RecordingEngine) -> tuple[str, str]:
+    """(image id, its platform): an image in the FAKE engine built for another CPU than this
+    host's, as the GB10 cell's linux/arm64 image is on an x86_64 build machine."""
+    from infermatrix.engine.docker import host_platform
+
+    arch = "amd64" if host_platform() == "linux/arm64" else "arm64"
+    image = "sha256:" + "e" * 64
+    fake.images[image] = {"Id": image, "Os": "linux", "Architecture": arch,
+                          "Config": {"Labels": {}}}
+    return image, f"linux/{arch}"
+
+
+def test_under_emulation_no_level_starts_the_images_programs_and_the_cell_is_not_tagged(
+        ctx, tmp_path):
+    """RecordingEngine (FAKE: no container may start, and none does). The smoke of the GB10
+    cell under QEMU waited 600 s for a harness whose `import torch` had crashed; now each
+    level that would run the image's programs says at once why not and where it can run, the
+    recorded audit (whose probe runs natively) still counts, and the tag stage refuses."""
+    from infermatrix import journal
+    from infermatrix.engine.docker import host_platform
+
+    fake = RecordingEngine()
+    image, platform = foreign_image(fake)
+    spec = ctx.spec(plan_of(ctx, CPU_ID))
+    journal.record_stage(ctx.state, spec.id, "build", journal.Status.PASS, image_id=image)
+    journal.record_stage(ctx.state, spec.id, "audit", journal.Status.PASS,
+                         details={"image": image, "checks": []})
+    result = smoke.smoke_cell(ctx, spec, RunOptions(levels=["static", "gpu", "model"]),
+                              docker=fake)
+    assert fake.named("run_container") == []
+    levels = result.levels
+    emulated = f"{platform} under QEMU on {host_platform()}"
+    assert levels["static"].status == "skip", levels["static"].reason
+    assert levels["static"].details["audit"]["status"] == "pass"
+    assert levels["static"].details["imports"]["emulated"] == emulated
+    for reason in (levels["static"].reason, levels["model"].reason):
+        assert "not verified" in reason and emulated in reason
+        assert f"on a {platform} engine: --smoke-on NAME" in reason
+    assert levels["gpu"].details == {"applicable": False}  # a CPU cell: not emulation's doing
+    assert result.status == "skip"
+    record = journal.cell_record(ctx.state, spec.id)
+    assert record.details_of("smoke")["emulated"] == emulated
+    decision = tagging.decide_tag(record, {"require": ["static", "model"],
+                                           "allow_static_only": True}, spec.cell)
+    assert not decision.allowed and "not verified" in decision.reason
+
+
+def test_under_emulation_the_gpu_level_does_not_start_on_a_gpu_host(ctx, tmp_path):
+    """RecordingEngine (FAKE). A host with GPUs (`--host-gpu`) and an image of another CPU:
+    no GPU container starts; without GPUs the level keeps its "no GPU" skip."""
+    fake = RecordingEngine()
+    image, platform = foreign_image(fake)
+    harness = smoke.Harness.for_image(fake, image, tmp_path / "smoke.log")
+    spec = ctx.spec(plan_of(ctx, FIXTURE_ID))
+    on_gpu = smoke.run_gpu(ctx, spec, harness, 600.0, gpu_here=True)
+    assert on_gpu.status == "skip" and on_gpu.details["emulated"].startswith(platform)
+    assert smoke.run_gpu(ctx, spec, harness, 600.0, gpu_here=False).reason == smoke.NO_GPU
+    assert fake.named("run_container") == []

@@ -108,7 +108,6 @@ from .stage import (  # noqa: F401
 from .triton import (  # noqa: F401
     TRITON_TIMEOUT_S,
     check_triton_smem,
-    emulation_of,
     first_start_digest,
     judge_triton,
     not_started,

@@ -35,7 +35,7 @@ from .checks import (
 )
 from .probe import ImageFacts, device_code_of, probe_image
 from .result import AuditResult, Check, default_targets, parse_targets
-from .triton import check_triton_smem, emulation_of, judge_triton
+from .triton import check_triton_smem, judge_triton
 from ..steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def audit_cell(ctx: "Context", spec: CellSpec, image_ref: str,
                     for t in targets] if targets else default_targets(cell)
     log_path = ctx.state.cell_log(cell.id, "audit")
     result = AuditResult(cell.id, image_ref, arch_targets)
-    runs_emulated = emulation_of(image_ref, docker)
+    runs_emulated = docker.emulation_of(image_ref)
     emulated = runs_emulated if cell.is_gpu else None
     extra = [Arch.parse(a).device for a in twin_archs
              if a not in {t.sm for t in arch_targets}]

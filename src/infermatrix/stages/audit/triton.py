@@ -115,19 +115,6 @@ def first_start_digest(first: dict[str, list[dict[str, Any]]]) -> str:
     return f"; compiled at first start: {'; '.join(seen)}" if seen else ""
 
 
-def emulation_of(image: str, docker: Engine) -> str | None:
-    """Why programs of this image run emulated here ("linux/arm64 under QEMU on linux/amd64"),
-    or None when the image is for this host's CPU."""
-    from ...engine import docker as engine
-
-    info = docker.inspect_image(image) or {}
-    platform = f"{info.get('Os', 'linux')}/{info.get('Architecture', '')}"
-    host = engine.host_platform()
-    if not info.get("Architecture") or platform == host:
-        return None
-    return f"{platform} under QEMU on {host}"
-
-
 def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str | None,
                       targets: list[Arch],
                       model: str | None, log_path: Path | None = None,
