@@ -120,6 +120,7 @@ class RecordingHarness:
     """A recording fake of smoke.Harness: the argv the gpu level would run in the image."""
 
     image_id = "sha256:" + "e" * 64
+    emulated = None  # the image runs natively
 
     def __init__(self):
         self.calls = []

@@ -480,6 +480,7 @@ def writers_template(tmp_path: Path) -> dict:
 
     class PassingHarness:  # a recording fake: the result line a passing gpu_check prints
         image_id = "sha256:"
+        emulated = None  # the image runs natively
 
         def run(self, program, args, timeout_s, **kwargs):
             return 0, {"check": "gpu", "status": "pass", "arch": args[1], "checks": []}, ""
