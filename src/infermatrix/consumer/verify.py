@@ -30,6 +30,7 @@ from ..stages.smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelRes
 
 VERIFY_LEVELS = ("gpu", "model")
 DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0}
+VERIFY_ELSEWHERE = "run `infermatrix verify` on a {platform} host"
 
 
 def image_of(entry: dict[str, Any], docker: Engine) -> str:
@@ -60,6 +61,8 @@ def verify_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
                            details={"applicable": False})
     if not gpu_here:
         return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
+    if harness.emulated:
+        return smoke.emulated_skip("gpu", harness.emulated, VERIFY_ELSEWHERE)
     engine_name = (entry.get("labels") or {}).get("io.infermatrix.engine", "none")
     engine_name = engine_name if engine_name in ("vllm", "sglang") else "none"
     code, parsed, output = harness.run("gpu_check", ["--arch", entry["arch"], "--engine",
@@ -83,6 +86,8 @@ def verify_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_h
     run = entry["run"]
     if run.get("gpu") and not gpu_here:
         return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
+    if harness.emulated:
+        return smoke.emulated_skip("model", harness.emulated, VERIFY_ELSEWHERE)
     command = serve_command(entry, CONTAINER_PORT, model_dir)
     spec = LaunchSpec(command, dict(run.get("env") or {}), run.get("shm_size") or "1g",
                       settings.health_path, bool(run.get("gpu")))
@@ -122,6 +127,7 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
     return {"cell": entry["cell"], "reference": entry["reference"], "image_id": image_id,
             "status": status, "host": host_facts(docker), "model_dir": str(model_dir),
             "levels": {name: r.as_dict() for name, r in results.items()},
+            "emulated": harness.emulated,
             "unified_memory": {"chosen": unified.describe(), **unified.as_dict()}
             if unified is not None else None,
             "verified_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -351,18 +351,22 @@ def harness_level(level: str, code: int | None, parsed: dict[str, Any] | None, o
 # Levels
 # --------------------------------------------------------------------------------------------
 
-def cannot_run_emulated(emulated: str) -> str:
+SMOKE_ELSEWHERE = "run the smoke on a {platform} engine: --smoke-on NAME " \
+    "(`infermatrix smoke --on NAME`) or smoke.on"
+
+
+def cannot_run_emulated(emulated: str, fix: str = SMOKE_ELSEWHERE) -> str:
     """Why a level that runs the image's programs does not run them under QEMU, and where
-    it can (measured on the GB10 cell: `import torch` under qemu-user crashed after oneDNN
-    found no MIDR_EL1 in sysfs, and the static level waited out its whole timeout)."""
+    it can (`fix`, {platform} filled in). Measured on the GB10 cell: `import torch` under
+    qemu-user crashed after oneDNN found no MIDR_EL1 in sysfs, and the static level waited
+    out its whole timeout."""
     platform = emulated.split()[0]
     return (f"{NOT_VERIFIED}: the image runs {emulated} here, where torch cannot start "
-            "(qemu-user gives oneDNN's CPU probe no MIDR_EL1); run the smoke on a "
-            f"{platform} engine: --smoke-on NAME (`infermatrix smoke --on NAME`) or smoke.on")
+            f"(qemu-user gives oneDNN's CPU probe no MIDR_EL1); {fix.format(platform=platform)}")
 
 
-def emulated_skip(level: str, emulated: str) -> LevelResult:
-    return LevelResult(level, "skip", cannot_run_emulated(emulated),
+def emulated_skip(level: str, emulated: str, fix: str = SMOKE_ELSEWHERE) -> LevelResult:
+    return LevelResult(level, "skip", cannot_run_emulated(emulated, fix),
                        details={"not_verified": True, "emulated": emulated})
 
 

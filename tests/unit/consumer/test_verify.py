@@ -46,3 +46,33 @@ def test_an_unknown_cell_exits_2(lock, tmp_path, capsys):
     assert main(["verify", "no-such-cell", "--lock", str(lock), "--model-dir",
                  str(tmp_path)]) == 2
     assert "no-such-cell" in capsys.readouterr().err
+
+
+def test_an_image_for_another_cpu_is_not_run_under_emulation(tmp_path):
+    """RecordingEngine (FAKE: no container may start, and none does). A consumer verifying a
+    GB10 (linux/arm64) image on an x86_64 host with a GPU: neither level starts the image's
+    programs under QEMU (`import torch` crashes there); each says where it can run."""
+    from infermatrix.consumer.verify import verify_entry
+    from infermatrix.engine.docker import host_platform
+    from tests.support.recording_engine import RecordingEngine
+
+    arch = "amd64" if host_platform() == "linux/arm64" else "arm64"
+    image_id = "sha256:" + "1" * 64
+    reference = "localhost:1/infermatrix-test/gb10@sha256:" + "0" * 64
+    fake = RecordingEngine()
+    fake.images[image_id] = {"Id": image_id, "Os": "linux", "Architecture": arch,
+                             "Config": {"Labels": {}}}
+    fake.tags[reference] = image_id
+    entry = {"cell": "cu130-torch2.14.0-vllm0.33.0-sm121", "arch": "sm_121",
+             "reference": reference, "image_id": image_id,
+             "labels": {"io.infermatrix.engine": "vllm"},
+             "run": {"command": ["vllm", "serve"], "gpu": True, "health": "/health"}}
+    verdict = verify_entry(entry, tmp_path, tmp_path / "verify.log", gpu_here=True,
+                           docker=fake)
+    assert fake.named("run_container") == []
+    assert verdict["emulated"] == f"linux/{arch} under QEMU on {host_platform()}"
+    for level in ("gpu", "model"):
+        got = verdict["levels"][level]
+        assert got["status"] == "skip" and got["emulated"] == verdict["emulated"], got
+        assert f"run `infermatrix verify` on a linux/{arch} host" in got["reason"]
+    assert verdict["status"] == "skip"
