@@ -236,6 +236,7 @@ def test_under_emulation_no_level_starts_the_images_programs_and_the_cell_is_not
     recorded audit (whose probe runs natively) still counts, and the tag stage refuses."""
     from infermatrix import journal
     from infermatrix.engine.docker import host_platform
+    from infermatrix.stages.steps import Run
 
     fake = RecordingEngine()
     image, platform = foreign_image(fake)
@@ -243,21 +244,23 @@ def test_under_emulation_no_level_starts_the_images_programs_and_the_cell_is_not
     journal.record_stage(ctx.state, spec.id, "build", journal.Status.PASS, image_id=image)
     journal.record_stage(ctx.state, spec.id, "audit", journal.Status.PASS,
                          details={"image": image, "checks": []})
-    result = smoke.smoke_cell(ctx, spec, RunOptions(levels=["static", "gpu", "model"]),
-                              docker=fake)
+    run = Run(ctx, [], RunOptions(levels=["static", "gpu", "model"]), docker=fake)
+    step = smoke.step(run, [spec])
     assert fake.named("run_container") == []
-    levels = result.levels
+    assert step.summary().endswith(f"— not verified (every level skipped): {spec.id}")
+    record = journal.cell_record(ctx.state, spec.id)
+    recorded = record.details_of("smoke")
+    levels = recorded["levels"]
     emulated = f"{platform} under QEMU on {host_platform()}"
-    assert levels["static"].status == "skip", levels["static"].reason
-    assert levels["static"].details["audit"]["status"] == "pass"
-    assert levels["static"].details["imports"]["emulated"] == emulated
-    for reason in (levels["static"].reason, levels["model"].reason):
+    assert levels["static"]["status"] == "skip", levels["static"]["reason"]
+    assert levels["static"]["audit"]["status"] == "pass"
+    assert levels["static"]["imports"]["emulated"] == emulated
+    for reason in (levels["static"]["reason"], levels["model"]["reason"]):
         assert "not verified" in reason and emulated in reason
         assert f"on a {platform} engine: --smoke-on NAME" in reason
-    assert levels["gpu"].details == {"applicable": False}  # a CPU cell: not emulation's doing
-    assert result.status == "skip"
-    record = journal.cell_record(ctx.state, spec.id)
-    assert record.details_of("smoke")["emulated"] == emulated
+    assert levels["gpu"]["applicable"] is False  # a CPU cell: not emulation's doing
+    assert record.status_of("smoke") == journal.Status.SKIP
+    assert recorded["emulated"] == emulated
     decision = tagging.decide_tag(record, {"require": ["static", "model"],
                                            "allow_static_only": True}, spec.cell)
     assert not decision.allowed and "not verified" in decision.reason
