@@ -54,7 +54,7 @@ def start_generate(where: list[str], prompts: Path, out: Path, log: Path,
     return subprocess.Popen(
         [sys.executable, "-m", "infermatrix", "generate", *where,
          "--prompts", str(prompts), "--out", str(out), "--max-tokens", str(MAX_TOKENS),
-         "--concurrency", "4", "--wait-healthy", "600", *extra],
+         "--concurrency", "4", "--on-truncate", "keep", "--wait-healthy", "600", *extra],
         cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
 
 

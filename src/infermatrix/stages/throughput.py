@@ -108,11 +108,14 @@ def run_point(endpoints: list[generate.ServerEndpoint], pool: list[generate.Prom
               settings: LoadSettings, concurrency: int, thinking: bool) -> dict[str, Any]:
     count = settings.requests * len(endpoints)
     tag = f"r{len(endpoints)}c{concurrency}{'t' if thinking else 'n'}"
+    # short answers on purpose: a cut answer is a measured one here (on_truncate keep)
     batch = generate.BatchSettings(model=settings.model, max_tokens=settings.max_tokens,
+                                   sampling={"temperature": 0.0}, on_truncate="keep",
                                    concurrency=concurrency, request_timeout_s=settings.max_s,
                                    wait_healthy_s=60.0, stop_after_s=settings.max_s,
                                    max_attempts=2)
-    result = generate.run_batch(endpoints, prompts_for(pool, count, thinking, tag), batch)
+    result = generate.run_batch(endpoints, prompts_for(pool, count, thinking, tag), batch,
+                                resolve=False)
     figures = point_figures(result, [e.name for e in endpoints])
     return {"replicas": len(endpoints), "concurrency": concurrency, "thinking": thinking,
             "unasked": result.unasked, **figures}

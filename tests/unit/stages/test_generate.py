@@ -69,10 +69,15 @@ def test_prompts_accept_prompt_or_messages_and_per_prompt_settings(tmp_path):
                     '{"id": "b", "messages": [{"role": "user", "content": "yo"}]}\n')
     one, two = generate.read_prompts(path)
     assert one == Prompt("1", [{"role": "user", "content": "hi"}], False, 5)
-    payload = generate.chat_payload("m", one, 100, 0.0, thinking=True)
-    assert payload["chat_template_kwargs"] == {"enable_thinking": False}  # the prompt's own
+    settings = generate.BatchSettings(thinking=True, max_tokens=100)
+    assert generate.thinking_of(one, settings) is False  # the prompt's own
+    assert generate.thinking_of(two, settings) is True
+    payload = generate.chat_payload("m", one, 5, {"temperature": 0.6}, False)
+    assert payload["chat_template_kwargs"] == {"enable_thinking": False}
     assert payload["max_tokens"] == 5 and payload["stream_options"] == {"include_usage": True}
-    assert "chat_template_kwargs" not in generate.chat_payload("m", two, 100, 0.0, None)
+    assert payload["temperature"] == 0.6
+    bare = generate.chat_payload("m", two, None, {}, None)
+    assert "chat_template_kwargs" not in bare and "max_tokens" not in bare
 
 
 @pytest.mark.parametrize("text, message", [
