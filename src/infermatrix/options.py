@@ -184,7 +184,7 @@ class RunOptions:
         "--nvcc-threads", "NVCC_THREADS of kernel builds (default: the compile planner's "
         "figure)", positive_int, env="INFERMATRIX_NVCC_THREADS", metavar="N")
     levels: list[str] | None = option(
-        "--levels", "smoke levels, comma-separated subset of static,gpu,model,throughput "
+        "--levels", "smoke levels, comma-separated subset of static,gpu,model,throughput,workload "
         "(default: static,gpu,model)", level_list, env="INFERMATRIX_LEVELS",
         matrix=("smoke", "levels"), metavar="LIST")
     smoke_on: str | None = option(

@@ -11,6 +11,12 @@ linear head dims 16, which the CPU kernels reject at the first request while /he
 with `tokenizers`; the chat template is ChatML and opens `<think>\\n` unless enable_thinking is
 false (then it closes an empty think block, as Qwen3's template does). Random weights never
 close `</think>`: a probe of this model checks structure, not meaning.
+`--trained` (variant "trained"): the same architecture, then ~120 steps of AdamW on chat
+transcripts in the job's shape (a short reasoning, `</think>`, an answer, `<|im_end|>`; with
+thinking off the answer alone), so that sampled generations end on their own: the workload
+level and `generate` see complete thinking answers (finish_reason stop), as with real weights.
+Its generation_config.json carries sampling values, as Qwen3 checkpoints do. It learns the
+shape, not facts: answers are checked for structure, never for meaning.
 Writes `infermatrix-fixture.json` beside the model (variant, parameter count, versions).
 """
 
@@ -50,7 +56,16 @@ CHAT_TEMPLATE = (
 SHAPES: dict[str, dict[str, int]] = {
     "normal": {"linear_key_head_dim": 64, "linear_value_head_dim": 64},
     "broken": {"linear_key_head_dim": 16, "linear_value_head_dim": 16},
+    "trained": {"linear_key_head_dim": 64, "linear_value_head_dim": 64},
 }
+# The trained fixture's transcripts: reasoning i goes with answer i (three, so sampling shows).
+REASONING = ["let me think about this step by step.",
+             "the question is short, so the answer is short.",
+             "first i read the question, then i answer it."]
+ANSWERS = ["the answer is paris.", "the answer is four.", "hello world, this is the answer."]
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_LR = 120, 8, 6e-3
+# Sampling the trained fixture ships in its generation_config.json (the Qwen3 thinking values)
+TRAINED_SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
 
 CORPUS_WORDS = ["the", "capital", "of", "france", "is", "paris", "and", "the", "capital", "of", "italy", "is", "rome", "while", "berlin", "is", "the", "capital", "of", "germany", ".", "a", "model", "answers", "questions", "about", "cities", "rivers", "mountains", "numbers", "and", "colours", ".", "what", "is", "two", "plus", "two", "?", "four", ".", "think", "step", "by", "step", "before", "you", "answer", "the", "user", ".", "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", ".", "hello", "world", ",", "this", "is", "a", "tiny", "test", "model", "for", "smoke", "tests", "of", "inference", "engines", "on", "machines", "without", "a", "gpu", ".", "reasoning", "comes", "first", "and", "the", "answer", "after"]
 
@@ -106,6 +121,47 @@ def build_config(variant: str, vocab_size: int, eos_id: int, pad_id: int):
         architectures=["Qwen3_5ForCausalLM"], dtype="bfloat16", **SHAPES[variant])
 
 
+def transcript(tokenizer: Any, rng: Any) -> tuple[list[int], list[int]]:
+    """One training example: (input ids, labels), the prompt's labels masked (-100)."""
+    question = " ".join(rng.choice(CORPUS_WORDS) for _ in range(rng.randint(2, 12)))
+    thinking = rng.random() < 0.7
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                           tokenize=False, add_generation_prompt=True,
+                                           enable_thinking=thinking)
+    pick = rng.randrange(len(ANSWERS))
+    body = (REASONING[pick] + "\n</think>\n\n" if thinking else "") + ANSWERS[pick] + \
+        "<|im_end|>"
+    head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    tail = tokenizer(body, add_special_tokens=False)["input_ids"]
+    return head + tail, [-100] * len(head) + tail
+
+
+def train_shape(model: Any, tokenizer: Any, pad_id: int, seed: int) -> dict[str, Any]:
+    """Teach the random model the job's answer shape (reasoning, </think>, answer, end)."""
+    import random
+
+    import torch
+
+    rng = random.Random(seed)
+    model.float().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR)
+    schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=TRAIN_STEPS)
+    loss = None
+    started = time.monotonic()
+    for _ in range(TRAIN_STEPS):
+        batch = [transcript(tokenizer, rng) for _ in range(TRAIN_BATCH)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([i + [pad_id] * (width - len(i)) for i, _ in batch])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    return {"train_steps": TRAIN_STEPS, "train_loss": round(float(loss), 4) if loss is not None
+            else None, "train_s": round(time.monotonic() - started, 1)}
+
+
 def make_fixture(out: Path, variant: str = "normal", seed: int = 0) -> dict[str, Any]:
     import torch
     import transformers
@@ -117,9 +173,12 @@ def make_fixture(out: Path, variant: str = "normal", seed: int = 0) -> dict[str,
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = build_config(variant, vocab_size, eos_id, pad_id)
-    model = Qwen3_5ForCausalLM(config).to(torch.bfloat16).eval()
+    model = Qwen3_5ForCausalLM(config)
+    trained = train_shape(model, tokenizer, pad_id, seed) if variant == "trained" else {}
+    model = model.to(torch.bfloat16).eval()
+    sampling = TRAINED_SAMPLING if variant == "trained" else {"do_sample": False}
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id,
-                                               do_sample=False)
+                                               **sampling)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -128,12 +187,12 @@ def make_fixture(out: Path, variant: str = "normal", seed: int = 0) -> dict[str,
              "parameters": sum(p.numel() for p in model.parameters()),
              "vocab_size": vocab_size, "tokenizer_size": len(tokenizer),
              "transformers": transformers.__version__, "torch": torch.__version__,
-             **SHAPES[variant]}
+             **SHAPES[variant], **trained}
     (out / FIXTURE_FILE).write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
     return facts
 
 
-def self_check(out: Path) -> dict[str, Any]:
+def self_check(out: Path, trained: bool = False) -> dict[str, Any]:
     """Reload with transformers and generate a few tokens: the files form a working model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -148,8 +207,12 @@ def self_check(out: Path) -> dict[str, Any]:
         raise RuntimeError("chat template does not open/close <think> as expected")
     ids = tokenizer(thinking, return_tensors="pt")
     with torch.no_grad():
-        generated = model.generate(**ids, max_new_tokens=4, do_sample=False)
-    return {"generated_tokens": int(generated.shape[1] - ids["input_ids"].shape[1])}
+        generated = model.generate(**ids, max_new_tokens=48 if trained else 4, do_sample=False)
+    text = tokenizer.decode(generated[0][ids["input_ids"].shape[1]:])
+    if trained and not ("</think>" in text and text.endswith("<|im_end|>")):
+        raise RuntimeError(f"the trained fixture did not learn the answer shape: {text!r}")
+    return {"generated_tokens": int(generated.shape[1] - ids["input_ids"].shape[1]),
+            **({"generated": text} if trained else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,15 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="directory to write the model to")
     parser.add_argument("--broken", action="store_true",
                         help="shapes the CPU kernels reject (linear head dims 16)")
+    parser.add_argument("--trained", action="store_true",
+                        help="train the model on the answer shape so generations end on their "
+                        "own (the workload level's fixture)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-self-check", action="store_true",
                         help="skip reloading the model with transformers")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
-        facts = make_fixture(args.out, "broken" if args.broken else "normal", args.seed)
+        variant = "broken" if args.broken else "trained" if args.trained else "normal"
+        facts = make_fixture(args.out, variant, args.seed)
         if not args.no_self_check:
-            facts["self_check"] = self_check(args.out)
+            facts["self_check"] = self_check(args.out, trained=variant == "trained")
     except Exception as exc:  # noqa: BLE001 - reported as the result
         return emit({"check": "fixture", "status": "fail", "reason": f"{type(exc).__name__}: {exc}"})
     return emit({"check": "fixture", "status": "pass", "out": str(args.out), **facts,

@@ -43,6 +43,7 @@ DEFAULT_ON_TRUNCATE = "retry-longer"
 EMPTY_ANSWER = "empty answer: no content after the thinking"
 FSYNC_EVERY_S = 2.0  # the output is fsynced at most this long after an answer is written
 TOKENIZE_WORKERS = 16
+KV_FALLBACK_CAP = 256  # requests in flight per replica at most, when only the KV figure is known
 DEFAULT_HEALTH = "/health"
 HEALTH_INTERVAL_S = 2.0
 HEALTH_TIMEOUT_S = 5.0
@@ -387,13 +388,19 @@ CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.M)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def kv_tokens_of(metrics: str | None) -> int | None:
-    """vLLM's /metrics `vllm:cache_config_info{num_gpu_blocks=..., block_size=...}`."""
+def cache_info(metrics: str | None) -> dict[str, str]:
+    """vLLM's /metrics `vllm:cache_config_info{...}` labels ({} when there is none)."""
     found = CACHE_INFO.search(metrics or "")
-    if not found:
-        return None
-    labels = dict(LABEL.findall(found.group("labels")))
+    return dict(LABEL.findall(found.group("labels"))) if found else {}
+
+
+def kv_tokens_of(metrics: str | None) -> int | None:
+    """Tokens the KV cache holds: `kv_cache_size_tokens` (vLLM >= 0.2x), else blocks x
+    block size."""
+    labels = cache_info(metrics)
     try:
+        if labels.get("kv_cache_size_tokens", "None") != "None":
+            return int(labels["kv_cache_size_tokens"])
         return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
     except (KeyError, ValueError):
         return None
@@ -533,9 +540,11 @@ def choose_concurrency(endpoints: list[ServerEndpoint], facts: ServerFacts,
         return ({e.name: facts.max_running for e in endpoints},
                 "the server's max_running_requests (/get_server_info)")
     if facts.full_length_seqs:
-        return ({e.name: facts.full_length_seqs for e in endpoints},
+        seqs = min(facts.full_length_seqs, KV_FALLBACK_CAP)
+        return ({e.name: seqs for e in endpoints},
                 f"sequences of the full context the KV cache holds ({facts.kv_tokens} tokens "
-                "/ max_model_len, /metrics)")
+                f"/ {facts.max_model_len}, /metrics), at most {KV_FALLBACK_CAP}; the engine's "
+                "own --max-num-seqs is not reported over HTTP: `infermatrix deploy` sets it")
     return ({e.name: FALLBACK_CONCURRENCY for e in endpoints},
             f"{FALLBACK_CONCURRENCY}: neither the deployment nor the server says what it holds")
 
@@ -610,10 +619,12 @@ class Replica:
         while self.recent and now - self.recent[0][0] > window_s:
             self.recent.popleft()
 
-    def tokens_per_s(self, now: float, window_s: float = 30.0) -> float:
-        """Completion tokens per second over the last `window_s` seconds."""
+    def tokens_per_s(self, now: float, since: float, window_s: float = 30.0) -> float:
+        """Completion tokens per second over the last `window_s` seconds (or since the run
+        started, when that is shorter)."""
         kept = [n for t, n in self.recent if now - t <= window_s]
-        return sum(kept) / window_s if kept else 0.0
+        span = min(window_s, now - since)
+        return sum(kept) / span if kept and span > 0 else 0.0
 
 
 def pick_replica(replicas: list[Replica]) -> Replica | None:
@@ -816,7 +827,7 @@ class Progress:
     started: float
 
     def tokens_per_s(self, now: float) -> dict[str, float]:
-        return {r.name: r.tokens_per_s(now) for r in self.replicas}
+        return {r.name: r.tokens_per_s(now, self.started) for r in self.replicas}
 
     def eta_s(self, now: float) -> float | None:
         rate = self.done / (now - self.started) if now > self.started else 0.0

@@ -167,7 +167,8 @@ def smoke_summary(smoke: StageRecord | None) -> dict[str, Any]:
               if isinstance(level, dict)}
     return {"status": str(smoke.status) if smoke else None,
             "finished": smoke.finished if smoke else None, "levels": levels,
-            "host_gpu": details.get("host_gpu"), "tokens_per_s": details.get("tokens_per_s")}
+            "host_gpu": details.get("host_gpu"), "tokens_per_s": details.get("tokens_per_s"),
+            "workload": details.get("workload")}
 
 
 def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,

@@ -454,7 +454,7 @@ def smoke_levels(stages: list[StageResult]) -> list[dict[str, Any]]:
                  for i, v in enumerate(levels)]
     else:
         return []
-    order = {"static": 0, "gpu": 1, "model": 2, "throughput": 3}  # the order they run in
+    order = {"static": 0, "gpu": 1, "model": 2, "throughput": 3, "workload": 4}  # run order
     items.sort(key=lambda item: order.get(item[0], len(order)))
     rows = []
     for name, value in items:

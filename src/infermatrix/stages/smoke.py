@@ -63,7 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LEVELS = SMOKE_LEVELS
-DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0, "throughput": 1800.0}
+DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0, "throughput": 1800.0,
+                    "workload": 3600.0}
 HARNESS_IN_IMAGE = "/opt/infermatrix/harness"
 HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent
 CONTAINER_PORT = DEFAULT_PORT
@@ -71,7 +72,7 @@ NO_GPU = "no GPU on this host"
 SMOKE_LABEL = "io.infermatrix.smoke"
 HARNESS_ENV = {"PYTHONPATH": str(Path(HARNESS_IN_IMAGE).parent), "PYTHONUNBUFFERED": "1"}
 LOG_TAIL_LINES = 80
-FIXTURE_VARIANTS = ("normal", "broken")
+FIXTURE_VARIANTS = ("normal", "broken", "trained")
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,7 +488,8 @@ def prepare_fixture(ctx: Context, spec: CellSpec, harness: Harness, variant: str
         return out / "model", None
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    args = ["--out", "/fixture/model"] + (["--broken"] if variant == "broken" else [])
+    args = ["--out", "/fixture/model"] + {"broken": ["--broken"], "trained": ["--trained"]
+                                          }.get(variant, [])
     code, parsed, output = harness.run("make_fixture_model", args, timeout_s,
                                        mounts=[engine.Mount(str(out), "/fixture", read_only=False)])
     status, reason, details = harness_level("fixture", code, parsed, output, timeout_s)
@@ -718,6 +720,80 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     return LevelResult("throughput", status, reason, details=details)
 
 
+def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
+                 gpu_here: bool, options: RunOptions) -> LevelResult:
+    """The job's shape against one server of the image (stages/workload.py): the trained
+    fixture on the CPU lane, real weights where a GPU is."""
+    from . import throughput, workload
+
+    launch = launch_spec(ctx, spec)
+    if launch is None:
+        return LevelResult("workload", "skip", f"engine {spec.cell.engine} defines no server",
+                           details={"applicable": False})
+    if launch.gpu and not gpu_here:
+        return LevelResult("workload", "skip", NO_GPU, details={"needs_gpu": True})
+    docker = harness.docker
+    if not docker.is_local():
+        return LevelResult("workload", "skip", f"{NOT_VERIFIED} here: the load runs on this "
+                           f"machine and the server's port stays on {docker.label()}'s host; "
+                           "run `infermatrix smoke CELL --levels workload` there",
+                           details={"not_verified": True, "engine": docker.label()})
+    host_model = model_source(ctx, options)
+    unverified = correctness_unverifiable(ctx, spec, host_model is not None)
+    if unverified:
+        return LevelResult("workload", "skip", unverified,
+                           details={"not_verified": True, "needs_weights": host_model is None})
+    if harness.emulated:
+        return emulated_skip("workload", harness.emulated)
+    started = time.monotonic()
+    details: dict[str, Any] = {"model_source": str(host_model) if host_model
+                               else "fixture (trained)"}
+    if host_model is None:
+        host_model, failed = prepare_fixture(ctx, spec, harness, "trained", timeout_s,
+                                             level="workload", reuse=True)
+        if failed:
+            return failed
+        details["fixture_s"] = round(time.monotonic() - started, 1)
+    settings = workload.WorkloadSettings.from_matrix(
+        smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu, model_dir=host_model,
+        real_model=options.model_path is not None or not details["model_source"].startswith(
+            "fixture"))
+    launch = with_mtp(ctx, spec, launch, host_model, details)
+    details["command"] = launch.command
+    with replica_container(spec, harness, launch, host_model, 0, 1) as cid:
+        endpoint = replica_endpoint(docker, cid, 0, launch.health)
+        try:
+            details["health_wait_s"] = throughput.wait_all_healthy(
+                [endpoint], max(60.0, timeout_s - (time.monotonic() - started)),
+                alive=container_gone(docker, cid))
+            with Heartbeat(f"{spec.id}: the workload level (sweep, soak, needle)"):
+                details.update(workload.measure(endpoint, settings,
+                                                alive=container_gone(docker, cid)))
+        finally:
+            log = docker.container_logs(cid)
+    append_log(harness.log_path, f"workload server: {' '.join(launch.command)}", log)
+    details["backends"] = workload.judge_backends(log, spec.attention_backend)
+    details["target"] = workload.target_verdict(details["tokens_per_s"], spec.cell.arch,
+                                                settings, published_workload_figure(ctx, spec))
+    status, reason = workload.verdict(details, settings.regression_fails)
+    if status == "fail":
+        details["engine_log_tail"] = last_lines(log, 40)
+    return LevelResult("workload", status, reason, details=details)
+
+
+def published_workload_figure(ctx: Context, spec: CellSpec) -> float | None:
+    """The workload tokens/s images.lock recorded for the cell's last published digest."""
+    from ..imageslock import read_images_lock
+
+    try:
+        lock = read_images_lock(ctx.root / "images.lock")
+    except Exception:  # noqa: BLE001 - no usable images.lock: nothing to compare with
+        return None
+    entry = ((lock or {}).get("images") or {}).get(spec.id) or {}
+    figure = ((entry.get("smoke") or {}).get("workload") or {}).get("tokens_per_s_per_gpu")
+    return float(figure) if isinstance(figure, (int, float)) else None
+
+
 def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host_model: Path,
                       index: int, count: int) -> contextlib.AbstractContextManager[str]:
     """Replica `index` of the throughput level; on a GPU host, pinned to GPU `index`."""
@@ -859,6 +935,8 @@ def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: lis
             "throughput": lambda: run_throughput(ctx, spec, harness,
                                                  level_timeout(ctx, "throughput"), gpu_here,
                                                  options),
+            "workload": lambda: run_workload(ctx, spec, harness, level_timeout(ctx, "workload"),
+                                             gpu_here, options),
         }
         for level in levels:
             result.levels[level] = timed_level(level, runners[level])
@@ -868,6 +946,7 @@ def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: lis
                "harness": harness.where, "emulated": harness.emulated,
                "tokens_per_s": tokens_per_s(all_levels),
                "throughput": throughput_summary(all_levels),
+               "workload": workload_summary(all_levels),
                "engine": here.label(), "engine_host": engine_host(here),
                "image_moved": moved, "gpu_facts": gpu_facts(all_levels),
                "image_source": f"--image {options.image}" if options.image else "build"}
@@ -906,6 +985,13 @@ def throughput_summary(levels: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {k: level.get(k) for k in ("replicas", "tokens_per_s", "per_replica_tokens_per_s",
                                       "scaling_ratio", "errors")}
+
+
+def workload_summary(levels: dict[str, Any]) -> dict[str, Any] | None:
+    """The workload level's headline figures (report, images.lock, the signed test result)."""
+    from .workload import summary
+
+    return summary(levels.get("workload") or {})
 
 
 def smoke_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
