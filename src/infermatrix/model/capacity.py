@@ -225,7 +225,7 @@ def weight_bytes(shape: ModelShape, prof: Profile) -> tuple[int, list[Step]]:
     large = params.large * (prof.weight_bytes + prof.scale_bytes_per_weight)
     kept = (params.embeddings + params.small) * 2
     total = int(round(large + kept))
-    scales = f" + {prof.scale_bytes_per_weight:g} B/param of scales" \
+    scales = f" (+ 1/{1 / prof.scale_bytes_per_weight:,.0f} B of block scales)" \
         if prof.scale_bytes_per_weight else ""
     return total, [
         Step(f"weights = {params.large:,} large params x {prof.weight_bytes:g} B{scales} + "
