@@ -121,7 +121,8 @@ def render(estimates: list, target: float | None, best, explain: bool) -> str:
     lines = [f"capacity: {first.model.name} on one {first.gpu.name} ({first.gpu.arch}), "
              f"{first.context_tokens:,} prompt + {first.output_tokens:,} output tokens per "
              f"sequence",
-             f"efficiency {first.ceiling.efficiency:.2f}: {_source(first.efficiency_source, explain)}",
+             f"efficiency {first.ceiling.efficiency:.2f}: "
+             f"{_source(first.efficiency_source, explain)}",
              ""]
     header = f"{'profile':<13}{'max seqs':>9}{'batch':>7}{'tok/s/GPU':>11}"
     if first.forecast:

@@ -18,7 +18,6 @@ measured to predicted tokens/s kept per GPU class (`record_ratio`, `efficiency_f
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -470,11 +469,18 @@ def max_num_seqs(gpu_key: str, profile_key: str, context_tokens: int, output_tok
                  data: Mapping[str, Any] | None = None) -> int:
     """The value of the engine's max-concurrent-sequences flag (vLLM --max-num-seqs, SGLang
     --max-running-requests) for a GPU class and profile: the sequences of context + output
-    tokens that fit, at least 1 (the engine then refuses or queues, never over-commits)."""
+    tokens that fit. UsageError when not even one does (a shorter context, or a profile with
+    narrower weights or KV cache, is the fix)."""
     sizing = max_sequences(gpu_class(gpu_key, data), model_shape(model_key, data),
                            profile(profile_key, data), context_tokens + output_tokens,
                            gpu_memory_utilization)
-    return max(sizing.max_sequences, 1)
+    if sizing.max_sequences < 1:
+        raise UsageError(
+            f"not one sequence of {sizing.sequence_tokens:,} tokens fits on {gpu_key} with the "
+            f"{profile_key} profile: {sizing.free_bytes / GB:.2f} GB are left after the weights "
+            f"and the reserve, one sequence needs {sizing.per_sequence_bytes / GB:.2f} GB",
+            fix="serve a shorter context, or a profile with an FP8 KV cache or FP8 weights")
+    return sizing.max_sequences
 
 
 def best_profile(estimates: Iterable[Estimate], target: float) -> Estimate | None:
