@@ -122,6 +122,17 @@ def _choose(kind: str, key: str, table: Mapping[str, Any], option: str) -> Mappi
     return table[key]
 
 
+def gpu_for_arch(arch: str, data: Mapping[str, Any] | None = None) -> str | None:
+    """The GPU class a matrix arch is served on (`sm_120` -> rtx-pro-6000, `sm_121` -> gb10,
+    with or without an a/f suffix); the first class of that arch, None for an arch without
+    one (the CPU lane)."""
+    base = arch.rstrip("af")
+    for key, row in (data or spec())["gpus"].items():
+        if row["arch"] == base:
+            return key
+    return None
+
+
 def gpu_names(data: Mapping[str, Any] | None = None) -> list[str]:
     return list((data or spec())["gpus"])
 
@@ -417,6 +428,11 @@ class Estimate:
     def reaches(self, target: float) -> bool:
         return self.ceiling.tokens_per_s >= target
 
+    def summary(self) -> str:
+        """One short line for a plan column or a report row: `bf16 27 seqs, 346 tok/s`."""
+        return (f"{self.profile.key} {self.sizing.max_sequences} seqs, "
+                f"{self.ceiling.tokens_per_s:,.0f} tok/s")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpu": self.gpu.key, "model": self.model.key, "profile": self.profile.key,
@@ -481,6 +497,13 @@ def max_num_seqs(gpu_key: str, profile_key: str, context_tokens: int, output_tok
             f"and the reserve, one sequence needs {sizing.per_sequence_bytes / GB:.2f} GB",
             fix="serve a shorter context, or a profile with an FP8 KV cache or FP8 weights")
     return sizing.max_sequences
+
+
+def max_seqs_flag(engine: str, data: Mapping[str, Any] | None = None) -> str | None:
+    """The engine's max-concurrent-sequences flag (`vllm`, `vllm-cpu` -> --max-num-seqs,
+    `sglang` -> --max-running-requests); None for an engine the data does not name."""
+    flags = (data or spec())["max_seqs_flags"]
+    return flags.get(engine) or flags.get(engine.split("-")[0])
 
 
 def best_profile(estimates: Iterable[Estimate], target: float) -> Estimate | None:

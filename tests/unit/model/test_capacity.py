@@ -163,6 +163,10 @@ def test_max_num_seqs_for_deploy():
     # a lower memory fraction fits fewer
     assert capacity.max_num_seqs("rtx-pro-6000", "fp8", 16384,
                                  gpu_memory_utilization=0.6) < 84
+    assert capacity.max_seqs_flag("vllm") == capacity.max_seqs_flag("vllm-cpu") == \
+        "--max-num-seqs"
+    assert capacity.max_seqs_flag("sglang") == "--max-running-requests"
+    assert capacity.max_seqs_flag("trtllm") is None
     with pytest.raises(UsageError, match="not one sequence") as err:
         capacity.max_num_seqs("rtx-pro-6000", "bf16", 1_000_000)
     assert err.value.fix
@@ -280,3 +284,12 @@ def test_capacity_command_json_and_explain(capsys):
 def test_capacity_command_unknown_names_exit_2(argv, needle, capsys):
     code = main(["capacity", "--context", "8k", "--output-tokens", "8k", *argv])
     assert code == 2 and needle in capsys.readouterr().err
+
+
+def test_plan_and_report_helpers():
+    assert capacity.gpu_for_arch("sm_120") == "rtx-pro-6000"
+    assert capacity.gpu_for_arch("sm_121a") == "gb10"
+    assert capacity.gpu_for_arch("sm_90") == "h100"
+    assert capacity.gpu_for_arch("cpu") is None
+    assert capacity.estimate("rtx-pro-6000", "bf16", 8192, 8192).summary() == \
+        "bf16 27 seqs, 346 tok/s"
