@@ -131,7 +131,9 @@ def render(estimates: list, target: float | None, best, explain: bool) -> str:
     for e in estimates:
         row = (f"{e.profile.key:<13}{e.sizing.max_sequences:>9,}{e.ceiling.batch:>7,}"
                f"{e.ceiling.tokens_per_s:>11,.0f}")
-        if e.forecast:
+        if not e.sizing.max_sequences:
+            row += "  not one sequence fits"
+        elif e.forecast:
             row += f"{e.forecast.hours:>10,.1f}{e.forecast.days:>7,.1f}"
         lines.append(row)
     for e in estimates:

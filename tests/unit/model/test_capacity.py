@@ -293,3 +293,11 @@ def test_plan_and_report_helpers():
     assert capacity.gpu_for_arch("cpu") is None
     assert capacity.estimate("rtx-pro-6000", "bf16", 8192, 8192).summary() == \
         "bf16 27 seqs, 346 tok/s"
+
+
+def test_capacity_command_says_when_not_one_sequence_fits(capsys):
+    assert main(["capacity", "--gpu", "gb10", "--context", "1000k", "--output-tokens", "8k",
+                 "--prompts", "10"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("bf16 "))
+    assert row.split()[1:4] == ["0", "0", "0"] and "not one sequence fits" in row
