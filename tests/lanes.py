@@ -214,7 +214,7 @@ def pytest_argv(lane: str, marker: str, state: Path, extra: tuple[str, ...] = ()
 # lane) builds first, so their layers are in BuildKit's cache by then.
 DOCKER_CPU_MODULES = tuple(f"tests/docker/{name}.py" for name in (
     "test_pipeline", "test_smoke_docker", "test_throughput_docker", "test_generate_docker",
-    "test_publish_consumer", "test_build_matrix"))
+    "test_publish_consumer", "test_build_matrix", "test_workload_docker"))
 
 
 # The 2 cores are the limit (measured: 0 % idle while the lanes run). The unit lane ends at

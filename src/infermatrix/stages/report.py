@@ -99,6 +99,7 @@ class CellReport:
     uncovered: list[str] = field(default_factory=list)
     smoke_levels: list[dict[str, Any]] = field(default_factory=list)
     throughput: dict[str, Any] | None = None  # the throughput level's chart (throughput_chart)
+    workload: dict[str, Any] | None = None  # the workload level's view (workload_view)
     tokens_per_s: float | None = None  # the best figure (concurrent, usually)
     tokens_text: str = ""  # every figure: "single 41.7, concurrent 118.4"
     audit_checks: list[dict[str, str]] = field(default_factory=list)
@@ -396,12 +397,55 @@ def _smoke_details(stages: list[StageResult]) -> dict[str, Any]:
 
 
 def _without_throughput(details: dict[str, Any]) -> dict[str, Any]:
-    """Smoke details less the throughput level's many figures (counted once, on their own)."""
+    """Smoke details less the throughput and workload levels' many figures (each counted once,
+    on its own)."""
     levels = details.get("levels")
-    rest = {k: v for k, v in details.items() if k != "throughput"}
+    rest = {k: v for k, v in details.items() if k not in ("throughput", "workload")}
     if isinstance(levels, dict):
-        rest["levels"] = {k: v for k, v in levels.items() if k != "throughput"}
+        rest["levels"] = {k: v for k, v in levels.items() if k not in ("throughput", "workload")}
     return rest
+
+
+def workload_view(stages: list[StageResult]) -> dict[str, Any] | None:
+    """The workload level as the report shows it: the sweep as bar rows, soak, needle,
+    backends seen, the target and the last published figure."""
+    levels = _mapping(_smoke_details(stages).get("levels"))
+    level = _mapping(levels.get("workload"))
+    sweep = _mapping(level.get("sweep"))
+    points = [p for p in sweep.get("points") or [] if isinstance(p, dict)]
+    if not points:
+        return None
+    top = max([_number(p.get("tokens_per_s")) or 0.0 for p in points] or [0.0])
+
+    def pair(p: dict[str, Any], key: str) -> str:
+        figures = _mapping(p.get(key))
+        return f"{figures.get('p50', '–')} / {figures.get('p99', '–')}"
+
+    rows = [{"concurrency": p.get("concurrency"), "tokens_per_s": _number(p.get("tokens_per_s")),
+             "pct": _pct(p.get("tokens_per_s"), top), "requests": p.get("requests"),
+             "mean_output": p.get("mean_output_tokens"), "ttft": pair(p, "ttft_ms"),
+             "itl": pair(p, "itl_ms"),
+             "problems": f"{p.get('errors', 0)} / {p.get('truncated', 0)} / "
+                         f"{p.get('empty', 0)} / {p.get('malformed', 0)}"} for p in points]
+    soak, needle = _mapping(level.get("soak")), _mapping(level.get("needle"))
+    backends, target = _mapping(level.get("backends")), _mapping(level.get("target"))
+    seen = _mapping(backends.get("seen"))
+    return {"status": _text(level.get("status")) or "", "reason": _text(level.get("reason")),
+            "tokens_per_s": _number(level.get("tokens_per_s")), "rows": rows,
+            "capacity": sweep.get("capacity"), "capacity_source": _text(sweep.get(
+                "capacity_source")),
+            "soak": f"{soak.get('seconds')} s at {soak.get('concurrency')} in flight, "
+                    f"{soak.get('requests')} answers, {soak.get('tokens_per_s')} tokens/s, "
+                    f"{soak.get('errors', 0)} errors, server "
+                    f"{'up' if soak.get('server_up') else 'DOWN'}",
+            "needle": f"{needle.get('prompt_tokens')} tokens: {needle.get('status')}"
+                      + (f" ({needle.get('retrieval')})" if needle.get("retrieval") else ""),
+            "backends": "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in seen.items())
+                        or "none named in the server's log",
+            "backends_status": _text(backends.get("status")) or "",
+            "target": target.get("target_tokens_per_s"),
+            "previous": target.get("previous_tokens_per_s"),
+            "regression": _text(target.get("regression"))}
 
 
 def _pct(value: Any, top: float) -> float:
@@ -460,7 +504,7 @@ def smoke_levels(stages: list[StageResult]) -> list[dict[str, Any]]:
     for name, value in items:
         entry = value if isinstance(value, dict) else {"status": _text(value)}
         figures = tokens_figures(entry)
-        if name == "throughput":  # its total only; the sweep is the level's chart
+        if name in ("throughput", "workload"):  # its total only; the sweep is its chart
             total = _number(entry.get("tokens_per_s"))
             figures = {"total": total} if total is not None else {}
         rows.append({"level": name, "status": _text(entry.get("status")) or "",
@@ -536,13 +580,16 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
     chart = throughput_chart(stages)
     if chart and chart["tokens_per_s"] is not None:
         figures["throughput"] = chart["tokens_per_s"]
+    work = workload_view(stages)
+    if work and work["tokens_per_s"] is not None:
+        figures["workload"] = work["tokens_per_s"]
     return CellReport(
         id=cell_id, axes=axes, plan_status=plan_status, outcome=outcome, failed_stage=failed,
         interrupted_stage=running.name if running else None, reasons=reasons,
         settings=plan.settings.as_dict() if plan and plan.settings else {}, stages=stages,
         image_id=record.image_id, image_size=image_size(record, stages),
         versions=versions(record, stages), coverage_columns=columns, coverage_rows=rows,
-        uncovered=uncovered, smoke_levels=levels, throughput=chart,
+        uncovered=uncovered, smoke_levels=levels, throughput=chart, workload=work,
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
         audit_checks=audit_checks(stages),
         log_tail=stage_log_tail(failed_stage, cell_id, state) if failed_stage else None,
@@ -763,6 +810,8 @@ def render_markdown(report: Report, html_name: str | None = "report.html",
         out.append("")
     for c in (c for c in active if c.throughput):
         out += _md_throughput(c)
+    for c in (c for c in active if c.workload):
+        out += _md_workload(c)
     failures = [c for c in report.cells if c.outcome == "failed" and c.log_tail]
     for c in failures:
         tail = "\n".join(c.log_tail.splitlines()[-tail_lines:])
@@ -783,6 +832,28 @@ def _md_throughput(c: CellReport) -> list[str]:
            "|---|---:|---|---:|---:|---:|"]
     out += [f"| {r['label']} | {r['tokens_per_s']} | {r['per_replica']} | {r['ttft']} | "
             f"{r['itl']} | {r['errors']} |" for r in chart.get("rows", [])]
+    return out + [""]
+
+
+def _md_workload(c: CellReport) -> list[str]:
+    w = c.workload or {}
+    target = f"; target {w['target']}" if w.get("target") is not None else ""
+    previous = f"; last published {w['previous']}" if w.get("previous") is not None else ""
+    out = [f"### Workload of `{c.id}`", "",
+           f"{w.get('status')}: best {w.get('tokens_per_s')} output tokens/s per GPU{target}"
+           f"{previous}; capacity {w.get('capacity')} ({_md_cell(w.get('capacity_source'))})",
+           "", "| in flight | tokens/s | answers | mean output | TTFT p50/p99 ms | "
+           "ITL p50/p99 ms | errors / truncated / empty / malformed |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {r['concurrency']} | {r['tokens_per_s']} | {r['requests']} | "
+            f"{r['mean_output']} | {r['ttft']} | {r['itl']} | {r['problems']} |"
+            for r in w.get("rows", [])]
+    out += ["", f"- soak: {_md_cell(w.get('soak'))}", f"- needle: {_md_cell(w.get('needle'))}",
+            f"- backends seen: {_md_cell(w.get('backends'))} ({w.get('backends_status')})"]
+    if w.get("regression"):
+        out.append(f"- regression: {_md_cell(w['regression'])}")
+    if w.get("reason"):
+        out.append(f"- why: {_md_cell(w['reason'])}")
     return out + [""]
 
 
