@@ -29,10 +29,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     pipeline_run = load_run(args)
     with run_lock(pipeline_run.ctx.state, wait=pipeline_run.options.wait):
+        forecast_first(pipeline_run)
         code, _ = run_pipeline(pipeline_run)
         console.rule("[bold]summary")
         print_lines(closing_lines(pipeline_run), console)
     return code
+
+
+def forecast_first(run: Run) -> None:
+    """Before the first step: what the run will take on this host (issue 47)."""
+    from ..stages.forecast import print_forecast
+    from ..stages.steps import echo
+
+    console.rule("[bold]forecast")
+    print_forecast(run.ctx, run.cells(), run.options, echo)
 
 
 def closing_lines(run: Run) -> list[Line]:

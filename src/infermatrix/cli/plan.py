@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="what changed since the committed plan (locks/plan.json, written "
                         "by `infermatrix lock`): cells that appear or go away, and why; exit 1 "
                         "when something changed")
+    parser.add_argument("--forecast", action="store_true",
+                        help="after the plan, what building the planned cells would take on "
+                        "this host (time per cell, disk, memory, total, critical path), "
+                        "without building")
     wait_option(parser)
     parser.set_defaults(func=run)
 
@@ -109,7 +113,17 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"not generated: {n} combination(s) with a {why}")
     for line in passed_over_lines(plans):
         console.print(line, markup=False)
+    if args.forecast:
+        _print_forecast(ctx, plans, args)
     return 0
+
+
+def _print_forecast(ctx: Context, plans: list[CellPlan], args: argparse.Namespace) -> None:
+    """`plan --forecast`: the pipeline's forecast table for the planned cells (issue 47)."""
+    from ..options import resolve
+    from ..stages.forecast import print_forecast
+
+    print_forecast(ctx, ctx.specs(plans), resolve(args, ctx.matrix.data), print)
 
 
 def passed_over_lines(plans: list[CellPlan]) -> list[str]:
