@@ -516,21 +516,106 @@ def lru_keep_bytes(cache_bytes: int, free: float, need: float) -> int | None:
     return keep if keep > 0 else None
 
 
+class RunningBuilds:
+    """The builds of this run under way, by the Docker data root they fill (issue 47): a cell
+    short of disk waits for them, as they may hold the space it lacks, instead of failing."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running: dict[str, set[str]] = {}
+
+    def start(self, root: Path | None, cell_id: str) -> None:
+        with self._changed:
+            self._running.setdefault(str(root), set()).add(cell_id)
+
+    def end(self, root: Path | None, cell_id: str) -> None:
+        with self._changed:
+            self._running.get(str(root), set()).discard(cell_id)
+            self._changed.notify_all()
+
+    def others(self, root: Path | None, cell_id: str) -> list[str]:
+        """The other cells of the run building on the same data root, sorted."""
+        with self._changed:
+            return sorted(self._running.get(str(root), set()) - {cell_id})
+
+    def wait_for_one_of(self, root: Path | None, cells: list[str],
+                        timeout: float | None = None) -> bool:
+        """Block until one of `cells` has ended; False when `timeout` passed first."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: not set(cells) <= self._running.get(str(root), set()), timeout)
+
+    def holding(self, root: Path | None, cell_id: str) -> "_Holding":
+        return _Holding(self, root, cell_id)
+
+
+@dataclass
+class _Holding:
+    running: RunningBuilds
+    root: Path | None
+    cell_id: str
+
+    def __enter__(self) -> None:
+        self.running.start(self.root, self.cell_id)
+
+    def __exit__(self, *exc: object) -> None:
+        self.running.end(self.root, self.cell_id)
+
+
+RUNNING = RunningBuilds()  # the builds of this process's run
+
+
+def space_decision(free: float, need: float, holders: list[str]) -> str:
+    """`go` when the space is there, `wait` when the run's own builds under way may free it
+    (they end, their cache is pruned), `fail` when nothing the run holds would."""
+    if free >= need:
+        return "go"
+    return "wait" if holders else "fail"
+
+
 def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
-                 echo: Callable[[str], None], docker: Engine) -> str | None:
+                 echo: Callable[[str], None], docker: Engine,
+                 running: RunningBuilds | None = None) -> str | None:
     """Why the cell is not started for want of disk, or None. A build that fills the disk fails
     mid-way after minutes or hours; this one is refused before it starts, after pruning
     BuildKit's unused cache when build.disk.prune_when_low allows it (the default): first only
     the least recently used records, as much as the cell lacks (the uv cache mount and the
-    shared toolchain layers the next cell reuses stay), then, if that was not enough, all."""
+    shared toolchain layers the next cell reuses stay), then, if that was not enough, all.
+    Still short while other builds of this run are under way on the same engine: it waits for
+    one of them to end and tries again (their space and cache may be freed), and is refused
+    only when none is left (issue 47)."""
+    running = running or RUNNING
+    root = docker.local_data_root()
+    while True:
+        free, need = _free_after_prune(ctx, cell_id, log_path, echo, docker)
+        holders = running.others(root, cell_id)
+        decision = space_decision(free, need, holders)
+        if decision == "go":
+            return None
+        if decision == "fail":
+            return (f"not started: {free:.1f} GiB free under Docker's data root {root}, the "
+                    f"cell needs {need:g} GiB (build.disk.min_free_gib), and no other build of "
+                    "this run holds space; free space (`docker image prune`, `docker builder "
+                    "prune --all`) then rerun")
+        echo(f"  {cell_id}: {free:.1f} GiB free, the cell needs {need:g} GiB: waiting for the "
+             f"run's own build(s) under way ({', '.join(holders)}) to end, then again")
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"# short of disk: waiting for {', '.join(holders)} to end\n")
+        running.wait_for_one_of(root, holders)
+
+
+def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
+                      echo: Callable[[str], None], docker: Engine) -> tuple[float, float]:
+    """(GiB free, GiB needed) under the engine's data root, after pruning when short and
+    allowed; (0, 0) when there is nothing to check (a remote engine, no minimum)."""
     settings = ctx.matrix.build.get("disk") or {}
     need = float(settings.get("min_free_gib", DEFAULT_MIN_FREE_GIB))
     root = docker.local_data_root()
     if root is None or need <= 0:
-        return None  # a remote engine: its disk is not visible from here
+        return 0.0, 0.0  # a remote engine: its disk is not visible from here
     free = free_gib(root)
     if free >= need:
-        return None
+        return free, need
     if settings.get("prune_when_low", True):
         keep = lru_keep_bytes(docker.build_cache_bytes(), free, need)
         for step in ([keep] if keep is not None else []) + [None]:
@@ -546,10 +631,8 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
             docker.prune_build_cache(log_path, step)
             free = free_gib(root)
             if free >= need:
-                return None
-    return (f"not started: {free:.1f} GiB free under Docker's data root {root}, the cell needs "
-            f"{need:g} GiB (build.disk.min_free_gib); free space (`docker image prune`, "
-            "`docker builder prune --all`) then rerun")
+                break
+    return free, need
 
 
 def lock_problem(ctx: Context, cell: CellSpec, dockerfile_text: str) -> str | None:
@@ -617,47 +700,52 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
         return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
                                builder)
-    shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
-    refusal = emulated_compile_refusal(ctx, keys, platform)
-    if refusal:
-        journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP, log=log_path,
-                             reason=refusal, details={"input_hash": digest})
-        return CellResult(cell_id, "skip", reason=refusal)
-    try:
-        entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
-                                           log_path, deadline, echo, docker, options.no_cache,
-                                           platform, shared)
-        with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
-            context = Path(tmp) / "context"
-            shutil.copytree(directory, context, symlinks=True)
-            kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
-            labels = {INPUT_HASH_LABEL: digest}
-            with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
-                image_id = docker.build_image(context, tag=local_ref(cell_id),
-                                              build_args=build_args, secrets=secrets,
-                                              log_path=log_path, labels=labels,
-                                              timeout=deadline.remaining(),
-                                              no_cache=options.no_cache, platform=platform,
-                                              on_line=beat.on_line)
-    except CommandFailed as exc:
-        reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
-        if "no space left on device" in (exc.log_tail or "").lower():
-            reason += (": no space left on device (free space under Docker's data root and "
-                       f"{ctx.state.root}, then rerun)")
-        return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
-                               exc.command, exc.log_tail, kernels, digest, builder)
-    except InfermatrixError as exc:
-        return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, str(exc),
-                               None, proc.tail(_read_log(log_path)), kernels, digest, builder)
-    duration = time.monotonic() - started
-    details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
-               "compile_plan": compile.as_dict(), "build_args": build_args,
-               "secret_ids": sorted(secrets), **who}
-    journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS, duration_s=duration,
-                         log=log_path, details=details, input_hash=digest, image_id=image_id,
-                         **who)
-    return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration, log=log_path,
-                      kernels=kernels)
+    space = RUNNING.holding(docker.local_data_root(), cell_id)
+    with space:  # while it builds, a cell short of disk waits for it (disk_refusal)
+        shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
+        refusal = emulated_compile_refusal(ctx, keys, platform)
+        if refusal:
+            journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP,
+                                 log=log_path, reason=refusal, details={"input_hash": digest})
+            return CellResult(cell_id, "skip", reason=refusal)
+        try:
+            entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args,
+                                               secrets, log_path, deadline, echo, docker,
+                                               options.no_cache, platform, shared)
+            with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-",
+                                             dir=_tmp_root(ctx)) as tmp:
+                context = Path(tmp) / "context"
+                shutil.copytree(directory, context, symlinks=True)
+                kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
+                labels = {INPUT_HASH_LABEL: digest}
+                with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
+                    image_id = docker.build_image(context, tag=local_ref(cell_id),
+                                                  build_args=build_args, secrets=secrets,
+                                                  log_path=log_path, labels=labels,
+                                                  timeout=deadline.remaining(),
+                                                  no_cache=options.no_cache, platform=platform,
+                                                  on_line=beat.on_line)
+        except CommandFailed as exc:
+            reason = "timed out" if exc.returncode is None else \
+                f"build exited {exc.returncode}"
+            if "no space left on device" in (exc.log_tail or "").lower():
+                reason += (": no space left on device (free space under Docker's data root "
+                           f"and {ctx.state.root}, then rerun)")
+            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
+                                   exc.command, exc.log_tail, kernels, digest, builder)
+        except InfermatrixError as exc:
+            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path,
+                                   str(exc), None, proc.tail(_read_log(log_path)), kernels,
+                                   digest, builder)
+        duration = time.monotonic() - started
+        details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
+                   "compile_plan": compile.as_dict(), "build_args": build_args,
+                   "secret_ids": sorted(secrets), **who}
+        journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS,
+                             duration_s=duration, log=log_path, details=details,
+                             input_hash=digest, image_id=image_id, **who)
+        return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration,
+                          log=log_path, kernels=kernels)
 
 
 _ERROR_LINE = re.compile(r"(\berror\b|#error|fatal:)", re.IGNORECASE)
