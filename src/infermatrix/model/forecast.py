@@ -130,8 +130,17 @@ def forecast(work: list[CellWork], slots: int, emulation_limit_s: float | None =
     at_once = max(1, min(slots, len(busy)))
     disks = sorted((c.disk_gib for c in busy), reverse=True)
     memories = sorted((c.memory_gib for c in busy), reverse=True)
-    return Forecast(cells, slots, total, [busy[i].cell_id for i in path],
-                    sum(disks[:at_once]), sum(memories[:at_once]))
+    result = Forecast(cells, slots, total, [busy[i].cell_id for i in path],
+                      sum(disks[:at_once]), sum(memories[:at_once]))
+    # Each compile is timed at the whole host's width (build.py's CompileGate): compiles that
+    # take every CPU run one after another, whatever the slots
+    compiles = sum(c.compile_s for c in busy)
+    if compiles > total:
+        result.total_s = compiles
+        result.critical_path = [c.cell_id for c in busy if c.compile_s]
+        result.notes.append("the kernel compiles run one at a time at full width: their sum "
+                            "sets the total")
+    return result
 
 
 def narrowing_lines(result: Forecast, example_cell: str | None) -> list[str]:

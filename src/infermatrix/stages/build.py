@@ -337,7 +337,8 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                     secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
                     echo: Callable[[str], None], docker: Engine, no_cache: bool = False,
                     platform: str | None = None,
-                    shared: dict[str, dict[str, Any]] | None = None
+                    shared: dict[str, dict[str, Any]] | None = None,
+                    compile: compileplan.CompilePlan | None = None
                     ) -> tuple[list[kernelcache.CachedKernel], dict[str, dict[str, Any]]]:
     """Compile the kernels missing from the cache; return the cell's entries and a report.
     `shared`: the registry notes of `_take_shared_kernels`, by kernel name."""
@@ -347,7 +348,7 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
         with _key_lock(key.slug):
             entry, cache, started = _compile_or_reuse(
                 ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
-                echo, docker, no_cache, platform)
+                echo, docker, no_cache, platform, compile)
         entries.append(entry)
         note = dict(shared.get(name) or {})
         if cache == "miss":
@@ -416,13 +417,26 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                       key: kernelcache.KernelKey, build_args: dict[str, str],
                       secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
                       echo: Callable[[str], None], docker: Engine, no_cache: bool,
-                      platform: str | None) -> tuple[kernelcache.CachedKernel, str, float]:
-    """(the cache entry, "hit" or "miss", when the work started)."""
+                      platform: str | None, compile: compileplan.CompilePlan | None = None
+                      ) -> tuple[kernelcache.CachedKernel, str, float]:
+    """(the cache entry, "hit" or "miss", when the work started). A compile starts with the
+    width the engine's other compiles under way leave, or waits for one to end (CompileGate)."""
     entry = kernelcache.lookup(ctx.state, key)
     started = time.monotonic()
+    if entry is None and compile is not None:
+        gate = gate_for(compile)
+        jobs = gate.acquire(compile_prior(ctx, key, build_args).files,
+                            lambda line: echo(f"{cell_id}: kernel {name}: {line}"))
+        try:
+            return _compile_or_reuse(ctx, cell_id, directory, name, key,
+                                     {**build_args, "MAX_JOBS": str(jobs)}, secrets, log_path,
+                                     deadline, echo, docker, no_cache, platform, None)
+        finally:
+            gate.release(jobs)
     if entry is None:
         prior = compile_prior(ctx, key, build_args)
-        echo(f"{cell_id}: compiling kernel {name} ({key.slug}); "
+        echo(f"{cell_id}: compiling kernel {name} ({key.slug}) at MAX_JOBS="
+             f"{build_args.get('MAX_JOBS', '?')}; "
              + (f"expected {compileprogress.clock(prior.total_s)} ({prior.origin})"
                 if prior.total_s else "no earlier compile to time it by"))
         with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
@@ -451,6 +465,55 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
         echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
         cache = "hit"
     return entry, cache, started
+
+
+class CompileGate:
+    """The kernel compiles under way under one compile plan (one engine): each starts with the
+    jobs the others leave (compileplan.jobs_for_next_compile) and gives them back as it ends,
+    so a compile that starts after another ended or failed gets its cores (issue 47)."""
+
+    def __init__(self, plan: compileplan.CompilePlan) -> None:
+        self.plan = plan
+        self._changed = threading.Condition()
+        self.jobs = 0
+        self.override = plan.max_jobs if any(o.startswith("MAX_JOBS") for o in plan.overrides) \
+            else None
+
+    def next_jobs(self, useful: int | None) -> int:
+        """The width a compile would start with now (0: it waits); the caller holds the lock."""
+        return compileplan.jobs_for_next_compile(
+            self.plan.cpus, self.plan.usable_gb, self.plan.job_gib, self.jobs,
+            self.jobs * self.plan.job_gib, useful, self.override)
+
+    def acquire(self, useful: int | None, say: Callable[[str], None]) -> int:
+        with self._changed:
+            jobs = self.next_jobs(useful)
+            if not jobs:
+                say(f"waiting for the compile(s) under way ({self.jobs} job(s) of "
+                    f"{self.plan.cpus} CPU(s)) to end, to start at their width")
+            while not jobs:
+                self._changed.wait()
+                jobs = self.next_jobs(useful)
+            self.jobs += jobs
+            return jobs
+
+    def release(self, jobs: int) -> None:
+        with self._changed:
+            self.jobs -= jobs
+            self._changed.notify_all()
+
+
+_GATES: dict[int, CompileGate] = {}
+_GATES_GUARD = threading.Lock()
+
+
+def gate_for(plan: compileplan.CompilePlan) -> CompileGate:
+    """The one gate of a compile plan (the run's, or a builder's)."""
+    with _GATES_GUARD:
+        gate = _GATES.get(id(plan))
+        if gate is None or gate.plan is not plan:
+            gate = _GATES[id(plan)] = CompileGate(plan)
+        return gate
 
 
 def _builder_name(docker: Engine) -> str | None:
@@ -711,7 +774,7 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         try:
             entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args,
                                                secrets, log_path, deadline, echo, docker,
-                                               options.no_cache, platform, shared)
+                                               options.no_cache, platform, shared, compile)
             with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-",
                                              dir=_tmp_root(ctx)) as tmp:
                 context = Path(tmp) / "context"
@@ -858,6 +921,8 @@ def _build_here(ctx: Context, planned: list[CellSpec], options: RunOptions,
     """Every cell on the one engine `docker` (DOCKER_HOST / the current context)."""
     compile = compile_plan_for_cells(ctx, planned, options)
     echo(compile.describe())
+    echo("  each kernel compile starts with the CPUs and memory the compiles under way leave, "
+         "or waits for one to end (no idle core; the memory cap holds)")
     with run_lock(ctx.state, wait=options.wait):
         if compile.parallel_cells <= 1 or len(planned) <= 1:
             _build_in_order(ctx, planned, compile, options, results, echo, docker)

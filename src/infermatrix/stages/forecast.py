@@ -67,6 +67,13 @@ def compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey, max_job
     return None, "unknown"
 
 
+def compile_width(plan: compileplan.CompilePlan) -> int:
+    """MAX_JOBS a compile gets with nothing else compiling (build.py's CompileGate)."""
+    override = plan.max_jobs if any(o.startswith("MAX_JOBS") for o in plan.overrides) else None
+    return compileplan.jobs_for_next_compile(plan.cpus, plan.usable_gb, plan.job_gib, 0, 0.0,
+                                             None, override)
+
+
 def cell_work(ctx: Context, cell: CellSpec, plan: compileplan.CompilePlan,
               options: RunOptions) -> CellWork:
     """What building `cell` on this host is made of."""
@@ -85,7 +92,10 @@ def cell_work(ctx: Context, cell: CellSpec, plan: compileplan.CompilePlan,
         keys = {}
     kernels = []
     for name, key in keys.items():
-        seconds, where = compile_seconds(ctx, name, key, plan.max_jobs)
+        seconds, where = compile_seconds(ctx, name, key, compile_width(plan))
+        native = build.native_compile_seconds(ctx, name, key) if emulation > 1 else None
+        if native is not None:  # the figure build.py's emulation limit judges by
+            seconds, where = native[0], native[1].split(" (")[0]
         kernels.append(KernelWork(name, key.slug, seconds, where,
                                   cached=kernelcache.lookup(ctx.state, key) is not None))
     args = {**plan.build_args(), "platform": cell.platform}
@@ -105,9 +115,10 @@ def run_forecast(ctx: Context, cells: list[CellSpec], options: RunOptions,
     limit = (ctx.matrix.build.get("emulation") or {}).get("max_compile_minutes", 60)
     work = [cell_work(ctx, cell, plan, options) for cell in cells]
     result = forecast(work, plan.parallel_cells, float(limit) * 60 if limit else None)
-    result.notes.append(f"{plan.parallel_cells} cell(s) build at once, MAX_JOBS="
-                        f"{plan.max_jobs}, {plan.cpus} CPU(s), {plan.memory_gb:.1f} GiB "
-                        f"({plan.memory_source})")
+    result.notes.append(f"{plan.parallel_cells} cell(s) build at once; a kernel compile "
+                        f"alone at MAX_JOBS={compile_width(plan)} (it takes the CPUs the "
+                        f"compiles under way leave); {plan.cpus} CPU(s), {plan.memory_gb:.1f} "
+                        f"GiB ({plan.memory_source})")
     return result
 
 
