@@ -15,7 +15,7 @@ from ..stages.lock import prune_unsatisfiable
 from ..model.cell import CellPlan
 from ..stages.plan import Plan, plan_full
 from ..options import from_environment, package_index
-from ..state import run_lock
+from ..state import state_lock
 from . import common_options, load_context, selection_options, wait_option
 from .views import STATUS_STYLE, plan_view, print_lines
 
@@ -89,7 +89,8 @@ def plan_table(plans: list[CellPlan], every_row: bool = False) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     ctx = load_context(args, log=False)  # bad input writes nothing
-    with run_lock(ctx.state, wait=args.wait):  # planning writes the metadata cache
+    # planning writes the metadata cache; offline it only reads: beside a run (issue 47)
+    with state_lock(ctx.state, shared=ctx.offline, wait=args.wait):
         ctx, full = load_full_plan(args)
     plans = full.cells
     prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
