@@ -53,4 +53,6 @@ def closing_lines(run: Run) -> list[Line]:
 
     records = load_records(run.ctx.state)
     fill_image_sizes(records, run.docker)
-    return pipeline_summary(build_report(records, run.plans, run.ctx.state).cells)
+    registry_set = bool(run.options.registry or run.ctx.matrix.publish.get("registry"))
+    return pipeline_summary(build_report(records, run.plans, run.ctx.state).cells,
+                            registry_set)
