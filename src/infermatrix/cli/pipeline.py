@@ -30,10 +30,18 @@ def run(args: argparse.Namespace) -> int:
     pipeline_run = load_run(args)
     with run_lock(pipeline_run.ctx.state, wait=pipeline_run.options.wait):
         forecast_first(pipeline_run)
+        require_engine(pipeline_run)
         code, _ = run_pipeline(pipeline_run)
         console.rule("[bold]summary")
         print_lines(closing_lines(pipeline_run), console)
     return code
+
+
+def require_engine(run: Run) -> None:
+    """The Docker engine answers before any step (issue 47): an unreachable one is
+    EngineUnavailable (exit 4, README), with the journal untouched; found by a step, it would
+    turn a tagged cell into "failed at base"."""
+    run.docker.sdk()  # connects and pings; EngineUnavailable when it cannot
 
 
 def forecast_first(run: Run) -> None:

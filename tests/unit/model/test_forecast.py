@@ -96,6 +96,7 @@ def test_the_pipeline_prints_the_forecast_before_its_first_step(tmp_path, capsys
         return 0, []
     monkeypatch.setattr(pipeline, "run_pipeline", first_step)
     monkeypatch.setattr(pipeline, "closing_lines", lambda run: [])
+    monkeypatch.setattr(pipeline, "require_engine", lambda run: None)  # FAKE: no engine here
     code = main(["pipeline", "--matrix", str(TESTS / "matrix" / "matrix.yaml"),
                  "--state-dir", str(tmp_path), "--offline"])
     assert code == 0
