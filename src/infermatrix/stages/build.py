@@ -492,7 +492,8 @@ class CompileGate:
                 say(f"waiting for the compile(s) under way ({self.jobs} job(s) of "
                     f"{self.plan.cpus} CPU(s)) to end, to start at their width")
             while not jobs:
-                self._changed.wait()
+                _stop_if_interrupted()
+                self._changed.wait(1.0)
                 jobs = self.next_jobs(useful)
             self.jobs += jobs
             return jobs
@@ -579,6 +580,12 @@ def lru_keep_bytes(cache_bytes: int, free: float, need: float) -> int | None:
     return keep if keep > 0 else None
 
 
+def _stop_if_interrupted() -> None:
+    """A worker waiting for its turn gives up once the run is interrupted (proc.STOPPING)."""
+    if proc.STOPPING.is_set():
+        raise StageFailure("the run was interrupted while this cell waited for its turn")
+
+
 class RunningBuilds:
     """The builds of this run under way, by the Docker data root they fill (issue 47): a cell
     short of disk waits for them, as they may hold the space it lacks, instead of failing."""
@@ -604,9 +611,15 @@ class RunningBuilds:
     def wait_for_one_of(self, root: Path | None, cells: list[str],
                         timeout: float | None = None) -> bool:
         """Block until one of `cells` has ended; False when `timeout` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            return self._changed.wait_for(
-                lambda: not set(cells) <= self._running.get(str(root), set()), timeout)
+            while set(cells) <= self._running.get(str(root), set()):
+                _stop_if_interrupted()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(1.0 if left is None else min(left, 1.0))
+            return True
 
     def holding(self, root: Path | None, cell_id: str) -> "_Holding":
         return _Holding(self, root, cell_id)
@@ -664,7 +677,10 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
              f"run's own build(s) under way ({', '.join(holders)}) to end, then again")
         with log_path.open("a", encoding="utf-8") as log:
             log.write(f"# short of disk: waiting for {', '.join(holders)} to end\n")
-        running.wait_for_one_of(root, holders)
+        try:
+            running.wait_for_one_of(root, holders)
+        except StageFailure as exc:  # the run was interrupted meanwhile
+            return str(exc)
 
 
 def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
@@ -906,6 +922,7 @@ def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None 
     options = options or RunOptions()
     docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     results: dict[str, CellResult] = {}
+    proc.STOPPING.clear()  # a new run of this process (an earlier one may have been stopped)
     from ..engine.builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:

@@ -63,3 +63,15 @@ def test_a_compile_that_waits_gets_the_cores_of_the_one_that_ended():
     assert got == [2] and gate.jobs == 2
     gate.release(2)
     assert gate.jobs == 0
+
+
+def test_a_compile_waiting_for_width_gives_up_when_the_run_is_interrupted(monkeypatch):
+    from infermatrix import proc
+    from infermatrix.errors import StageFailure
+
+    gate = CompileGate(plan_compile(int(23.1 * GIB), 2, 6.6))
+    gate.acquire(73, lambda _: None)  # both cores taken, never given back
+    monkeypatch.setattr(proc, "STOPPING", threading.Event())
+    proc.STOPPING.set()
+    with pytest.raises(StageFailure, match="interrupted"):
+        gate.acquire(20, lambda _: None)

@@ -88,3 +88,18 @@ def test_a_building_cell_holds_its_place_until_it_ends(tmp_path):
         assert running.wait_for_one_of(tmp_path, ["a"], timeout=0.05) is False
     assert running.others(tmp_path, "b") == []
     assert running.wait_for_one_of(tmp_path, ["a"], timeout=0.05) is True
+
+
+def test_a_waiting_cell_gives_up_when_the_run_is_interrupted(ctx, tmp_path, monkeypatch):
+    from infermatrix import proc
+
+    fake = RecordingEngine(data_root=tmp_path)
+    monkeypatch.setattr(build, "free_gib", lambda root: 33.5)  # FAKE disk figure
+    running = RunningBuilds()
+    running.start(tmp_path, "holder")  # never ends: only the interrupt frees the waiter
+    log = tmp_path / "build.log"
+    log.write_text("")
+    monkeypatch.setattr(proc, "STOPPING", __import__("threading").Event())
+    proc.STOPPING.set()
+    reason = build.disk_refusal(ctx, CELL, log, lambda _: None, fake, running)
+    assert reason == "the run was interrupted while this cell waited for its turn"
