@@ -357,12 +357,21 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
         report[name] = {"key": key.slug, "cache": kernelregistry.SOURCE if taken else cache,
                         "source": _KERNEL_SOURCE[kernelregistry.SOURCE if taken else cache],
                         "wheels": [w.name for w in entry.wheels],
+                        # the width it compiled at (CompileGate), None for a registry's wheel
+                        "max_jobs": None if taken else _int_or_none(entry.details.get("MAX_JOBS")),
                         "duration_s": round(time.monotonic() - started, 3),
                         # the compile's own figures (measure), also on a hit: when it was
                         # built; none for a wheel another machine compiled (in `registry`)
                         "compile": {} if taken else entry.details.get("stats") or {},
                         **({"registry": note} if note else {})}
     return entries, report
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # Where a cell's kernel wheel came from, by its `cache` value.
