@@ -35,8 +35,11 @@ DEFAULT_IMAGE_S = 7 * 60.0
 DEFAULT_IMAGE_ORIGIN = "default (issue 47: 7 min on 2 cores)"
 
 
-def image_seconds(ctx: Context, cell_id: str) -> tuple[float, str]:
-    """The cell's last passing build from the journal, its kernel compiles taken out."""
+def image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> tuple[float, str]:
+    """The cell's last passing build from the journal, its kernel compiles taken out (`fresh`:
+    what a fresh clone knows, the default)."""
+    if fresh:
+        return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
     record = journal.cell_record(ctx.state, cell_id).stage("build")
     if record is None or record.status != journal.Status.PASS or not record.duration_s:
         return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
@@ -49,15 +52,18 @@ def image_seconds(ctx: Context, cell_id: str) -> tuple[float, str]:
     return seconds, "journal"
 
 
-def compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey, max_jobs: int
-                    ) -> tuple[float | None, str]:
-    """(native seconds of compiling `key` at `max_jobs` on this host, where that comes from)."""
-    history = compileplan.read_history(compileplan.history_path(ctx.state.root))
+def compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey, max_jobs: int,
+                    fresh: bool = False) -> tuple[float | None, str]:
+    """(native seconds of compiling `key` at `max_jobs` on this host, where that comes from);
+    `fresh`: from what a fresh clone knows (the compile model, estimate_minutes), not this
+    state's history or kernel cache."""
+    history = [] if fresh else \
+        compileplan.read_history(compileplan.history_path(ctx.state.root))
     prior = compileprogress.prior_for(key.slug, key.package, key.version, key.cuda, max_jobs,
                                       history, compileplan.load_model())
     if prior.origin == "history" and prior.total_s:
         return prior.total_s, "history"
-    native = build.native_compile_seconds(ctx, name, key)
+    native = estimate_minutes(ctx, name) if fresh else build.native_compile_seconds(ctx, name, key)
     if native is not None and not native[1].startswith("build.kernels"):
         return native[0], "measured here"
     if prior.total_s:
@@ -65,6 +71,12 @@ def compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey, max_job
     if native is not None:
         return native[0], "estimate_minutes"
     return None, "unknown"
+
+
+def estimate_minutes(ctx: Context, name: str) -> tuple[float, str] | None:
+    """build.kernels.<name>.estimate_minutes in seconds, with where it comes from."""
+    minutes = (ctx.matrix.build.get("kernels", {}).get(name) or {}).get("estimate_minutes")
+    return (float(minutes) * 60, f"build.kernels.{name}.estimate_minutes") if minutes else None
 
 
 def compile_width(plan: compileplan.CompilePlan) -> int:
@@ -75,10 +87,11 @@ def compile_width(plan: compileplan.CompilePlan) -> int:
 
 
 def cell_work(ctx: Context, cell: CellSpec, plan: compileplan.CompilePlan,
-              options: RunOptions) -> CellWork:
-    """What building `cell` on this host is made of."""
+              options: RunOptions, fresh: bool = False) -> CellWork:
+    """What building `cell` on this host is made of (`fresh`: as a fresh clone would forecast
+    it: nothing built, cached or recorded yet)."""
     settings = ctx.matrix.build
-    image_s, origin = image_seconds(ctx, cell.id)
+    image_s, origin = image_seconds(ctx, cell.id, fresh)
     disk = float((settings.get("disk") or {}).get("min_free_gib", build.DEFAULT_MIN_FREE_GIB))
     emulation = 1.0 if cell.platform == host_platform() else \
         float((settings.get("emulation") or {}).get("slowdown", 10.0))
@@ -92,28 +105,29 @@ def cell_work(ctx: Context, cell: CellSpec, plan: compileplan.CompilePlan,
         keys = {}
     kernels = []
     for name, key in keys.items():
-        seconds, where = compile_seconds(ctx, name, key, compile_width(plan))
-        native = build.native_compile_seconds(ctx, name, key) if emulation > 1 else None
+        seconds, where = compile_seconds(ctx, name, key, compile_width(plan), fresh)
+        native = None if emulation == 1 else estimate_minutes(ctx, name) if fresh else \
+            build.native_compile_seconds(ctx, name, key)
         if native is not None:  # the figure build.py's emulation limit judges by
             seconds, where = native[0], native[1].split(" (")[0]
-        kernels.append(KernelWork(name, key.slug, seconds, where,
-                                  cached=kernelcache.lookup(ctx.state, key) is not None))
+        kernels.append(KernelWork(name, key.slug, seconds, where, cached=not fresh and
+                                  kernelcache.lookup(ctx.state, key) is not None))
     args = {**plan.build_args(), "platform": cell.platform}
     if options.compile_nonce:
         args[build.COMPILE_NONCE_ARG] = options.compile_nonce
     digest = build.input_hash(build.cell_dir(ctx, cell.id), args, keys)
     record = journal.cell_record(ctx.state, cell.id)
-    reused = (not options.force and record.input_hash == digest
+    reused = (not fresh and not options.force and record.input_hash == digest
               and record.status_of("build") == journal.Status.PASS)
     return CellWork(cell.id, image_s, origin, tuple(kernels), emulation, disk,
                     plan.cell_budget_gb, reused)
 
 
 def run_forecast(ctx: Context, cells: list[CellSpec], options: RunOptions,
-                 plan: compileplan.CompilePlan | None = None) -> Forecast:
+                 plan: compileplan.CompilePlan | None = None, fresh: bool = False) -> Forecast:
     plan = plan or build.compile_plan_for_cells(ctx, cells, options)
     limit = (ctx.matrix.build.get("emulation") or {}).get("max_compile_minutes", 60)
-    work = [cell_work(ctx, cell, plan, options) for cell in cells]
+    work = [cell_work(ctx, cell, plan, options, fresh) for cell in cells]
     result = forecast(work, plan.parallel_cells, float(limit) * 60 if limit else None)
     result.notes.append(f"{plan.parallel_cells} cell(s) build at once; a kernel compile "
                         f"alone at MAX_JOBS={compile_width(plan)} (it takes the CPUs the "

@@ -102,3 +102,18 @@ def test_the_pipeline_prints_the_forecast_before_its_first_step(tmp_path, capsys
     assert code == 0
     [before] = seen
     assert "forecast (this host" in before and "total: about" in before
+
+
+def test_a_fresh_forecast_ignores_what_this_state_recorded(tmp_path):
+    """bench/forecast_error.py compares what a fresh clone forecasts with what a run took: the
+    journal's own time is used only by the ordinary forecast."""
+    from infermatrix import journal
+    from infermatrix.context import Context
+    from infermatrix.stages.forecast import DEFAULT_IMAGE_S, image_seconds
+
+    ctx = Context.load(TESTS / "matrix" / "matrix.yaml", tmp_path / "state")
+    cell = "cu130-torch2.13.0-kernel-fixture1.0-sm120"
+    journal.record_stage(ctx.state, cell, "build", "pass", duration_s=130.0,
+                         details={"kernels": {"k": {"cache": "miss", "duration_s": 30.0}}})
+    assert image_seconds(ctx, cell) == (100.0, "journal")
+    assert image_seconds(ctx, cell, fresh=True)[0] == DEFAULT_IMAGE_S
