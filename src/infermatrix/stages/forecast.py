@@ -133,6 +133,10 @@ def run_forecast(ctx: Context, cells: list[CellSpec], options: RunOptions,
                         f"alone at MAX_JOBS={compile_width(plan)} (it takes the CPUs the "
                         f"compiles under way leave); {plan.cpus} CPU(s), {plan.memory_gb:.1f} "
                         f"GiB ({plan.memory_source})")
+    if options.builders or ctx.matrix.build.get("builders"):
+        result.notes.append("the cells build on the builders (--builder, build.builders): "
+                            "their own CPUs size the compiles, so these times are this host's "
+                            "upper bound when they are larger")
     return result
 
 

@@ -53,9 +53,17 @@ def test_slots_share_the_cells_and_the_critical_path_is_the_slot_that_ends_last(
     assert schedule([100.0, 10.0, 10.0, 10.0], 2) == (100.0, [0])
     assert schedule([10.0, 100.0, 10.0], 2) == (100.0, [1])
     assert schedule([5.0, 5.0, 5.0], 1) == (15.0, [0, 1, 2])
-    result = forecast([cell("a", FA), cell("b", FI), cell("c")], slots=2)
-    assert result.total_s == 3420.0 and result.critical_path == ["a"]
+    result = forecast([cell("a"), cell("b"), cell("c")], slots=2)
+    assert result.total_s == 840.0 and result.critical_path == ["a", "c"]
     assert result.disk_gib == 80.0  # two cells start at once: both need their space
+
+
+def test_compiles_at_full_width_run_one_after_another_whatever_the_slots():
+    result = forecast([cell("a", FA), cell("b", FI), cell("c")], slots=2)
+    # slots alone: 3420 s; but each compile takes every CPU: 3000 + 300, plus one image build
+    assert result.total_s == 3000.0 + 300.0 + 420.0
+    assert result.critical_path == ["a", "b"]
+    assert any("one at a time at full width" in note for note in result.notes)
 
 
 def test_a_kernel_without_a_figure_is_said_not_guessed():
