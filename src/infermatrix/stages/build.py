@@ -921,6 +921,23 @@ def compile_plan_for_cells(ctx: Context, cells: list[CellSpec], options: RunOpti
                             options, reading, builder)
 
 
+TRAINING_CONSUMER = "profile training"  # build.kernels.<k>.consumer of a training-only kernel
+
+
+def training_only(ctx: Context, cell: CellSpec) -> bool:
+    """Whether the cell compiles a kernel only the training profile loads (flash-attn: vLLM
+    serves with its bundled attention), so its serving image waits for that compile."""
+    specs = ctx.matrix.build.get("kernels", {})
+    return any(str((specs.get(k.name) or {}).get("consumer", "")).startswith(TRAINING_CONSUMER)
+               for k in cell.kernels)
+
+
+def serving_first(cells: list[CellSpec], waits: Callable[[CellSpec], bool]) -> list[CellSpec]:
+    """The cells whose image waits for no training-only compile first, each group in its
+    order (issue 47: the servable images of the run before the hours of flash-attn)."""
+    return sorted(cells, key=waits)  # stable: False before True, the order kept within
+
+
 def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
                 echo: Echo = print, docker: Engine | None = None) -> dict[str, CellResult]:
     """Build every cell of `cells` (planned cells: `ctx.specs(plans)`); hold the state lock.
@@ -932,6 +949,7 @@ def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None 
     docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     results: dict[str, CellResult] = {}
     proc.STOPPING.clear()  # a new run of this process (an earlier one may have been stopped)
+    cells = serving_first(cells, lambda cell: training_only(ctx, cell))
     from ..engine.builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:

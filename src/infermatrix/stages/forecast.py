@@ -127,6 +127,7 @@ def run_forecast(ctx: Context, cells: list[CellSpec], options: RunOptions,
                  plan: compileplan.CompilePlan | None = None, fresh: bool = False) -> Forecast:
     plan = plan or build.compile_plan_for_cells(ctx, cells, options)
     limit = (ctx.matrix.build.get("emulation") or {}).get("max_compile_minutes", 60)
+    cells = build.serving_first(cells, lambda cell: build.training_only(ctx, cell))
     work = [cell_work(ctx, cell, plan, options, fresh) for cell in cells]
     result = forecast(work, plan.parallel_cells, float(limit) * 60 if limit else None)
     result.notes.append(f"{plan.parallel_cells} cell(s) build at once; a kernel compile "
