@@ -12,11 +12,14 @@ import json
 import os
 import re
 import stat
+import string
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
+import jinja2
+import jinja2.meta
 import jsonschema
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -393,7 +396,7 @@ def _reference_errors(m: Matrix, schema_valid: bool) -> list[ConfigError]:
     trips over it is left out (the schema error already names the place)."""
     found: list[ConfigError] = []
     for check in (_check_names, _check_kernel_paths, _check_registries, _check_arches,
-                  _check_references):
+                  _check_references, _check_tag_templates, _check_templates):
         try:
             check(m, found)
         except ConfigError as exc:
@@ -609,3 +612,94 @@ def _check_version(m: Matrix, found: list[ConfigError], version: str,
     except InvalidVersion:
         found.append(m.error(f"{version!r} is not a valid version", *where,
                              fix="a PEP 440 version such as 2.11.0"))
+
+
+# --- templates and tag templates, checked when the matrix loads (issue 47) --------------------
+
+# What a publish.tag / publish.aliases template may name: stages/publish.py tag_fields (a test
+# keeps the two equal) and Docker's tag grammar, the same as publish's TAG_PATTERN.
+TAG_FIELDS = ("cell_id", "cuda", "cuda_tag", "torch", "engine", "engine_version", "arch",
+              "arch_tag")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# The Dockerfile's entry template and the files every cell renders (stages/render.py).
+ENTRY_TEMPLATE = "Dockerfile.j2"
+REQUIRED_TEMPLATES = (ENTRY_TEMPLATE, "files/dockerignore.j2", "files/with-secrets.sh.j2",
+                      "files/serve.sh.j2")
+
+
+def _tag_templates(m: Matrix) -> list[tuple[tuple[Any, ...], Any]]:
+    publish = m.data.get("publish") or {}
+    found: list[tuple[tuple[Any, ...], Any]] = []
+    if "tag" in publish:
+        found.append((("publish", "tag"), publish["tag"]))
+    for index, alias in enumerate(publish.get("aliases") or []):
+        found.append((("publish", "aliases", index), alias))
+    return found
+
+
+def tag_template_problem(template: str) -> str | None:
+    """Why a tag template cannot give a tag for every cell (an unknown placeholder, a broken
+    brace, characters a tag may not hold), or None."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template)
+                 if name is not None]
+    except ValueError as exc:
+        return f"tag template {template!r} does not parse: {exc}"
+    unknown = [n for n in names if n not in TAG_FIELDS]
+    if unknown:
+        return f"unknown placeholder {{{unknown[0]}}} in tag template {template!r}"
+    try:
+        sample = template.format(**{f: "x0" for f in TAG_FIELDS})
+    except (IndexError, KeyError, ValueError) as exc:
+        return f"tag template {template!r} does not format: {exc}"
+    if not _TAG.fullmatch(sample):
+        return f"tag template {template!r} gives {sample!r}, which is not a valid tag"
+    return None
+
+
+def _check_tag_templates(m: Matrix, found: list[ConfigError]) -> None:
+    """publish.tag and each alias template: a typo is said at load, not at the tag step after
+    the audit and the smoke."""
+    for key_path, template in _tag_templates(m):
+        if not isinstance(template, str):
+            continue  # the schema names it
+        problem = tag_template_problem(template)
+        if problem:
+            found.append(m.error(f"{'.'.join(map(str, key_path))}: {problem}", *key_path,
+                                 fix="placeholders: " + ", ".join("{" + f + "}"
+                                                                  for f in TAG_FIELDS)))
+
+
+def templates_of(m: Matrix) -> Path:
+    """`templates/` beside the matrix when it has one, else the project's (as render's
+    templates_dir)."""
+    beside = m.root / "templates"
+    return beside if (beside / ENTRY_TEMPLATE).is_file() else REPO_ROOT / "templates"
+
+
+def _check_templates(m: Matrix, found: list[ConfigError]) -> None:
+    """Every template render needs is there, and every template parses; a constant include
+    names a template that exists. Each problem names the template file (and line)."""
+    directory = templates_of(m)
+    fix = f"restore it from the project's templates/ (git checkout -- {directory.name}/)"
+    for name in REQUIRED_TEMPLATES:
+        if not (directory / name).is_file():
+            found.append(ConfigError(f"template {name!r} not found in {directory}",
+                                     directory / name, fix=fix))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(directory)),
+                             trim_blocks=True, lstrip_blocks=True)
+    for path in sorted(directory.rglob("*.j2")):
+        name = path.relative_to(directory).as_posix()
+        try:
+            tree = env.parse(path.read_text(encoding="utf-8"), name, str(path))
+        except jinja2.TemplateSyntaxError as exc:
+            found.append(ConfigError(f"template syntax error: {exc.message}", path, exc.lineno,
+                                     fix="correct the template"))
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            found.append(ConfigError(f"template unreadable: {exc}", path, fix=fix))
+            continue
+        for included in jinja2.meta.find_referenced_templates(tree):
+            if included is not None and not (directory / included).is_file():
+                found.append(ConfigError(f"template {name} includes {included!r}, which is "
+                                         f"not in {directory}", path, fix=fix))

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .names import inside
-from .state import DamagedStateFile, StatePaths, notice, read_state_json, write_json_atomic
+from .state import (DamagedStateFile, StatePaths, notice, read_state_json, record_lock,
+                    write_json_atomic)
 
 STAGES = ("plan", "lock", "render", "base", "build", "audit", "smoke", "tag", "publish",
           "report")
@@ -240,9 +241,10 @@ def save(state: StatePaths, record: dict[str, Any]) -> None:
 
 def update(state: StatePaths, cell_id: str, **fields: Any) -> dict[str, Any]:
     """Set top-level fields (input_hash, image_id, ...) of a cell's record."""
-    record = load(state, cell_id)
-    record.update(fields)
-    save(state, record)
+    with record_lock(state, record_path(state, cell_id).name):
+        record = load(state, cell_id)
+        record.update(fields)
+        save(state, record)
     return record
 
 
@@ -256,9 +258,11 @@ def record_stage(state: StatePaths, cell_id: str, stage: str, status: Status, *,
     entry = StageRecord(stage, Status(status), finished=_now(), duration_s=duration_s,
                         log=None if log is None else str(log), reason=reason,
                         details=details or {})
-    record = load(state, cell_id)
-    record.update(fields)
-    record.setdefault("stages", {})[stage] = entry.to_json()
-    save(state, record)
+    # a reader (audit) may record beside a run
+    with record_lock(state, record_path(state, cell_id).name):
+        record = load(state, cell_id)
+        record.update(fields)
+        record.setdefault("stages", {})[stage] = entry.to_json()
+        save(state, record)
     return record
 

@@ -106,6 +106,9 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
 
 _LIVE: set[subprocess.Popen] = set()  # the commands running now, in any thread
 _LIVE_LOCK = threading.Lock()
+# Set by signal_children (the run is being interrupted): a worker thread waiting for a turn
+# (disk space, compile width) gives up instead of starting work after its peers were stopped.
+STOPPING = threading.Event()
 
 
 def _kill_group(proc: subprocess.Popen, signum: int) -> None:
@@ -117,6 +120,7 @@ def signal_children(signum: int = signal.SIGTERM) -> int:
     """Send `signum` to every running command's process group (an interrupt of this run:
     `docker build` cancels its build, uv stops resolving); how many were signalled. Safe in a
     signal handler: it only reads the set and calls killpg."""
+    STOPPING.set()
     with _LIVE_LOCK:
         running = [p for p in _LIVE if p.poll() is None]
     for proc in running:

@@ -177,7 +177,8 @@ def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> 
         handle.truncate()
         handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         handle.flush()
-        clear_stale_tmp(state.root / "tmp")
+        if no_readers(state):  # a reader (`audit`, `plan --offline`) may be using tmp/
+            clear_stale_tmp(state.root / "tmp")
         held[state.root] = 1
         try:
             yield
@@ -185,4 +186,57 @@ def run_lock(state: StatePaths, wait: bool = False, timeout_s: float = 3600) -> 
             held.pop(state.root, None)
             handle.seek(0)
             handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+READERS_LOCK = "readers.lock"
+
+
+def no_readers(state: StatePaths) -> bool:
+    """True when no read-only command holds the state (its shared lock)."""
+    path = state.root / READERS_LOCK
+    if not path.exists():
+        return True
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return True
+
+
+@contextmanager
+def state_lock(state: StatePaths, *, shared: bool = False, wait: bool = False
+               ) -> Iterator[None]:
+    """The state lock in its two modes (issue 47). Exclusive (`run_lock`): a run that writes
+    the state; a second one waits or is refused. Shared: a read-only command (`plan --offline`,
+    `audit`, `report`) runs beside a run and beside other readers, never refused: the run's
+    files are written atomically (journal records under their own per-cell lock), and a run
+    that starts meanwhile leaves tmp/ alone while a reader holds the readers' lock."""
+    if not shared:
+        with run_lock(state, wait=wait):
+            yield
+        return
+    state.root.mkdir(parents=True, exist_ok=True)
+    with open(state.root / READERS_LOCK, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)  # only an exclusive reader check holds it, briefly
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def record_lock(state: StatePaths, name: str) -> Iterator[None]:
+    """One writer at a time of the state file `name` (a journal record's read-modify-write),
+    across processes: a run and a reader's own records never lose each other's update. The
+    lock files live in <state>/record-locks/, beside nothing they would be mistaken for."""
+    lock = inside(state.root / "record-locks", f"{name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
             fcntl.flock(handle, fcntl.LOCK_UN)

@@ -175,11 +175,13 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
         details = record["stages"]["build"]["details"]
         assert details["secret_ids"]
         # the MAX_JOBS the kernel stage received (written into the wheel it compiled) is the
-        # one the build recorded
+        # one the build recorded: the width the compile gate gave it (issue 47), at least the
+        # plan's
         [wheel] = mini_ctx.state.kernels.rglob("minik-1.0-py3-none-any.whl")
         with zipfile.ZipFile(wheel) as archive:
             jobs = archive.read("minik/__init__.py").decode()
-        assert jobs.strip() == f"JOBS = {details['compile_plan']['max_jobs']}"
+        assert jobs.strip() == f"JOBS = {details['kernels']['minik']['max_jobs']}"
+        assert details['kernels']['minik']['max_jobs'] >= details['compile_plan']['max_jobs']
         assert Path(record["stages"]["build"]["log"]).is_file()
     out = Path(mini_ctx.state.root) / "copied"
     DOCKER.copy_from_image(local_ref(mini2), ["/kernel-wheels.txt"], out)

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..stages import run_steps, steps_named
     from ..stages.audit import images_to_audit, render
-    from ..state import run_lock
+    from ..state import state_lock
     from .views import audit_lines, print_lines
 
     audit_run = load_run(args, quiet=args.json)
@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if twice:
         raise UsageError(f"more than one image of {', '.join(twice)}: name one image per cell")
     audit_run = dataclasses.replace(audit_run, images={p.id: image for p, image in pairs})
-    with run_lock(audit_run.ctx.state, wait=audit_run.options.wait):
+    # read-only on the run's state (its own records under their lock): beside a run (issue 47)
+    with state_lock(audit_run.ctx.state, shared=True):
         [record] = run_steps(audit_run, steps_named("audit"), ids=[p.id for p, _ in pairs])
     results = list(record.results.values())
     if args.json:

@@ -29,10 +29,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     pipeline_run = load_run(args)
     with run_lock(pipeline_run.ctx.state, wait=pipeline_run.options.wait):
+        forecast_first(pipeline_run)
+        require_engine(pipeline_run)
         code, _ = run_pipeline(pipeline_run)
         console.rule("[bold]summary")
         print_lines(closing_lines(pipeline_run), console)
     return code
+
+
+def require_engine(run: Run) -> None:
+    """The Docker engine answers before any step (issue 47): an unreachable one is
+    EngineUnavailable (exit 4, README), with the journal untouched; found by a step, it would
+    turn a tagged cell into "failed at base"."""
+    run.docker.sdk()  # connects and pings; EngineUnavailable when it cannot
+
+
+def forecast_first(run: Run) -> None:
+    """Before the first step: what the run will take on this host (issue 47)."""
+    from ..stages.forecast import print_forecast
+    from ..stages.steps import echo
+
+    console.rule("[bold]forecast")
+    print_forecast(run.ctx, run.cells(), run.options, echo)
 
 
 def closing_lines(run: Run) -> list[Line]:
@@ -43,4 +61,6 @@ def closing_lines(run: Run) -> list[Line]:
 
     records = load_records(run.ctx.state)
     fill_image_sizes(records, run.docker)
-    return pipeline_summary(build_report(records, run.plans, run.ctx.state).cells)
+    registry_set = bool(run.options.registry or run.ctx.matrix.publish.get("registry"))
+    return pipeline_summary(build_report(records, run.plans, run.ctx.state).cells,
+                            registry_set)

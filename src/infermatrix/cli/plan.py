@@ -15,7 +15,7 @@ from ..stages.lock import prune_unsatisfiable
 from ..model.cell import CellPlan
 from ..stages.plan import Plan, plan_full
 from ..options import from_environment, package_index
-from ..state import run_lock
+from ..state import state_lock
 from . import common_options, load_context, selection_options, wait_option
 from .views import STATUS_STYLE, plan_view, print_lines
 
@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="what changed since the committed plan (locks/plan.json, written "
                         "by `infermatrix lock`): cells that appear or go away, and why; exit 1 "
                         "when something changed")
+    parser.add_argument("--forecast", action="store_true",
+                        help="after the plan, what building the planned cells would take on "
+                        "this host (time per cell, disk, memory, total, critical path), "
+                        "without building")
     wait_option(parser)
     parser.set_defaults(func=run)
 
@@ -85,7 +89,8 @@ def plan_table(plans: list[CellPlan], every_row: bool = False) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     ctx = load_context(args, log=False)  # bad input writes nothing
-    with run_lock(ctx.state, wait=args.wait):  # planning writes the metadata cache
+    # planning writes the metadata cache; offline it only reads: beside a run (issue 47)
+    with state_lock(ctx.state, shared=ctx.offline, wait=args.wait):
         ctx, full = load_full_plan(args)
     plans = full.cells
     prune_unsatisfiable(ctx, plans)  # cells whose last `infermatrix lock` found no solution
@@ -109,7 +114,17 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"not generated: {n} combination(s) with a {why}")
     for line in passed_over_lines(plans):
         console.print(line, markup=False)
+    if args.forecast:
+        _print_forecast(ctx, plans, args)
     return 0
+
+
+def _print_forecast(ctx: Context, plans: list[CellPlan], args: argparse.Namespace) -> None:
+    """`plan --forecast`: the pipeline's forecast table for the planned cells (issue 47)."""
+    from ..options import resolve
+    from ..stages.forecast import print_forecast
+
+    print_forecast(ctx, ctx.specs(plans), resolve(args, ctx.matrix.data), print)
 
 
 def passed_over_lines(plans: list[CellPlan]) -> list[str]:

@@ -183,9 +183,11 @@ def plan_view(plans: list[Any], settings_text: Any) -> list[Line]:
 SUMMARY_STEPS = ("lock", "render", "build", "audit", "smoke", "tag", "publish")
 
 
-def next_step(cell: Any) -> tuple[str, str] | None:
-    """(why the cell is not tagged and published, the command that moves it on), or None for
-    a cell that is done. `cell`: a report.CellReport."""
+def next_step(cell: Any, registry_set: bool = True) -> tuple[str, str] | None:
+    """(why the cell is not tagged and published, the command that moves it on, runnable as
+    printed), or None for a cell that is done. `cell`: a report.CellReport; `registry_set`:
+    publish.registry (or --registry) names a registry, else publish is shown with the
+    --registry it needs."""
     stages = {s.name: s for s in cell.stages}
 
     def reason_of(*names: str, default: str = "") -> str:
@@ -213,7 +215,9 @@ def next_step(cell: Any) -> tuple[str, str] | None:
         if arch in ("", "cpu"):
             return why, f"infermatrix smoke {cid} && infermatrix tag {cid}"
         return why, (f"on a host with an {arch} GPU: infermatrix smoke {cid} "
-                     f"--model-path WEIGHTS_DIR && infermatrix tag {cid}")
+                     f"--model-path WEIGHTS_DIR && infermatrix tag {cid}; or from here, on "
+                     f"that host's engine: infermatrix smoke {cid} --on ssh://USER@GPU-HOST "
+                     f"--model-path WEIGHTS_DIR_ON_THAT_HOST && infermatrix tag {cid}")
     if cell.outcome == "verified":
         return reason_of("tag", default="not tagged yet"), f"infermatrix tag {cid}"
     if cell.outcome == "not-built":
@@ -223,11 +227,13 @@ def next_step(cell: Any) -> tuple[str, str] | None:
     if publish is None or publish.status != "pass":
         return ("tagged, not published" + (f": {publish.reason.splitlines()[0]}"
                                            if publish is not None and publish.reason else ""),
-                f"infermatrix publish --select {cid}")
+                f"infermatrix publish --select {cid}"
+                + ("" if registry_set else " --registry REGISTRY_HOST/PATH  (publish.registry "
+                   "is not set in matrix.yaml)"))
     return None
 
 
-def pipeline_summary(cells: list[Any]) -> list[Line]:
+def pipeline_summary(cells: list[Any], registry_set: bool = True) -> list[Line]:
     """One line per cell that is not pruned (report.CellReport): outcome, each step's time, the
     image size; then for each cell not done, its reason and the command that moves it on."""
     from ..stages.report import RICH_STYLES, human_duration, human_size
@@ -246,7 +252,8 @@ def pipeline_summary(cells: list[Any]) -> list[Line]:
                           f"{escape(cell.label.ljust(outcome_w))}[/]  "
                           + "".join(f"{human_duration(times.get(s)) or '-':>8}" for s in steps)
                           + f"{human_size(cell.image_size) or '-':>9}"))
-    todo = [(cell, step) for cell in shown if (step := next_step(cell)) is not None]
+    todo = [(cell, step) for cell in shown
+            if (step := next_step(cell, registry_set)) is not None]
     if todo:
         lines.append(Line("[bold]what now:[/]"))
     for cell, (why, command) in todo:

@@ -333,6 +333,29 @@ def plan_compile(memory_bytes: int, cpus: int, job_gib_per_target: float, *,
     return plan
 
 
+def jobs_for_next_compile(cpus: int, usable_gb: float, job_gib: float, in_flight_jobs: int,
+                          in_flight_gib: float, useful: int | None = None,
+                          override: int | None = None) -> int:
+    """MAX_JOBS for a kernel compile that would start now, or 0: wait for one under way to end
+    (issue 47, no idle core). A compile takes the CPUs and memory the compiles under way leave
+    (never more jobs than it has files: `useful`), so on a small host the compiles run one at
+    a time at full width, and a cell that finishes or fails early leaves no core idle; on a
+    large one they share. The memory cap holds: the jobs in flight never sum over `usable_gb`,
+    except that one job always runs when nothing else compiles. `override` (--max-jobs): that
+    width, started when it fits beside the compiles under way or when none runs."""
+    if override is not None:
+        fits = in_flight_jobs + override <= max(cpus, 1) and \
+            in_flight_gib + override * job_gib <= usable_gb
+        return override if in_flight_jobs == 0 or fits else 0
+    free_cpus = max(cpus, 1) - in_flight_jobs
+    free_jobs_by_memory = int(max(usable_gb - in_flight_gib, 0.0) // job_gib) if job_gib > 0 \
+        else free_cpus
+    jobs = min(free_cpus, free_jobs_by_memory, useful if useful else free_cpus)
+    if jobs >= 1:
+        return jobs
+    return 1 if in_flight_jobs == 0 else 0
+
+
 def plan_for_needs(memory_bytes: int, cpus: int, needs: Iterable[Need], *,
                    model: dict[str, Any] | None = None,
                    history: list[dict[str, Any]] | None = None, **options: Any) -> CompilePlan:

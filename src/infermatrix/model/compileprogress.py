@@ -75,6 +75,7 @@ class Prior:
     weights: dict[str, float] = field(default_factory=dict)  # unit key -> relative cost
     default_weight: float = 1.0
     origin: str = "uniform"  # history | model | uniform
+    files: int | None = None  # the compile's files (ninja edges), when known
 
     @classmethod
     def from_history(cls, record: dict[str, Any]) -> Prior:
@@ -83,7 +84,8 @@ class Prior:
         mean = sum(units.values()) / len(units) if units else 1.0
         # the compile itself: from its start to its last file (not the toolchain before it)
         return cls(total_s=sum(units.values()) or None, weights=units,
-                   default_weight=mean or 1.0, origin="history")
+                   default_weight=mean or 1.0, origin="history",
+                   files=int(record.get("files") or len(units)) or None)
 
     @classmethod
     def from_model(cls, entry: dict[str, Any], max_jobs: int) -> Prior:
@@ -94,7 +96,8 @@ class Prior:
         wall, jobs, tus = entry.get("wall_s"), entry.get("max_jobs"), entry.get("tus")
         mean = float(wall) * int(jobs) / int(tus) if wall and jobs and tus else 1.0
         total = mean * int(tus) / max(max_jobs, 1) if wall and jobs and tus else None
-        return cls(total_s=total, weights=units, default_weight=mean, origin="model")
+        return cls(total_s=total, weights=units, default_weight=mean, origin="model",
+                   files=int(tus) + 1 if tus else None)  # + the host-compiler unit
 
 
 @dataclass

@@ -337,7 +337,8 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
                     secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
                     echo: Callable[[str], None], docker: Engine, no_cache: bool = False,
                     platform: str | None = None,
-                    shared: dict[str, dict[str, Any]] | None = None
+                    shared: dict[str, dict[str, Any]] | None = None,
+                    compile: compileplan.CompilePlan | None = None
                     ) -> tuple[list[kernelcache.CachedKernel], dict[str, dict[str, Any]]]:
     """Compile the kernels missing from the cache; return the cell's entries and a report.
     `shared`: the registry notes of `_take_shared_kernels`, by kernel name."""
@@ -347,7 +348,7 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
         with _key_lock(key.slug):
             entry, cache, started = _compile_or_reuse(
                 ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
-                echo, docker, no_cache, platform)
+                echo, docker, no_cache, platform, compile)
         entries.append(entry)
         note = dict(shared.get(name) or {})
         if cache == "miss":
@@ -356,12 +357,21 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
         report[name] = {"key": key.slug, "cache": kernelregistry.SOURCE if taken else cache,
                         "source": _KERNEL_SOURCE[kernelregistry.SOURCE if taken else cache],
                         "wheels": [w.name for w in entry.wheels],
+                        # the width it compiled at (CompileGate), None for a registry's wheel
+                        "max_jobs": None if taken else _int_or_none(entry.details.get("MAX_JOBS")),
                         "duration_s": round(time.monotonic() - started, 3),
                         # the compile's own figures (measure), also on a hit: when it was
                         # built; none for a wheel another machine compiled (in `registry`)
                         "compile": {} if taken else entry.details.get("stats") or {},
                         **({"registry": note} if note else {})}
     return entries, report
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # Where a cell's kernel wheel came from, by its `cache` value.
@@ -416,13 +426,26 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                       key: kernelcache.KernelKey, build_args: dict[str, str],
                       secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
                       echo: Callable[[str], None], docker: Engine, no_cache: bool,
-                      platform: str | None) -> tuple[kernelcache.CachedKernel, str, float]:
-    """(the cache entry, "hit" or "miss", when the work started)."""
+                      platform: str | None, compile: compileplan.CompilePlan | None = None
+                      ) -> tuple[kernelcache.CachedKernel, str, float]:
+    """(the cache entry, "hit" or "miss", when the work started). A compile starts with the
+    width the engine's other compiles under way leave, or waits for one to end (CompileGate)."""
     entry = kernelcache.lookup(ctx.state, key)
     started = time.monotonic()
+    if entry is None and compile is not None:
+        gate = gate_for(compile)
+        jobs = gate.acquire(compile_prior(ctx, key, build_args).files,
+                            lambda line: echo(f"{cell_id}: kernel {name}: {line}"))
+        try:
+            return _compile_or_reuse(ctx, cell_id, directory, name, key,
+                                     {**build_args, "MAX_JOBS": str(jobs)}, secrets, log_path,
+                                     deadline, echo, docker, no_cache, platform, None)
+        finally:
+            gate.release(jobs)
     if entry is None:
         prior = compile_prior(ctx, key, build_args)
-        echo(f"{cell_id}: compiling kernel {name} ({key.slug}); "
+        echo(f"{cell_id}: compiling kernel {name} ({key.slug}) at MAX_JOBS="
+             f"{build_args.get('MAX_JOBS', '?')}; "
              + (f"expected {compileprogress.clock(prior.total_s)} ({prior.origin})"
                 if prior.total_s else "no earlier compile to time it by"))
         with tempfile.TemporaryDirectory(prefix=f"kernel-{name}-",
@@ -451,6 +474,56 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
         echo(f"{cell_id}: kernel {name} from the cache ({key.slug})")
         cache = "hit"
     return entry, cache, started
+
+
+class CompileGate:
+    """The kernel compiles under way under one compile plan (one engine): each starts with the
+    jobs the others leave (compileplan.jobs_for_next_compile) and gives them back as it ends,
+    so a compile that starts after another ended or failed gets its cores (issue 47)."""
+
+    def __init__(self, plan: compileplan.CompilePlan) -> None:
+        self.plan = plan
+        self._changed = threading.Condition()
+        self.jobs = 0
+        self.override = plan.max_jobs if any(o.startswith("MAX_JOBS") for o in plan.overrides) \
+            else None
+
+    def next_jobs(self, useful: int | None) -> int:
+        """The width a compile would start with now (0: it waits); the caller holds the lock."""
+        return compileplan.jobs_for_next_compile(
+            self.plan.cpus, self.plan.usable_gb, self.plan.job_gib, self.jobs,
+            self.jobs * self.plan.job_gib, useful, self.override)
+
+    def acquire(self, useful: int | None, say: Callable[[str], None]) -> int:
+        with self._changed:
+            jobs = self.next_jobs(useful)
+            if not jobs:
+                say(f"waiting for the compile(s) under way ({self.jobs} job(s) of "
+                    f"{self.plan.cpus} CPU(s)) to end, to start at their width")
+            while not jobs:
+                _stop_if_interrupted()
+                self._changed.wait(1.0)
+                jobs = self.next_jobs(useful)
+            self.jobs += jobs
+            return jobs
+
+    def release(self, jobs: int) -> None:
+        with self._changed:
+            self.jobs -= jobs
+            self._changed.notify_all()
+
+
+_GATES: dict[int, CompileGate] = {}
+_GATES_GUARD = threading.Lock()
+
+
+def gate_for(plan: compileplan.CompilePlan) -> CompileGate:
+    """The one gate of a compile plan (the run's, or a builder's)."""
+    with _GATES_GUARD:
+        gate = _GATES.get(id(plan))
+        if gate is None or gate.plan is not plan:
+            gate = _GATES[id(plan)] = CompileGate(plan)
+        return gate
 
 
 def _builder_name(docker: Engine) -> str | None:
@@ -516,21 +589,121 @@ def lru_keep_bytes(cache_bytes: int, free: float, need: float) -> int | None:
     return keep if keep > 0 else None
 
 
+def _stop_if_interrupted() -> None:
+    """A worker waiting for its turn gives up once the run is interrupted (proc.STOPPING)."""
+    if proc.STOPPING.is_set():
+        raise StageFailure("the run was interrupted while this cell waited for its turn")
+
+
+class RunningBuilds:
+    """The builds of this run under way, by the Docker data root they fill (issue 47): a cell
+    short of disk waits for them, as they may hold the space it lacks, instead of failing."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running: dict[str, set[str]] = {}
+
+    def start(self, root: Path | None, cell_id: str) -> None:
+        with self._changed:
+            self._running.setdefault(str(root), set()).add(cell_id)
+
+    def end(self, root: Path | None, cell_id: str) -> None:
+        with self._changed:
+            self._running.get(str(root), set()).discard(cell_id)
+            self._changed.notify_all()
+
+    def others(self, root: Path | None, cell_id: str) -> list[str]:
+        """The other cells of the run building on the same data root, sorted."""
+        with self._changed:
+            return sorted(self._running.get(str(root), set()) - {cell_id})
+
+    def wait_for_one_of(self, root: Path | None, cells: list[str],
+                        timeout: float | None = None) -> bool:
+        """Block until one of `cells` has ended; False when `timeout` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while set(cells) <= self._running.get(str(root), set()):
+                _stop_if_interrupted()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(1.0 if left is None else min(left, 1.0))
+            return True
+
+    def holding(self, root: Path | None, cell_id: str) -> "_Holding":
+        return _Holding(self, root, cell_id)
+
+
+@dataclass
+class _Holding:
+    running: RunningBuilds
+    root: Path | None
+    cell_id: str
+
+    def __enter__(self) -> None:
+        self.running.start(self.root, self.cell_id)
+
+    def __exit__(self, *exc: object) -> None:
+        self.running.end(self.root, self.cell_id)
+
+
+RUNNING = RunningBuilds()  # the builds of this process's run
+
+
+def space_decision(free: float, need: float, holders: list[str]) -> str:
+    """`go` when the space is there, `wait` when the run's own builds under way may free it
+    (they end, their cache is pruned), `fail` when nothing the run holds would."""
+    if free >= need:
+        return "go"
+    return "wait" if holders else "fail"
+
+
 def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
-                 echo: Callable[[str], None], docker: Engine) -> str | None:
+                 echo: Callable[[str], None], docker: Engine,
+                 running: RunningBuilds | None = None) -> str | None:
     """Why the cell is not started for want of disk, or None. A build that fills the disk fails
     mid-way after minutes or hours; this one is refused before it starts, after pruning
     BuildKit's unused cache when build.disk.prune_when_low allows it (the default): first only
     the least recently used records, as much as the cell lacks (the uv cache mount and the
-    shared toolchain layers the next cell reuses stay), then, if that was not enough, all."""
+    shared toolchain layers the next cell reuses stay), then, if that was not enough, all.
+    Still short while other builds of this run are under way on the same engine: it waits for
+    one of them to end and tries again (their space and cache may be freed), and is refused
+    only when none is left (issue 47)."""
+    running = running or RUNNING
+    root = docker.local_data_root()
+    while True:
+        free, need = _free_after_prune(ctx, cell_id, log_path, echo, docker)
+        holders = running.others(root, cell_id)
+        decision = space_decision(free, need, holders)
+        if decision == "go":
+            return None
+        if decision == "fail":
+            return (f"not started: {free:.1f} GiB free under Docker's data root {root}, the "
+                    f"cell needs {need:g} GiB (build.disk.min_free_gib), and no other build of "
+                    "this run holds space; free space (`docker image prune`, `docker builder "
+                    "prune --all`) then rerun")
+        echo(f"  {cell_id}: {free:.1f} GiB free, the cell needs {need:g} GiB: waiting for the "
+             f"run's own build(s) under way ({', '.join(holders)}) to end, then again")
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"# short of disk: waiting for {', '.join(holders)} to end\n")
+        try:
+            running.wait_for_one_of(root, holders)
+        except StageFailure as exc:  # the run was interrupted meanwhile
+            return str(exc)
+
+
+def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
+                      echo: Callable[[str], None], docker: Engine) -> tuple[float, float]:
+    """(GiB free, GiB needed) under the engine's data root, after pruning when short and
+    allowed; (0, 0) when there is nothing to check (a remote engine, no minimum)."""
     settings = ctx.matrix.build.get("disk") or {}
     need = float(settings.get("min_free_gib", DEFAULT_MIN_FREE_GIB))
     root = docker.local_data_root()
     if root is None or need <= 0:
-        return None  # a remote engine: its disk is not visible from here
+        return 0.0, 0.0  # a remote engine: its disk is not visible from here
     free = free_gib(root)
     if free >= need:
-        return None
+        return free, need
     if settings.get("prune_when_low", True):
         keep = lru_keep_bytes(docker.build_cache_bytes(), free, need)
         for step in ([keep] if keep is not None else []) + [None]:
@@ -546,10 +719,8 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
             docker.prune_build_cache(log_path, step)
             free = free_gib(root)
             if free >= need:
-                return None
-    return (f"not started: {free:.1f} GiB free under Docker's data root {root}, the cell needs "
-            f"{need:g} GiB (build.disk.min_free_gib); free space (`docker image prune`, "
-            "`docker builder prune --all`) then rerun")
+                break
+    return free, need
 
 
 def lock_problem(ctx: Context, cell: CellSpec, dockerfile_text: str) -> str | None:
@@ -617,47 +788,52 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
         return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
                                builder)
-    shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
-    refusal = emulated_compile_refusal(ctx, keys, platform)
-    if refusal:
-        journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP, log=log_path,
-                             reason=refusal, details={"input_hash": digest})
-        return CellResult(cell_id, "skip", reason=refusal)
-    try:
-        entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args, secrets,
-                                           log_path, deadline, echo, docker, options.no_cache,
-                                           platform, shared)
-        with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-", dir=_tmp_root(ctx)) as tmp:
-            context = Path(tmp) / "context"
-            shutil.copytree(directory, context, symlinks=True)
-            kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
-            labels = {INPUT_HASH_LABEL: digest}
-            with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
-                image_id = docker.build_image(context, tag=local_ref(cell_id),
-                                              build_args=build_args, secrets=secrets,
-                                              log_path=log_path, labels=labels,
-                                              timeout=deadline.remaining(),
-                                              no_cache=options.no_cache, platform=platform,
-                                              on_line=beat.on_line)
-    except CommandFailed as exc:
-        reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
-        if "no space left on device" in (exc.log_tail or "").lower():
-            reason += (": no space left on device (free space under Docker's data root and "
-                       f"{ctx.state.root}, then rerun)")
-        return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
-                               exc.command, exc.log_tail, kernels, digest, builder)
-    except InfermatrixError as exc:
-        return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, str(exc),
-                               None, proc.tail(_read_log(log_path)), kernels, digest, builder)
-    duration = time.monotonic() - started
-    details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
-               "compile_plan": compile.as_dict(), "build_args": build_args,
-               "secret_ids": sorted(secrets), **who}
-    journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS, duration_s=duration,
-                         log=log_path, details=details, input_hash=digest, image_id=image_id,
-                         **who)
-    return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration, log=log_path,
-                      kernels=kernels)
+    space = RUNNING.holding(docker.local_data_root(), cell_id)
+    with space:  # while it builds, a cell short of disk waits for it (disk_refusal)
+        shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
+        refusal = emulated_compile_refusal(ctx, keys, platform)
+        if refusal:
+            journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP,
+                                 log=log_path, reason=refusal, details={"input_hash": digest})
+            return CellResult(cell_id, "skip", reason=refusal)
+        try:
+            entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args,
+                                               secrets, log_path, deadline, echo, docker,
+                                               options.no_cache, platform, shared, compile)
+            with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-",
+                                             dir=_tmp_root(ctx)) as tmp:
+                context = Path(tmp) / "context"
+                shutil.copytree(directory, context, symlinks=True)
+                kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
+                labels = {INPUT_HASH_LABEL: digest}
+                with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
+                    image_id = docker.build_image(context, tag=local_ref(cell_id),
+                                                  build_args=build_args, secrets=secrets,
+                                                  log_path=log_path, labels=labels,
+                                                  timeout=deadline.remaining(),
+                                                  no_cache=options.no_cache, platform=platform,
+                                                  on_line=beat.on_line)
+        except CommandFailed as exc:
+            reason = "timed out" if exc.returncode is None else \
+                f"build exited {exc.returncode}"
+            if "no space left on device" in (exc.log_tail or "").lower():
+                reason += (": no space left on device (free space under Docker's data root "
+                           f"and {ctx.state.root}, then rerun)")
+            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
+                                   exc.command, exc.log_tail, kernels, digest, builder)
+        except InfermatrixError as exc:
+            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path,
+                                   str(exc), None, proc.tail(_read_log(log_path)), kernels,
+                                   digest, builder)
+        duration = time.monotonic() - started
+        details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
+                   "compile_plan": compile.as_dict(), "build_args": build_args,
+                   "secret_ids": sorted(secrets), **who}
+        journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS,
+                             duration_s=duration, log=log_path, details=details,
+                             input_hash=digest, image_id=image_id, **who)
+        return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration,
+                          log=log_path, kernels=kernels)
 
 
 _ERROR_LINE = re.compile(r"(\berror\b|#error|fatal:)", re.IGNORECASE)
@@ -745,6 +921,23 @@ def compile_plan_for_cells(ctx: Context, cells: list[CellSpec], options: RunOpti
                             options, reading, builder)
 
 
+TRAINING_CONSUMER = "profile training"  # build.kernels.<k>.consumer of a training-only kernel
+
+
+def training_only(ctx: Context, cell: CellSpec) -> bool:
+    """Whether the cell compiles a kernel only the training profile loads (flash-attn: vLLM
+    serves with its bundled attention), so its serving image waits for that compile."""
+    specs = ctx.matrix.build.get("kernels", {})
+    return any(str((specs.get(k.name) or {}).get("consumer", "")).startswith(TRAINING_CONSUMER)
+               for k in cell.kernels)
+
+
+def serving_first(cells: list[CellSpec], waits: Callable[[CellSpec], bool]) -> list[CellSpec]:
+    """The cells whose image waits for no training-only compile first, each group in its
+    order (issue 47: the servable images of the run before the hours of flash-attn)."""
+    return sorted(cells, key=waits)  # stable: False before True, the order kept within
+
+
 def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
                 echo: Echo = print, docker: Engine | None = None) -> dict[str, CellResult]:
     """Build every cell of `cells` (planned cells: `ctx.specs(plans)`); hold the state lock.
@@ -755,6 +948,8 @@ def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None 
     options = options or RunOptions()
     docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     results: dict[str, CellResult] = {}
+    proc.STOPPING.clear()  # a new run of this process (an earlier one may have been stopped)
+    cells = serving_first(cells, lambda cell: training_only(ctx, cell))
     from ..engine.builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:
@@ -770,6 +965,8 @@ def _build_here(ctx: Context, planned: list[CellSpec], options: RunOptions,
     """Every cell on the one engine `docker` (DOCKER_HOST / the current context)."""
     compile = compile_plan_for_cells(ctx, planned, options)
     echo(compile.describe())
+    echo("  each kernel compile starts with the CPUs and memory the compiles under way leave, "
+         "or waits for one to end (no idle core; the memory cap holds)")
     with run_lock(ctx.state, wait=options.wait):
         if compile.parallel_cells <= 1 or len(planned) <= 1:
             _build_in_order(ctx, planned, compile, options, results, echo, docker)

