@@ -430,6 +430,21 @@ class Endpoint:
         return sdk
 
 
+def _check_ssh_handshake(url: str | None, where: str) -> None:
+    """EngineUnavailable when an ssh:// engine's host does not speak SSH within the bound
+    (sshsocket.ssh_handshake_problem): the SDK's ssh would wait for ever (issue 48)."""
+    if not url or not str(url).startswith("ssh://"):
+        return
+    from .sshsocket import HANDSHAKE_ENV, ssh_handshake_problem
+
+    problem = ssh_handshake_problem(str(url))
+    if problem:
+        raise EngineUnavailable(
+            f"cannot reach the Docker engine at {where}: {problem}",
+            fix="check the address and port (is sshd running there, and does `ssh HOST` "
+                f"answer?); a slow link may need a longer {HANDSHAKE_ENV} (seconds)")
+
+
 def parse_builder(text: str, index: int = 0) -> Endpoint:
     """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`)."""
     name, sep, target = text.partition("=")
@@ -481,6 +496,7 @@ class Engine:
             import docker
 
             where = self.endpoint.address if self.endpoint else engine_address()
+            _check_ssh_handshake(self._host_url(), where)
             try:
                 sdk = self.endpoint.sdk_client() if self.endpoint else \
                     docker.from_env(timeout=600)
@@ -490,6 +506,24 @@ class Engine:
                                         f"{exc}") from None
             self._sdk = sdk
         return self._sdk
+
+    def _host_url(self) -> str | None:
+        """The engine's address as a URL (an endpoint's, its context's, DOCKER_HOST, the
+        current context's), None when it cannot be told."""
+        endpoint = self.endpoint
+        if endpoint and endpoint.host:
+            return endpoint.host
+        try:
+            from docker.context import ContextAPI
+
+            if endpoint and endpoint.context:
+                found = ContextAPI.get_context(endpoint.context)
+                return str(found.Host) if found is not None else None
+            if os.environ.get("DOCKER_HOST"):
+                return os.environ["DOCKER_HOST"]
+            return ContextAPI.kwargs_from_context().get("base_url")
+        except Exception:  # noqa: BLE001 - a broken context: the SDK names it itself
+            return None
 
     def cli_env(self) -> dict[str, str]:
         """The environment a docker CLI command needs to reach this engine."""
