@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import shlex
+import sys
 import tarfile
 import tempfile
 import time
@@ -417,17 +418,66 @@ class Endpoint:
         if self.tls_cert:
             tls = docker.tls.TLSConfig(client_cert=(self.tls_cert, str(self.tls_key)),
                                        ca_cert=self.tls_ca, verify=self.tls_verify)
-        if tls is None:
+        if tls is None and not str(self.host).startswith("tcp://"):
             return docker.DockerClient(base_url=self.host, timeout=600,
                                        use_ssh_client=str(self.host).startswith("ssh://"))
-        # requests would take REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE over the engine's CA (the
-        # docker CLI never reads them): no environment, then the API version negotiated as
-        # version="auto" does, which would have asked before trust_env could be turned off.
-        sdk = docker.DockerClient(base_url=self.host, tls=tls, timeout=600,
-                                  version=docker.constants.DEFAULT_DOCKER_API_VERSION)
-        sdk.api.trust_env = False
-        sdk.api._version = sdk.api.version(api_version=False)["ApiVersion"]
-        return sdk
+        if tls is None:
+            warn_plain_tcp(str(self.host))
+        return _without_environment(lambda version: docker.DockerClient(
+            base_url=self.host, tls=tls, timeout=600, version=version))
+
+
+_WARNED_PLAIN: set[str] = set()
+
+
+def warn_plain_tcp(url: str) -> None:
+    """Once per address: a tcp:// engine without TLS (issue 48: used without a word)."""
+    if url in _WARNED_PLAIN:
+        return
+    _WARNED_PLAIN.add(url)
+    print(f"infermatrix: warning: the Docker engine at {url} is reached over plain TCP "
+          "without TLS: anyone on the network path can read its traffic and drive it (root on "
+          "its host); give it TLS files (build.builders' tls:, DOCKER_TLS_VERIFY and "
+          "DOCKER_CERT_PATH) or reach it over ssh://", file=sys.stderr)
+
+
+def _without_environment(make: Callable[[str], Any]) -> Any:
+    """An SDK client of a tcp:// engine that ignores the environment's requests settings:
+    HTTP(S)_PROXY / ALL_PROXY (the engine's API is not web traffic: a proxy would see and
+    could drive it, issue 48) and REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE over the engine's CA
+    (the docker CLI never reads them). The API version is then negotiated as version="auto"
+    does, which would have asked before trust_env could be turned off."""
+    import docker
+
+    sdk = make(docker.constants.DEFAULT_DOCKER_API_VERSION)
+    sdk.api.trust_env = False
+    sdk.api.proxies = {}
+    sdk.api._version = sdk.api.version(api_version=False)["ApiVersion"]
+    return sdk
+
+
+def _default_client() -> Any:
+    """DOCKER_HOST / the current context's client (docker.from_env); a tcp:// one ignores the
+    proxy settings (and warns without TLS), as an endpoint's does."""
+    import docker
+
+    host = os.environ.get("DOCKER_HOST", "")
+    if not host.startswith("tcp://"):
+        return docker.from_env(timeout=600)
+    if not os.environ.get("DOCKER_TLS_VERIFY") and not os.environ.get("DOCKER_CERT_PATH"):
+        warn_plain_tcp(host)
+    return _without_environment(lambda version: docker.from_env(timeout=600, version=version))
+
+
+def no_proxy_env(url: str | None) -> dict[str, str]:
+    """NO_PROXY / no_proxy naming a tcp:// engine's host, for a docker CLI command (its Go
+    client would send the API through HTTP(S)_PROXY otherwise)."""
+    if not url or not url.startswith("tcp://"):
+        return {}
+    host = url.removeprefix("tcp://").split("/")[0].rsplit(":", 1)[0].strip("[]")
+    merged = ",".join(filter(None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"),
+                                    host]))
+    return {"NO_PROXY": merged, "no_proxy": merged}
 
 
 def _check_ssh_handshake(url: str | None, where: str) -> None:
@@ -498,8 +548,7 @@ class Engine:
             where = self.endpoint.address if self.endpoint else engine_address()
             _check_ssh_handshake(self._host_url(), where)
             try:
-                sdk = self.endpoint.sdk_client() if self.endpoint else \
-                    docker.from_env(timeout=600)
+                sdk = self.endpoint.sdk_client() if self.endpoint else _default_client()
                 sdk.ping()
             except (docker.errors.DockerException, OSError) as exc:
                 raise EngineUnavailable(f"cannot reach the Docker engine at {where}: "
@@ -526,8 +575,10 @@ class Engine:
             return None
 
     def cli_env(self) -> dict[str, str]:
-        """The environment a docker CLI command needs to reach this engine."""
-        return self.endpoint.cli_env() if self.endpoint else {}
+        """The environment a docker CLI command needs to reach this engine (a tcp:// one's
+        host in NO_PROXY: its API never goes through a proxy)."""
+        own = self.endpoint.cli_env() if self.endpoint else {}
+        return {**own, **no_proxy_env(self._host_url())}
 
     def cli(self, binary: str, argv: list[str]) -> list[str]:
         """`binary [global TLS options] argv...` for this engine."""
