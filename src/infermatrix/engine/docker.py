@@ -495,19 +495,74 @@ def _check_ssh_handshake(url: str | None, where: str) -> None:
                 f"answer?); a slow link may need a longer {HANDSHAKE_ENV} (seconds)")
 
 
-def parse_builder(text: str, index: int = 0) -> Endpoint:
-    """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`)."""
+ENDPOINT_FORMS = "[NAME=]unix:///PATH, ssh://[USER@]HOST[:PORT], tcp://HOST[:PORT] or " \
+    "[NAME=]CONTEXT"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CONTEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # the docker CLI's rule for a context
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+")  # a name, IPv4, or [IPv6]
+
+
+def _port_problem(port: str) -> str | None:
+    if not port.isdigit():
+        return f"port {port!r} is not a number"
+    if not 1 <= int(port) <= 65535:
+        return f"port {port} is out of range (1-65535)"
+    return None
+
+
+def endpoint_problem(target: str) -> str | None:
+    """What is wrong with the form of an engine address or context name (issue 48: a
+    malformed one was taken, then failed as an engine that "does not answer"), or None."""
+    if any(c.isspace() for c in target):
+        return "it holds a space"
+    if "://" not in target:
+        return None if _CONTEXT.fullmatch(target) else \
+            "not a Docker context name (letters, digits, _ . + -)"
+    scheme, rest = target.split("://", 1)
+    if scheme not in ("unix", "ssh", "tcp"):
+        return "the endpoint must be unix://, ssh:// or tcp:// (TLS files: build.builders " \
+            "in matrix.yaml)"
+    if scheme == "unix":
+        return None if rest.startswith("/") and rest.strip("/") else \
+            "unix:// takes the socket's absolute path (unix:///run/docker.sock)"
+    if "/" in rest.rstrip("/") or "?" in rest or "#" in rest:
+        return f"{scheme}:// takes no path or query"
+    rest = rest.rstrip("/")
+    user, at, hostport = rest.rpartition("@")
+    if scheme == "tcp" and at:
+        return "tcp:// takes no user"
+    if at and not user:
+        return "the user before @ is empty"
+    host, port = hostport, None
+    if hostport.startswith("["):
+        host, _, tail = hostport.partition("]")
+        host += "]"
+        if tail:
+            if not tail.startswith(":"):
+                return f"{hostport!r} is not HOST[:PORT]"
+            port = tail[1:]
+    elif ":" in hostport:
+        host, port = hostport.rsplit(":", 1)
+    if not host:
+        return f"{scheme}:// names no host"
+    if not _HOST.fullmatch(host):
+        return f"{host!r} is not a host name or address"
+    return _port_problem(port) if port is not None else None
+
+
+def parse_builder(text: str, index: int = 0, flag: str = "--builder") -> Endpoint:
+    """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`);
+    a malformed one is a UsageError (exit 2) naming `flag`."""
     name, sep, target = text.partition("=")
     if not sep or "://" in name:  # no NAME= (an endpoint may hold a "=" of its own)
         name, sep, target = "", "", text
     target = target.strip()
-    if not target or (sep and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name)):
-        raise UsageError(f"--builder {text!r}: expected [NAME=]unix://PATH, ssh://HOST, "
-                         "tcp://HOST:PORT or [NAME=]CONTEXT")
+    if not target or (sep and not _NAME.fullmatch(name)):
+        raise UsageError(f"{flag} {text!r}: expected {ENDPOINT_FORMS}")
+    problem = endpoint_problem(target)
+    if problem:
+        raise UsageError(f"{flag} {text!r}: {problem}; expected {ENDPOINT_FORMS}")
     if "://" in target:
-        if not target.startswith(("unix://", "ssh://", "tcp://")):
-            raise UsageError(f"--builder {text!r}: the endpoint must be unix://, ssh:// or "
-                             "tcp:// (TLS files: build.builders in matrix.yaml)")
         return Endpoint(name or f"builder{index + 1}", host=target)
     return Endpoint(name or target, context=target)
 
