@@ -260,12 +260,30 @@ def phases_of(state: Path) -> list[Phase]:
     return phases
 
 
+def run_problems(phases: list[Phase], counts: dict[str, LaneCounts], collected: int | None,
+                 guard_fired: bool, floor: int) -> list[str]:
+    """Why the whole run fails (empty: it passes): a phase that did not exit 0 (or never ran),
+    lanes that together ran fewer distinct tests than the collection found, fewer than the floor,
+    an unreadable collection count, the time guard having interrupted the lanes."""
+    problems = [f"{p.name}: exit {p.returncode}" for p in phases if p.returncode != 0]
+    ran = set().union(*(c.node_ids for c in counts.values())) if counts else set()
+    if collected is None:
+        problems.append("the collection count could not be read")
+    elif len(ran) < collected:
+        problems.append(f"the lanes ran {len(ran)} distinct tests of {collected} collected: "
+                        "a lane's marker expression leaves some out")
+    if len(ran) < floor:
+        problems.append(f"{len(ran)} tests ran, fewer than the floor {floor}")
+    if guard_fired:
+        problems.append("the time guard interrupted the lanes")
+    return problems
+
+
 def report(runner: Runner) -> int:
     """Print the tables; the exit status of the whole run."""
     lanes = [p for p in runner.phases.values() if p.junit]
     counts = {p.name: read_junit(p.junit) for p in lanes if p.junit}
     collected = collected_count(runner.phases["collect"].log)
-    problems: list[str] = []
 
     print("\n== phases (wall time; lanes run side by side)")
     print(f"{'phase':10} {'start':>9} {'end':>9} {'wall':>8} {'cpu':>8}  exit")
@@ -277,8 +295,6 @@ def report(runner: Runner) -> int:
               + (f"  (nice {phase.nice})" if phase.nice else ""))
         for line in phase.disk:
             print(f"{'':10}   {line}")
-        if phase.returncode not in (0,):
-            problems.append(f"{phase.name}: exit {phase.returncode}")
 
     print("\n== lanes")
     print(f"{'lane':10} {'tests':>6} {'failed':>7} {'errors':>7} {'skipped':>8}")
@@ -288,13 +304,6 @@ def report(runner: Runner) -> int:
     total = sum(c.tests for c in counts.values())
     print(f"{'all':10} {total:6}  (distinct {len(ran)}; collected {collected}; "
           f"floor {ci_rules.MIN_COLLECTED})")
-    if collected is None:
-        problems.append("the collection count could not be read")
-    elif len(ran) < collected:
-        problems.append(f"the lanes ran {len(ran)} distinct tests of {collected} collected: "
-                        "a lane's marker expression leaves some out")
-    if len(ran) < ci_rules.MIN_COLLECTED:
-        problems.append(f"{len(ran)} tests ran, fewer than the floor {ci_rules.MIN_COLLECTED}")
 
     print(f"\n== the {SLOWEST} slowest tests (setup + call + teardown)")
     slowest = sorted(((secs, name, node) for name, c in counts.items()
@@ -302,8 +311,8 @@ def report(runner: Runner) -> int:
     for secs, lane, node in slowest:
         print(f"{secs:8.1f} s  {lane:10} {node}")
 
-    if runner.guard_fired:
-        problems.append("the time guard interrupted the lanes")
+    problems = run_problems(list(runner.phases.values()), counts, collected,
+                            runner.guard_fired, ci_rules.MIN_COLLECTED)
     total_s = time.monotonic() - runner.t0
     status = "FAILED" if problems else "passed"
     print(f"\n== CI {status}: {total_s:.0f} s ({total_s / 60:.1f} min) of the "

@@ -4,9 +4,15 @@ and `report --merge` read it. One reader (checked entry by entry) and one atomic
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import fcntl
+import os
 import re
+import tempfile
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -38,7 +44,9 @@ def read_images_lock(path: Path) -> dict[str, Any]:
     """The one reader of images.lock: its data, checked entry by entry; a damaged file (not
     YAML, binary, entries of the wrong shape) is a DamagedStateFile naming it, with the fix."""
     if not path.is_file():
-        return empty_images_lock()
+        empty = empty_images_lock()
+        _remember(path, empty)
+        return empty
     text = read_state_text(path, "images.lock", IMAGES_LOCK_FIX)
     try:
         data = yaml.safe_load(text) or {}
@@ -58,6 +66,7 @@ def read_images_lock(path: Path) -> dict[str, Any]:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DamagedStateFile(f"damaged images.lock: {problems[0][1]}{more}", path, where,
                                IMAGES_LOCK_FIX)
+    _remember(path, data)  # the base of this reader's later write_images_lock (its merge)
     return data
 
 
@@ -98,12 +107,82 @@ def dump_images_lock(lock: dict[str, Any]) -> str:
                                                allow_unicode=True, width=100)
 
 
+# What each images.lock dict this process handed out (read_images_lock) or wrote held then:
+# id -> (the dict, its path, a copy of its images and aliases). The base of
+# write_images_lock's merge; the dict is kept with it, so that its id is not reused. The last
+# few only (a process reads images.lock a handful of times).
+_BASES: OrderedDict[int, tuple[dict[str, Any], Path, dict[str, dict[str, Any]]]] = OrderedDict()
+_BASES_KEPT = 64
+
+
+def _sections(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: copy.deepcopy(dict(lock.get(name) or {})) for name in ("images", "aliases")}
+
+
+def _remember(path: Path, lock: dict[str, Any]) -> None:
+    _BASES[id(lock)] = (lock, path.resolve(), _sections(lock))
+    _BASES.move_to_end(id(lock))
+    while len(_BASES) > _BASES_KEPT:
+        _BASES.popitem(last=False)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive fcntl lock for images.lock's read-merge-write. The lock is on the folder
+    that holds it (the file itself is replaced by a rename, so a lock on its inode would not
+    exclude a writer that opened the new one): no lock file is left in the checkout."""
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _merged(on_disk: dict[str, Any], mine: dict[str, Any],
+            base: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A three-way merge per entry: what this writer changed since it read (`base`) wins;
+    every other entry is as on disk (another run's, added or changed meanwhile)."""
+    merged = {**on_disk, **{k: v for k, v in mine.items() if k not in ("images", "aliases")}}
+    for name in ("images", "aliases"):
+        theirs, ours, was = dict(on_disk.get(name) or {}), dict(mine.get(name) or {}), base[name]
+        for key in set(ours) | set(was):
+            if key not in ours:
+                theirs.pop(key, None)  # removed by this writer
+            elif key not in was or ours[key] != was[key]:
+                theirs[key] = ours[key]  # added or changed by this writer
+        merged[name] = theirs
+    return merged
+
+
 def write_images_lock(path: Path, lock: dict[str, Any]) -> None:
-    """Atomic write: a reader (or an interrupted publish) sees the old file or the new one."""
+    """Atomic write: a reader (or an interrupted publish) sees the old file or the new one.
+    Two writers (two `publish` runs from different state directories on one checkout) are
+    serialised by an exclusive lock and merged: the entries this writer added, changed or
+    removed since it read `lock` (read_images_lock) are applied to what is on disk now, so
+    another run's cells stay. `lock` is updated in place to what was written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(dump_images_lock(lock), encoding="utf-8")
-    tmp.replace(path)
+    with _exclusive(path):
+        remembered = _BASES.get(id(lock))
+        if remembered and remembered[0] is lock and remembered[1] == path.resolve() \
+                and path.is_file():
+            merged = _merged(read_images_lock(path), lock, remembered[2])
+        else:  # not read from `path` by this process (report --merge's): written as given
+            merged = lock
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(dump_images_lock(merged))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        if merged is not lock:
+            lock.clear()
+            lock.update(merged)
+        _remember(path, lock)
 
 
 def select_entries(lock: dict[str, Any], selector: str) -> list[dict[str, Any]]:

@@ -56,10 +56,13 @@ def engine_endpoint(text: str) -> str:
     from .engine.docker import parse_builder
 
     try:
-        parse_builder(text)
-    except UsageError:
-        raise ValueError("expected [NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a "
-                         "builder of build.builders or a Docker context") from None
+        parse_builder(text, flag="")
+    except UsageError as exc:
+        problem = str(exc).split(": ", 1)[1].split("; expected ")[0]
+        why = "" if problem.startswith("expected ") else f"{problem}; "
+        raise ValueError(f"{why}expected [NAME=]unix:///PATH, ssh://[USER@]HOST[:PORT], "
+                         "tcp://HOST[:PORT], a builder of build.builders or a Docker "
+                         "context") from None
     return text.strip()
 
 

@@ -76,6 +76,26 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def write_text_beside(path: Path, text: str) -> Path:
+    """`text` in a temp file beside `path`, flushed to disk; the caller renames it over `path`
+    (os.replace) when every file of a set is written. A failed write (a full disk) leaves no
+    temp file; its OSError carries `path` as its filename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
 def read_state_text(path: Path, kind: str, fix: str) -> str:
     """The UTF-8 text of a state file; DamagedStateFile naming it (binary, unreadable)."""
     try:

@@ -306,9 +306,10 @@ def test_disk_fills_during_a_build(private_dockerd: PrivateDockerd, tmp_path: Pa
     state = private_dockerd.data / f"state-{uuid.uuid4().hex[:8]}"
     fill_mb = int(private_dockerd.free_mb()) + 50
     ok, big = "fits", "toobig"
+    ok_env = {"FAULT_TOKEN": uuid.uuid4().hex}
+    big_token = uuid.uuid4().hex
     matrix = write_fault_matrix(tmp_path / "m", {
-        ok: {"FAULT_TOKEN": uuid.uuid4().hex},
-        big: {"FAULT_TOKEN": uuid.uuid4().hex, "FAULT_FILL_MB": str(fill_mb)}})
+        ok: ok_env, big: {"FAULT_TOKEN": big_token, "FAULT_FILL_MB": str(fill_mb)}})
     common = ["--matrix", str(matrix), "--state-dir", str(state)]
     env = private_dockerd.env
     assert infermatrix("render", *common, env=env).returncode == 0
@@ -330,8 +331,21 @@ def test_disk_fills_during_a_build(private_dockerd: PrivateDockerd, tmp_path: Pa
                                f"infermatrix-local/{cell_id(ok)}:build"], capture_output=True)
     assert ok_image.returncode == 0  # the other cell's image is untouched
     again = infermatrix("build", *common, "--select", f"*{ok}*", env=env)
-    assert again.returncode == 0 and "reused" in (again.stdout + again.stderr).lower() \
-        or "unchanged" in (again.stdout + again.stderr).lower(), again.stdout + again.stderr
+    said = (again.stdout + again.stderr).lower()
+    assert again.returncode == 0 and ("reused" in said or "unchanged" in said), said[-3000:]
+    # with the space back (the cell now writes what fits), the rerun builds the failed cell
+    write_fault_matrix(tmp_path / "m", {
+        ok: ok_env, big: {"FAULT_TOKEN": big_token, "FAULT_FILL_MB": "20"}})
+    assert infermatrix("render", *common, env=env).returncode == 0
+    rebuilt = infermatrix("build", *common, "--select", f"*{big}*", env=env)
+    assert rebuilt.returncode == 0, (rebuilt.stdout + rebuilt.stderr)[-3000:]
+    record = records(state)[cell_id(big)]
+    assert record["stages"]["build"]["status"] == "pass" and record.get("image_id")
+    big_image = subprocess.run(["docker", "-H", private_dockerd.host, "image", "inspect",
+                                "--format", "{{.Id}}", f"infermatrix-local/{cell_id(big)}:build"],
+                               capture_output=True, text=True)
+    assert big_image.stdout.strip() == record["image_id"]
+    private_dockerd.docker("image", "rm", "--force", f"infermatrix-local/{cell_id(big)}:build")
 
 
 def test_a_cell_short_of_disk_is_refused_before_it_starts(private_dockerd: PrivateDockerd,

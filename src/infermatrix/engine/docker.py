@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import shlex
+import sys
 import tarfile
 import tempfile
 import time
@@ -417,32 +418,151 @@ class Endpoint:
         if self.tls_cert:
             tls = docker.tls.TLSConfig(client_cert=(self.tls_cert, str(self.tls_key)),
                                        ca_cert=self.tls_ca, verify=self.tls_verify)
-        if tls is None:
+        if tls is None and not str(self.host).startswith("tcp://"):
             return docker.DockerClient(base_url=self.host, timeout=600,
                                        use_ssh_client=str(self.host).startswith("ssh://"))
-        # requests would take REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE over the engine's CA (the
-        # docker CLI never reads them): no environment, then the API version negotiated as
-        # version="auto" does, which would have asked before trust_env could be turned off.
-        sdk = docker.DockerClient(base_url=self.host, tls=tls, timeout=600,
-                                  version=docker.constants.DEFAULT_DOCKER_API_VERSION)
-        sdk.api.trust_env = False
-        sdk.api._version = sdk.api.version(api_version=False)["ApiVersion"]
-        return sdk
+        if tls is None:
+            warn_plain_tcp(str(self.host))
+        return _without_environment(lambda version: docker.DockerClient(
+            base_url=self.host, tls=tls, timeout=600, version=version))
 
 
-def parse_builder(text: str, index: int = 0) -> Endpoint:
-    """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`)."""
+_WARNED_PLAIN: set[str] = set()
+
+
+def warn_plain_tcp(url: str) -> None:
+    """Once per address: a tcp:// engine without TLS (issue 48: used without a word)."""
+    if url in _WARNED_PLAIN:
+        return
+    _WARNED_PLAIN.add(url)
+    print(f"infermatrix: warning: the Docker engine at {url} is reached over plain TCP "
+          "without TLS: anyone on the network path can read its traffic and drive it (root on "
+          "its host); give it TLS files (build.builders' tls:, DOCKER_TLS_VERIFY and "
+          "DOCKER_CERT_PATH) or reach it over ssh://", file=sys.stderr)
+
+
+def _without_environment(make: Callable[[str], Any]) -> Any:
+    """An SDK client of a tcp:// engine that ignores the environment's requests settings:
+    HTTP(S)_PROXY / ALL_PROXY (the engine's API is not web traffic: a proxy would see and
+    could drive it, issue 48) and REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE over the engine's CA
+    (the docker CLI never reads them). The API version is then negotiated as version="auto"
+    does, which would have asked before trust_env could be turned off."""
+    import docker
+
+    sdk = make(docker.constants.DEFAULT_DOCKER_API_VERSION)
+    sdk.api.trust_env = False
+    sdk.api.proxies = {}
+    sdk.api._version = sdk.api.version(api_version=False)["ApiVersion"]
+    return sdk
+
+
+def _default_client() -> Any:
+    """DOCKER_HOST / the current context's client (docker.from_env); a tcp:// one ignores the
+    proxy settings (and warns without TLS), as an endpoint's does."""
+    import docker
+
+    host = os.environ.get("DOCKER_HOST", "")
+    if not host.startswith("tcp://"):
+        return docker.from_env(timeout=600)
+    if not os.environ.get("DOCKER_TLS_VERIFY") and not os.environ.get("DOCKER_CERT_PATH"):
+        warn_plain_tcp(host)
+    return _without_environment(lambda version: docker.from_env(timeout=600, version=version))
+
+
+def no_proxy_env(url: str | None) -> dict[str, str]:
+    """NO_PROXY / no_proxy naming a tcp:// engine's host, for a docker CLI command (its Go
+    client would send the API through HTTP(S)_PROXY otherwise)."""
+    if not url or not url.startswith("tcp://"):
+        return {}
+    host = url.removeprefix("tcp://").split("/")[0].rsplit(":", 1)[0].strip("[]")
+    merged = ",".join(filter(None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"),
+                                    host]))
+    return {"NO_PROXY": merged, "no_proxy": merged}
+
+
+def _check_ssh_handshake(url: str | None, where: str) -> None:
+    """EngineUnavailable when an ssh:// engine's host does not speak SSH within the bound
+    (sshsocket.ssh_handshake_problem): the SDK's ssh would wait for ever (issue 48)."""
+    if not url or not str(url).startswith("ssh://"):
+        return
+    from .sshsocket import HANDSHAKE_ENV, ssh_handshake_problem
+
+    problem = ssh_handshake_problem(str(url))
+    if problem:
+        raise EngineUnavailable(
+            f"cannot reach the Docker engine at {where}: {problem}",
+            fix="check the address and port (is sshd running there, and does `ssh HOST` "
+                f"answer?); a slow link may need a longer {HANDSHAKE_ENV} (seconds)")
+
+
+ENDPOINT_FORMS = "[NAME=]unix:///PATH, ssh://[USER@]HOST[:PORT], tcp://HOST[:PORT] or " \
+    "[NAME=]CONTEXT"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CONTEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # the docker CLI's rule for a context
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+")  # a name, IPv4, or [IPv6]
+
+
+def _port_problem(port: str) -> str | None:
+    if not port.isdigit():
+        return f"port {port!r} is not a number"
+    if not 1 <= int(port) <= 65535:
+        return f"port {port} is out of range (1-65535)"
+    return None
+
+
+def endpoint_problem(target: str) -> str | None:
+    """What is wrong with the form of an engine address or context name (issue 48: a
+    malformed one was taken, then failed as an engine that "does not answer"), or None."""
+    if any(c.isspace() for c in target):
+        return "it holds a space"
+    if "://" not in target:
+        return None if _CONTEXT.fullmatch(target) else \
+            "not a Docker context name (letters, digits, _ . + -)"
+    scheme, rest = target.split("://", 1)
+    if scheme not in ("unix", "ssh", "tcp"):
+        return "the endpoint must be unix://, ssh:// or tcp:// (TLS files: build.builders " \
+            "in matrix.yaml)"
+    if scheme == "unix":
+        return None if rest.startswith("/") and rest.strip("/") else \
+            "unix:// takes the socket's absolute path (unix:///run/docker.sock)"
+    if "/" in rest.rstrip("/") or "?" in rest or "#" in rest:
+        return f"{scheme}:// takes no path or query"
+    rest = rest.rstrip("/")
+    user, at, hostport = rest.rpartition("@")
+    if scheme == "tcp" and at:
+        return "tcp:// takes no user"
+    if at and not user:
+        return "the user before @ is empty"
+    host, port = hostport, None
+    if hostport.startswith("["):
+        host, _, tail = hostport.partition("]")
+        host += "]"
+        if tail:
+            if not tail.startswith(":"):
+                return f"{hostport!r} is not HOST[:PORT]"
+            port = tail[1:]
+    elif ":" in hostport:
+        host, port = hostport.rsplit(":", 1)
+    if not host:
+        return f"{scheme}:// names no host"
+    if not _HOST.fullmatch(host):
+        return f"{host!r} is not a host name or address"
+    return _port_problem(port) if port is not None else None
+
+
+def parse_builder(text: str, index: int = 0, flag: str = "--builder") -> Endpoint:
+    """`--builder [NAME=]ENDPOINT` or `--builder [NAME=]CONTEXT` (a name without `://`);
+    a malformed one is a UsageError (exit 2) naming `flag`."""
     name, sep, target = text.partition("=")
     if not sep or "://" in name:  # no NAME= (an endpoint may hold a "=" of its own)
         name, sep, target = "", "", text
     target = target.strip()
-    if not target or (sep and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name)):
-        raise UsageError(f"--builder {text!r}: expected [NAME=]unix://PATH, ssh://HOST, "
-                         "tcp://HOST:PORT or [NAME=]CONTEXT")
+    if not target or (sep and not _NAME.fullmatch(name)):
+        raise UsageError(f"{flag} {text!r}: expected {ENDPOINT_FORMS}")
+    problem = endpoint_problem(target)
+    if problem:
+        raise UsageError(f"{flag} {text!r}: {problem}; expected {ENDPOINT_FORMS}")
     if "://" in target:
-        if not target.startswith(("unix://", "ssh://", "tcp://")):
-            raise UsageError(f"--builder {text!r}: the endpoint must be unix://, ssh:// or "
-                             "tcp:// (TLS files: build.builders in matrix.yaml)")
         return Endpoint(name or f"builder{index + 1}", host=target)
     return Endpoint(name or target, context=target)
 
@@ -481,9 +601,9 @@ class Engine:
             import docker
 
             where = self.endpoint.address if self.endpoint else engine_address()
+            _check_ssh_handshake(self._host_url(), where)
             try:
-                sdk = self.endpoint.sdk_client() if self.endpoint else \
-                    docker.from_env(timeout=600)
+                sdk = self.endpoint.sdk_client() if self.endpoint else _default_client()
                 sdk.ping()
             except (docker.errors.DockerException, OSError) as exc:
                 raise EngineUnavailable(f"cannot reach the Docker engine at {where}: "
@@ -491,9 +611,29 @@ class Engine:
             self._sdk = sdk
         return self._sdk
 
+    def _host_url(self) -> str | None:
+        """The engine's address as a URL (an endpoint's, its context's, DOCKER_HOST, the
+        current context's), None when it cannot be told."""
+        endpoint = self.endpoint
+        if endpoint and endpoint.host:
+            return endpoint.host
+        try:
+            from docker.context import ContextAPI
+
+            if endpoint and endpoint.context:
+                found = ContextAPI.get_context(endpoint.context)
+                return str(found.Host) if found is not None else None
+            if os.environ.get("DOCKER_HOST"):
+                return os.environ["DOCKER_HOST"]
+            return ContextAPI.kwargs_from_context().get("base_url")
+        except Exception:  # noqa: BLE001 - a broken context: the SDK names it itself
+            return None
+
     def cli_env(self) -> dict[str, str]:
-        """The environment a docker CLI command needs to reach this engine."""
-        return self.endpoint.cli_env() if self.endpoint else {}
+        """The environment a docker CLI command needs to reach this engine (a tcp:// one's
+        host in NO_PROXY: its API never goes through a proxy)."""
+        own = self.endpoint.cli_env() if self.endpoint else {}
+        return {**own, **no_proxy_env(self._host_url())}
 
     def cli(self, binary: str, argv: list[str]) -> list[str]:
         """`binary [global TLS options] argv...` for this engine."""

@@ -42,7 +42,7 @@ from ..kernels import kernelcache, kernelregistry
 from .. import watch
 from . import lock as locks
 from ..context import Context
-from ..errors import CommandFailed, InfermatrixError, StageFailure
+from ..errors import CommandFailed, EngineError, InfermatrixError, StageFailure
 from ..model.spec import CellSpec
 from ..options import RunOptions
 from ..state import run_lock
@@ -672,11 +672,16 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
     running = running or RUNNING
     root = docker.local_data_root()
     while True:
-        free, need = _free_after_prune(ctx, cell_id, log_path, echo, docker)
+        free, need, cache_problem = _free_after_prune(ctx, cell_id, log_path, echo, docker)
         holders = running.others(root, cell_id)
         decision = space_decision(free, need, holders)
         if decision == "go":
             return None
+        if decision == "fail" and cache_problem:
+            return (f"not started: {free:.1f} GiB free under Docker's data root {root} "
+                    f"(statvfs), the cell needs {need:g} GiB (build.disk.min_free_gib), and no "
+                    f"other build of this run holds space; `docker system df` failed "
+                    f"({cache_problem}); {DANGLING_CACHE_FIX.format(root=root)}")
         if decision == "fail":
             return (f"not started: {free:.1f} GiB free under Docker's data root {root}, the "
                     f"cell needs {need:g} GiB (build.disk.min_free_gib), and no other build of "
@@ -693,19 +698,37 @@ def disk_refusal(ctx: Context, cell_id: str, log_path: Path,
 
 
 def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
-                      echo: Callable[[str], None], docker: Engine) -> tuple[float, float]:
-    """(GiB free, GiB needed) under the engine's data root, after pruning when short and
-    allowed; (0, 0) when there is nothing to check (a remote engine, no minimum)."""
+                      echo: Callable[[str], None], docker: Engine
+                      ) -> tuple[float, float, str | None]:
+    """(GiB free, GiB needed, why the build cache could not be measured) under the engine's
+    data root, after pruning when short and allowed; (0, 0, None) when there is nothing to
+    check (a remote engine, no minimum)."""
     settings = ctx.matrix.build.get("disk") or {}
     need = float(settings.get("min_free_gib", DEFAULT_MIN_FREE_GIB))
     root = docker.local_data_root()
     if root is None or need <= 0:
-        return 0.0, 0.0  # a remote engine: its disk is not visible from here
+        return 0.0, 0.0, None  # a remote engine: its disk is not visible from here
     free = free_gib(root)
     if free >= need:
-        return free, need
+        return free, need, None
+    cache_problem = None
     if settings.get("prune_when_low", True):
-        keep = lru_keep_bytes(docker.build_cache_bytes(), free, need)
+        try:
+            keep = lru_keep_bytes(docker.build_cache_bytes(), free, need)
+        except (EngineError, CommandFailed) as exc:
+            # issue 48: a dangling build-cache record (an engine stopped mid-build) makes
+            # `docker system df` answer 500, which stopped every build here. The free space
+            # is the data root's filesystem's, read without it; the cache's size is unknown,
+            # so the prune below is the whole unused cache at once.
+            cache_problem = str(exc).splitlines()[0]
+            found = (f"`docker system df` failed ({cache_problem}); {free:.1f} GiB free under "
+                     f"{root} (statvfs of the data root's filesystem), the cell needs "
+                     f"{need:g} GiB: the build cache's size is unknown, so its least recently "
+                     f"used part cannot be chosen")
+            echo(f"  {cell_id}: {found}")
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(f"# {found}\n# fix: {DANGLING_CACHE_FIX.format(root=root)}\n")
+            keep = None
         for step in ([keep] if keep is not None else []) + [None]:
             what = ("the least recently used build cache, keeping "
                     f"{step / GIB:.1f} GiB (docker builder prune --all --keep-storage)"
@@ -716,11 +739,24 @@ def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
             with log_path.open("a", encoding="utf-8") as log:
                 log.write(f"# {free:.1f} GiB free under {root} < build.disk.min_free_gib "
                           f"{need:g}: pruning {what}\n")
-            docker.prune_build_cache(log_path, step)
+            try:
+                docker.prune_build_cache(log_path, step)
+            except (EngineError, CommandFailed) as exc:
+                if cache_problem is None:
+                    raise
+                echo(f"  {cell_id}: the prune failed too ({str(exc).splitlines()[0]})")
             free = free_gib(root)
             if free >= need:
                 break
-    return free, need
+    return free, need, cache_problem
+
+
+# What a dangling build-cache record needs (`docker builder prune -af` did not clear it).
+DANGLING_CACHE_FIX = (
+    "the engine's build cache holds a record whose snapshot is gone (an engine stopped "
+    "mid-build leaves it; `docker builder prune -af` may not clear it): restart the Docker "
+    "engine (`systemctl restart docker`); if `docker system df` still fails, stop the engine "
+    "and remove {root}/buildkit (BuildKit's cache only), then start it")
 
 
 def lock_problem(ctx: Context, cell: CellSpec, dockerfile_text: str) -> str | None:

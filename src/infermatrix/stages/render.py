@@ -24,6 +24,7 @@ import tempfile
 import time
 import tomllib
 import traceback
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from ..model import kernelscope
 from . import lock as locks
 from ..config import REPO_ROOT, Matrix
 from ..context import Context
-from ..errors import ConfigError, StageFailure
+from ..errors import ConfigError, StageFailure, UsageError
 from ..model.cell import Cell, CellPlan, CellSettings
 from ..model.spec import CellSpec, KernelPin
 from ..model.spec import (lock_path, lock_subset,
@@ -858,6 +859,26 @@ def _concrete(cell: Cell) -> bool:
     return True
 
 
+def refuse_deleting_every_cell(images_dir: Path, plans: list[CellPlan]) -> None:
+    """UsageError (exit 2) when no cell is planned yet committed cell directories exist: a
+    prune would delete every one of them (issue 48: `exclude: ["*"]` did, without a word).
+    Retiring every cell is not something a render infers; the user deletes images/ then."""
+    if any(p.planned for p in plans) or not stale_cells_known(plans):
+        return
+    doomed = stale_cell_dirs(images_dir, kept_cells(plans))
+    if not doomed:
+        return
+    statuses = ", ".join(f"{n} {status}" for status, n in
+                         sorted(Counter(p.status for p in plans).items())) or "none listed"
+    names = ", ".join(p.name for p in doomed[:5]) + (", ..." if len(doomed) > 5 else "")
+    raise UsageError(
+        f"no cell is planned (cells of the matrix: {statuses}): render would delete every "
+        f"committed cell directory under {images_dir} ({len(doomed)}: {names}); nothing was "
+        "changed",
+        fix="check `exclude:` in the matrix (a selector that matches every cell?) and "
+            "`infermatrix plan`; to retire every cell on purpose, remove images/ yourself")
+
+
 def kept_cells(plans: Iterable[CellPlan]) -> set[str]:
     """Cells whose directories stay: the planned ones, and the unresolved ones (the index
     could not be read: missing knowledge never deletes committed files)."""
@@ -875,6 +896,8 @@ def render_cells(ctx: Context, plans: list[CellPlan], prune: bool = False) -> li
     of cells no longer planned. Unresolved cells (no facts: offline without a cache, index
     unreachable) keep their committed files; `unrendered(plans)` says why. Holds the state
     lock (re-entrant: the pipeline already holds it). Returns the Dockerfiles written."""
+    if prune:
+        refuse_deleting_every_cell(ctx.images_dir, plans)
     rendered = render_all(ctx, plans)  # in memory first: a mistake writes nothing
     images = ctx.images_dir
     written = []
@@ -895,6 +918,8 @@ def check(ctx: Context, plans: list[CellPlan], prune: bool = False) -> list[str]
     """Files under images/ that differ from a fresh render (missing, changed, extra), as paths
     relative to the matrix directory; unresolved cells as not checked (with why); with
     `prune`, whole stale cell directories too."""
+    if prune:
+        refuse_deleting_every_cell(ctx.images_dir, plans)
     rendered = render_all(ctx, plans)
     images = ctx.images_dir
     differ: list[str] = []

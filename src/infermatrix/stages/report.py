@@ -20,6 +20,7 @@ the end of a build that points to the HTML file.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -45,8 +46,8 @@ from ..model.cell import CellPlan
 from ..model.spec import CellSpec
 from ..journal import number_of as _number
 from ..journal import text_of as _text
-from ..errors import InfermatrixError
-from ..state import StatePaths
+from ..errors import InfermatrixError, StageFailure
+from ..state import StatePaths, write_text_beside
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[3] / "templates" / "report"
@@ -907,10 +908,25 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(html=out_dir / "report.html", markdown=out_dir / "report.md",
                         json=out_dir / "report.json")
-    files.html.write_text(render_html(report), encoding="utf-8")
-    files.markdown.write_text(render_markdown(report, files.html.name), encoding="utf-8")
-    files.json.write_text(json.dumps(report_json(report), indent=2, default=str) + "\n",
-                          encoding="utf-8")
+    texts = {files.html: render_html(report),
+             files.markdown: render_markdown(report, files.html.name),
+             files.json: json.dumps(report_json(report), indent=2, default=str) + "\n"}
+    # whole or not at all (issue 48: a plain write on a full disk truncated report.html and
+    # lost the last good one, and the error named no path): the three files are written beside
+    # the old ones first, and renamed over them only when all three are on disk
+    written: dict[Path, Path] = {}
+    try:
+        for path, text in texts.items():
+            written[path] = write_text_beside(path, text)
+    except OSError as exc:
+        for tmp in written.values():
+            tmp.unlink(missing_ok=True)
+        raise StageFailure(
+            f"cannot write the report {exc.filename}: {exc.strerror or exc}",
+            fix=f"free space under {out_dir} (or pass --out DIR elsewhere) and rerun "
+                "`infermatrix report`; the last report written there is kept whole") from None
+    for path, tmp in written.items():
+        os.replace(tmp, path)
     return files
 
 

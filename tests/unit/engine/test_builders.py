@@ -157,3 +157,43 @@ def test_base_refs_are_the_images_built_from_not_the_stages() -> None:
             "FROM toolchain AS runtime\nCOPY --from=kernel-k / /\n")
     assert builders.base_refs(text) == ["infermatrix/base-bookworm:b-1",
                                         "nvidia/cuda:13.0-devel"]
+
+
+MALFORMED = ["ssh://", "ssh://user@", "ssh://h:abc", "ssh://h:0", "ssh://h/path", "tcp://",
+             "tcp://host:notaport", "tcp://host:99999", "tcp://:2375", "tcp://h:2375/x?y=1",
+             "unix://", "unix://relative.sock", "a b", "x=tcp://h 1:2375"]
+
+
+@pytest.mark.parametrize("bad", MALFORMED)
+def test_a_malformed_builder_is_a_usage_error_naming_the_flag(tmp_path, capsys, bad) -> None:
+    """Issue 48: these were taken, then the builder "did not answer" (exit 1) or the engine was
+    unreachable (exit 4, "start dockerd"). The flag's value is wrong: exit 2, before anything
+    runs, naming --builder and what is wrong."""
+    from infermatrix.cli import main
+
+    code = main(["build", "--matrix", str(TESTS / "matrix" / "matrix.yaml"), "--state-dir",
+                 str(tmp_path / "state"), "--select", "cpu-*", "--builder", bad])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--builder {bad!r}" in err and "start dockerd" not in err, err
+    assert not (tmp_path / "state" / "journal").exists() or \
+        not list((tmp_path / "state" / "journal").iterdir())
+
+
+@pytest.mark.parametrize("bad", MALFORMED)
+def test_a_malformed_smoke_engine_is_a_usage_error_naming_the_flag(tmp_path, capsys, bad):
+    from infermatrix.cli import main
+
+    code = main(["smoke", "--matrix", str(TESTS / "matrix" / "matrix.yaml"), "--state-dir",
+                 str(tmp_path / "state"), "--on", bad])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--smoke-on {bad!r}" in err and "no cell to test" not in err, err
+
+
+@pytest.mark.parametrize("good", ["ssh://me@gb10", "ssh://me@gb10:2222", "ssh://gb10.lan",
+                                  "ssh://me@[fd00::5]:22", "tcp://10.0.0.5:2376", "tcp://dock",
+                                  "tcp://[fd00::5]:2376", "unix:///run/x.sock", "desk",
+                                  "my-ctx.2", "arm=ssh://me@gb10"])
+def test_well_formed_endpoints_still_parse(good) -> None:
+    assert parse_builder(good).address

@@ -252,6 +252,88 @@ def test_the_lru_prune_keeps_all_but_what_the_cell_lacks(cache_gib, free, need, 
     assert keep == (None if keep_gib is None else pytest.approx(keep_gib * GIB, abs=GIB / 100))
 
 
+DANGLING = ("failed to get usage for 4j2k9x0q7l1m: snapshot 9f8e7d6c5b4a not found")
+
+
+@dataclasses.dataclass(eq=False)
+class FAKEDanglingCacheEngine(RecordingEngine):
+    """FAKE: an engine whose build cache holds a dangling record, as an engine stopped
+    mid-build can leave it: `docker system df` answers 500 "failed to get usage ... snapshot
+    ... not found" (a real engine cannot easily be made to show it). The answer is the SDK's
+    own APIError for a 500, read by Engine.build_cache_bytes's real code. Its prune frees
+    what `filler` holds on the data root (a real file on a real tmpfs: statvfs sees it)."""
+
+    filler: Path | None = None
+
+    def sdk(self):  # type: ignore[no-untyped-def]
+        import docker
+        import requests
+
+        class Api:
+            @staticmethod
+            def df():
+                response = requests.Response()
+                response.status_code = 500
+                response.url = "http+docker://localhost/v1.41/system/df"
+                raise docker.errors.APIError("500 Server Error", response=response,
+                                             explanation=DANGLING)
+
+        return Api()
+
+    def build_cache_bytes(self) -> int:
+        return engine.Engine.build_cache_bytes(self)
+
+    def prune_build_cache(self, log_path=None, keep_bytes=None) -> None:  # type: ignore
+        super().prune_build_cache(log_path, keep_bytes)
+        if self.filler is not None:
+            self.filler.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def shm_root():
+    """A folder on /dev/shm (a tmpfs: nothing else writes there while the test measures)."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="im48-root-", dir="/dev/shm"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("freed", [True, False], ids=["prune-frees-enough", "disk-really-full"])
+def test_a_500_from_docker_system_df_does_not_stop_the_disk_guard(ctx, shm_root, freed):
+    """Issue 48: `docker system df` answering 500 (a dangling build-cache record) made every
+    build fail at the disk guard. The guard measures the data root's filesystem (statvfs),
+    says what it found and names the fix, prunes without the cache's size, and the build
+    goes on when there is room (and is refused as any short disk is when there is not)."""
+    from infermatrix.stages import build, render
+
+    filler = shm_root / "cache-layers"
+    with filler.open("wb") as handle:
+        handle.write(b"\0" * (256 * 2**20))
+    free = build.free_gib(shm_root)
+    need = free + (128 if freed else 4096) / 1024  # the filler's 256 MiB cover 128, not 4096
+    ctx.matrix.build["disk"] = {"min_free_gib": need}
+    plans = plan_cells(ctx, [CPU], source=recorded_metadata)
+    render.render_cells(ctx, plans)
+    fake = FAKEDanglingCacheEngine(data_root=shm_root, filler=filler)
+    said: list[str] = []
+    result = build.build_cells(ctx, ctx.specs(plans), RunOptions(), echo=said.append,
+                               docker=fake)[CPU]
+    log = ctx.state.cell_log(CPU, "build").read_text()
+    assert "docker system df" in log and DANGLING in log, log
+    assert f"free under {shm_root} (statvfs of the data root's filesystem)" in log
+    assert "restart the Docker engine" in log and "buildkit" in log  # the fix, named
+    assert any("docker system df" in line and "500" in line for line in said), said
+    assert [c.args["keep_bytes"] for c in fake.named("prune_build_cache")] == [None]
+    if freed:
+        assert result.status == "pass", result.summary()
+        assert fake.named("build_image")
+    else:
+        assert result.status == "fail" and result.reason.startswith("not started: ")
+        assert "build.disk.min_free_gib" in result.reason and DANGLING in result.reason
+        assert fake.named("build_image") == []
+
+
 def test_a_cell_with_enough_free_space_builds_without_a_prune(ctx, tmp_path):
     from infermatrix.stages import build, render
 

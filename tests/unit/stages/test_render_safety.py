@@ -246,3 +246,28 @@ def test_recovery_leaves_the_staging_of_a_render_still_running_elsewhere(tmp_pat
         live.wait()
     render.recover_interrupted(images)
     assert [p.name for p in images.iterdir()] == ["cell"]
+
+
+def test_render_with_every_cell_excluded_deletes_nothing_and_says_so(fixture_matrix: Path,
+                                                                     tmp_path: Path) -> None:
+    """Issue 48: `exclude: ["*"]` (or any exclusion that leaves no cell planned) made render
+    delete every committed cell directory without a word. It is refused (exit 2), naming why
+    and the fix; images/ is untouched."""
+    common = ["--matrix", str(fixture_matrix), "--state-dir", str(tmp_path / "state")]
+    first = cli("render", *common)
+    assert first.returncode == 0, first.stderr
+    images = fixture_matrix.parent / "images"
+    before = snapshot(images)
+    assert len({p.split("/")[0] for p in before}) >= 2
+    text = fixture_matrix.read_text()
+    assert "\nexclude: []\n" in text
+    fixture_matrix.write_text(text.replace("\nexclude: []\n", '\nexclude: ["*"]\n'))
+    refused = cli("render", *common)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "no cell is planned" in refused.stderr and "every committed cell directory" in \
+        refused.stderr and "fix:" in refused.stderr, refused.stderr
+    assert snapshot(images) == before
+    # the check says the same without writing
+    checked = cli("render", "--check", *common)
+    assert checked.returncode == 2 and "no cell is planned" in checked.stderr, checked.stderr

@@ -642,3 +642,41 @@ def test_a_plan_file_entry_that_is_no_plan_is_left_out_and_named(tmp_path, capsy
     path.write_text(json.dumps({"something": "else"}))
     assert load_plan_file(path) == []
     assert report_json(build_report({}, load_plan_file(path)))["cells"] == []
+
+
+# A write that fails part-way, as on a full disk: the child's file size limit (RLIMIT_FSIZE, a
+# real kernel limit; SIGXFSZ ignored so the write fails with EFBIG instead of killing it).
+_LIMITED_WRITE = """
+import resource, signal, sys
+from pathlib import Path
+from infermatrix.errors import InfermatrixError
+from infermatrix.stages.report import build_report, load_journal, write_report
+from infermatrix.state import StatePaths
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+report = build_report(load_journal(StatePaths.at(Path(sys.argv[1]))), [])
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
+try:
+    write_report(report, Path(sys.argv[2]))
+except InfermatrixError as exc:
+    print(f"{type(exc).__name__} exit {exc.exit_code}: {exc}")
+    sys.exit(exc.exit_code)
+"""
+
+
+def test_a_report_that_cannot_be_written_keeps_the_last_good_one_and_names_the_path(tmp_path):
+    """Issue 48: a plain write truncated report.html on a full disk (the last good report lost)
+    and the error named no path. Now each file is written whole beside it, then renamed."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "reports"
+    good = write_report(build_report({TAGGED: {"stages": {}}}, []), out)
+    before = {p.name: p.read_bytes() for p in (good.html, good.markdown, good.json)}
+    limit = min(len(b) for b in before.values()) // 2 or 1  # any new file is larger than this
+    done = subprocess.run([sys.executable, "-c", _LIMITED_WRITE, str(STATE.root), str(out),
+                           str(limit)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"{out / 'report.html'}" in done.stdout and "File too large" in done.stdout
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert after == before  # the last good report whole, no half-written or temp file left
