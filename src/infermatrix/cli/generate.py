@@ -157,6 +157,9 @@ def run_generate(args: argparse.Namespace) -> int:
             print(f"generate: {len(prompts)} prompts ({len(done)} already in {args.out}) over "
                   f"{len(endpoints)} replica(s): "
                   + ", ".join(f"{e.name} {e.url}" for e in endpoints), file=sys.stderr)
+            record = generate.deployment_record(args.deployment)
+            print(f"generate: {generate.run_forecast(record, len(todo), len(endpoints))}",
+                  file=sys.stderr)
             run = generate.resolve_defaults(endpoints, todo, settings, args.model_dir)
             for line in run.describe(settings):
                 print(f"generate: {line}", file=sys.stderr)
@@ -171,6 +174,11 @@ def run_generate(args: argparse.Namespace) -> int:
     finally:
         lock.close()
     print(result.summary())
+    predicted = record.get("predicted_tokens_per_s_per_replica")
+    if isinstance(predicted, (int, float)) and result.wall_s > 0 and endpoints:
+        measured = result.completion_tokens / result.wall_s / len(endpoints)
+        print(f"generate: measured {measured:.1f} output tokens/s per replica against the "
+              f"predicted {predicted:.1f} (ratio {measured / predicted:.2f})", file=sys.stderr)
     for prompt_id, reason in list(result.failed.items())[:10]:
         print(f"failed: {prompt_id}: {reason}", file=sys.stderr)
     return 1 if result.failed else 0

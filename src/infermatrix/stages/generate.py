@@ -440,6 +440,43 @@ def count_prompt_tokens(endpoint: ServerEndpoint, model: str, prompt: Prompt,
     return count if isinstance(count, int) else None
 
 
+# --- the deployment's sizing and prediction (written by `infermatrix deploy`) --------------
+
+DEPLOYMENT_RECORD = "deployment.json"
+
+
+def deployment_record(directory: Path | None) -> dict[str, Any]:
+    """What deploy recorded of its sizing: GPU class, profile, context and output lengths,
+    the engine's sequence limit, the capacity model's predicted tokens/s per replica ({}:
+    none, e.g. --endpoint or a hand-made compose file)."""
+    if directory is None:
+        return {}
+    path = directory / DEPLOYMENT_RECORD
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a deployment record ({exc}); write it again with "
+                         "`infermatrix deploy`") from None
+    return data if isinstance(data, dict) else {}
+
+
+def run_forecast(record: dict[str, Any], prompts: int, replicas: int) -> str:
+    """The forecast line printed before the first request: prompts x expected output tokens
+    / (predicted tokens/s x replicas), from the deployment's recorded prediction."""
+    from ..model.capacity import forecast
+
+    rate = record.get("predicted_tokens_per_s_per_replica")
+    output = record.get("output_tokens")
+    if not isinstance(rate, (int, float)) or not isinstance(output, int) or rate <= 0:
+        return ("forecast: none before the first answers (the deployment records no "
+                "prediction: `infermatrix deploy --gpu-class` writes one); the ETA follows the "
+                "measured rate")
+    line = forecast(prompts, output, float(rate), replicas).describe()
+    return f"{line}; prediction: {record.get('prediction_source', 'the deployment record')}"
+
+
 # --- the run's defaults, resolved once before the first request ---------------------------
 
 @dataclass(frozen=True)

@@ -257,3 +257,28 @@ def test_sigterm_exits_143_and_the_run_resumes(tmp_path):
     assert run.returncode == 143, err
     assert "rerun the same command" in err
     assert os.path.exists(str(out) + ".lock")
+
+
+def test_the_forecast_comes_first_from_the_deployments_prediction(tmp_path, capsys):
+    prompts = write_prompts(tmp_path / "p.jsonl", count=4)
+    out = tmp_path / "out.jsonl"
+    with FakeServer("answer") as fake:
+        port = fake.url.rsplit(":", 1)[1]
+        deployment = tmp_path / "deploy"
+        deployment.mkdir()
+        (deployment / "compose.yaml").write_text(yaml.safe_dump({"services": {"r0": {
+            "ports": [f"127.0.0.1:{port}:8000"], "command": ["serve", "--max-num-seqs", "3"]}}}))
+        (deployment / generate.DEPLOYMENT_RECORD).write_text(json.dumps({
+            "output_tokens": 8192, "predicted_tokens_per_s_per_replica": 346.0,
+            "prediction_source": "capacity model: rtx-pro-6000 bf16"}))
+        assert run_cli("--deployment", str(deployment), "--prompts", str(prompts),
+                       "--out", str(out)) == 0
+    err = capsys.readouterr().err.splitlines()
+    first = next(i for i, line in enumerate(err) if "forecast:" in line)
+    assert first < next(i for i, line in enumerate(err) if "concurrency per replica" in line)
+    assert "4 prompts x 8,192 output tokens" in err[first] and "346 tok/s x 1 replica" in \
+        err[first] and "capacity model: rtx-pro-6000 bf16" in err[first]
+    assert any("against the predicted 346.0" in line for line in err)
+    (deployment / generate.DEPLOYMENT_RECORD).write_text("{not json")
+    assert run_cli("--deployment", str(deployment), "--prompts", str(prompts),
+                   "--out", str(tmp_path / "o2.jsonl")) == 2
