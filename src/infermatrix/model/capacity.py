@@ -77,6 +77,9 @@ class GpuClass:
     gpu_memory_utilization: float
     reserve_bytes: int
     sources: Mapping[str, str] = field(default_factory=dict)
+    # time a decode step takes beyond its bytes (scheduling, launches, the sampler): what
+    # bounds a tiny model; 0 where the data has no measured figure
+    step_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ def gpu_class(key: str, data: Mapping[str, Any] | None = None) -> GpuClass:
     return GpuClass(key, row["name"], row["arch"], int(row["memory_bytes"]),
                     float(row["bandwidth_gb_s"]) * GB, float(row["gpu_memory_utilization"]),
                     int(float(row["reserve_gib"]) * GIB),
-                    {k: v for k, v in row.items() if k.endswith("_source")})
+                    {k: v for k, v in row.items() if k.endswith("_source")},
+                    float(row.get("step_overhead_ms") or 0.0) / 1000)
 
 
 def model_shape(key: str, data: Mapping[str, Any] | None = None) -> ModelShape:
@@ -344,7 +348,7 @@ def decode_ceiling(gpu: GpuClass, shape: ModelShape, prof: Profile, batch: int,
     per_seq = kv * average_context + state_traffic
     total = weights + batch * per_seq
     bandwidth = gpu.bandwidth_bytes_per_s * efficiency
-    step_s = total / bandwidth
+    step_s = total / bandwidth + gpu.step_overhead_s
     rate = batch / step_s if batch else 0.0
     steps = (
         Step(f"KV read per sequence = KV per token x {average_context:,.0f} average tokens",
@@ -354,7 +358,9 @@ def decode_ceiling(gpu: GpuClass, shape: ModelShape, prof: Profile, batch: int,
         Step(f"bytes per step = weights + {batch} x (KV read + GDN traffic)", total, "B"),
         Step(f"effective bandwidth = {gpu.bandwidth_bytes_per_s / GB:,.0f} GB/s x "
              f"{efficiency:.2f}", bandwidth / GB, "GB/s"),
-        Step("step time = bytes / bandwidth", step_s, "s"),
+        Step("step time = bytes / bandwidth" + (f" + {gpu.step_overhead_s * 1000:g} ms "
+                                                "step overhead" if gpu.step_overhead_s else ""),
+             step_s, "s"),
         Step(f"tokens/s = {batch} / step time", rate, "tok/s"),
     )
     return Ceiling(batch, average_context, total, step_s, rate, efficiency, steps)

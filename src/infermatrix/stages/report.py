@@ -430,6 +430,7 @@ def workload_view(stages: list[StageResult]) -> dict[str, Any] | None:
                          f"{p.get('empty', 0)} / {p.get('malformed', 0)}"} for p in points]
     soak, needle = _mapping(level.get("soak")), _mapping(level.get("needle"))
     backends, target = _mapping(level.get("backends")), _mapping(level.get("target"))
+    predicted = _mapping(level.get("prediction"))
     seen = _mapping(backends.get("seen"))
     return {"status": _text(level.get("status")) or "", "reason": _text(level.get("reason")),
             "tokens_per_s": _number(level.get("tokens_per_s")), "rows": rows,
@@ -446,7 +447,13 @@ def workload_view(stages: list[StageResult]) -> dict[str, Any] | None:
             "backends_status": _text(backends.get("status")) or "",
             "target": target.get("target_tokens_per_s"),
             "previous": target.get("previous_tokens_per_s"),
-            "regression": _text(target.get("regression"))}
+            "regression": _text(target.get("regression")),
+            "prediction": (f"predicted {predicted.get('predicted_tokens_per_s')} tokens/s at "
+                           f"batch {predicted.get('batch')} ({predicted.get('device_class')}, "
+                           f"{predicted.get('model')}, {predicted.get('profile')}; capacity "
+                           f"model), measured {predicted.get('measured_tokens_per_s')}: ratio "
+                           f"{predicted.get('ratio')}") if predicted.get("status") == "done"
+            else _text(predicted.get("reason")) or "no prediction"}
 
 
 def _pct(value: Any, top: float) -> float:
@@ -849,7 +856,8 @@ def _md_workload(c: CellReport) -> list[str]:
     out += [f"| {r['concurrency']} | {r['tokens_per_s']} | {r['requests']} | "
             f"{r['mean_output']} | {r['ttft']} | {r['itl']} | {r['problems']} |"
             for r in w.get("rows", [])]
-    out += ["", f"- soak: {_md_cell(w.get('soak'))}", f"- needle: {_md_cell(w.get('needle'))}",
+    out += ["", f"- {_md_cell(w.get('prediction'))}",
+            f"- soak: {_md_cell(w.get('soak'))}", f"- needle: {_md_cell(w.get('needle'))}",
             f"- backends seen: {_md_cell(w.get('backends'))} ({w.get('backends_status')})"]
     if w.get("regression"):
         out.append(f"- regression: {_md_cell(w['regression'])}")

@@ -775,6 +775,11 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     details["backends"] = workload.judge_backends(log, spec.attention_backend)
     details["target"] = workload.target_verdict(details["tokens_per_s"], spec.cell.arch,
                                                 settings, published_workload_figure(ctx, spec))
+    from ..model.capacity import ratios_path
+
+    details["prediction"] = workload.prediction(
+        spec.cell.arch, details["sweep"], details["model_source"].startswith("fixture"),
+        ratios_path(ctx.state.root))
     status, reason = workload.verdict(details, settings.regression_fails)
     if status == "fail":
         details["engine_log_tail"] = last_lines(log, 40)

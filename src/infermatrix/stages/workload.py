@@ -143,6 +143,8 @@ def batch_figures(result: generate.BatchResult) -> dict[str, Any]:
             "malformed": len(malformed), "malformed_examples": malformed[:3],
             "completion_tokens": tokens, "wall_s": round(wall, 3),
             "mean_output_tokens": round(tokens / len(replies), 1) if replies else 0.0,
+            "mean_prompt_tokens": round(sum(r.prompt_tokens for r in replies) / len(replies), 1)
+            if replies else 0.0,
             "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
             "ttft_ms": {"p50": ms(percentile(ttft, 50)), "p99": ms(percentile(ttft, 99))},
             "itl_ms": {"p50": ms(percentile(itl, 50)), "p99": ms(percentile(itl, 99))}}
@@ -326,6 +328,38 @@ def judge_backends(log: str, planned_attention: str | None,
     return details
 
 
+# --- predicted against measured (the capacity model, issue 46) ------------------------------
+
+def prediction(arch: str, sweep_figures: dict[str, Any], fixture: bool,
+               ratios: Path | None) -> dict[str, Any]:
+    """The capacity model's ceiling for the best sweep point (its batch, its mean prompt and
+    output lengths) beside the measured figure; the ratio is kept per device class (`ratios`)
+    so the model's efficiency is learned from real runs."""
+    from ..model import capacity
+
+    gpu = capacity.gpu_for_arch(arch)
+    points = sweep_figures.get("points") or []
+    if gpu is None or not points:
+        return {"status": "none", "reason": f"no device class for {arch} in "
+                "data/capacity.yaml" if gpu is None else "no sweep point"}
+    best = max(points, key=lambda p: p["tokens_per_s"])
+    model = "fixture-tiny" if fixture else capacity.DEFAULT_MODEL
+    estimate = capacity.estimate(gpu, "bf16", max(1, int(best["mean_prompt_tokens"])),
+                                 max(1, int(best["mean_output_tokens"])), model_key=model,
+                                 batch=best["concurrency"], ratios_path=ratios)
+    predicted = estimate.ceiling.tokens_per_s
+    measured = float(best["tokens_per_s"])
+    if ratios is not None and predicted > 0 and measured > 0:
+        capacity.record_ratio(ratios, gpu, measured, predicted, estimate.ceiling.efficiency,
+                              model=model, batch=best["concurrency"])
+    return {"status": "done", "device_class": gpu, "model": model, "profile": "bf16",
+            "batch": best["concurrency"], "predicted_tokens_per_s": round(predicted, 1),
+            "measured_tokens_per_s": measured,
+            "ratio": round(measured / predicted, 3) if predicted else None,
+            "efficiency": estimate.ceiling.efficiency,
+            "efficiency_source": estimate.efficiency_source}
+
+
 # --- the verdict ----------------------------------------------------------------------------
 
 def target_verdict(tokens_per_s: float, arch: str, settings: WorkloadSettings,
@@ -411,5 +445,7 @@ def summary(level: dict[str, Any]) -> dict[str, Any] | None:
             "soak_s": (level.get("soak") or {}).get("seconds"),
             "needle_tokens": (level.get("needle") or {}).get("prompt_tokens"),
             "backends": ((level.get("backends") or {}).get("seen")),
-            "target": level.get("target")}
+            "target": level.get("target"),
+            "predicted_tokens_per_s": (level.get("prediction") or {}).get(
+                "predicted_tokens_per_s")}
 

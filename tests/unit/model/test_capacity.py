@@ -290,7 +290,7 @@ def test_plan_and_report_helpers():
     assert capacity.gpu_for_arch("sm_120") == "rtx-pro-6000"
     assert capacity.gpu_for_arch("sm_121a") == "gb10"
     assert capacity.gpu_for_arch("sm_90") == "h100"
-    assert capacity.gpu_for_arch("cpu") is None
+    assert capacity.gpu_for_arch("cpu") == "cpu-lane"  # the CPU lane has its device class
     assert capacity.estimate("rtx-pro-6000", "bf16", 8192, 8192).summary() == \
         "bf16 27 seqs, 346 tok/s"
 
@@ -301,3 +301,19 @@ def test_capacity_command_says_when_not_one_sequence_fits(capsys):
     row = next(line for line in capsys.readouterr().out.splitlines()
                if line.startswith("bf16 "))
     assert row.split()[1:4] == ["0", "0", "0"] and "not one sequence fits" in row
+
+
+def test_the_cpu_lane_is_bound_by_its_step_overhead_not_its_bandwidth():
+    """The tiny fixture reads 0.77 MB of weights a step, and per sequence its GDN state twice
+    (3 layers x 2 heads x 64 x 64 x 4 B read and written): 2.4 MB at batch 8, 0.4 ms at
+    10 GB/s x 0.6, so the measured 7.8 ms step overhead sets the ceiling: 8 / 8.2 ms."""
+    gpu = capacity.gpu_class("cpu-lane")
+    shape = capacity.model_shape("fixture-tiny")
+    prof = capacity.profile("bf16")
+    weights, _ = capacity.weight_bytes(shape, prof)
+    assert weights == 383_052 * 2  # the fixture's own parameter count (make_fixture_model)
+    ceiling = capacity.decode_ceiling(gpu, shape, prof, 8, 60, 0.6)
+    bytes_s = ceiling.bytes_per_step / (10e9 * 0.6)
+    assert ceiling.step_seconds == pytest.approx(0.0078 + bytes_s)
+    assert ceiling.tokens_per_s == pytest.approx(8 / (0.0078 + bytes_s))
+    assert 960 < ceiling.tokens_per_s < 990
