@@ -189,26 +189,38 @@ def torch_variant(cell: Cell) -> dict[str, Any] | None:
     return load_rules()["torch-cuda-variant"]["variants"].get(_minor(cell.torch))
 
 
+def torch_variant_known(cell: Cell) -> bool | None:
+    """What the table knows of the cell's torch CUDA variant: True (listed), False (known
+    absent, with its source), None (the table cannot say: the index decides)."""
+    variant = torch_variant(cell)
+    if variant is None:
+        return None
+    if cell.cuda_tag in (variant.get("absent") or []):
+        return False
+    return True if cell.cuda_tag in variant.get("all", []) else None
+
+
 def torch_cuda_variant(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
     """PyPI's torch wheel is one CUDA build (read from its METADATA); any other CUDA must be a
-    variant the torch index publishes (the table, with its source and check date)."""
+    variant the torch index publishes. Only a variant the table records as absent (with its
+    source and check date) prunes here; one the table does not list is asked of the index when
+    the cell is planned (plan.check_variants): found, not found, or "unverified"."""
     rule = load_rules()["torch-cuda-variant"]
     if cell.cuda == CPU:
         return []
     if facts is not None and facts.cell_torch_cuda == cell.cuda:
         return []
-    variant = torch_variant(cell)
+    if torch_variant_known(cell) is not False:
+        return []
+    variant = torch_variant(cell) or {}
     pypi = f" (PyPI's wheel is CUDA {facts.cell_torch_cuda})" if facts and facts.cell_torch_cuda \
         else ""
-    if variant is None:
-        return [Verdict("torch-cuda-variant",
-                        f"torch {cell.torch} is not in the variant table{pypi}: add its minor "
-                        "to rules.yaml after checking the torch index", rule["source"])]
-    if cell.cuda_tag in variant["all"]:
-        return []
+    source = rule["source"]
+    if variant.get("source"):
+        source = f"{source}; {variant['source']} (checked {variant.get('checked')})"
     return [Verdict("torch-cuda-variant", rule["reason"].format(
-        torch=cell.torch, cuda_tag=cell.cuda_tag, variants=", ".join(variant["all"])) + pypi,
-        rule["source"])]
+        torch=cell.torch, cuda_tag=cell.cuda_tag, variants=", ".join(variant.get("all", []))) + pypi,
+        source)]
 
 
 def engine_torch_pin(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
@@ -220,12 +232,31 @@ def engine_torch_pin(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[V
         torch=cell.torch), rule["source"].format(metadata_url=facts.metadata_url))]
 
 
+def pypi_build_covers(variant: dict[str, Any], version: str) -> bool:
+    """Is the engine's PyPI wheel itself the build for this variant's CUDA at `version`
+    (matrix.yaml engines.<e>.variants.<cuda>.pypi_build: a version range with its source)?"""
+    entry = variant.get("pypi_build")
+    return bool(entry) and SpecifierSet(entry["versions"]).contains(version, prereleases=True)
+
+
+def engine_variant_serves(cell: Cell, m: Matrix) -> str | None:
+    """How the engine gets a build for the cell's CUDA other than its PyPI torch pin's:
+    "pypi" (the PyPI wheel is that CUDA's build; only torch comes from the torch index),
+    "asset" (a release wheel/index declared in matrix.yaml), None (nothing declared)."""
+    variant = m.engines[cell.engine].get("variants", {}).get(cell.cuda)
+    if not variant:
+        return None
+    if pypi_build_covers(variant, cell.engine_version):
+        return "pypi"
+    return "asset" if variant.get("wheel") or variant.get("index") else None
+
+
 def engine_cuda_build(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
     rule = load_rules()["engine-cuda-build"]
     engine = m.engines[cell.engine]
     if cell.cuda == CPU or facts is None or facts.torch_cuda is None:
         return []
-    if facts.torch_cuda == cell.cuda or cell.cuda in engine.get("variants", {}):
+    if facts.torch_cuda == cell.cuda or engine_variant_serves(cell, m) is not None:
         return []
     return [Verdict("engine-cuda-build", rule["reason"].format(
         engine=cell.engine, version=cell.engine_version, pinned_torch=facts.pinned_torch,

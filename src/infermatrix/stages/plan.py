@@ -10,8 +10,11 @@ need an index off PyPI, one existence check of that source.
 
 from __future__ import annotations
 
+import datetime
 import itertools
+import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import urlparse
 
@@ -30,7 +33,9 @@ from ..options import from_environment, package_index
 from .. import journal
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
 from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
-                           evaluate, exact_pin, load_rules, torch_satisfies)
+                           evaluate, exact_pin, load_rules, pypi_build_covers,
+                           torch_satisfies,
+                           torch_variant, torch_variant_known)
 from ..model.selectors import Selection, matches
 from ..model.spec import machine_of, serve_args
 from ..model.spec import CellSpec
@@ -527,7 +532,10 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     if facts and facts.metadata_url:
         sources["engine_metadata"] = facts.metadata_url
     engine_index = None
-    if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
+    if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda and \
+            pypi_build_covers(variant, cell.engine_version):
+        sources["engine_variant"] = variant["pypi_build"]["source"]
+    elif variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
         sources["engine_variant"] = variant["source"]
         engine_index, tags_source = variant_url(cell, m, variant,
                                                 machine_of(platform_for(cell, m)))
@@ -563,23 +571,74 @@ def variant_sources(cell: Cell, settings: CellSettings) -> list[tuple[str, str, 
     return checks
 
 
-def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | None
+@dataclass
+class VariantAnswers:
+    """Answers of the indexes off PyPI (does this page list that file / does this URL exist?),
+    cached on disk: a found/not-found answer is kept, so an offline plan answers from the cache;
+    an unreachable index with no cached answer is None (the cell is "unverified")."""
+
+    path: Path
+    offline: bool = False
+    _answers: dict[str, Any] | None = None
+
+    def _load(self) -> dict[str, Any]:
+        if self._answers is None:
+            try:
+                self._answers = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self._answers = {}
+        return self._answers
+
+    def __call__(self, url: str, prefix: str = "") -> bool | None:
+        key = f"{url} {prefix}".strip()
+        cached = self._load().get(key)
+        if self.offline:
+            return cached["found"] if cached else None
+        found = url_exists(url) if not prefix else index_lists(url, prefix)
+        if found is None:
+            return cached["found"] if cached else None
+        self._load()[key] = {"found": found,
+                             "checked": datetime.datetime.now(datetime.UTC).isoformat(
+                                 timespec="seconds")}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self._answers, indent=1, sort_keys=True),
+                             encoding="utf-8")
+        return found
+
+
+def _torch_table_note(cell: Cell, what: str) -> str:
+    """Why a torch variant was asked of the index: what the rules.yaml table says of it."""
+    known = torch_variant_known(cell)
+    if known is True:
+        variant = torch_variant(cell) or {}
+        return f"rules.yaml lists it, checked {variant.get('checked')}"
+    if torch_variant(cell) is None:
+        return f"torch {cell.torch}'s minor is not in the rules.yaml variant table"
+    return f"the rules.yaml variant table does not list {cell.cuda_tag} for torch {cell.torch}"
+
+
+def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | None,
+                   answers: VariantAnswers | None = None
                    ) -> tuple[list[Verdict], list[Verdict]]:
-    """(missing, unverifiable): a declared variant is checked to exist before it is planned."""
+    """(missing, unverifiable): a declared variant is checked to exist before it is planned.
+    `exists` (tests) answers by URL; else `answers` (cached) or the network."""
     missing: list[Verdict] = []
     unverified: list[Verdict] = []
     for what, url, prefix in variant_sources(cell, settings):
         if exists is not None:
             found = exists(url)
+        elif answers is not None:
+            found = answers(url, prefix)
         else:
             found = url_exists(url) if not prefix else index_lists(url, prefix)
+        note = f" ({_torch_table_note(cell, what)})" if what.startswith("torch ") else ""
         if found is False:
-            missing.append(Verdict("variant-missing", f"{what} is not at {url}", url))
+            missing.append(Verdict("variant-missing", f"{what} is not at {url}{note}", url))
         elif found is None:
             host = urlparse(url).netloc
             unverified.append(Verdict("variant-unverified", f"{what}: {host} cannot be reached "
-                                      "from here to check it; not planned on an unchecked URL",
-                                      url))
+                                      f"from here to check it{note}; not planned on an "
+                                      "unchecked URL", url))
     return missing, unverified
 
 
@@ -626,7 +685,8 @@ def _cell_torch_cuda(gatherer: FactGatherer, cell: Cell, machine: str,
 
 
 def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
-              exists: ExistsCheck | None = None, code: WheelCodeCache | None = None) -> CellPlan:
+              exists: ExistsCheck | None = None, code: WheelCodeCache | None = None,
+              answers: VariantAnswers | None = None) -> CellPlan:
     cell, origin = cand.cell, cand.origin
     resolution = cand.choice.record() if cand.choice else None
     engine = m.engines[cell.engine]
@@ -662,7 +722,7 @@ def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
     except UnknownAssetTags as exc:
         return CellPlan(cell, "pruned", [Verdict("variant-missing", str(exc), exc.source)],
                         None, origin, resolution)
-    missing, unverified = check_variants(cell, settings, exists)
+    missing, unverified = check_variants(cell, settings, exists, answers)
     if missing:
         return CellPlan(cell, "pruned", missing, None, origin, resolution)
     if unverified:
@@ -718,6 +778,8 @@ def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = ()
         code = code or WheelCodeCache(ctx.state.index_cache / "wheel-code", package_index(),
                                       offline=ctx.offline)
     gatherer = FactGatherer(source)
+    answers = VariantAnswers(ctx.state.index_cache / "variant-answers.json", ctx.offline) \
+        if exists is None else None
     expansion = expand_axes(m, gatherer, releases)
     cells = [c.cell for c in expansion.candidates]
     _check_selectors(m, cells, select, skip)
@@ -735,7 +797,7 @@ def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = ()
                 f"{m.path}:{m.line_of('exclude', excluded)}")], None, cand.origin,
                 cand.choice.record() if cand.choice else None))
             continue
-        plans.append(plan_cell(cand, m, gatherer, exists, code))
+        plans.append(plan_cell(cand, m, gatherer, exists, code, answers))
     return Plan(sorted(plans, key=lambda p: p.id), expansion.not_generated)
 
 
