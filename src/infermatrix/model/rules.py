@@ -264,6 +264,67 @@ def engine_cuda_build(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[
         rule["source"].format(metadata_url=facts.metadata_url))]
 
 
+# --- FlashInfer's JIT on SM 12.x ------------------------------------------------------------
+FLASHINFER = "flashinfer-python"
+FLASHINFER_ARCH_ENV = "FLASHINFER_CUDA_ARCH_LIST"
+
+
+def flashinfer_version(facts: EngineFacts | None) -> str | None:
+    """The flashinfer-python release the engine pins (from its METADATA), else None."""
+    return dict(facts.exact_pins).get(FLASHINFER) if facts else None
+
+
+def flashinfer_arch_value(cell: Cell) -> str | None:
+    """The runtime FLASHINFER_CUDA_ARCH_LIST for the cell's arch, always suffixed (rules.yaml
+    flashinfer-jit-arch.arch_list): the family target where nvcc makes it, else the arch's own."""
+    table = load_rules()["flashinfer-jit-arch"]["arch_list"]
+    arch = cell.arch.rstrip("af")
+    if not cell.is_gpu or cell.cuda == CPU:
+        return None
+    if arch in table.get("family", {}) and \
+            _cuda_tuple(cell.cuda) >= _cuda_tuple(table["family_min_nvcc"]):
+        return table["family"][arch]
+    return table["specific"].get(arch)
+
+
+def engine_env(cell: Cell, m: Matrix, facts: EngineFacts | None) -> dict[str, str]:
+    """The image's environment: matrix.yaml's (engine, then per arch), plus FlashInfer's arch
+    list where the engine pins flashinfer-python and matrix.yaml does not set it."""
+    engine = m.engines[cell.engine]
+    env = {**engine.get("env", {}), **engine.get("arch", {}).get(cell.arch, {}).get("env", {})}
+    value = flashinfer_arch_value(cell) if flashinfer_version(facts) else None
+    if value and FLASHINFER_ARCH_ENV not in env:
+        env[FLASHINFER_ARCH_ENV] = value
+    return dict(sorted(env.items()))
+
+
+def _suffixed(value: str) -> bool:
+    """Does every entry of a FLASHINFER_CUDA_ARCH_LIST carry a suffix (used as-is)?"""
+    entries = value.split()
+    return bool(entries) and all(e.partition(".")[2][-1:].isalpha() for e in entries)
+
+
+def flashinfer_jit_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    """A FlashInfer release that refuses SM 12.x below an nvcc, in a cell whose nvcc (its CUDA)
+    is below it, runs only where FLASHINFER_CUDA_ARCH_LIST names a suffixed target."""
+    rule = load_rules()["flashinfer-jit-arch"]
+    version = flashinfer_version(facts)
+    if version is None or not cell.is_gpu or cell.cuda == CPU:
+        return []
+    for entry in rule["refuses"]:
+        if cell.arch.rstrip("af") not in entry["archs"] or \
+                not SpecifierSet(entry["versions"]).contains(version, prereleases=True) or \
+                _cuda_tuple(cell.cuda) >= _cuda_tuple(entry["below_nvcc"]):
+            continue
+        value = engine_env(cell, m, facts).get(FLASHINFER_ARCH_ENV)
+        if value and _suffixed(value):
+            return []
+        return [Verdict("flashinfer-jit-arch", rule["reason"].format(
+            version=version, arch=cell.arch, cuda=cell.cuda, message=entry["message"],
+            value=value or "unset"), f"{entry['source']} (checked {entry['checked']})")]
+    return []
+
+
 def backend_runs_on(backend: str, arch: str) -> bool:
     spec = load_rules()["attention-backend-arch"]["backends"].get(backend)
     if spec is None:
@@ -332,7 +393,7 @@ Rule = Callable[[Cell, Matrix, "EngineFacts | None"], list[Verdict]]
 # pruned cell shows every reason at once.
 STATIC_RULES: tuple[Rule, ...] = (platform_match, arch_min_cuda, model_floor, torch_cuda_variant,
                                   attention_backend_arch)
-METADATA_RULES: tuple[Rule, ...] = (engine_torch_pin, engine_cuda_build)
+METADATA_RULES: tuple[Rule, ...] = (engine_torch_pin, engine_cuda_build, flashinfer_jit_arch)
 
 
 def evaluate(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:

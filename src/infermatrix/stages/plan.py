@@ -33,7 +33,7 @@ from ..options import from_environment, package_index
 from .. import journal
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
 from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
-                           evaluate, exact_pin, load_rules, pypi_build_covers,
+                           engine_env, evaluate, exact_pin, load_rules, pypi_build_covers,
                            torch_satisfies,
                            torch_variant, torch_variant_known)
 from ..model.selectors import Selection, matches
@@ -521,7 +521,7 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     engine = m.engines[cell.engine]
     per_arch = engine.get("arch", {}).get(cell.arch, {})
     args = serve_args(m, cell, backend)
-    env = {**engine.get("env", {}), **per_arch.get("env", {})}
+    env = engine_env(cell, m, facts)
     variant = engine.get("variants", {}).get(cell.cuda) if cell.cuda != CPU else None
     torch_index = None
     pypi_cuda = facts.cell_torch_cuda if facts else None
