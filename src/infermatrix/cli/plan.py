@@ -48,11 +48,21 @@ def load_full_plan(args: argparse.Namespace) -> tuple[Context, Plan]:
     return ctx, plan_full(ctx, args.select, args.skip)
 
 
+def _backend_text(settings) -> str:
+    """The backend and where it comes from: the engine's own default (rules.yaml, read from its
+    released code) or a matrix.yaml override; the full why is in `plan --json` source_urls."""
+    why = settings.source_urls.get("attention_backend", "")
+    if not settings.attention_backend:
+        return ""
+    origin = "matrix.yaml" if why.startswith("matrix.yaml") else "engine default"
+    return f"attention={settings.attention_backend} ({origin})"
+
+
 def _settings_text(plan: CellPlan) -> str:
     s = plan.settings
     if s is None:
         return ""
-    parts = [s.attention_backend or "", ",".join(s.kernels),
+    parts = [_backend_text(s), ",".join(s.kernels),
              f"driver>={s.driver_floor}" if s.driver_floor else ""]
     if plan.resolution and plan.resolution.get("resolved_at"):
         parts.append(plan.resolution["selector"])

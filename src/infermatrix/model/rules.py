@@ -325,11 +325,22 @@ def flashinfer_jit_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> lis
     return []
 
 
-def backend_runs_on(backend: str, arch: str) -> bool:
+def backend_runs_on(backend: str, arch: str, cell: Cell | None = None) -> bool:
+    """Can the backend's kernels run on the arch? An engine release may add archs its own
+    backend reaches (backends.<b>.engines.<engine>: versions, archs)."""
     spec = load_rules()["attention-backend-arch"]["backends"].get(backend)
     if spec is None:
         return False
-    return spec["archs"] == "any" or arch in spec["archs"] or arch.rstrip("af") in spec["archs"]
+    plain = arch.rstrip("af")
+    if spec["archs"] == "any" or arch in spec["archs"] or plain in spec["archs"]:
+        return True
+    if cell is None:
+        return False
+    for entry in (spec.get("engines") or {}).get(cell.engine, []):
+        if plain in entry["archs"] and \
+                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+            return True
+    return False
 
 
 def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
@@ -348,39 +359,98 @@ def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
     return None
 
 
-def choose_attention_backend(cell: Cell, m: Matrix) -> tuple[str | None, list[Verdict]]:
-    """The first preferred backend the arch can run (and, for a hybrid GDN model, the engine
-    version accepts); an explicit per-arch choice that cannot run there prunes the cell
-    instead of being silently replaced."""
+def engine_default_backend(cell: Cell) -> dict[str, Any] | None:
+    """The rules.yaml engine_default entry for the cell's engine, version and arch, else None."""
+    entries = load_rules()["attention-backend-arch"].get("engine_default", {}).get(cell.engine, [])
+    for entry in entries:
+        if cell.arch.rstrip("af") in entry["archs"] and \
+                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+            return entry
+    return None
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The full-attention backend a cell serves with, why, and what prunes it."""
+
+    backend: str | None  # passed with the engine's attention flag; None: the engine picks
+    why: str  # "engine default", "matrix.yaml ...": shown by `plan`
+    source: str
+    verdicts: tuple[Verdict, ...] = ()
+
+
+def _gate_verdicts(cell: Cell, backend: str, gate: tuple[list[str], str] | None,
+                   what: str, check_arch: bool = True) -> list[Verdict]:
+    rule = load_rules()["attention-backend-arch"]
+    backends = rule["backends"]
+    verdicts = []
+    if check_arch and not backend_runs_on(backend, cell.arch, cell):
+        note = backends.get(backend, {}).get("note", "unknown backend")
+        verdicts.append(Verdict("attention-backend-arch", f"{what} {backend} cannot run on "
+                                f"{cell.arch}: {note}",
+                                backends.get(backend, {}).get("source", rule["source"])))
+    if gate and backend not in gate[0]:
+        verdicts.append(Verdict("attention-backend-arch",
+                                f"{cell.engine} {cell.engine_version} accepts only "
+                                f"{', '.join(gate[0])} for hybrid GDN models on {cell.arch}, "
+                                f"not {backend}", gate[1]))
+    return verdicts
+
+
+def backend_choice(cell: Cell, m: Matrix) -> BackendChoice:
+    """Which full-attention backend and why: an explicit per-arch choice, else matrix.yaml's
+    preference order (an override, with its reason), else the engine's own default on the arch
+    read from its released code (rules.yaml engine_default). A choice the arch or the engine's
+    hybrid GDN gate refuses prunes the cell instead of being silently replaced."""
     rule = load_rules()["attention-backend-arch"]
     engine = m.engines[cell.engine]
-    preferences = engine.get("attention_backends", [])
-    explicit = engine.get("arch", {}).get(cell.arch, {}).get("attention_backend")
-    backends = rule["backends"]
-    gate = hybrid_gdn_allowed(cell, m) if cell.is_gpu else None
+    if not cell.is_gpu:
+        return BackendChoice(None, "", "")
+    per_arch = engine.get("arch", {}).get(cell.arch, {})
+    explicit = per_arch.get("attention_backend")
+    gate = hybrid_gdn_allowed(cell, m)
     if explicit:
-        verdicts = []
-        if not backend_runs_on(explicit, cell.arch):
-            note = backends.get(explicit, {}).get("note", "unknown backend")
-            verdicts.append(Verdict("attention-backend-arch", f"attention backend {explicit} "
-                                    f"cannot run on {cell.arch}: {note}",
-                                    backends.get(explicit, {}).get("source", rule["source"])))
-        if gate and explicit not in gate[0]:
-            verdicts.append(Verdict("attention-backend-arch",
-                                    f"{cell.engine} {cell.engine_version} accepts only "
-                                    f"{', '.join(gate[0])} for hybrid GDN models on {cell.arch}, "
-                                    f"not {explicit}", gate[1]))
-        return (None, verdicts) if verdicts else (explicit, [])
-    if not preferences or not cell.is_gpu:
-        return None, []
-    for backend in preferences:
-        if gate and backend not in gate[0]:
-            continue
-        if backend_runs_on(backend, cell.arch):
-            return backend, []
-    return None, [Verdict("attention-backend-arch",
-                          f"none of {cell.engine}'s attention backends ({', '.join(preferences)}) "
-                          f"runs on {cell.arch}", rule["source"])]
+        reason = per_arch.get("attention_backend_reason") or "no reason given"
+        verdicts = _gate_verdicts(cell, explicit, gate, "attention backend")
+        return BackendChoice(None if verdicts else explicit,
+                             f"matrix.yaml engines.{cell.engine}.arch.{cell.arch}: {reason}",
+                             "matrix.yaml", tuple(verdicts))
+    preferences = engine.get("attention_backends", [])
+    if preferences:
+        reason = engine.get("attention_backends_reason") or "no reason given"
+        why = (f"matrix.yaml engines.{cell.engine}.attention_backends "
+               f"[{', '.join(preferences)}]: {reason}")
+        for backend in preferences:
+            if gate and backend not in gate[0]:
+                continue
+            if backend_runs_on(backend, cell.arch, cell):
+                return BackendChoice(backend, why, "matrix.yaml")
+        return BackendChoice(None, why, "matrix.yaml", (Verdict(
+            "attention-backend-arch", f"none of {cell.engine}'s attention backends "
+            f"({', '.join(preferences)}) runs on {cell.arch}", rule["source"]),))
+    default = engine_default_backend(cell)
+    if default is None:
+        return BackendChoice(None, f"{cell.engine} {cell.engine_version}'s default on "
+                             f"{cell.arch} is not recorded (rules.yaml engine_default): the "
+                             "engine picks at run time", rule["source"])
+    source = f"{default['source']} (checked {default.get('checked')})"
+    why = f"{cell.engine}'s own default on {cell.arch}" + (
+        f" ({default['when']})" if default.get("when") else "")
+    backend = default["backend"]
+    # an engine_default entry is per arch already (the engine's own pick there); its hybrid
+    # GDN gate is checked all the same, so conflicting data prunes instead of passing
+    verdicts = _gate_verdicts(cell, backend, gate, f"{cell.engine}'s default backend",
+                              check_arch=False)
+    if not engine.get("attention_flag"):  # nothing to pass: the engine picks it itself
+        return BackendChoice(None, f"{why}: {backend} (no attention flag: the engine picks "
+                             "it itself)", source, tuple(verdicts))
+    return BackendChoice(None if verdicts else backend, why, source, tuple(verdicts))
+
+
+def choose_attention_backend(cell: Cell, m: Matrix) -> tuple[str | None, list[Verdict]]:
+    """(backend, verdicts) of backend_choice."""
+    choice = backend_choice(cell, m)
+    return choice.backend, list(choice.verdicts)
 
 
 def attention_backend_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:

@@ -32,7 +32,7 @@ from ..model.index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseL
 from ..options import from_environment, package_index
 from .. import journal
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
-from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
+from ..model.rules import (EngineFacts, backend_choice, cuda_of_requirements, driver_floor,
                            engine_env, evaluate, exact_pin, load_rules, pypi_build_covers,
                            torch_satisfies,
                            torch_variant, torch_variant_known)
@@ -716,9 +716,12 @@ def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
     if unresolved:
         return CellPlan(cell, "unresolved", [Verdict("index-unreachable", unresolved, "network")],
                         None, origin, resolution)
-    backend, _ = choose_attention_backend(cell, m)
+    choice = backend_choice(cell, m)
+    backend = choice.backend
     try:
         settings = settings_for(cell, m, facts, backend)
+        if choice.why:
+            settings.source_urls["attention_backend"] = f"{choice.why} — {choice.source}"
     except UnknownAssetTags as exc:
         return CellPlan(cell, "pruned", [Verdict("variant-missing", str(exc), exc.source)],
                         None, origin, resolution)
