@@ -79,6 +79,27 @@ class EngineChoice:
         return record | ({"passed_over": list(self.passed_over)} if self.passed_over else {})
 
 
+def passed_over_notes(plans: Iterable[CellPlan]) -> list[str]:
+    """One line per selector that passed over a newer release (not installable from the index
+    yet), each said once: "vllm latest = 0.33.0, not the newest 0.34.0: it pins ...". `plan`,
+    the pipeline's plan step and the report say it where it is seen, not only at the end."""
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    for plan in plans:
+        resolution = plan.resolution or {}
+        for why in resolution.get("passed_over", []):
+            key = (plan.cell.engine, str(resolution.get("selector", "")),
+                   str(resolution.get("version") or plan.cell.engine_version))
+            seen.setdefault(key, []).append(why)
+    lines = []
+    for (engine, selector, version), whys in sorted(seen.items()):
+        for why in dict.fromkeys(whys):
+            newer, _, reason = why.partition(": ")
+            lines.append(f"{engine} {selector} = {version}, not the newest release {newer}: "
+                         f"{reason}; an install from another index (the engine's own wheel "
+                         f"index) may already run {newer}")
+    return lines
+
+
 def _engine_entries(m: Matrix) -> list[tuple[str, Any, tuple[Any, ...]]]:
     """(engine, selector value, key path) of every `axes.engine` entry, list or mapping form."""
     axis = m.data["axes"]["engine"]
@@ -839,6 +860,7 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
         journal.record_stage(run.ctx.state, plan.id, "plan", status, reason=reason,
                              details=plan.as_dict())
     pruned = [p.id for p in alive if p.status == "pruned"]
+    notes = [f"{len(pruned)} pruned", *passed_over_notes(alive)]
     return step_record("plan", [p.id for p in alive if p.planned],
                        [p.id for p in alive if p.status == "unresolved"],
-                       note=f"{len(pruned)} pruned", dropped=pruned)
+                       note="; ".join(notes), dropped=pruned)
