@@ -83,3 +83,19 @@ def test_planned_cell_image_env_carries_the_arch_list(tmp_path):
     env = plans["cu130-torch2.11.0-sglang0.5.11-sm121"].settings.env
     assert env["FLASHINFER_CUDA_ARCH_LIST"] == "12.1a"
     assert "FLASHINFER_CUDA_ARCH_LIST" not in plans["cu130-torch2.11.0-vllm0.20.1-sm121"].settings.env
+
+
+def test_the_shipped_aot_scope_covers_the_cascade_module_sglangs_backend_calls():
+    """SGLang's flashinfer backend calls flashinfer.cascade.merge_state on every extend with a
+    cached prefix: the shipped model scope compiles it ahead of time."""
+    import yaml
+
+    from infermatrix.model.kernelscope import flashinfer_scope
+    from tests.paths import TESTS
+
+    model = yaml.safe_load((TESTS.parent / "matrix.yaml").read_text())["model"]
+    scope = flashinfer_scope(model, "0.6.7.post2", "linux/amd64")
+    assert {"attention", "sampling", "cascade"} <= set(scope["families"])
+    assert scope["summary"].endswith("; sampling; cascade")
+    aot = (TESTS.parent / "templates" / "files" / "flashinfer-aot.py.j2").read_text()
+    assert 'if "cascade" in SCOPE["families"]:' in aot and "gen_cascade_module()" in aot
