@@ -101,12 +101,19 @@ def test_a_suffixed_arch_list_entry_is_used_as_is(version):
 
 
 # --- the engines' own default attention backend ------------------------------------------------
-SGLANG_DEFAULT = {  # the lower bound of each engine_default range -> the files read there
+SGLANG_READ = {  # each release read -> (default backend file, sm checks, Qwen3.5 adjustment,
+    # the return of the MHA branch's last case, the Qwen3.5 adjustment's SM100-only gate)
     "0.5.10": ("sglang/0.5.10-server_args-default_attn_backend.py.txt",
                "sglang/0.5.10-utils-common-sm_checks.py.txt",
                "sglang/0.5.10-server_args-qwen3_5.py.txt",
                'return "{backend}" if is_flashinfer_available() else "triton"',
-               "if is_sm100_supported():"),
+               "            is_sm100_supported()\n            and self.attention_backend is None"),
+    "0.5.11": ("sglang/0.5.11-server_args-default_attn_backend.py.txt",
+               "sglang/0.5.11-utils-common-sm_checks.py.txt",
+               "sglang/0.5.11-server_args-qwen3_5.py.txt",
+               "if is_flashinfer_available() and not model_config.has_attention_sinks:\n"
+               '                    return "{backend}"',
+               "            is_sm100_supported()\n            and self.attention_backend is None"),
     "0.5.23": ("sglang/0.5.23-model_override_base-default_attn_backend.py.txt",
                "sglang/0.5.23-utils-common-sm_checks.py.txt",
                "sglang/0.5.23-model_overrides-qwen3_5.py.txt",
@@ -116,10 +123,13 @@ SGLANG_DEFAULT = {  # the lower bound of each engine_default range -> the files 
 }
 
 
-@pytest.mark.parametrize("entry", BACKENDS["engine_default"]["sglang"],
-                         ids=lambda e: e["versions"])
-def test_sglang_default_backend_is_what_its_release_picks_on_12x(entry):
-    default, checks, qwen, returns, qwen_gate = SGLANG_DEFAULT[lower_bound(entry["versions"])]
+@pytest.mark.parametrize("entry, version", [
+    (e, v) for e in BACKENDS["engine_default"]["sglang"] for v in e["read"]],
+    ids=lambda x: x if isinstance(x, str) else "")
+def test_sglang_default_backend_is_what_its_release_picks_on_12x(entry, version):
+    assert SpecifierSet(entry["versions"]).contains(version)
+    assert lower_bound(entry["versions"]) in entry["read"]  # the range starts at a read release
+    default, checks, qwen, returns, qwen_gate = SGLANG_READ[version]
     text = excerpt(default)
     # MHA branch: Hopper -> fa3, SM100 -> trtllm_mha, else the recorded backend
     assert returns.format(backend=entry["backend"]) in text
@@ -129,6 +139,15 @@ def test_sglang_default_backend_is_what_its_release_picks_on_12x(entry):
     assert {a[:5] for a in entry["archs"]} == {"sm_12"}
     # the Qwen3.5/3.6 adjustment sets a backend only on SM100
     assert qwen_gate in excerpt(qwen)
+
+
+def test_a_sglang_range_claims_no_release_beyond_those_read():
+    for entry in BACKENDS["engine_default"]["sglang"]:
+        end = upper_bound(entry["versions"])
+        if end is not None:  # the last read release is just below where the range ends
+            newest = max(entry["read"], key=Version)
+            assert Version(newest).release[:2] == Version(end).release[:2] and \
+                Version(end).release[2] == Version(newest).release[2] + 1, entry
 
 
 @pytest.mark.parametrize("version", ["0.19.0", "0.33.0"])
