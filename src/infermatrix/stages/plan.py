@@ -33,7 +33,8 @@ from ..options import from_environment, package_index
 from .. import journal
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
 from ..model.rules import (EngineFacts, backend_choice, cuda_of_requirements, driver_floor,
-                           engine_env, evaluate, exact_pin, load_rules, pypi_build_covers,
+                           FLASHINFER_ARCH_ENV, engine_env, evaluate, exact_pin,
+                           flashinfer_version, load_rules, pypi_build_covers,
                            torch_satisfies,
                            torch_variant, torch_variant_known)
 from ..model.selectors import Selection, matches
@@ -552,6 +553,14 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     sources = {}
     if facts and facts.metadata_url:
         sources["engine_metadata"] = facts.metadata_url
+    flashinfer = flashinfer_version(facts)
+    if flashinfer and FLASHINFER_ARCH_ENV in env and \
+            FLASHINFER_ARCH_ENV not in engine.get("env", {}) | per_arch.get("env", {}):
+        sources["flashinfer_arch"] = (
+            f"{FLASHINFER_ARCH_ENV}={env[FLASHINFER_ARCH_ENV]} for flashinfer-python {flashinfer}: "
+            "a suffixed target FlashInfer uses as-is (its JIT then compiles with this image's "
+            "nvcc) - rules.yaml flashinfer-jit-arch, " + load_rules()["flashinfer-jit-arch"]
+            ["refuses"][0]["source"].split(" (")[0])
     engine_index = None
     if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda and \
             pypi_build_covers(variant, cell.engine_version):
