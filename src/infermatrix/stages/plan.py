@@ -758,7 +758,10 @@ def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
     missing, unverified = check_variants(cell, settings, exists, answers)
     if missing:
         return CellPlan(cell, "pruned", missing, None, origin, resolution)
-    if unverified:
+    # The engine's objects are read from PyPI's wheels: for an unverified cell too when that is
+    # where its engine comes from (only torch is off PyPI), so a cell the index could not
+    # confirm is still pruned when its engine's code cannot run on the arch.
+    if unverified and settings.engine_index is not None:
         return CellPlan(cell, "unverified", unverified, settings, origin, resolution)
     if code is not None and cell.is_gpu and m.engines[cell.engine].get("coverage"):
         try:
@@ -771,6 +774,8 @@ def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
             settings.source_urls["wheel_coverage"] = "; ".join(read)
             settings.driver_floor, settings.driver_floor_reason = driver_floor(
                 cell, facts, ptx_only)
+    if unverified:
+        return CellPlan(cell, "unverified", unverified, settings, origin, resolution)
     return CellPlan(cell, "planned", [], settings, origin, resolution)
 
 
