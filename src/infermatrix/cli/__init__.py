@@ -31,7 +31,7 @@ from ..errors import InfermatrixError, Interrupted
 # Modules under infermatrix.cli, in the order `--help` lists them.
 COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
                    "report", "pipeline", "export", "deploy", "generate", "doctor",
-                   "compile_plan", "sbom", "verify", "capacity"]
+                   "compile_plan", "sbom", "verify", "capacity", "watch"]
 
 
 def common_options(parser: argparse.ArgumentParser) -> None:

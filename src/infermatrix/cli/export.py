@@ -11,7 +11,9 @@ from pathlib import Path
 from . import common_options, compile_options, load_run, run_options, selection_options
 
 DEFAULT_OUT = {"github": ".github/workflows/infermatrix.yml",
-               "gitlab": ".gitlab-ci.infermatrix.yml", "bake": "docker-bake.json"}
+               "gitlab": ".gitlab-ci.infermatrix.yml", "bake": "docker-bake.json",
+               "github-watch": ".github/workflows/infermatrix-watch.yml",
+               "gitlab-watch": ".gitlab-ci.infermatrix-watch.yml"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="github: a workflow with one job per planned cell (runner by platform), "
         "each running `infermatrix pipeline --select <cell>` and uploading its journal and "
         "report fragment. gitlab: the same as `parallel:matrix`. bake: a docker-bake.json "
-        "with one target per rendered cell (run `docker buildx bake` beside it).")
+        "with one target per rendered cell (run `docker buildx bake` beside it). "
+        "github-watch / gitlab-watch: a scheduled job that runs `infermatrix watch` and, when "
+        "a release bump is due, opens a change with the new locks and rendered Dockerfiles "
+        "for CI to prove.")
     parser.add_argument("target", choices=sorted(DEFAULT_OUT), help="what to write")
     common_options(parser)
     selection_options(parser)
@@ -30,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--runner", action="append", default=[], metavar="PLATFORM=LABEL",
                         help="runner label (github) or tag (gitlab) of a platform, e.g. "
                              "linux/arm64=my-arm-runner; repeatable")
+    parser.add_argument("--settle-days", type=float, default=None, metavar="N",
+                        help="github-watch / gitlab-watch: how old a release must be before "
+                        "its bump is opened (default 7)")
     compile_options(parser)
     run_options(parser, "ca_bundle")
     parser.set_defaults(func=run)
@@ -38,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..scale import export
 
+    if args.target.endswith("-watch"):
+        return _watch(args)
     export_run = load_run(args)
     ctx = export_run.ctx
     out = _out_path(args, ctx.root)
@@ -56,6 +66,31 @@ def run(args: argparse.Namespace) -> int:
         text, cells = _bake(args, export_run, out)
     _write(out, text)
     print(f"export {args.target}: {len(cells)} cells -> {out or 'stdout'}", file=sys.stderr)
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """The scheduled release watch (needs the matrix only, not a plan of its cells)."""
+    from ..errors import UsageError
+    from ..scale import export
+    from . import load_context
+
+    ctx = load_context(args, log=False)
+    settle = export.WATCH_DEFAULT_SETTLE_DAYS if args.settle_days is None else args.settle_days
+    if settle < 0:
+        raise UsageError(f"--settle-days {settle:g}: a delay is 0 days or more")
+    out = _out_path(args, ctx.root)
+    matrix = _relative_to_cwd(ctx.matrix.path)
+    if args.target == "github-watch":
+        text = export.to_yaml(export.github_watch_workflow(matrix, settle),
+                              "infermatrix export github-watch: the release watch, daily.")
+    else:
+        text = export.to_yaml(export.gitlab_watch_pipeline(matrix, settle),
+                              "infermatrix export gitlab-watch: the release watch; run it from "
+                              "a pipeline schedule (CI/CD > Schedules).")
+    _write(out, text)
+    print(f"export {args.target}: settle delay {settle:g} days -> {out or 'stdout'}",
+          file=sys.stderr)
     return 0
 
 

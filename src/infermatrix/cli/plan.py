@@ -8,12 +8,13 @@ import sys
 from collections import defaultdict
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..context import Context
 from ..stages.lock import prune_unsatisfiable
 from ..model.cell import CellPlan
-from ..stages.plan import Plan, plan_full
+from ..stages.plan import Plan, passed_over_notes, plan_full
 from ..options import from_environment, package_index
 from ..state import state_lock
 from . import common_options, load_context, selection_options, wait_option
@@ -52,14 +53,26 @@ def load_full_plan(args: argparse.Namespace) -> tuple[Context, Plan]:
     return ctx, plan_full(ctx, args.select, args.skip)
 
 
+def _backend_text(settings) -> str:
+    """The backend and where it comes from: the engine's own default (rules.yaml, read from its
+    released code) or a matrix.yaml override; the full why is in `plan --json` source_urls."""
+    why = settings.source_urls.get("attention_backend", "")
+    if not settings.attention_backend:
+        return ""
+    origin = "matrix.yaml" if why.startswith("matrix.yaml") else "engine default"
+    return f"attention={settings.attention_backend} ({origin})"
+
+
 def _settings_text(plan: CellPlan) -> str:
     s = plan.settings
     if s is None:
         return ""
-    parts = [s.attention_backend or "", ",".join(s.kernels),
+    parts = [_backend_text(s), ",".join(s.kernels),
              f"driver>={s.driver_floor}" if s.driver_floor else ""]
     if plan.resolution and plan.resolution.get("resolved_at"):
-        parts.append(plan.resolution["selector"])
+        selector = plan.resolution["selector"]
+        skipped = [w.partition(":")[0] for w in plan.resolution.get("passed_over", [])]
+        parts.append(f"{selector} (not {', '.join(skipped)})" if skipped else selector)
     return " ".join(p for p in parts if p)
 
 
@@ -109,11 +122,15 @@ def run(args: argparse.Namespace) -> int:
         print_lines(plan_view(plans, _settings_text), console)
     counts = {s: sum(p.status == s for p in plans)
               for s in ("planned", "unverified", "pruned", "unresolved")}
-    console.print(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells"
+    newest = passed_over_notes(plans)
+    if newest:  # said in the summary line itself, then each in full
+        summary += f"; {len(newest)} \"latest\" passed over a newer release (below)"
+    console.print(summary)
+    for line in newest:
+        console.print(f"[bold yellow]NOT THE NEWEST:[/bold yellow] {escape(line)}")
     for why, n in sorted(full.not_generated.items()):
         console.print(f"not generated: {n} combination(s) with a {why}")
-    for line in passed_over_lines(plans):
-        console.print(line, markup=False)
     if args.forecast:
         _print_forecast(ctx, plans, args)
     return 0
@@ -125,17 +142,6 @@ def _print_forecast(ctx: Context, plans: list[CellPlan], args: argparse.Namespac
     from ..stages.forecast import print_forecast
 
     print_forecast(ctx, ctx.specs(plans), resolve(args, ctx.matrix.data), print)
-
-
-def passed_over_lines(plans: list[CellPlan]) -> list[str]:
-    """One line per selector that skipped a release not installable yet (each said once)."""
-    seen: dict[tuple[str, str], list[str]] = {}
-    for plan in plans:
-        resolution = plan.resolution or {}
-        for why in resolution.get("passed_over", []):
-            seen.setdefault((plan.cell.engine, resolution.get("selector", "")), []).append(why)
-    return [f"{engine} {selector}: passed over {why}"
-            for (engine, selector), whys in sorted(seen.items()) for why in dict.fromkeys(whys)]
 
 
 def _print_diff(ctx: Context, plans: list[CellPlan], whole: bool) -> int:

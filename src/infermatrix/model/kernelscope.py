@@ -43,8 +43,7 @@ def flashinfer_scope(model: dict[str, Any], version: str | None, platform: str) 
              if "num_attention_heads" in attention and "num_key_value_heads" in attention
              else "heads not stated")
     parts = [f"{FLASHINFER_ATTENTION} {dtype} head_dim {','.join(map(str, head_dims))} ({heads})"]
-    if "sampling" in families:
-        parts.append("sampling")
+    parts += [family for family in ("sampling", "cascade") if family in families]
     return {
         "model": str(model.get("name", "")),
         "head_dims": head_dims,

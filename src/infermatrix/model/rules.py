@@ -189,26 +189,38 @@ def torch_variant(cell: Cell) -> dict[str, Any] | None:
     return load_rules()["torch-cuda-variant"]["variants"].get(_minor(cell.torch))
 
 
+def torch_variant_known(cell: Cell) -> bool | None:
+    """What the table knows of the cell's torch CUDA variant: True (listed), False (known
+    absent, with its source), None (the table cannot say: the index decides)."""
+    variant = torch_variant(cell)
+    if variant is None:
+        return None
+    if cell.cuda_tag in (variant.get("absent") or []):
+        return False
+    return True if cell.cuda_tag in variant.get("all", []) else None
+
+
 def torch_cuda_variant(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
     """PyPI's torch wheel is one CUDA build (read from its METADATA); any other CUDA must be a
-    variant the torch index publishes (the table, with its source and check date)."""
+    variant the torch index publishes. Only a variant the table records as absent (with its
+    source and check date) prunes here; one the table does not list is asked of the index when
+    the cell is planned (plan.check_variants): found, not found, or "unverified"."""
     rule = load_rules()["torch-cuda-variant"]
     if cell.cuda == CPU:
         return []
     if facts is not None and facts.cell_torch_cuda == cell.cuda:
         return []
-    variant = torch_variant(cell)
+    if torch_variant_known(cell) is not False:
+        return []
+    variant = torch_variant(cell) or {}
     pypi = f" (PyPI's wheel is CUDA {facts.cell_torch_cuda})" if facts and facts.cell_torch_cuda \
         else ""
-    if variant is None:
-        return [Verdict("torch-cuda-variant",
-                        f"torch {cell.torch} is not in the variant table{pypi}: add its minor "
-                        "to rules.yaml after checking the torch index", rule["source"])]
-    if cell.cuda_tag in variant["all"]:
-        return []
+    source = rule["source"]
+    if variant.get("source"):
+        source = f"{source}; {variant['source']} (checked {variant.get('checked')})"
     return [Verdict("torch-cuda-variant", rule["reason"].format(
-        torch=cell.torch, cuda_tag=cell.cuda_tag, variants=", ".join(variant["all"])) + pypi,
-        rule["source"])]
+        torch=cell.torch, cuda_tag=cell.cuda_tag, variants=", ".join(variant.get("all", []))) + pypi,
+        source)]
 
 
 def engine_torch_pin(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
@@ -220,12 +232,31 @@ def engine_torch_pin(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[V
         torch=cell.torch), rule["source"].format(metadata_url=facts.metadata_url))]
 
 
+def pypi_build_covers(variant: dict[str, Any], version: str) -> bool:
+    """Is the engine's PyPI wheel itself the build for this variant's CUDA at `version`
+    (matrix.yaml engines.<e>.variants.<cuda>.pypi_build: a version range with its source)?"""
+    entry = variant.get("pypi_build")
+    return bool(entry) and SpecifierSet(entry["versions"]).contains(version, prereleases=True)
+
+
+def engine_variant_serves(cell: Cell, m: Matrix) -> str | None:
+    """How the engine gets a build for the cell's CUDA other than its PyPI torch pin's:
+    "pypi" (the PyPI wheel is that CUDA's build; only torch comes from the torch index),
+    "asset" (a release wheel/index declared in matrix.yaml), None (nothing declared)."""
+    variant = m.engines[cell.engine].get("variants", {}).get(cell.cuda)
+    if not variant:
+        return None
+    if pypi_build_covers(variant, cell.engine_version):
+        return "pypi"
+    return "asset" if variant.get("wheel") or variant.get("index") else None
+
+
 def engine_cuda_build(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
     rule = load_rules()["engine-cuda-build"]
     engine = m.engines[cell.engine]
     if cell.cuda == CPU or facts is None or facts.torch_cuda is None:
         return []
-    if facts.torch_cuda == cell.cuda or cell.cuda in engine.get("variants", {}):
+    if facts.torch_cuda == cell.cuda or engine_variant_serves(cell, m) is not None:
         return []
     return [Verdict("engine-cuda-build", rule["reason"].format(
         engine=cell.engine, version=cell.engine_version, pinned_torch=facts.pinned_torch,
@@ -233,11 +264,83 @@ def engine_cuda_build(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[
         rule["source"].format(metadata_url=facts.metadata_url))]
 
 
-def backend_runs_on(backend: str, arch: str) -> bool:
+# --- FlashInfer's JIT on SM 12.x ------------------------------------------------------------
+FLASHINFER = "flashinfer-python"
+FLASHINFER_ARCH_ENV = "FLASHINFER_CUDA_ARCH_LIST"
+
+
+def flashinfer_version(facts: EngineFacts | None) -> str | None:
+    """The flashinfer-python release the engine pins (from its METADATA), else None."""
+    return dict(facts.exact_pins).get(FLASHINFER) if facts else None
+
+
+def flashinfer_arch_value(cell: Cell) -> str | None:
+    """The runtime FLASHINFER_CUDA_ARCH_LIST for the cell's arch, always suffixed (rules.yaml
+    flashinfer-jit-arch.arch_list): the family target where nvcc makes it, else the arch's own."""
+    table = load_rules()["flashinfer-jit-arch"]["arch_list"]
+    arch = cell.arch.rstrip("af")
+    if not cell.is_gpu or cell.cuda == CPU:
+        return None
+    if arch in table.get("family", {}) and \
+            _cuda_tuple(cell.cuda) >= _cuda_tuple(table["family_min_nvcc"]):
+        return table["family"][arch]
+    return table["specific"].get(arch)
+
+
+def engine_env(cell: Cell, m: Matrix, facts: EngineFacts | None) -> dict[str, str]:
+    """The image's environment: matrix.yaml's (engine, then per arch), plus FlashInfer's arch
+    list where the engine pins flashinfer-python and matrix.yaml does not set it."""
+    engine = m.engines[cell.engine]
+    env = {**engine.get("env", {}), **engine.get("arch", {}).get(cell.arch, {}).get("env", {})}
+    value = flashinfer_arch_value(cell) if flashinfer_version(facts) else None
+    if value and FLASHINFER_ARCH_ENV not in env:
+        env[FLASHINFER_ARCH_ENV] = value
+    return dict(sorted(env.items()))
+
+
+def _suffixed(value: str) -> bool:
+    """Does every entry of a FLASHINFER_CUDA_ARCH_LIST carry a suffix (used as-is)?"""
+    entries = value.split()
+    return bool(entries) and all(e.partition(".")[2][-1:].isalpha() for e in entries)
+
+
+def flashinfer_jit_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
+    """A FlashInfer release that refuses SM 12.x below an nvcc, in a cell whose nvcc (its CUDA)
+    is below it, runs only where FLASHINFER_CUDA_ARCH_LIST names a suffixed target."""
+    rule = load_rules()["flashinfer-jit-arch"]
+    version = flashinfer_version(facts)
+    if version is None or not cell.is_gpu or cell.cuda == CPU:
+        return []
+    for entry in rule["refuses"]:
+        if cell.arch.rstrip("af") not in entry["archs"] or \
+                not SpecifierSet(entry["versions"]).contains(version, prereleases=True) or \
+                _cuda_tuple(cell.cuda) >= _cuda_tuple(entry["below_nvcc"]):
+            continue
+        value = engine_env(cell, m, facts).get(FLASHINFER_ARCH_ENV)
+        if value and _suffixed(value):
+            return []
+        return [Verdict("flashinfer-jit-arch", rule["reason"].format(
+            version=version, arch=cell.arch, cuda=cell.cuda, message=entry["message"],
+            value=value or "unset"), f"{entry['source']} (checked {entry['checked']})")]
+    return []
+
+
+def backend_runs_on(backend: str, arch: str, cell: Cell | None = None) -> bool:
+    """Can the backend's kernels run on the arch? An engine release may add archs its own
+    backend reaches (backends.<b>.engines.<engine>: versions, archs)."""
     spec = load_rules()["attention-backend-arch"]["backends"].get(backend)
     if spec is None:
         return False
-    return spec["archs"] == "any" or arch in spec["archs"] or arch.rstrip("af") in spec["archs"]
+    plain = arch.rstrip("af")
+    if spec["archs"] == "any" or arch in spec["archs"] or plain in spec["archs"]:
+        return True
+    if cell is None:
+        return False
+    for entry in (spec.get("engines") or {}).get(cell.engine, []):
+        if plain in entry["archs"] and \
+                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+            return True
+    return False
 
 
 def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
@@ -256,39 +359,98 @@ def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
     return None
 
 
-def choose_attention_backend(cell: Cell, m: Matrix) -> tuple[str | None, list[Verdict]]:
-    """The first preferred backend the arch can run (and, for a hybrid GDN model, the engine
-    version accepts); an explicit per-arch choice that cannot run there prunes the cell
-    instead of being silently replaced."""
+def engine_default_backend(cell: Cell) -> dict[str, Any] | None:
+    """The rules.yaml engine_default entry for the cell's engine, version and arch, else None."""
+    entries = load_rules()["attention-backend-arch"].get("engine_default", {}).get(cell.engine, [])
+    for entry in entries:
+        if cell.arch.rstrip("af") in entry["archs"] and \
+                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+            return entry
+    return None
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The full-attention backend a cell serves with, why, and what prunes it."""
+
+    backend: str | None  # passed with the engine's attention flag; None: the engine picks
+    why: str  # "engine default", "matrix.yaml ...": shown by `plan`
+    source: str
+    verdicts: tuple[Verdict, ...] = ()
+
+
+def _gate_verdicts(cell: Cell, backend: str, gate: tuple[list[str], str] | None,
+                   what: str, check_arch: bool = True) -> list[Verdict]:
+    rule = load_rules()["attention-backend-arch"]
+    backends = rule["backends"]
+    verdicts = []
+    if check_arch and not backend_runs_on(backend, cell.arch, cell):
+        note = backends.get(backend, {}).get("note", "unknown backend")
+        verdicts.append(Verdict("attention-backend-arch", f"{what} {backend} cannot run on "
+                                f"{cell.arch}: {note}",
+                                backends.get(backend, {}).get("source", rule["source"])))
+    if gate and backend not in gate[0]:
+        verdicts.append(Verdict("attention-backend-arch",
+                                f"{cell.engine} {cell.engine_version} accepts only "
+                                f"{', '.join(gate[0])} for hybrid GDN models on {cell.arch}, "
+                                f"not {backend}", gate[1]))
+    return verdicts
+
+
+def backend_choice(cell: Cell, m: Matrix) -> BackendChoice:
+    """Which full-attention backend and why: an explicit per-arch choice, else matrix.yaml's
+    preference order (an override, with its reason), else the engine's own default on the arch
+    read from its released code (rules.yaml engine_default). A choice the arch or the engine's
+    hybrid GDN gate refuses prunes the cell instead of being silently replaced."""
     rule = load_rules()["attention-backend-arch"]
     engine = m.engines[cell.engine]
-    preferences = engine.get("attention_backends", [])
-    explicit = engine.get("arch", {}).get(cell.arch, {}).get("attention_backend")
-    backends = rule["backends"]
-    gate = hybrid_gdn_allowed(cell, m) if cell.is_gpu else None
+    if not cell.is_gpu:
+        return BackendChoice(None, "", "")
+    per_arch = engine.get("arch", {}).get(cell.arch, {})
+    explicit = per_arch.get("attention_backend")
+    gate = hybrid_gdn_allowed(cell, m)
     if explicit:
-        verdicts = []
-        if not backend_runs_on(explicit, cell.arch):
-            note = backends.get(explicit, {}).get("note", "unknown backend")
-            verdicts.append(Verdict("attention-backend-arch", f"attention backend {explicit} "
-                                    f"cannot run on {cell.arch}: {note}",
-                                    backends.get(explicit, {}).get("source", rule["source"])))
-        if gate and explicit not in gate[0]:
-            verdicts.append(Verdict("attention-backend-arch",
-                                    f"{cell.engine} {cell.engine_version} accepts only "
-                                    f"{', '.join(gate[0])} for hybrid GDN models on {cell.arch}, "
-                                    f"not {explicit}", gate[1]))
-        return (None, verdicts) if verdicts else (explicit, [])
-    if not preferences or not cell.is_gpu:
-        return None, []
-    for backend in preferences:
-        if gate and backend not in gate[0]:
-            continue
-        if backend_runs_on(backend, cell.arch):
-            return backend, []
-    return None, [Verdict("attention-backend-arch",
-                          f"none of {cell.engine}'s attention backends ({', '.join(preferences)}) "
-                          f"runs on {cell.arch}", rule["source"])]
+        reason = per_arch.get("attention_backend_reason") or "no reason given"
+        verdicts = _gate_verdicts(cell, explicit, gate, "attention backend")
+        return BackendChoice(None if verdicts else explicit,
+                             f"matrix.yaml engines.{cell.engine}.arch.{cell.arch}: {reason}",
+                             "matrix.yaml", tuple(verdicts))
+    preferences = engine.get("attention_backends", [])
+    if preferences:
+        reason = engine.get("attention_backends_reason") or "no reason given"
+        why = (f"matrix.yaml engines.{cell.engine}.attention_backends "
+               f"[{', '.join(preferences)}]: {reason}")
+        for backend in preferences:
+            if gate and backend not in gate[0]:
+                continue
+            if backend_runs_on(backend, cell.arch, cell):
+                return BackendChoice(backend, why, "matrix.yaml")
+        return BackendChoice(None, why, "matrix.yaml", (Verdict(
+            "attention-backend-arch", f"none of {cell.engine}'s attention backends "
+            f"({', '.join(preferences)}) runs on {cell.arch}", rule["source"]),))
+    default = engine_default_backend(cell)
+    if default is None:
+        return BackendChoice(None, f"{cell.engine} {cell.engine_version}'s default on "
+                             f"{cell.arch} is not recorded (rules.yaml engine_default): the "
+                             "engine picks at run time", rule["source"])
+    source = f"{default['source']} (checked {default.get('checked')})"
+    why = f"{cell.engine}'s own default on {cell.arch}" + (
+        f" ({default['when']})" if default.get("when") else "")
+    backend = default["backend"]
+    # an engine_default entry is per arch already (the engine's own pick there); its hybrid
+    # GDN gate is checked all the same, so conflicting data prunes instead of passing
+    verdicts = _gate_verdicts(cell, backend, gate, f"{cell.engine}'s default backend",
+                              check_arch=False)
+    if not engine.get("attention_flag"):  # nothing to pass: the engine picks it itself
+        return BackendChoice(None, f"{why}: {backend} (no attention flag: the engine picks "
+                             "it itself)", source, tuple(verdicts))
+    return BackendChoice(None if verdicts else backend, why, source, tuple(verdicts))
+
+
+def choose_attention_backend(cell: Cell, m: Matrix) -> tuple[str | None, list[Verdict]]:
+    """(backend, verdicts) of backend_choice."""
+    choice = backend_choice(cell, m)
+    return choice.backend, list(choice.verdicts)
 
 
 def attention_backend_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
@@ -301,7 +463,7 @@ Rule = Callable[[Cell, Matrix, "EngineFacts | None"], list[Verdict]]
 # pruned cell shows every reason at once.
 STATIC_RULES: tuple[Rule, ...] = (platform_match, arch_min_cuda, model_floor, torch_cuda_variant,
                                   attention_backend_arch)
-METADATA_RULES: tuple[Rule, ...] = (engine_torch_pin, engine_cuda_build)
+METADATA_RULES: tuple[Rule, ...] = (engine_torch_pin, engine_cuda_build, flashinfer_jit_arch)
 
 
 def evaluate(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:

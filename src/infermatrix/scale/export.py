@@ -142,6 +142,79 @@ def gitlab_pipeline(cells: list[ExportCell], tags: Mapping[str, str], matrix: st
     }
 
 
+# --- the release watch on a schedule (#45) -------------------------------------------------------
+WATCH_CRON = "17 5 * * *"  # daily; a release is due only once its settle delay has passed
+WATCH_BRANCH = 'infermatrix/bump-$(date -u +%Y%m%d)'
+WATCH_DEFAULT_SETTLE_DAYS = 7.0
+
+
+def watch_bump_script(matrix: str, settle_days: float, open_change: str) -> str:
+    """The scheduled job's shell: `infermatrix watch`; when a bump is due (exit 1), new locks
+    and rendered Dockerfiles on a branch, and `open_change` opens the change for CI to prove.
+    Nothing due: the job ends green; a watch error (exit 2) fails it."""
+    return "\n".join([
+        "set +e",
+        f'infermatrix watch --matrix "{matrix}" --settle-days {settle_days:g} > watch.txt',
+        "due=$?",
+        "set -e",
+        "cat watch.txt",
+        'if [ "$due" -eq 0 ]; then exit 0; fi',
+        'if [ "$due" -ne 1 ]; then exit "$due"; fi',
+        f'infermatrix lock --matrix "{matrix}"',
+        f'infermatrix render --matrix "{matrix}"',
+        'if git diff --quiet -- locks images; then echo "watch: nothing to commit"; exit 0; fi',
+        f'branch="{WATCH_BRANCH}"',
+        'git switch -c "$branch"',
+        'git add locks images',
+        'git -c user.name="infermatrix watch" -c user.email="infermatrix-watch@users.noreply" '
+        'commit -m "infermatrix: engine release bump" -m "$(cat watch.txt)"',
+        open_change,
+    ])
+
+
+def github_watch_workflow(matrix: str, settle_days: float = WATCH_DEFAULT_SETTLE_DAYS,
+                          cron: str = WATCH_CRON) -> dict[str, Any]:
+    """A scheduled GitHub Actions workflow: the watch, and a pull request with the bump."""
+    open_change = ('git push origin "$branch"\n'
+                   'gh pr create --head "$branch" --title "infermatrix: engine release bump" '
+                   '--body-file watch.txt')
+    return {
+        "name": "infermatrix watch",
+        "on": {"schedule": [{"cron": cron}], "workflow_dispatch": {}},
+        "permissions": {"contents": "write", "pull-requests": "write"},
+        "jobs": {"watch": {
+            "runs-on": GITHUB_RUNNERS["linux/amd64"],
+            "steps": [
+                {"uses": "actions/checkout@v4"},
+                {"uses": "actions/setup-python@v5", "with": {"python-version": "3.11"}},
+                {"name": "install infermatrix",
+                 "run": f'{_INSTALL}\necho "$PWD/.venv/bin" >> "$GITHUB_PATH"'},
+                {"name": "watch and bump", "env": {"GH_TOKEN": "${{ github.token }}"},
+                 "run": watch_bump_script(matrix, settle_days, open_change)},
+            ],
+        }},
+    }
+
+
+def gitlab_watch_pipeline(matrix: str, settle_days: float = WATCH_DEFAULT_SETTLE_DAYS
+                          ) -> dict[str, Any]:
+    """A GitLab CI job for a pipeline schedule (CI/CD > Schedules): the watch, and a merge
+    request with the bump (push options; the job's token needs write access to the
+    repository, e.g. a project access token in INFERMATRIX_PUSH_TOKEN)."""
+    open_change = ('git push "https://oauth2:${INFERMATRIX_PUSH_TOKEN}@${CI_SERVER_HOST}/'
+                   '${CI_PROJECT_PATH}.git" "$branch" -o merge_request.create '
+                   '-o merge_request.title="infermatrix: engine release bump"')
+    return {
+        "infermatrix-watch": {
+            "rules": [{"if": '$CI_PIPELINE_SOURCE == "schedule"'}],
+            "image": "python:3.11",
+            "script": [_INSTALL, 'export PATH="$PWD/.venv/bin:$PATH"',
+                       watch_bump_script(matrix, settle_days, open_change)],
+            "artifacts": {"when": "always", "paths": ["watch.txt"]},
+        },
+    }
+
+
 def bake_target_name(cell_id: str) -> str:
     return _BAKE_NAME.sub("_", cell_id)
 

@@ -10,8 +10,11 @@ need an index off PyPI, one existence check of that source.
 
 from __future__ import annotations
 
+import datetime
 import itertools
+import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import urlparse
 
@@ -29,8 +32,11 @@ from ..model.index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseL
 from ..options import from_environment, package_index
 from .. import journal
 from ..model.cell import CPU, Cell, CellPlan, CellSettings, Verdict
-from ..model.rules import (EngineFacts, choose_attention_backend, cuda_of_requirements, driver_floor,
-                           evaluate, exact_pin, load_rules, torch_satisfies)
+from ..model.rules import (EngineFacts, backend_choice, cuda_of_requirements, driver_floor,
+                           FLASHINFER_ARCH_ENV, engine_env, evaluate, exact_pin,
+                           flashinfer_version, load_rules, pypi_build_covers,
+                           torch_satisfies,
+                           torch_variant, torch_variant_known)
 from ..model.selectors import Selection, matches
 from ..model.spec import machine_of, serve_args
 from ..model.spec import CellSpec
@@ -72,6 +78,27 @@ class EngineChoice:
                   "version": None if self.unresolved else self.version,
                   "resolved_at": self.resolved_at, "index": self.index}
         return record | ({"passed_over": list(self.passed_over)} if self.passed_over else {})
+
+
+def passed_over_notes(plans: Iterable[CellPlan]) -> list[str]:
+    """One line per selector that passed over a newer release (not installable from the index
+    yet), each said once: "vllm latest = 0.33.0, not the newest 0.34.0: it pins ...". `plan`,
+    the pipeline's plan step and the report say it where it is seen, not only at the end."""
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    for plan in plans:
+        resolution = plan.resolution or {}
+        for why in resolution.get("passed_over", []):
+            key = (plan.cell.engine, str(resolution.get("selector", "")),
+                   str(resolution.get("version") or plan.cell.engine_version))
+            seen.setdefault(key, []).append(why)
+    lines = []
+    for (engine, selector, version), whys in sorted(seen.items()):
+        for why in dict.fromkeys(whys):
+            newer, _, reason = why.partition(": ")
+            lines.append(f"{engine} {selector} = {version}, not the newest release {newer}: "
+                         f"{reason}; an install from another index (the engine's own wheel "
+                         f"index) may already run {newer}")
+    return lines
 
 
 def _engine_entries(m: Matrix) -> list[tuple[str, Any, tuple[Any, ...]]]:
@@ -516,7 +543,7 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     engine = m.engines[cell.engine]
     per_arch = engine.get("arch", {}).get(cell.arch, {})
     args = serve_args(m, cell, backend)
-    env = {**engine.get("env", {}), **per_arch.get("env", {})}
+    env = engine_env(cell, m, facts)
     variant = engine.get("variants", {}).get(cell.cuda) if cell.cuda != CPU else None
     torch_index = None
     pypi_cuda = facts.cell_torch_cuda if facts else None
@@ -526,8 +553,19 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
     sources = {}
     if facts and facts.metadata_url:
         sources["engine_metadata"] = facts.metadata_url
+    flashinfer = flashinfer_version(facts)
+    if flashinfer and FLASHINFER_ARCH_ENV in env and \
+            FLASHINFER_ARCH_ENV not in engine.get("env", {}) | per_arch.get("env", {}):
+        sources["flashinfer_arch"] = (
+            f"{FLASHINFER_ARCH_ENV}={env[FLASHINFER_ARCH_ENV]} for flashinfer-python {flashinfer}: "
+            "a suffixed target FlashInfer uses as-is (its JIT then compiles with this image's "
+            "nvcc) - rules.yaml flashinfer-jit-arch, " + load_rules()["flashinfer-jit-arch"]
+            ["refuses"][0]["source"].split(" (")[0])
     engine_index = None
-    if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
+    if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda and \
+            pypi_build_covers(variant, cell.engine_version):
+        sources["engine_variant"] = variant["pypi_build"]["source"]
+    elif variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
         sources["engine_variant"] = variant["source"]
         engine_index, tags_source = variant_url(cell, m, variant,
                                                 machine_of(platform_for(cell, m)))
@@ -563,23 +601,74 @@ def variant_sources(cell: Cell, settings: CellSettings) -> list[tuple[str, str, 
     return checks
 
 
-def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | None
+@dataclass
+class VariantAnswers:
+    """Answers of the indexes off PyPI (does this page list that file / does this URL exist?),
+    cached on disk: a found/not-found answer is kept, so an offline plan answers from the cache;
+    an unreachable index with no cached answer is None (the cell is "unverified")."""
+
+    path: Path
+    offline: bool = False
+    _answers: dict[str, Any] | None = None
+
+    def _load(self) -> dict[str, Any]:
+        if self._answers is None:
+            try:
+                self._answers = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self._answers = {}
+        return self._answers
+
+    def __call__(self, url: str, prefix: str = "") -> bool | None:
+        key = f"{url} {prefix}".strip()
+        cached = self._load().get(key)
+        if self.offline:
+            return cached["found"] if cached else None
+        found = url_exists(url) if not prefix else index_lists(url, prefix)
+        if found is None:
+            return cached["found"] if cached else None
+        self._load()[key] = {"found": found,
+                             "checked": datetime.datetime.now(datetime.UTC).isoformat(
+                                 timespec="seconds")}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self._answers, indent=1, sort_keys=True),
+                             encoding="utf-8")
+        return found
+
+
+def _torch_table_note(cell: Cell, what: str) -> str:
+    """Why a torch variant was asked of the index: what the rules.yaml table says of it."""
+    known = torch_variant_known(cell)
+    if known is True:
+        variant = torch_variant(cell) or {}
+        return f"rules.yaml lists it, checked {variant.get('checked')}"
+    if torch_variant(cell) is None:
+        return f"torch {cell.torch}'s minor is not in the rules.yaml variant table"
+    return f"the rules.yaml variant table does not list {cell.cuda_tag} for torch {cell.torch}"
+
+
+def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | None,
+                   answers: VariantAnswers | None = None
                    ) -> tuple[list[Verdict], list[Verdict]]:
-    """(missing, unverifiable): a declared variant is checked to exist before it is planned."""
+    """(missing, unverifiable): a declared variant is checked to exist before it is planned.
+    `exists` (tests) answers by URL; else `answers` (cached) or the network."""
     missing: list[Verdict] = []
     unverified: list[Verdict] = []
     for what, url, prefix in variant_sources(cell, settings):
         if exists is not None:
             found = exists(url)
+        elif answers is not None:
+            found = answers(url, prefix)
         else:
             found = url_exists(url) if not prefix else index_lists(url, prefix)
+        note = f" ({_torch_table_note(cell, what)})" if what.startswith("torch ") else ""
         if found is False:
-            missing.append(Verdict("variant-missing", f"{what} is not at {url}", url))
+            missing.append(Verdict("variant-missing", f"{what} is not at {url}{note}", url))
         elif found is None:
             host = urlparse(url).netloc
             unverified.append(Verdict("variant-unverified", f"{what}: {host} cannot be reached "
-                                      "from here to check it; not planned on an unchecked URL",
-                                      url))
+                                      f"from here to check it{note}; not planned on an "
+                                      "unchecked URL", url))
     return missing, unverified
 
 
@@ -626,7 +715,8 @@ def _cell_torch_cuda(gatherer: FactGatherer, cell: Cell, machine: str,
 
 
 def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
-              exists: ExistsCheck | None = None, code: WheelCodeCache | None = None) -> CellPlan:
+              exists: ExistsCheck | None = None, code: WheelCodeCache | None = None,
+              answers: VariantAnswers | None = None) -> CellPlan:
     cell, origin = cand.cell, cand.origin
     resolution = cand.choice.record() if cand.choice else None
     engine = m.engines[cell.engine]
@@ -656,16 +746,22 @@ def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
     if unresolved:
         return CellPlan(cell, "unresolved", [Verdict("index-unreachable", unresolved, "network")],
                         None, origin, resolution)
-    backend, _ = choose_attention_backend(cell, m)
+    choice = backend_choice(cell, m)
+    backend = choice.backend
     try:
         settings = settings_for(cell, m, facts, backend)
+        if choice.why:
+            settings.source_urls["attention_backend"] = f"{choice.why} — {choice.source}"
     except UnknownAssetTags as exc:
         return CellPlan(cell, "pruned", [Verdict("variant-missing", str(exc), exc.source)],
                         None, origin, resolution)
-    missing, unverified = check_variants(cell, settings, exists)
+    missing, unverified = check_variants(cell, settings, exists, answers)
     if missing:
         return CellPlan(cell, "pruned", missing, None, origin, resolution)
-    if unverified:
+    # The engine's objects are read from PyPI's wheels: for an unverified cell too when that is
+    # where its engine comes from (only torch is off PyPI), so a cell the index could not
+    # confirm is still pruned when its engine's code cannot run on the arch.
+    if unverified and settings.engine_index is not None:
         return CellPlan(cell, "unverified", unverified, settings, origin, resolution)
     if code is not None and cell.is_gpu and m.engines[cell.engine].get("coverage"):
         try:
@@ -678,6 +774,8 @@ def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
             settings.source_urls["wheel_coverage"] = "; ".join(read)
             settings.driver_floor, settings.driver_floor_reason = driver_floor(
                 cell, facts, ptx_only)
+    if unverified:
+        return CellPlan(cell, "unverified", unverified, settings, origin, resolution)
     return CellPlan(cell, "planned", [], settings, origin, resolution)
 
 
@@ -718,6 +816,8 @@ def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = ()
         code = code or WheelCodeCache(ctx.state.index_cache / "wheel-code", package_index(),
                                       offline=ctx.offline)
     gatherer = FactGatherer(source)
+    answers = VariantAnswers(ctx.state.index_cache / "variant-answers.json", ctx.offline) \
+        if exists is None else None
     expansion = expand_axes(m, gatherer, releases)
     cells = [c.cell for c in expansion.candidates]
     _check_selectors(m, cells, select, skip)
@@ -735,7 +835,7 @@ def plan_full(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = ()
                 f"{m.path}:{m.line_of('exclude', excluded)}")], None, cand.origin,
                 cand.choice.record() if cand.choice else None))
             continue
-        plans.append(plan_cell(cand, m, gatherer, exists, code))
+        plans.append(plan_cell(cand, m, gatherer, exists, code, answers))
     return Plan(sorted(plans, key=lambda p: p.id), expansion.not_generated)
 
 
@@ -774,6 +874,7 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
         journal.record_stage(run.ctx.state, plan.id, "plan", status, reason=reason,
                              details=plan.as_dict())
     pruned = [p.id for p in alive if p.status == "pruned"]
+    notes = [f"{len(pruned)} pruned", *passed_over_notes(alive)]
     return step_record("plan", [p.id for p in alive if p.planned],
                        [p.id for p in alive if p.status == "unresolved"],
-                       note=f"{len(pruned)} pruned", dropped=pruned)
+                       note="; ".join(notes), dropped=pruned)

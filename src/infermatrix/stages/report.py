@@ -575,6 +575,11 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
     outcome, failed = outcome_of(plan_status, stages)
     axes = plan.cell.axes() if plan else dict(UNKNOWN_AXES)
     reasons = [v.as_dict() for v in plan.verdicts] if plan else []
+    if plan is not None:  # a selector's "latest" that passed over a newer release (#45)
+        from .plan import passed_over_notes
+        reasons += [{"rule": "latest-passed-over", "reason": note,
+                     "source": (plan.resolution or {}).get("index") or ""}
+                    for note in passed_over_notes([plan])]
     if outcome == "pruned" and not reasons:
         plan_stage = next((s for s in stages if s.name == "plan"), None)
         if plan_stage and plan_stage.reason:
@@ -792,6 +797,9 @@ def render_markdown(report: Report, html_name: str | None = "report.html",
              if counts[k]]
     out = ["## infermatrix report", "",
            f"**{total} cells** — " + " · ".join(parts), ""]
+    newest = list(dict.fromkeys(r["reason"] for c in report.cells for r in c.reasons
+                                if r.get("rule") == "latest-passed-over"))
+    out += [f"> **Not the newest:** {_md_cell(note)}" for note in newest] + ([""] if newest else [])
     active = [c for c in report.cells if c.outcome != "pruned"]
     if active:
         out += ["| cell | outcome | total time | image size | tokens/s | note |",

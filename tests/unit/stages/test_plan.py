@@ -76,7 +76,7 @@ def test_a_cell_pruned_by_several_rules_shows_all(tmp_path):
     ("cu130-torch2.11.0-sglang0.5.11-sm121", "arch-min-cuda", False),
     ("cu130-torch2.9.1-sglang0.5.9-sm120", "model-floor", True),        # 0.5.9 < 0.5.10
     ("cu130-torch2.11.0-sglang0.5.11-sm120", "model-floor", False),
-    ("cu129-torch2.11.0-vllm0.20.1-sm120", "torch-cuda-variant", True),  # no cu129 torch 2.11
+    ("cu129-torch2.11.0-vllm0.20.1-sm120", "torch-cuda-variant", False),  # 2.11.0+cu129 exists
     ("cu128-torch2.11.0-vllm0.20.1-sm120", "torch-cuda-variant", False),
     ("cu130-torch2.11.0-sglang0.5.11-sm120", "engine-torch-pin", False),
     ("cu128-torch2.11.0-sglang0.5.11-sm120", "engine-cuda-build", True),  # PyPI build is 13.0

@@ -189,7 +189,9 @@ def test_a_declared_variant_is_checked_to_exist(tmp_path, answer, status, rule):
     def exists(url: str):
         asked.append(url)
         return answer
-    cell = next(p for p in plan(tmp_path, WITH_CU128, exists=exists).cells if p.id == VARIANT)
+    # only this cell: the CUDA 12.9 cells ask the index too (torch 2.11.0+cu129 exists, #45)
+    cell = next(p for p in plan(tmp_path, WITH_CU128, exists=exists, select=[VARIANT]).cells
+                if p.id == VARIANT)
     # the variant's own asset tags (manylinux_2_35), not the PyPI wheel's (manylinux_2_28)
     assert asked == ["https://download.pytorch.org/whl/cu128/torch/",
                      ("https://example.invalid/vllm-0.20.1+cu128-cp38-abi3-manylinux_2_35_x86_64"
@@ -208,7 +210,8 @@ def test_a_release_no_asset_tags_range_covers_is_pruned_not_guessed(tmp_path):
         asked.append(url)
         return True
     text = WITH_CU128.replace('versions: ">=0.20", tags', 'versions: ">=0.21", tags')
-    cell = next(p for p in plan(tmp_path, text, exists=exists).cells if p.id == VARIANT)
+    cell = next(p for p in plan(tmp_path, text, exists=exists, select=[VARIANT]).cells
+                if p.id == VARIANT)
     assert cell.status == "pruned" and [v.rule for v in cell.verdicts] == ["variant-missing"]
     assert "no asset_tags range of engines.vllm.variants.12.8 covers 0.20.1" in \
         cell.verdicts[0].reason
@@ -406,3 +409,32 @@ def test_plan_diff_command_compares_with_the_committed_plan(tmp_path, capsys, mo
     plandiff.write_snapshot(ctx.root, committed)
     assert main(["plan", "--matrix", str(ctx.matrix.path), "--diff", "--offline"]) == 0
     assert "no change since the committed plan" in capsys.readouterr().out
+
+
+def test_an_unverified_cell_whose_engine_comes_from_pypi_still_has_its_wheels_read(tmp_path):
+    """Only torch is off PyPI (the index unreachable: unverified); the engine's own objects are
+    PyPI's and are read all the same: a GB10 cell whose sglang-kernel has no sm_121 code is
+    pruned, not left "unverified" (#45). An engine from a release asset is not read (PyPI's
+    wheel is not the one it installs)."""
+    from tests.support.planning_support import RECORDED
+    text = COVERAGE_TEXT.replace(
+        "    attention_backends: [fa3, triton]\n",
+        "    attention_backends: [fa3, triton]\n    variants:\n      \"12.9\": {source: s, "
+        "pypi_build: {versions: \"<0.6\", source: the 0.5.11 release note}}\n")
+    RECORDED[("sglang", "0.5.11")] = ("torch==2.11.0", "sglang-kernel==0.4.2")
+    only_120a = fatbin((2, 120, ARCH_SPECIFIC, b"\xaa" * 16))
+    code = RecordedWheels(tmp_path / "code", {
+        ("sglang-kernel", "0.4.2", m): {"sgl_kernel/sm100/common_ops.abi3.so": only_120a}
+        for m in ("x86_64", "aarch64")})
+    try:
+        cells = {p.id: p for p in plan(tmp_path, text, code=code, exists=lambda url: None,
+                                       select=["cu129-*"]).cells}
+    finally:
+        RECORDED[("sglang", "0.5.11")] = ("torch==2.11.0",)
+    gb10 = cells["cu129-torch2.11.0-sglang0.5.11-sm121"]
+    assert gb10.status == "pruned" and [v.rule for v in gb10.verdicts] == ["wheel-coverage"]
+    rtx = cells["cu129-torch2.11.0-sglang0.5.11-sm120"]
+    assert rtx.status == "unverified" and rtx.settings.engine_index is None
+    assert "sglang-kernel==0.4.2" in rtx.settings.source_urls["wheel_coverage"]
+    asset = cells["cu129-torch2.11.0-vllm0.20.1-sm120"]
+    assert asset.status == "unverified" and "wheel_coverage" not in asset.settings.source_urls
