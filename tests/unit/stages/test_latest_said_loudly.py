@@ -52,7 +52,7 @@ def test_plan_cli_says_it_in_the_summary_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli_plan, "load_full_plan", lambda args: (_Ctx(tmp_path), Plan(plans)))
     monkeypatch.setattr(cli_plan, "prune_unsatisfiable", lambda ctx, plans: None)
     args = type("A", (), {"wait": False, "diff": False, "planned": False, "json": False,
-                          "all": False, "select": [], "skip": []})()
+                          "all": False, "select": [], "skip": [], "forecast": False})()
     assert cli_plan.run(args) == 0
     out = capsys.readouterr().out
     summary = next(line for line in out.splitlines() if line.startswith("1 planned"))
@@ -61,6 +61,8 @@ def test_plan_cli_says_it_in_the_summary_line(tmp_path, monkeypatch, capsys):
 
 
 class _Ctx:
+    offline = False
+
     def __init__(self, root):
         from infermatrix.state import StatePaths
         self.state = StatePaths(root / ".state")
