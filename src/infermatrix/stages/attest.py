@@ -5,6 +5,10 @@ deploy require of it. Pure: journal records and files in, predicates and verdict
   the levels the tag policy required, the smoke host's facts (GPU, driver) and the tool's
   version. `verdict` is "passed" for a cell tagged on every required level, "built, not
   verified" for a static-only tag (tagging.py), "not tagged" otherwise.
+  Its `lock` is the signed statement of what a consumer acts on (`lock_statement`): the
+  cell, the digest, the image id, arch, CUDA, the driver floor, the io.infermatrix labels and
+  images.lock's `run` block (command, env, shm, port, health path, MTP flags). pull, deploy and
+  verify compare images.lock's entry with it and act on it alone (sign.signed_entry).
 - The provenance (`PROVENANCE_TYPE`), SLSA v1: the matrix and template hashes, the base image,
   the lock's hash, the builder and engine, the exact commands of the cell's build log, the times.
 """
@@ -12,6 +16,8 @@ deploy require of it. Pure: journal records and files in, predicates and verdict
 from __future__ import annotations
 
 import calendar
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,23 @@ NOT_VERIFIED = "built, not verified"
 NOT_TAGGED = "not tagged"
 # name in images.lock -> predicate type, in the order pull checks them
 PREDICATES = {"test-result": TEST_RESULT_TYPE, "sbom": SBOM_TYPE, "provenance": PROVENANCE_TYPE}
+
+
+# images.lock fields a consumer acts on: signed in the test-result predicate's `lock`
+SIGNED_FIELDS = ("cell", "digest", "image_id", "arch", "cuda", "min_driver", "labels", "run")
+
+
+def lock_statement(entry: dict[str, Any]) -> dict[str, Any]:
+    """The signed statement of an images.lock entry: every field pull, deploy and verify act
+    on, as publish wrote it."""
+    return {name: entry.get(name) for name in SIGNED_FIELDS}
+
+
+def statement_digest(statement: dict[str, Any]) -> str:
+    """sha256 of a statement's canonical JSON (images.lock's `signing.statement`: publish signs
+    the digest again when what it would sign changed)."""
+    text = json.dumps(statement, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _status(stage: StageRecord | None) -> str | None:
