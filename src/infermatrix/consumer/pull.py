@@ -21,7 +21,8 @@ def label_problems(entry: dict[str, Any], labels: dict[str, str] | None) -> list
     if found == wanted:
         return []
     changed = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
-    return [f"labels differ from the {'signed statement' if entry.get('verified_by') else 'images.lock'}: "
+    source = "the signed statement" if entry.get("verified_by") else "images.lock"
+    return [f"labels differ from {source}: "
             + ", ".join(f"{k} {found.get(k)!r} (expected {wanted.get(k)!r})" for k in changed)]
 
 

@@ -206,7 +206,9 @@ def skip_warning(entry: dict[str, Any]) -> str:
 def verify_signatures(entry: dict[str, Any], options: VerifyOptions,
                       creds: registries.RegistryCredentials,
                       say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Check the signature and attestations of a locked digest; the verified test result."""
+    """Check the signature and attestations of a locked digest, and that the signed statement
+    is of the entry's cell and digest and says what the entry says (signed_entry); the
+    verified predicates by name."""
     import sys
 
     cell, reference, digest = entry["cell"], entry["reference"], entry.get("digest")
@@ -249,6 +251,7 @@ def verify_signatures(entry: dict[str, Any], options: VerifyOptions,
             raise _refuse(cell, f"the {name} attestation is about another digest "
                           f"({', '.join(others) or 'none'})", "publish the cell again", digest)
         verified[name] = subjects[-1].get("predicate") or {}
+    signed_entry(cell, entry, verified)  # the statement is of this cell, digest and entry
     problem = attest.verdict_problem(verified["test-result"], entry.get("image_id"),
                                      options.require_levels)
     if problem:
