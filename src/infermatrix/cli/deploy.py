@@ -14,7 +14,7 @@ from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..stages.publish import cell_from_labels
 from ..model.spec import Launch
 from ..stages import sign
-from ..engine import registry as registries
+from ..engine import cosign, registry as registries
 from . import common_options, load_context
 from .publish import verify_flags
 
@@ -79,6 +79,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         raise UsageError("--lxc passes GPU device nodes: it needs --gpus")
     out = args.out or Path("deploy") / args.cell
     verify = sign.verify_options(args.key, args.skip_verify, args.require_levels)
+    cosign.use_state_dir(ctx.state.root)  # where cosign's registry credentials go, 0700
     # What runs is what is signed: the verified statement, checked against this cell and
     # images.lock (--skip-verify: images.lock's entry, marked NOT VERIFIED in the files).
     creds = registries.RegistryCredentials() if verify.skip else \

@@ -114,6 +114,7 @@ def run_pull(args: argparse.Namespace) -> int:
                          "pass --lock PATH")
     lock = read_images_lock(args.lock)
     entries = select_entries(lock, args.cell)
+    consumer_state(args.lock)
     verify = None if args.no_pull else \
         sign.verify_options(args.key, args.skip_verify, args.require_levels)
     for entry in entries:
@@ -131,3 +132,12 @@ def run_pull(args: argparse.Namespace) -> int:
             print(f"# pulled {acted['reference']} (image {info['Id']}, labels match {said})")
         print(docker_run_line(acted, args.model_dir, args.port))
     return 0
+
+
+def consumer_state(lock: Path) -> None:
+    """pull's and verify's state directory (no matrix): .state beside the images.lock read;
+    cosign's registry credentials go under its secrets/ (engine/cosign.py)."""
+    from ..engine import cosign
+    from ..state import DEFAULT_STATE_DIR
+
+    cosign.use_state_dir(lock.absolute().parent / DEFAULT_STATE_DIR)

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..engine import registry as registries
 from ..errors import UsageError
 from ..stages import sign
+from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..consumer.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
                                write_verdict)
@@ -41,8 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         metavar="MEMINFO", help="where this host's available memory is read for "
                         "a unified-memory GPU (DGX Spark / GB10: the engine's share is sized "
                         "from MemAvailable, as deploy sizes it; default /proc/meminfo)")
-    from .publish import verify_flags
-
     verify_flags(parser)  # verified like pull before anything runs
     parser.set_defaults(func=run_verify)
 
@@ -62,6 +61,7 @@ def run_verify(args: argparse.Namespace) -> int:
         raise UsageError(f"--model-dir {args.model_dir} is not a directory")
     locked = locked_entry(read_images_lock(args.lock), args.cell, str(args.lock))
     options = sign.verify_options(args.key, args.skip_verify, args.require_levels)
+    consumer_state(args.lock)
     # What runs is what is signed: the verified statement, checked against this cell and
     # images.lock, before any container starts (--skip-verify: images.lock's, said so).
     creds = registries.RegistryCredentials() if options.skip else \
