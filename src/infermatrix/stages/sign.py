@@ -64,11 +64,8 @@ def predicates(ctx, spec: CellSpec, image_id: str, record: CellRecord, docker: E
     `docker`, the engine that holds it); the SBOM's pins from the run's CellSpec's lock."""
     cell = spec.cell
 
-    base_refs = record.details_of("base").get("images") or []
-    bases = {}
-    for ref in base_refs:
-        info = docker.inspect_image(ref)
-        bases[ref] = info.get("Id") if info else None
+    # the base images as the build recorded them (not as the engine holds them now)
+    bases = attest.recorded_bases(record)
     try:
         facts = docker.sdk().version()
         engine_facts = {"docker": facts.get("Version"), "api": facts.get("ApiVersion"),
