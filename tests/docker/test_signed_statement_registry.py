@@ -131,6 +131,13 @@ def test_safe_defaults_a_consumer_copies(tmp_path, registry, images, keys, env, 
     assert "NOT VERIFIED" in err and "--bind 0.0.0.0" in err and "no authentication" in err
     assert "NOT VERIFIED" in (out_dir / "README.md").read_text()
     assert "# NOT VERIFIED" in (out_dir / "compose.yaml").read_text()
+    # generate over it says so (no server runs here: it gives up at once)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "p1", "prompt": "x"}\n')
+    code, out, err = consumer._run(["generate", "--deployment", str(out_dir), "--prompts",
+                                    str(prompts), "--out", str(tmp_path / "answers.jsonl"),
+                                    "--wait-healthy", "1"])
+    assert f"the deployment of {CPU_CELL}" in err and "is NOT VERIFIED" in err, err
     # again into the same directory: its own unchanged files are written over
     code, out, err = consumer.deploy(lock, CPU_CELL, None, out_dir, "--skip-verify")
     assert code == 0, err
@@ -257,6 +264,19 @@ def test_what_is_signed_is_what_runs(tmp_path, registry, images, keys, env, caps
     compose = yaml.safe_load((deployed / "compose.yaml").read_text())
     [service] = compose["services"].values()
     assert service["image"] == cpu["reference"] and service["environment"] == cpu["run"]["env"]
+    # generate --deployment acts only on that statement: an edited compose.yaml is refused
+    prompts = tmp_path / "consumer" / "prompts.jsonl"
+    prompts.write_text('{"id": "p1", "prompt": "x"}\n')
+    compose_path = deployed / "compose.yaml"
+    compose_path.write_text(compose_path.read_text().replace("127.0.0.1:8000:8000",
+                                                             "127.0.0.1:9999:8000"))
+    code, out, err = consumer._run(["generate", "--deployment", str(deployed), "--prompts",
+                                    str(prompts), "--out", str(tmp_path / "answers.jsonl")])
+    line = one_line(err)
+    assert code == 1 and "compose.yaml changed since `infermatrix deploy` wrote it from the " \
+        f"signed statement of {CPU_CELL} ({cpu['reference']})" in line, err
+    assert not (tmp_path / "answers.jsonl").exists()
+    refusals.append(f"generate --deployment (edited compose.yaml): {line}")
     verdict = tmp_path / "consumer" / "verdict.json"
     code, out, err = consumer.verify(lock, CPU_CELL, key, verdict)
     assert code == 0, err

@@ -127,7 +127,7 @@ def _cell_of(entry: dict, lock_path: Path, cell_id: str, ctx):
     return cell
 
 
-def _sha256(data: bytes) -> str:
+def file_digest(data: bytes) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(data).hexdigest()
@@ -157,7 +157,7 @@ def check_out_dir(out: Path, files: dict[str, str]) -> None:
             why = "is not a regular file"
         elif recorded.get(name) is None:
             why = "was not written by infermatrix deploy"
-        elif recorded[name] != _sha256(path.read_bytes()):
+        elif recorded[name] != file_digest(path.read_bytes()):
             why = "was changed since infermatrix deploy wrote it"
         else:
             continue
@@ -175,7 +175,7 @@ def write_out_dir(out: Path, files: dict[str, str], entry: dict) -> None:
     write_json_atomic(out / RECORD_NAME, {
         "written_by": "infermatrix deploy", "cell": entry["cell"],
         "reference": entry["reference"], "verified_by": entry.get("verified_by"),
-        "files": {name: _sha256(text.encode("utf-8")) for name, text in files.items()}})
+        "files": {name: file_digest(text.encode("utf-8")) for name, text in files.items()}})
 
 
 def _unified_sizing(cell, gpus: list[int] | None, meminfo: Path):
