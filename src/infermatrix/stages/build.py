@@ -436,6 +436,9 @@ def _push_compiled(ctx: Context, entry: kernelcache.CachedKernel, say: Callable[
                    ) -> dict[str, Any]:
     """Push a kernel this build compiled to `build.kernel_cache`'s registry, if any."""
     shared = kernelregistry.shared_cache(ctx.matrix)
+    if shared:
+        from ..engine import cosign
+        cosign.use_state_dir(ctx.state.root)  # cosign's registry credentials: <state>/secrets
     return kernelregistry.push(shared, entry, say) if shared else {}
 
 
