@@ -242,3 +242,31 @@ def kernel_miss(ctx: Context) -> str:
 def _fresh(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+def test_layer_types_and_size_caps_are_checked_before_anything_is_kept(registry, tmp_path):
+    """On the real registry: an artifact whose layer is not a kernel wheel, or whose blob is
+    over the cap, is a RegistryError and leaves no file; one within both comes back whole."""
+    from infermatrix.errors import RegistryError
+
+    creds = registry_api_creds()
+    repository = f"{registry}/t{uuid.uuid4().hex[:8]}/kernels/minik"
+    wheel = _fresh(tmp_path / "wheel") / "minik-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"w" * 4096)
+    record = kernelregistry.record_bytes({"wheels": [wheel.name]})
+    artifacts.push_artifact(repository, "typed", record, kernelregistry.RECORD_TYPE,
+                            [(wheel, "application/vnd.oci.image.layer.v1.tar")], creds)
+    artifacts.push_artifact(repository, "wheel", record, kernelregistry.RECORD_TYPE,
+                            [(wheel, kernelregistry.WHEEL_TYPE)], creds)
+    wheels = frozenset({kernelregistry.WHEEL_TYPE})
+    with pytest.raises(RegistryError, match="not one of"):
+        artifacts.pull_artifact(repository, "typed", kernelregistry.RECORD_TYPE,
+                                _fresh(tmp_path / "a"), creds, wheels, 1 << 20, 1 << 20)
+    assert list((tmp_path / "a").iterdir()) == []
+    with pytest.raises(RegistryError, match="over the cap of 1024"):
+        artifacts.pull_artifact(repository, "wheel", kernelregistry.RECORD_TYPE,
+                                _fresh(tmp_path / "b"), creds, wheels, 1 << 20, 1024)
+    assert [p.name for p in (tmp_path / "b").iterdir()] == []  # the record is removed too
+    pulled = artifacts.pull_artifact(repository, "wheel", kernelregistry.RECORD_TYPE,
+                                     _fresh(tmp_path / "c"), creds, wheels, 1 << 20, 1 << 20)
+    assert pulled.files[0].read_bytes() == wheel.read_bytes()

@@ -172,7 +172,8 @@ class FakeRegistryRecording:
         self.held[f"{repository}:{tag}"] = (record, [(p.name, p.read_bytes()) for p, _ in files])
         return "sha256:" + "1" * 64
 
-    def pull_artifact(self, repository, tag, record_type, dest, creds):
+    def pull_artifact(self, repository, tag, record_type, dest, creds, layer_types=None,
+                      max_record_bytes=None, max_file_bytes=None):
         self.calls.append(("pull", repository, tag))
         if self.fail:
             raise self.fail
