@@ -6,7 +6,8 @@ deploy require of it. Pure: journal records and files in, predicates and verdict
   version. `verdict` is "passed" for a cell tagged on every required level, "built, not
   verified" for a static-only tag (tagging.py), "not tagged" otherwise.
   Its `lock` is the signed statement of what a consumer acts on (`lock_statement`): the
-  cell, the digest, the image id, arch, CUDA, the driver floor, the io.infermatrix labels and
+  cell, the digest, the image id, arch, CUDA, the driver floor, the tag kind (`verified`:
+  tested or static-only), the io.infermatrix labels and
   images.lock's `run` block (command, env, shm, port, health path, MTP flags). pull, deploy and
   verify compare images.lock's entry with it and act on it alone (sign.signed_entry).
 - The provenance (`PROVENANCE_TYPE`), SLSA v1: the matrix and template hashes, the base image,
@@ -41,7 +42,8 @@ PREDICATES = {"test-result": TEST_RESULT_TYPE, "sbom": SBOM_TYPE, "provenance": 
 
 
 # images.lock fields a consumer acts on: signed in the test-result predicate's `lock`
-SIGNED_FIELDS = ("cell", "digest", "image_id", "arch", "cuda", "min_driver", "labels", "run")
+SIGNED_FIELDS = ("cell", "digest", "image_id", "arch", "cuda", "min_driver", "verified",
+                 "labels", "run")
 
 
 def lock_statement(entry: dict[str, Any]) -> dict[str, Any]:
