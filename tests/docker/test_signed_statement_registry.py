@@ -281,6 +281,16 @@ def test_what_is_signed_is_what_runs(tmp_path, registry, images, keys, env, caps
     code, out, err = consumer.verify(lock, CPU_CELL, key, verdict)
     assert code == 0, err
     assert json.loads(verdict.read_text())["signature"]["verified_by"] == str(key)
+    # the image is here now: verify's model level would start it with the edited env; the
+    # refusal comes first, and no container of it is started
+    assert DOCKER.inspect_image(cpu["reference"]) is not None
+    code, out, err = consumer.verify(lock2, CPU_CELL, key, tmp_path / "edited-verdict.json",
+                                     "--levels", "model")
+    line = one_line(err)
+    assert code == 1 and "run.env: images.lock" in line and "LD_PRELOAD" in line, err
+    assert not (tmp_path / "edited-verdict.json").exists()
+    assert containers_of(cpu["reference"]) == [] and containers_of(images["cpu"]) == []
+    refusals.append(f"verify --levels model (image present, edited env): {line}")
 
     # 6. a re-attached attestation of another digest: the GPU digest's attestations (signed by
     # the publisher's key) put on the CPU digest
