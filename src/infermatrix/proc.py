@@ -109,12 +109,15 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
 
 def _pdeathsig(parent: int) -> Callable[[], None]:
     """For the child before exec: SIGKILL when `parent` dies (Linux prctl PR_SET_PDEATHSIG);
-    a parent already gone by then ends the child at once."""
-    def arm() -> None:
-        import ctypes
+    a parent already gone by then ends the child at once. prctl is looked up here, in the
+    parent: the child between fork and exec only calls it (no import, no allocation of note)."""
+    import ctypes
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig, sigkill = 1, int(signal.SIGKILL)
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, sigkill, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(137)
     return arm
