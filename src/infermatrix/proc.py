@@ -58,12 +58,14 @@ def tail(text: str, lines: int = 40) -> str:
 def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
         log_path: Path | None = None, timeout: float | None = None, check: bool = True,
         input_bytes: bytes | None = None, tail_lines: int = 40,
-        on_line: Callable[[str], None] | None = None) -> Completed:
+        on_line: Callable[[str], None] | None = None,
+        die_with_parent: bool = False) -> Completed:
     """Run `argv`, logging the exact command; stream output to `log_path` when given, and
     each output line to `on_line` as it arrives (a progress display).
 
     With `check`, a non-zero exit or a timeout raises CommandFailed carrying the command and
-    the log tail.
+    the log tail. `die_with_parent`: the command is killed when this process dies, even by
+    SIGKILL (Linux PR_SET_PDEATHSIG; a command holding credentials must not run on alone).
     """
     command = format_command(argv, env, cwd)
     log.info("$ %s", command)
@@ -81,7 +83,8 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
         proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=full_env,
                                 stdin=subprocess.PIPE if input_bytes is not None else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=_pdeathsig(os.getpid()) if die_with_parent else None)
         with _LIVE_LOCK:
             _LIVE.add(proc)
         if input_bytes is not None:
@@ -102,6 +105,22 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
     if check and returncode != 0:
         raise CommandFailed(command, returncode, tail(output, tail_lines), log_path)
     return Completed(command, -1 if returncode is None else returncode, output, duration, log_path)
+
+
+def _pdeathsig(parent: int) -> Callable[[], None]:
+    """For the child before exec: SIGKILL when `parent` dies (Linux prctl PR_SET_PDEATHSIG);
+    a parent already gone by then ends the child at once. prctl is looked up here, in the
+    parent: the child between fork and exec only calls it (no import, no allocation of note)."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig, sigkill = 1, int(signal.SIGKILL)
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, sigkill, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(137)
+    return arm
 
 
 _LIVE: set[subprocess.Popen] = set()  # the commands running now, in any thread

@@ -307,7 +307,7 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     run_line = out.strip().splitlines()[-1]
     assert run_line.startswith("docker run --rm")
     assert entry["reference"] in run_line and "--gpus" not in run_line
-    assert "-p 8123:8123" in run_line and "-v /srv/models/tiny:/model:ro" in run_line
+    assert "-p 127.0.0.1:8123:8123" in run_line and "-v /srv/models/tiny:/model:ro" in run_line
     assert "vllm.entrypoints.openai.api_server" in run_line and "--port 8123" in run_line
     assert "-e VLLM_CPU_KVCACHE_SPACE=1" in run_line and "--enforce-eager" in run_line
 
@@ -429,8 +429,12 @@ def published_lock(tmp_path: Path, registry: str, cell_id: str, image_id: str) -
 
 
 def pull_cli(lock_path: Path, capsys, *extra: str) -> tuple[int, str]:
+    """pull --skip-verify; its stderr less the NOT VERIFIED warning it must print first."""
     code = main(["pull", "*", "--skip-verify", "--lock", str(lock_path), *extra])
-    return code, capsys.readouterr().err
+    err = capsys.readouterr().err
+    warning, _, rest = err.partition("\n")
+    assert warning.startswith("warning: ") and "is NOT VERIFIED (--skip-verify)" in warning, err
+    return code, rest
 
 
 def one_line(err: str) -> str:

@@ -22,7 +22,7 @@ def as_record(data: dict[str, Any]) -> CellRecord:
 
 # Maps whose keys are names (packages, build args, env vars, labels), not fields.
 NAMED_MAPS = frozenset({"kernels", "versions", "build_args", "env", "labels", "source_urls",
-                        "distributions",
+                        "distributions", "base_images",
                         "dtypes"})
 
 

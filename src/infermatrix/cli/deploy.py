@@ -14,7 +14,7 @@ from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..stages.publish import cell_from_labels
 from ..model.spec import Launch
 from ..stages import sign
-from ..engine import registry as registries
+from ..engine import cosign, registry as registries
 from . import common_options, load_context
 from .publish import verify_flags
 
@@ -65,14 +65,8 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not lock_path.is_file():
         raise UsageError(f"{lock_path} does not exist: run `infermatrix publish` first or pass "
                          "--lock PATH")
-    entry = deploy.locked_entry(read_images_lock(lock_path), args.cell, str(lock_path))
-    try:
-        cell = cell_from_labels(entry.get("labels") or {})
-    except StageFailure as exc:
-        raise UsageError(f"{lock_path}: cell {args.cell}: {exc}", fix="publish it again") from None
-    if cell.engine not in ctx.matrix.engines:
-        raise UsageError(f"engine {cell.engine!r} of {cell.id} is not in {ctx.matrix.path}",
-                         fix="pass --matrix PATH, the matrix the image was built from")
+    locked = deploy.locked_entry(read_images_lock(lock_path), args.cell, str(lock_path))
+    _cell_of(locked, lock_path, args.cell, ctx)  # usage errors before the registry is asked
     gpus = deploy.parse_gpus(args.gpus) if args.gpus is not None else None
     model_dir = Path(args.model_dir).expanduser().absolute()
     if not model_dir.is_dir():
@@ -83,31 +77,105 @@ def run_deploy(args: argparse.Namespace) -> int:
         raise UsageError("--cpus shares CPUs out among CPU replicas: it needs --cpu-lane N")
     if args.lxc and not gpus:
         raise UsageError("--lxc passes GPU device nodes: it needs --gpus")
+    out = args.out or Path("deploy") / args.cell
     verify = sign.verify_options(args.key, args.skip_verify, args.require_levels)
-    if not verify.skip:  # the digest's signature and test results, in its registry
-        sign.verify_signatures(entry, verify, registries.credentials_for(entry["repository"]))
-    else:
-        sign.verify_signatures(entry, verify, registries.RegistryCredentials())
+    cosign.use_state_dir(ctx.state.root)  # where cosign's registry credentials go, 0700
+    # What runs is what is signed: the verified statement, checked against this cell and
+    # images.lock (--skip-verify: images.lock's entry, marked NOT VERIFIED in the files).
+    creds = registries.RegistryCredentials() if verify.skip else \
+        registries.credentials_for(locked["repository"])
+    entry = sign.verified_entry(args.cell, locked, verify, creds)
+    cell = _cell_of(entry, lock_path, args.cell, ctx)
+    if args.bind not in LOOPBACK:
+        print(f"warning: --bind {args.bind}: the engine servers answer anyone who reaches "
+              f"{args.bind} (no authentication); bind 127.0.0.1 and put an authenticating "
+              "proxy in front to serve others", file=sys.stderr)
     lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
         if gpus else None
     lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None
     unified = _unified_sizing(cell, gpus, args.memory_from)
-    if unified is not None:
-        print(f"{cell.id}: {unified.describe()}")
-    # What was tested is what starts: images.lock's recorded launch (the engine's health
-    # path from the matrix for an entry published before images.lock kept it).
+    # What was tested is what starts: the signed launch (the engine's health path from the
+    # matrix for an entry published before images.lock kept it).
     launch = Launch.from_locked(entry["run"], health=ctx.matrix.engines[cell.engine].get("health"))
     result = deploy.deployment(entry, launch, str(model_dir), gpus,
                                args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes,
                                cpus, unified)
-    out = args.out or Path("deploy") / args.cell
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in result.files().items():
-        (out / name).write_text(text, encoding="utf-8")
+    files = result.files()
+    check_out_dir(out, files)  # nothing written when a file there is not deploy's
+    if unified is not None:
+        print(f"{cell.id}: {unified.describe()}")
+    write_out_dir(out, files, entry)
+    for name in files:
         print(out / name)
     print(f"deployed {len(result.compose['services'])} server(s) of {entry['reference']}; "
           f"start: cd {out} && docker compose up -d   (or docker-compose up -d)")
     return 0
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+RECORD_NAME = ".infermatrix-deploy.json"
+
+
+def _cell_of(entry: dict, lock_path: Path, cell_id: str, ctx):
+    try:
+        cell = cell_from_labels(entry.get("labels") or {})
+    except StageFailure as exc:
+        raise UsageError(f"{lock_path}: cell {cell_id}: {exc}", fix="publish it again") from None
+    if cell.engine not in ctx.matrix.engines:
+        raise UsageError(f"engine {cell.engine!r} of {cell.id} is not in {ctx.matrix.path}",
+                         fix="pass --matrix PATH, the matrix the image was built from")
+    return cell
+
+
+def file_digest(data: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def written_record(out: Path) -> dict:
+    """What an earlier deploy wrote into `out` (RECORD_NAME): file name -> sha256, the cell,
+    the reference and the key its statement verified against; {} when none."""
+    import json
+
+    try:
+        data = json.loads((out / RECORD_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def check_out_dir(out: Path, files: dict[str, str]) -> None:
+    """A file of `files` already in `out` is overwritten only when deploy wrote it there and it
+    is unchanged since (RECORD_NAME); anything else is the user's: exit 2, nothing written."""
+    recorded = written_record(out).get("files") or {}
+    for name in sorted(files):
+        path = out / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.is_symlink() or not path.is_file():
+            why = "is not a regular file"
+        elif recorded.get(name) is None:
+            why = "was not written by infermatrix deploy"
+        elif recorded[name] != file_digest(path.read_bytes()):
+            why = "was changed since infermatrix deploy wrote it"
+        else:
+            continue
+        raise UsageError(f"{path} exists and {why}: not overwritten (nothing written)",
+                         fix="pass --out DIR, a new or empty directory (default "
+                         "./deploy/CELL), or move the file away")
+
+
+def write_out_dir(out: Path, files: dict[str, str], entry: dict) -> None:
+    from ..state import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text, encoding="utf-8")
+    write_json_atomic(out / RECORD_NAME, {
+        "written_by": "infermatrix deploy", "cell": entry["cell"],
+        "reference": entry["reference"], "verified_by": entry.get("verified_by"),
+        "files": {name: file_digest(text.encode("utf-8")) for name, text in files.items()}})
 
 
 def _unified_sizing(cell, gpus: list[int] | None, meminfo: Path):

@@ -103,7 +103,7 @@ def _bake(args: argparse.Namespace, export_run, out: Path | None) -> tuple[str, 
     compile = compile_plan_for_cells(export_run.ctx, export_run.cells(), options)
     out_dir = out.parent if out else Path.cwd()
     data, unrendered = export.bake_file(export_run.ctx, export_run.plans, compile.build_args(),
-                                        secrets_for(options), out_dir)
+                                        secrets_for(options), out_dir, export_run.docker)
     for cell_id in unrendered:
         print(f"export bake: {cell_id} left out: not rendered (run `infermatrix render "
               f"--select {cell_id}`)", file=sys.stderr)

@@ -80,6 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def endpoints_of(args: argparse.Namespace) -> list[generate.ServerEndpoint]:
     if args.deployment is not None:
+        check_deployment(args.deployment)
         return generate.deployment_endpoints(args.deployment)
     return generate.explicit_endpoints(args.endpoint)
 
@@ -88,6 +89,32 @@ def sampling_of(args: argparse.Namespace) -> dict[str, float | int]:
     given = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
              "min_p": args.min_p, "presence_penalty": args.presence_penalty}
     return {k: v for k, v in given.items() if v is not None}
+
+
+def check_deployment(directory: Path) -> None:
+    """What `deploy` recorded in the directory (cli/deploy.py RECORD_NAME): a compose.yaml
+    written from a verified statement and changed since is refused (exit 1: generate acts only
+    on what the statement says); an unverified or hand-made deployment is said on stderr."""
+    from ..errors import StageFailure
+    from .deploy import RECORD_NAME, file_digest, written_record
+
+    record = written_record(directory)
+    compose = directory / "compose.yaml"
+    if not record:
+        print(f"warning: {directory} has no {RECORD_NAME}: not written by `infermatrix deploy`, "
+              "so nothing says its servers run a verified image", file=sys.stderr)
+        return
+    where = f"{record.get('cell')} ({record.get('reference')})"
+    if not record.get("verified_by"):
+        print(f"warning: the deployment of {where} in {directory} is NOT VERIFIED (deploy "
+              "--skip-verify)", file=sys.stderr)
+        return
+    wrote = (record.get("files") or {}).get("compose.yaml")
+    if compose.is_file() and wrote != file_digest(compose.read_bytes()):
+        raise StageFailure(f"{compose} changed since `infermatrix deploy` wrote it from the "
+                           f"signed statement of {where}: generate acts only on what that "
+                           "statement says", fix="write it again with `infermatrix deploy "
+                           f"{record.get('cell')} --out {directory}` (move the edited file away)")
 
 
 def settings_of(args: argparse.Namespace) -> generate.BatchSettings:

@@ -107,19 +107,37 @@ def host_checker(args: argparse.Namespace):
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    from ..engine import registry as registries
+
     if not args.lock.is_file():
         raise UsageError(f"{args.lock} does not exist: run `infermatrix publish` first or "
                          "pass --lock PATH")
     lock = read_images_lock(args.lock)
     entries = select_entries(lock, args.cell)
+    consumer_state(args.lock)
     verify = None if args.no_pull else \
         sign.verify_options(args.key, args.skip_verify, args.require_levels)
     for entry in entries:
-        if args.no_pull:
+        if verify is None:
             print(f"# not pulled, not verified (--no-pull): {entry['reference']}")
-        else:
-            info = pull_entry(entry, host_check=host_checker(args), verify=verify)
-            print(f"# pulled {entry['reference']} (image {info['Id']}, labels match "
-                  f"images.lock)")
-        print(docker_run_line(entry, args.model_dir, args.port))
+            print(sign.skip_warning(entry).replace(sign.SKIP_FLAG, "--no-pull"),
+                  file=sys.stderr)
+            acted = entry
+        else:  # the signed statement, checked against this cell and images.lock, or --skip-verify
+            creds = registries.credentials_for(entry["repository"])
+            acted = sign.verified_entry(entry["cell"], entry, verify, creds)
+            info = pull_entry(acted, creds, host_check=host_checker(args))
+            said = "the signed statement" if acted.get("verified_by") else \
+                "images.lock (NOT VERIFIED)"
+            print(f"# pulled {acted['reference']} (image {info['Id']}, labels match {said})")
+        print(docker_run_line(acted, args.model_dir, args.port))
     return 0
+
+
+def consumer_state(lock: Path) -> None:
+    """pull's and verify's state directory (no matrix): .state beside the images.lock read;
+    cosign's registry credentials go under its secrets/ (engine/cosign.py)."""
+    from ..engine import cosign
+    from ..state import DEFAULT_STATE_DIR
+
+    cosign.use_state_dir(lock.absolute().parent / DEFAULT_STATE_DIR)

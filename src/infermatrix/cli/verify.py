@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..engine import registry as registries
 from ..errors import UsageError
+from ..stages import sign
+from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..consumer.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
                                write_verdict)
@@ -39,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         metavar="MEMINFO", help="where this host's available memory is read for "
                         "a unified-memory GPU (DGX Spark / GB10: the engine's share is sized "
                         "from MemAvailable, as deploy sizes it; default /proc/meminfo)")
+    verify_flags(parser)  # verified like pull before anything runs
     parser.set_defaults(func=run_verify)
 
 
@@ -55,13 +59,23 @@ def run_verify(args: argparse.Namespace) -> int:
                          "you pulled from)")
     if not args.model_dir.is_dir():
         raise UsageError(f"--model-dir {args.model_dir} is not a directory")
-    entry = locked_entry(read_images_lock(args.lock), args.cell, str(args.lock))
+    locked = locked_entry(read_images_lock(args.lock), args.cell, str(args.lock))
+    options = sign.verify_options(args.key, args.skip_verify, args.require_levels)
+    consumer_state(args.lock)
+    # What runs is what is signed: the verified statement, checked against this cell and
+    # images.lock, before any container starts (--skip-verify: images.lock's, said so).
+    creds = registries.RegistryCredentials() if options.skip else \
+        registries.credentials_for(locked["repository"])
+    entry = sign.verified_entry(args.cell, locked, options, creds)
     unified = unified_sizing(entry, args.memory_from)  # too little memory: exit 1, nothing run
     if unified is not None:
         print(f"{args.cell}: {unified.describe()}")
     out = args.out or default_verdict_path(args.cell)
     verdict = verify_entry(entry, args.model_dir.absolute(), out.with_suffix(".log"), levels,
                            args.expect, not args.no_answer_check, unified=unified)
+    verdict["signature"] = {"verified_by": entry.get("verified_by"),
+                            "note": None if entry.get("verified_by") else
+                            f"NOT VERIFIED ({sign.SKIP_FLAG})"}
     write_verdict(verdict, out)
     for name, level in verdict["levels"].items():
         reason = f"  {level.get('reason')}" if level.get("reason") else ""

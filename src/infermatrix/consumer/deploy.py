@@ -44,9 +44,12 @@ class Deployment:
     proxmox_lines: list[str] | None  # None on the CPU lane: no GPU to pass to a container
     readme: str
 
+    verified_by: str | None = None  # the key the signed statement verified against; None: not
+
     def files(self) -> dict[str, str]:
         """File name -> text, as cli/deploy.py writes them into the out directory."""
-        out = {COMPOSE_NAME: compose_text(self.compose), README_NAME: self.readme}
+        out = {COMPOSE_NAME: compose_text(self.compose, self.verified_by),
+               README_NAME: self.readme}
         if self.proxmox_lines is not None:
             out[PROXMOX_NAME] = "\n".join(self.proxmox_lines) + "\n"
         return out
@@ -229,9 +232,21 @@ def check_lane(entry: dict[str, Any], launch: Launch, gpus: list[int] | None,
         raise UsageError(f"{cell} is a CPU cell: --gpus does not apply, use --cpu-lane N")
 
 
-def compose_text(document: dict[str, Any]) -> str:
+NOT_VERIFIED = ("NOT VERIFIED: written with --skip-verify; neither the image's signature, its "
+                "test result nor this serve command was checked")
+
+
+def verification_line(verified_by: str | None) -> str:
+    if verified_by is None:
+        return NOT_VERIFIED
+    return (f"verified: the image's signature, test result and serve command (the signed "
+            f"statement) against {verified_by}")
+
+
+def compose_text(document: dict[str, Any], verified_by: str | None = None) -> str:
     return ("# Written by `infermatrix deploy`: start with `docker compose up -d` (or Debian's "
             "`docker-compose up -d`).\n"
+            f"# {verification_line(verified_by)}\n"
             + yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=100))
 
 
@@ -240,8 +255,10 @@ def compose_text(document: dict[str, Any]) -> str:
 README = """\
 # Deployment of {cell}
 
-Image `{reference}` (pinned by digest, from images.lock; published {published}, verified:
+Image `{reference}` (pinned by digest, from images.lock; published {published}, tested:
 {verified}): {count} server(s), one per {unit}, attention backend {backend}.
+
+**{verification}**
 
 Start it in this directory with whichever Compose is installed:
 
@@ -277,6 +294,7 @@ def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
     return README.format(
         cell=entry["cell"], reference=entry["reference"],
         published=entry.get("published", "?"), verified=entry.get("verified", "?"),
+        verification=verification_line(entry.get("verified_by")),
         count=len(services), unit="GPU" if launch.gpu else "replica",
         backend=launch.attention_backend or "the engine default", health=launch.health,
         rows="\n".join(rows), notes=("\n" + notes) if notes else "")
@@ -295,5 +313,5 @@ def deployment(entry: dict[str, Any], launch: Launch, model_dir: str,
     proxmox_lines = lxc_lines if gpus else None
     return Deployment(compose, proxmox_lines,
                       readme_text(entry, launch, compose, proxmox_lines is not None,
-                                  unified if gpus else None))
+                                  unified if gpus else None), entry.get("verified_by"))
 

@@ -3,6 +3,7 @@ labels), and the `docker run` line that serves it on the consumer's host."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +14,18 @@ from ..model.spec import DEFAULT_PORT, DEFAULT_SHM
 from ..stages.publish import CONTAINER_MODEL_DIR, infermatrix_labels
 from ..watch import Heartbeat
 
+def label_problems(entry: dict[str, Any], labels: dict[str, str] | None) -> list[str]:
+    """The io.infermatrix labels where an image's (`labels`) differ from the entry's."""
+    found = infermatrix_labels(labels)
+    wanted = entry.get("labels") or {}
+    if found == wanted:
+        return []
+    changed = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
+    source = "the signed statement" if entry.get("verified_by") else "images.lock"
+    return [f"labels differ from {source}: "
+            + ", ".join(f"{k} {found.get(k)!r} (expected {wanted.get(k)!r})" for k in changed)]
+
+
 def verify_pulled(entry: dict[str, Any], info: dict[str, Any]) -> list[str]:
     """Differences between a pulled image and its lock entry (empty: it is the one)."""
     problems = []
@@ -20,11 +33,7 @@ def verify_pulled(entry: dict[str, Any], info: dict[str, Any]) -> list[str]:
         problems.append(f"image id {info.get('Id')} is not the locked {entry['image_id']}")
     if entry["reference"] not in (info.get("RepoDigests") or []):
         problems.append(f"digest {entry['digest']} is not among {info.get('RepoDigests')}")
-    labels = infermatrix_labels((info.get("Config") or {}).get("Labels"))
-    if labels != entry["labels"]:
-        changed = sorted(k for k in set(labels) | set(entry["labels"])
-                         if labels.get(k) != entry["labels"].get(k))
-        problems.append(f"labels differ from images.lock: {', '.join(changed)}")
+    problems += label_problems(entry, (info.get("Config") or {}).get("Labels"))
     return problems
 
 
@@ -45,14 +54,21 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
                say: Callable[[str], None] = print, docker: Engine | None = None
                ) -> dict[str, Any]:
     """Pull a locked cell by digest into `docker` (default DOCKER_HOST / the current context)
-    with publish's credentials (`registries.credentials_for`),
-    after `host_check(entry, labels)` (which raises when this host cannot run it) and, with
-    `verify` (sign.VerifyOptions), after its signature and test result verify."""
+    with publish's credentials (`registries.credentials_for`); `entry` is what the consumer
+    acts on (sign.verified_entry: the signed statement, or images.lock's entry unverified).
+    Before any layer moves: the registry's config of the digest holds the entry's image id
+    and labels, and `host_check(entry, labels)` passes (it raises when this host cannot run
+    it). `verify` (sign.VerifyOptions): verify `entry` here first (for a caller that has not)."""
     creds = creds or registries.credentials_for(entry["repository"])
-    labels = remote_labels(entry, creds)
     if verify is not None:
         from ..stages import sign
-        sign.verify_signatures(entry, verify, creds, say)
+        entry = sign.verified_entry(entry["cell"], entry, verify, creds, say)
+    labels = remote_labels(entry, creds)
+    problems = label_problems(entry, labels)
+    if problems:  # nothing pulled
+        raise registries.DigestMismatch(
+            f"{entry['cell']} ({entry['digest']}): the registry's image config of "
+            f"{entry['reference']} does not match: {'; '.join(problems)}")
     if host_check is not None:
         host_check(entry, labels)
     with Heartbeat(f"pull of {entry['reference']}"):
@@ -66,8 +82,10 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
 
 
 def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = None,
-                    devices: list[str] | None = None, name: str | None = None) -> list[str]:
-    """`docker run` for a locked image: by digest, GPUs, shm, the model mounted read-only."""
+                    devices: list[str] | None = None, name: str | None = None,
+                    bind: str = "127.0.0.1") -> list[str]:
+    """`docker run` for a locked image: by digest, GPUs, shm, the model mounted read-only, the
+    port published on `bind` only (the server has no authentication: loopback by default)."""
     run = entry["run"]
     port = port or run.get("port", DEFAULT_PORT)
     argv = ["docker", "run", "--rm", "--name", name or f"infermatrix-{entry['cell']}"]
@@ -75,12 +93,14 @@ def docker_run_argv(entry: dict[str, Any], model_dir: str, port: int | None = No
         argv += ["--gpus", "all"]
     for device in devices or []:
         argv += ["--device", device]
-    argv += ["--shm-size", run.get("shm_size", DEFAULT_SHM["gpu"]), "-p", f"{port}:{port}",
+    argv += ["--shm-size", run.get("shm_size", DEFAULT_SHM["gpu"]),
+             "-p", f"{bind}:{port}:{port}",
              "-v", f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"]
     for key, value in sorted(run.get("env", {}).items()):
         argv += ["-e", f"{key}={value}"]
     argv.append(entry["reference"])
-    return argv + serve_command(entry, port, model_dir)
+    here = os.path.expanduser(os.path.expandvars(model_dir))  # where the MTP head is looked for
+    return argv + serve_command(entry, port, here)
 
 
 def serve_command(entry: dict[str, Any], port: int, model_dir: str | Path | None = None
@@ -92,6 +112,23 @@ def serve_command(entry: dict[str, Any], port: int, model_dir: str | Path | None
     return locked_command(entry["run"], port, model_dir, CONTAINER_MODEL_DIR)
 
 
+HOME_PREFIXES = ("$HOME/", "${HOME}/", "~/")
+
+
+def shell_word(text: str) -> str:
+    """`text` quoted for a POSIX shell; a leading $HOME/ (or ~/) stays expandable: "$HOME"/'rest'
+    works when pasted, where '$HOME/rest' would name a directory called $HOME."""
+    for prefix in HOME_PREFIXES:
+        if text.startswith(prefix):
+            rest = text[len(prefix):]
+            return '"$HOME"/' + shlex.quote(rest) if rest else '"$HOME"/'
+    return shlex.quote(text)
+
+
 def docker_run_line(entry: dict[str, Any], model_dir: str, port: int | None = None,
-                    devices: list[str] | None = None) -> str:
-    return shlex.join(docker_run_argv(entry, model_dir, port, devices))
+                    devices: list[str] | None = None, bind: str = "127.0.0.1") -> str:
+    """The line to paste: every word quoted, the model directory's $HOME expandable."""
+    argv = docker_run_argv(entry, model_dir, port, devices, bind=bind)
+    volume = f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"
+    return " ".join(shell_word(model_dir) + shlex.quote(f":{CONTAINER_MODEL_DIR}:ro")
+                    if word == volume else shlex.quote(word) for word in argv)

@@ -132,10 +132,14 @@ def _expect(response: Any, codes: tuple[int, ...], what: str, repository: str,
 # --- pull -----------------------------------------------------------------------------------
 
 def pull_artifact(repository: str, tag: str, record_type: str, dest: Path,
-                  creds: RegistryCredentials) -> Artifact | None:
+                  creds: RegistryCredentials, layer_types: frozenset[str] | None = None,
+                  max_record_bytes: int | None = None, max_file_bytes: int | None = None
+                  ) -> Artifact | None:
     """The artifact under `repository:tag`, its files saved in `dest`; None when there is no
-    such tag. A manifest of another config type, or a blob whose bytes do not hash to its
-    digest, is a RegistryError."""
+    such tag. A manifest of another config type or (with `layer_types`) a layer of another
+    media type, a blob larger than its cap or than its descriptor says, or whose bytes do not
+    hash to its digest, is a RegistryError. The digest is the manifest's own bytes' sha256 (a
+    registry's Docker-Content-Digest header that says otherwise is a DigestMismatch)."""
     session = RegistrySession(creds)
     what = f"reading {repository}:{tag}"
     response = _registry_request("GET", _api_url(repository, "manifests", tag), creds, what,
@@ -148,28 +152,62 @@ def pull_artifact(repository: str, tag: str, record_type: str, dest: Path,
     if config.get("mediaType") != record_type:
         raise RegistryError(f"{what}: its config is {config.get('mediaType')!r}, not "
                             f"{record_type}", fix="push the artifact again from its cache")
-    digest = (response.headers.get("Docker-Content-Digest")
-              or "sha256:" + hashlib.sha256(response.content).hexdigest())
-    record_path = _fetch_blob(repository, config, dest / ".record", creds, session)
-    files = [_fetch_blob(repository, layer, dest / layer_file_name(layer), creds, session)
-             for layer in manifest.get("layers") or []]
+    digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
+    claimed = response.headers.get("Docker-Content-Digest")
+    if claimed and claimed != digest:
+        raise registry_error(what, f"its manifest hashes to {digest}, the registry says "
+                             f"{claimed}", registry_host(repository), creds, DigestMismatch)
+    layers = manifest.get("layers") or []
+    for layer in layers:
+        if layer_types is not None and layer.get("mediaType") not in layer_types:
+            raise RegistryError(f"{what}: a layer is {layer.get('mediaType')!r}, not one of "
+                                f"{', '.join(sorted(layer_types))}",
+                                fix="push the artifact again from its cache")
+    for blob, cap in [(config, max_record_bytes), *[(layer, max_file_bytes) for layer in layers]]:
+        _check_size(what, blob, cap)  # before any blob is fetched
+    record_path = _fetch_blob(repository, config, dest / ".record", creds, session,
+                              max_record_bytes)
+    files = [_fetch_blob(repository, layer, dest / layer_file_name(layer), creds, session,
+                         max_file_bytes) for layer in layers]
     record = record_path.read_bytes()
     record_path.unlink()
     return Artifact(digest, record, files)
 
 
+def _check_size(what: str, blob: dict[str, Any], max_bytes: int | None) -> None:
+    size = blob.get("size")
+    if max_bytes is not None and isinstance(size, int) and size > max_bytes:
+        raise RegistryError(f"{what}: blob {blob.get('digest')} is {size} bytes, over the cap "
+                            f"of {max_bytes}",
+                            fix="a kernel artifact this large is not one a build pushed")
+
+
 def _fetch_blob(repository: str, blob: dict[str, Any], target: Path,
-                creds: RegistryCredentials, session: RegistrySession) -> Path:
-    """Stream one blob to `target`, checking its bytes against its digest."""
+                creds: RegistryCredentials, session: RegistrySession,
+                max_bytes: int | None = None) -> Path:
+    """Stream one blob to `target`, checking its bytes against its digest; no more than its
+    descriptor's size (nor `max_bytes`) is read."""
     wanted = str(blob.get("digest", ""))
     what = f"reading blob {wanted} of {repository}"
+    size = blob.get("size")
+    limit = size if isinstance(size, int) and size >= 0 else None
+    _check_size(what, blob, max_bytes)
+    if max_bytes is not None and limit is None:
+        limit = max_bytes
     response = _registry_request("GET", _api_url(repository, "blobs", wanted), creds, what,
                                  stream=True, session=session)
     _expect(response, (200,), what, repository, creds)
     digest = hashlib.sha256()
     target.parent.mkdir(parents=True, exist_ok=True)
+    read = 0
     with response, target.open("wb") as out:
         for chunk in response.iter_content(_CHUNK):
+            read += len(chunk)
+            if limit is not None and read > limit:
+                out.close()
+                target.unlink()
+                raise registry_error(what, f"more than the {limit} bytes it may hold",
+                                     registry_host(repository), creds, DigestMismatch)
             digest.update(chunk)
             out.write(chunk)
     if "sha256:" + digest.hexdigest() != wanted:

@@ -6,8 +6,12 @@ the logged line:
     INFERMATRIX_COSIGN_KEY, which cosign reads itself (`--key env://INFERMATRIX_COSIGN_KEY`);
   - its password goes to cosign as COSIGN_PASSWORD in the environment (logged as ***);
   - registry credentials from INFERMATRIX_REGISTRY_USER/_PASSWORD reach cosign through a Docker
-    config written into a private temporary directory (mode 0700, removed after the call), never
-    the state directory; credentials from Docker's own config are used where they are.
+    config written into a private directory under the state directory (`<state>/secrets/`,
+    mode 0700, one `auth-<pid>-*` directory per call, removed when the call ends on any path;
+    what a run killed by SIGKILL left there is removed by the next run, `clear_dead_secrets`);
+    credentials from Docker's own config are used where they are;
+  - cosign dies with this process (PR_SET_PDEATHSIG): a SIGKILL of the run leaves no cosign
+    running on with the credentials.
 
 Offline by default: no transparency log (Rekor) or OIDC is reachable from these machines, so
 signatures and attestations are made with `--tlog-upload=false` and checked with
@@ -178,17 +182,86 @@ def public_key_of(key: SigningKey) -> str:
 
 # --- running cosign ---------------------------------------------------------------------------
 
+SECRETS_DIR = "secrets"
+_state_root: list[Path] = []  # the state directory of this run (use_state_dir)
+
+
+def use_state_dir(root: Path) -> Path:
+    """Put the registry credentials of this run's cosign calls under `<root>/secrets/` (0700)
+    and remove what a killed run left there; the secrets directory."""
+    _state_root[:] = [Path(root).absolute()]
+    directory = secrets_dir()
+    clear_dead_secrets(directory)
+    return directory
+
+
+def secrets_dir() -> Path:
+    """`<state>/secrets/` of use_state_dir, else ./.state/secrets (the consumer's directory)."""
+    from ..state import DEFAULT_STATE_DIR
+
+    root = _state_root[0] if _state_root else Path(DEFAULT_STATE_DIR).absolute()
+    return root / SECRETS_DIR
+
+
+def _private_dir(directory: Path) -> Path:
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UsageError(f"cannot make {directory} for cosign's registry credentials: "
+                         f"{exc.strerror}", fix="run where the state directory is writable "
+                         "(--state-dir, or the directory of --lock)") from None
+    if directory.is_symlink() or not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory: cosign's credentials are not "
+                         "written there", fix="remove it")
+    os.chmod(directory, 0o700)
+    return directory
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_dead_secrets(directory: Path) -> list[str]:
+    """Remove the `auth-<pid>-*` directories of runs that are gone (killed before their
+    `finally`); the names removed."""
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        parts = entry.name.split("-")
+        pid = int(parts[1]) if len(parts) > 2 and parts[0] == "auth" and parts[1].isdigit() \
+            else None
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            continue
+        if pid == os.getpid():
+            continue  # this process's own call in another thread
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+    return removed
+
 @contextmanager
 def _registry_env(repository: str | None,
                   creds: registries.RegistryCredentials | None) -> Iterator[dict[str, str]]:
-    """DOCKER_CONFIG for cosign: a private temporary one holding the credentials of
-    INFERMATRIX_REGISTRY_USER/_PASSWORD, else Docker's own (left as it is)."""
+    """DOCKER_CONFIG for cosign: a private one under the state directory (secrets_dir) holding
+    the credentials of INFERMATRIX_REGISTRY_USER/_PASSWORD, removed on every way out; else
+    Docker's own (left as it is)."""
     if repository is None or creds is None or creds.anonymous or \
             not creds.source.startswith(registries.REGISTRY_USER_ENV):
         yield {}
         return
     host = registries.registry_host(repository)
-    directory = Path(tempfile.mkdtemp(prefix="infermatrix-cosign-auth-"))
+    parent = _private_dir(secrets_dir())
+    clear_dead_secrets(parent)
+    directory = Path(tempfile.mkdtemp(prefix=f"auth-{os.getpid()}-", dir=parent))
     try:
         os.chmod(directory, 0o700)
         token = base64.b64encode(f"{creds.username}:{creds.password or ''}".encode()).decode()
@@ -224,7 +297,7 @@ def _cosign(args: list[str], *, key: SigningKey | None = None, repository: str |
     with _registry_env(repository, creds) as auth_env:
         env.update(auth_env)
         try:
-            return proc.run([binary(), *args], env=env, timeout=timeout)
+            return proc.run([binary(), *args], env=env, timeout=timeout, die_with_parent=True)
         except CommandFailed as exc:
             raise SignatureError(f"{what}: {error_line(exc.log_tail)}") from None
 

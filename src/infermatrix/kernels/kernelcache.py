@@ -123,15 +123,25 @@ def entry_dir(state: StatePaths, key: KernelKey) -> Path:
 
 
 def lookup(state: StatePaths, key: KernelKey) -> CachedKernel | None:
-    """The complete entry for `key`, or None."""
+    """The complete entry for `key`, or None; each wheel is hashed again against the sha256 its
+    entry recorded when it was stored, and an entry whose wheel changed since is not used (said
+    on stderr; the next store of the key replaces it)."""
     directory = entry_dir(state, key)
     marker = directory / ENTRY_FILE
     if not marker.is_file():
         return None
     meta = json.loads(marker.read_text(encoding="utf-8"))
     wheels = [directory / name for name in meta.get("wheels", [])]
-    if not wheels or not all(w.is_file() for w in wheels):
+    if not wheels or not all(w.is_file() and not w.is_symlink() for w in wheels):
         return None
+    recorded = meta.get("sha256") if isinstance(meta.get("sha256"), dict) else {}
+    for wheel in wheels:
+        if wheel.name in recorded and sha256_file(wheel) != recorded[wheel.name]:
+            from ..state import notice
+            notice(f"kernel cache entry {key.slug}: {wheel.name} no longer hashes to the "
+                   f"sha256 recorded when it was stored ({recorded[wheel.name]}): not used, "
+                   "compiled again")
+            return None
     return CachedKernel(key, directory, wheels, meta.get("details") or {})
 
 

@@ -9,6 +9,14 @@ inputs equal the key this build computed and every wheel hashes to the record's 
 then a local entry like a compiled one. No registry configured, no artifact, an unreachable
 registry or a refused record: the build compiles as before, said in one line. A failed push is
 a warning. Credentials are publish's (registry.credentials_for: environment or Docker's config).
+
+Provenance (issue 44): a registry password must not be enough to supply a kernel. The builder
+signs each pushed artifact's manifest digest with cosign (its key: INFERMATRIX_COSIGN_KEY /
+_KEY_FILE, as publish signs); the manifest names the record (the full key inputs and each
+wheel's sha256) and every wheel by digest, so the signature covers them all. A build takes an
+artifact only when a signature of its digest verifies against one of the builder keys it trusts
+(`build.kernel_cache.trusted_keys`: cosign public keys); none configured, an unsigned artifact
+or one signed by another key: it compiles, and says why.
 """
 
 from __future__ import annotations
@@ -22,15 +30,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import Matrix
-from ..engine import artifacts
+from ..engine import artifacts, cosign
 from ..engine import registry as registries
-from ..errors import InfermatrixError
+from ..errors import InfermatrixError, SignatureError
 from ..state import StatePaths
 from . import kernelcache
 
 RECORD_TYPE = "application/vnd.infermatrix.kernel.record.v1+json"
 WHEEL_TYPE = "application/vnd.infermatrix.kernel.wheel.v1+zip"
 DEFAULT_REPOSITORY = "infermatrix"
+MAX_RECORD_BYTES = 1 << 20  # a build record is a few KiB
+MAX_WHEEL_BYTES = 4 << 30  # a flash-attn wheel for several archs is under 1 GiB
 SOURCE = "registry"  # what the journal says of a kernel taken from it
 
 
@@ -40,6 +50,7 @@ class SharedCache:
     registry: str  # host[:port][/path]
     repository: str = DEFAULT_REPOSITORY
     push: bool = True
+    trusted_keys: tuple[str, ...] = ()  # cosign public keys of the builders whose wheels count
 
     def repository_for(self, key: kernelcache.KernelKey) -> str:
         package = re.sub(r"[^a-z0-9]+", "-", key.package.lower()).strip("-")
@@ -56,8 +67,10 @@ def shared_cache(matrix: Matrix) -> SharedCache | None:
     if not settings.get("registry"):
         return None
     repository = settings.get("repository") or matrix.publish.get("repository")
+    keys = tuple(str(Path(k) if Path(k).is_absolute() else matrix.root / k)
+                 for k in settings.get("trusted_keys") or [])
     return SharedCache(settings["registry"], repository or DEFAULT_REPOSITORY,
-                       bool(settings.get("push", True)))
+                       bool(settings.get("push", True)), keys)
 
 
 # --- the record and its checks (pure) -------------------------------------------------------
@@ -128,8 +141,63 @@ def push(shared: SharedCache, entry: kernelcache.CachedKernel, say: Callable[[st
         warning = f"warning: kernel {entry.key.package} not pushed to {reference}: {_one_line(exc)}"
         say(warning)
         return {"push_warning": warning}
-    say(f"kernel {entry.key.package} pushed to {reference} ({digest})")
-    return {"pushed": reference, "digest": digest}
+    signed = sign_artifact(repository, digest, creds, say, entry.key.package)
+    say(f"kernel {entry.key.package} pushed to {reference} ({digest}, "
+        f"{'signed' if signed.get('signed') else 'UNSIGNED'})")
+    return {"pushed": reference, "digest": digest, **signed}
+
+
+def sign_artifact(repository: str, digest: str, creds: registries.RegistryCredentials,
+                  say: Callable[[str], None], package: str) -> dict[str, Any]:
+    """Sign a pushed artifact's manifest digest with the builder's key; the journal's note.
+    No key, or a failed signing: a warning (builds that trust keys will not take it)."""
+    try:
+        key = cosign.signing_key()
+        if key is None:
+            warning = (f"warning: kernel {package} pushed UNSIGNED (no {cosign.KEY_ENV} / "
+                       f"{cosign.KEY_FILE_ENV}): builds take only wheels signed by a key they "
+                       "trust (build.kernel_cache.trusted_keys)")
+            say(warning)
+            return {"signed": False, "sign_warning": warning}
+        cosign.sign(f"{repository}@{digest}", key, creds)
+    except (InfermatrixError, OSError) as exc:
+        warning = f"warning: kernel {package} pushed but not signed: {_one_line(exc)}"
+        say(warning)
+        return {"signed": False, "sign_warning": warning}
+    return {"signed": True}
+
+
+def signature_refusal(repository: str, digest: str, trusted_keys: tuple[str, ...],
+                      creds: registries.RegistryCredentials) -> str | None:
+    """Why an artifact's signature does not let a build take it, or None: a signature of its
+    manifest digest must verify against one of the trusted builder keys."""
+    if not trusted_keys:
+        return ("no builder keys are trusted (build.kernel_cache.trusted_keys): a wheel is "
+                "taken only when its signature verifies against one")
+    problems = []
+    for name in trusted_keys:
+        try:
+            public = cosign.public_key_path(Path(name))
+            payloads = cosign.verify(f"{repository}@{digest}", public, creds)
+        except (SignatureError, InfermatrixError) as exc:
+            problems.append(_signature_reason(str(exc)))
+            continue
+        claimed = {((p.get("critical") or {}).get("image") or {}).get("docker-manifest-digest")
+                   for p in payloads if isinstance(p, dict)}
+        if digest in claimed:
+            return None
+        problems.append(f"its signature is of another digest ({', '.join(map(str, claimed))})")
+    keys = ", ".join(Path(k).name for k in trusted_keys)
+    return f"{digest}: {problems[0] if problems else 'no signature'} (trusted keys: {keys})"
+
+
+def _signature_reason(message: str) -> str:
+    text = message.lower()
+    if "no signatures found" in text or "no matching signatures: no signatures" in text:
+        return "unsigned: the registry holds no signature of it"
+    if "no matching signatures" in text or "invalid signature" in text:
+        return "no signature of it verifies against a trusted builder key"
+    return " ".join(message.split())[:300]
 
 
 def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp_root: Path,
@@ -139,14 +207,18 @@ def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp
     reference = shared.reference(key)
     repository, tag = reference.rsplit(":", 1)
     started = time.monotonic()
+    cosign.use_state_dir(state.root)  # cosign's registry credentials: <state>/secrets
     with tempfile.TemporaryDirectory(prefix="kernel-pull-", dir=tmp_root) as tmp:
         try:
             creds = registries.credentials_for(repository)
-            artifact = artifacts.pull_artifact(repository, tag, RECORD_TYPE, Path(tmp), creds)
+            artifact = artifacts.pull_artifact(repository, tag, RECORD_TYPE, Path(tmp), creds,
+                                               frozenset({WHEEL_TYPE}), MAX_RECORD_BYTES,
+                                               MAX_WHEEL_BYTES)
             if artifact is None:
                 return _miss(say, key, f"{reference} is not in the registry")
             record = json.loads(artifact.record)
-            refused = artifact_refusal(record, key, artifact.files)
+            refused = signature_refusal(repository, artifact.digest, shared.trusted_keys,
+                                        creds) or artifact_refusal(record, key, artifact.files)
             if refused:
                 return _miss(say, key, f"{reference} refused: {refused}")
             details = {**_mapping(record.get("details")), "source": SOURCE,

@@ -220,11 +220,14 @@ def bake_target_name(cell_id: str) -> str:
 
 
 def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str],
-              secrets: Mapping[str, Path], out_dir: Path) -> tuple[dict[str, Any], list[str]]:
+              secrets: Mapping[str, Path], out_dir: Path, docker: Any = None
+              ) -> tuple[dict[str, Any], list[str]]:
     """(a `docker buildx bake` JSON file, the planned cells left out because images/<cell>/
     holds no rendered Dockerfile). Contexts are relative to `out_dir`, where bake runs;
-    secrets name their source file, never their content."""
-    from ..stages.build import INPUT_HASH_LABEL, cell_dir, input_hash, kernel_keys_for, local_ref
+    secrets name their source file, never their content. `docker`: the engine that holds the
+    base images (their ids are part of the input hash label, as `build` computes it)."""
+    from ..stages.build import (INPUT_HASH_LABEL, base_images, cell_dir, input_hash,
+                                kernel_keys_for, local_ref)
 
     targets: dict[str, Any] = {}
     unrendered = []
@@ -238,7 +241,8 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
         dockerfile_text = (directory / "Dockerfile").read_text()
         keys = kernel_keys_for(ctx, ctx.spec(by_id[cell.id]), dockerfile_text)
         # the label `infermatrix build` puts on the image: a bake-built image is the same one
-        digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys)
+        bases = base_images(dockerfile_text, docker) if docker is not None else None
+        digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
         name = bake_target_name(cell.id)
         if name in targets:
             raise UsageError(f"cells {cell.id} and another map to one bake target name {name}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import DigestConflict, UsageError
+from ..errors import DigestConflict, StageFailure, UsageError
 from ..journal import CellRecord, load_records
 from ..state import StatePaths
 from ..imageslock import IMAGES_LOCK_NAME, empty_images_lock, read_images_lock
@@ -58,8 +58,31 @@ def fragment_roots(dirs: Iterable[Path | str]) -> list[Path]:
 
 def load_fragment(root: Path) -> Fragment:
     lock_file = root / IMAGES_LOCK_NAME
-    return Fragment(root, load_records(StatePaths.at(root)),
+    state = StatePaths.at(root)
+    check_record_cells(state)
+    return Fragment(root, load_records(state),
                     read_images_lock(lock_file) if lock_file.is_file() else empty_images_lock())
+
+
+def check_record_cells(state: StatePaths) -> None:
+    """Each journal file holds the record of the cell it is named for, and its publish lock
+    entry is of that cell too (a record of cell A under B's name would report, and put in
+    images.lock, A's results as B's): a StageFailure naming both (exit 1)."""
+    from ..journal import load_all
+
+    for cell_id, data in load_all(state).items():
+        named = data.get("cell") if isinstance(data, dict) else None
+        entry = (((data.get("stages") or {}).get("publish") or {}).get("details") or {}
+                 ).get("lock_entry") if isinstance(data, dict) else None
+        found = [(what, value) for what, value in (
+            ("its record is of cell", named),
+            ("its publish lock entry is of cell",
+             entry.get("cell") if isinstance(entry, dict) else cell_id)) if value != cell_id]
+        if found and not (named is None and data.get("problems")):
+            what, value = found[0]
+            raise StageFailure(f"{state.journal / (cell_id + '.json')}: {what} {value}, not "
+                               f"{cell_id}", fix="leave this fragment out, or restore the "
+                               "journal file the run wrote")
 
 
 def _newer(candidate: CellRecord, current: CellRecord | None) -> bool:

@@ -5,6 +5,11 @@ deploy require of it. Pure: journal records and files in, predicates and verdict
   the levels the tag policy required, the smoke host's facts (GPU, driver) and the tool's
   version. `verdict` is "passed" for a cell tagged on every required level, "built, not
   verified" for a static-only tag (tagging.py), "not tagged" otherwise.
+  Its `lock` is the signed statement of what a consumer acts on (`lock_statement`): the
+  cell, the digest, the image id, arch, CUDA, the driver floor, the tag kind (`verified`:
+  tested or static-only), the io.infermatrix labels and
+  images.lock's `run` block (command, env, shm, port, health path, MTP flags). pull, deploy and
+  verify compare images.lock's entry with it and act on it alone (sign.signed_entry).
 - The provenance (`PROVENANCE_TYPE`), SLSA v1: the matrix and template hashes, the base image,
   the lock's hash, the builder and engine, the exact commands of the cell's build log, the times.
 """
@@ -12,6 +17,8 @@ deploy require of it. Pure: journal records and files in, predicates and verdict
 from __future__ import annotations
 
 import calendar
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,24 @@ NOT_VERIFIED = "built, not verified"
 NOT_TAGGED = "not tagged"
 # name in images.lock -> predicate type, in the order pull checks them
 PREDICATES = {"test-result": TEST_RESULT_TYPE, "sbom": SBOM_TYPE, "provenance": PROVENANCE_TYPE}
+
+
+# images.lock fields a consumer acts on: signed in the test-result predicate's `lock`
+SIGNED_FIELDS = ("cell", "digest", "image_id", "arch", "cuda", "min_driver", "verified",
+                 "labels", "run")
+
+
+def lock_statement(entry: dict[str, Any]) -> dict[str, Any]:
+    """The signed statement of an images.lock entry: every field pull, deploy and verify act
+    on, as publish wrote it."""
+    return {name: entry.get(name) for name in SIGNED_FIELDS}
+
+
+def statement_digest(statement: dict[str, Any]) -> str:
+    """sha256 of a statement's canonical JSON (images.lock's `signing.statement`: publish signs
+    the digest again when what it would sign changed)."""
+    text = json.dumps(statement, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _status(stage: StageRecord | None) -> str | None:
@@ -143,12 +168,28 @@ def _started(stage: StageRecord | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end - seconds))
 
 
+NOT_RECORDED = "not recorded at build time (built by an infermatrix that did not record it)"
+
+
+def recorded_bases(record: CellRecord) -> dict[str, dict[str, Any]]:
+    """Base reference -> {"id", "digest"} as the build stage recorded them when it built the
+    image (build.base_images); for a record without them, the base stage's references with
+    `note` NOT_RECORDED and no id (an id read now could be another image's)."""
+    recorded = record.details_of("build").get("base_images")
+    if isinstance(recorded, dict):
+        return {str(ref): dict(base) if isinstance(base, dict) else {"id": base}
+                for ref, base in recorded.items()}
+    return {str(ref): {"id": None, "digest": None, "note": NOT_RECORDED}
+            for ref in record.details_of("base").get("images") or []}
+
+
 def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
                lock_path: Path, cell_dir: Path, build_log: Path | None,
-               base_images: dict[str, str | None], engine_facts: dict[str, Any]) -> dict[str, Any]:
+               base_images: dict[str, Any], engine_facts: dict[str, Any]) -> dict[str, Any]:
     """The SLSA v1 provenance predicate of a cell's image.
 
-    `base_images`: base reference -> its image id; `engine_facts`: the Docker engine's
+    `base_images`: base reference -> {"id", "digest"} as the build recorded them
+    (recorded_bases; a bare image id is taken too); `engine_facts`: the Docker engine's
     version and platform (what built it)."""
     build = record.stage("build")
     details = record.details_of("build")
@@ -167,10 +208,16 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
     if lock_path.is_file():
         deps.append(file_dep(lock_path, rel(lock_path)))
     deps += [file_dep(p, rel(p)) for p in tree_files(cell_dir)]
-    for ref, image_id in sorted(base_images.items()):
+    for ref, base in sorted(base_images.items()):
+        base = base if isinstance(base, dict) else {"id": base}
+        image_id, digest = base.get("id"), base.get("digest")
         dep: dict[str, Any] = {"uri": f"docker-image:{ref}", "name": "base"}
         if image_id and image_id.startswith("sha256:"):
-            dep["digest"] = {"sha256": image_id.split(":", 1)[1]}
+            dep["digest"] = {"sha256": image_id.split(":", 1)[1]}  # the image id (config)
+        notes = {k: v for k, v in (("image_id", image_id), ("manifest_digest", digest),
+                                   ("note", base.get("note"))) if v}
+        if notes:
+            dep["annotations"] = notes
         deps.append(dep)
     for name, kernel in sorted((details.get("kernels") or {}).items()):
         if isinstance(kernel, dict):

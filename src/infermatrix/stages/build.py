@@ -138,14 +138,51 @@ def context_hash(directory: Path) -> str:
 
 
 def input_hash(directory: Path, build_args: dict[str, str],
-               kernel_keys: dict[str, kernelcache.KernelKey]) -> str:
+               kernel_keys: dict[str, kernelcache.KernelKey],
+               bases: dict[str, dict[str, Any]] | None = None) -> str:
+    """The cell's input hash; `bases` (base_images): the image id each FROM reference names
+    in the engine that builds it, so a base rebuilt under the same tag changes the hash."""
     digest = hashlib.sha256(context_hash(directory).encode())
     for key, value in sorted(build_args.items()):
         if key not in SPEED_ONLY_ARGS:
             digest.update(f"arg {key}={value}\n".encode())
     for name, key in sorted(kernel_keys.items()):
         digest.update(f"kernel {name}={key.slug}\n".encode())
+    for ref, base in sorted((bases or {}).items()):
+        digest.update(f"base {ref}={base.get('id') or 'absent'}\n".encode())
     return "sha256:" + digest.hexdigest()
+
+
+_FROM = re.compile(r"^[ \t]*FROM[ \t]+(?:--platform=\S+[ \t]+)?(\S+)(?:[ \t]+AS[ \t]+(\S+))?",
+                   re.IGNORECASE | re.MULTILINE)
+
+
+def base_refs(dockerfile_text: str) -> list[str]:
+    """The images a Dockerfile builds FROM (not `scratch`, not one of its own stages)."""
+    stages: set[str] = set()
+    refs: list[str] = []
+    for match in _FROM.finditer(dockerfile_text):
+        ref, alias = match.group(1), match.group(2)
+        if ref.lower() != "scratch" and ref.lower() not in stages and "$" not in ref \
+                and ref not in refs:
+            refs.append(ref)
+        if alias:
+            stages.add(alias.lower())
+    return refs
+
+
+def base_images(dockerfile_text: str, docker: Engine) -> dict[str, dict[str, Any]]:
+    """FROM reference -> {"id", "digest"} of the image `docker` holds under it now (None
+    where it holds none: BuildKit pulls it): what the build is made from, recorded in the
+    journal (the provenance names it) and part of the input hash."""
+    found: dict[str, dict[str, Any]] = {}
+    for ref in base_refs(dockerfile_text):
+        info = docker.inspect_image(ref) or {}
+        repository = ref.split("@", 1)[0].rsplit(":", 1)[0] if "/" in ref or ":" in ref else ref
+        digests = [d.split("@", 1)[1] for d in info.get("RepoDigests") or []
+                   if d.split("@", 1)[0] == repository]
+        found[ref] = {"id": info.get("Id"), "digest": digests[0] if digests else None}
+    return found
 
 
 def kernel_keys_for(ctx: Context, cell: CellSpec, dockerfile_text: str
@@ -409,6 +446,9 @@ def _push_compiled(ctx: Context, entry: kernelcache.CachedKernel, say: Callable[
                    ) -> dict[str, Any]:
     """Push a kernel this build compiled to `build.kernel_cache`'s registry, if any."""
     shared = kernelregistry.shared_cache(ctx.matrix)
+    if shared:
+        from ..engine import cosign
+        cosign.use_state_dir(ctx.state.root)  # cosign's registry credentials: <state>/secrets
     return kernelregistry.push(shared, entry, say) if shared else {}
 
 
@@ -799,7 +839,8 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         keys = kernel_keys_for(ctx, cell, text)
     except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version
         return _record_failure(ctx, cell_id, 0.0, None, str(exc), None, None)
-    digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys)
+    bases = base_images(text, docker)  # the base this build is made from, in its engine
+    digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
     if not options.force:
         image_id = _unchanged(ctx, cell_id, digest, docker)
         if image_id:
@@ -864,7 +905,7 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         duration = time.monotonic() - started
         details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                    "compile_plan": compile.as_dict(), "build_args": build_args,
-                   "secret_ids": sorted(secrets), **who}
+                   "secret_ids": sorted(secrets), "base_images": bases, **who}
         journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS,
                              duration_s=duration, log=log_path, details=details,
                              input_hash=digest, image_id=image_id, **who)

@@ -404,6 +404,8 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
         cells = [ctx.spec(p) for p in plan_cells(ctx) if p.planned and p.id in wanted]
     from . import sign
     signer = sign.signer_from_env()  # a bad key setting stops the run before any push
+    from ..engine import cosign
+    cosign.use_state_dir(ctx.state.root)  # cosign's credentials: <state>/secrets, 0700
     creds = creds or registries.credentials_for(repository)
     say(f"publishing {len(candidates)} cell(s) to {repository} as {creds.describe()}")
     say(f"signing: {signer.describe()}" if signer else

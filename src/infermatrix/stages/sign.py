@@ -64,11 +64,8 @@ def predicates(ctx, spec: CellSpec, image_id: str, record: CellRecord, docker: E
     `docker`, the engine that holds it); the SBOM's pins from the run's CellSpec's lock."""
     cell = spec.cell
 
-    base_refs = record.details_of("base").get("images") or []
-    bases = {}
-    for ref in base_refs:
-        info = docker.inspect_image(ref)
-        bases[ref] = info.get("Id") if info else None
+    # the base images as the build recorded them (not as the engine holds them now)
+    bases = attest.recorded_bases(record)
     try:
         facts = docker.sdk().version()
         engine_facts = {"docker": facts.get("Version"), "api": facts.get("ApiVersion"),
@@ -97,6 +94,7 @@ def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: CellRecord,
     cell = spec.cell
     made = predicates(ctx, spec, entry["image_id"], record, docker)
     made["test-result"]["digest"] = entry["digest"]
+    made["test-result"]["lock"] = attest.lock_statement(entry)  # what consumers act on
     cosign.sign(reference, signer.key, creds)
     for name, predicate_type in attest.PREDICATES.items():
         cosign.attest(reference, signer.key, creds, made[name], predicate_type)
@@ -111,6 +109,7 @@ def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: CellRecord,
         "attestations": {name: found["predicates"].get(kind)
                          for name, kind in attest.PREDICATES.items()},
         "verdict": made["test-result"]["verdict"],
+        "statement": attest.statement_digest(made["test-result"]["lock"]),
     }
 
 
@@ -137,6 +136,8 @@ def still_signed(old: dict[str, Any], entry: dict[str, Any], signer: Signer,
     if old.get("digest") != entry["digest"] or signing.get("key") != signer.fingerprint or \
             not signing.get("signed"):
         return False
+    if signing.get("statement") != attest.statement_digest(attest.lock_statement(entry)):
+        return False  # the run block, labels or driver floor changed: sign what is true now
     found = cosign.attached(entry["repository"], entry["digest"], creds)
     return (found["signature"] == signing.get("signature") and
             found["attestations"] == signing.get("attestations_manifest"))
@@ -169,8 +170,10 @@ def verify_options(key: Path | None, skip: bool, require: str | None) -> VerifyO
                          tlog=keyless or cosign._truthy(os.environ.get(cosign.TLOG_ENV)))
 
 
-def _refuse(cell: str, what: str, fix: str) -> SignatureError:
-    return SignatureError(f"{cell}: {what}", fix=fix)
+def _refuse(cell: str, what: str, fix: str, digest: str | None = None) -> SignatureError:
+    """One line naming the cell, the digest and what did not match."""
+    return SignatureError(f"{cell} ({digest}): {what}" if digest else f"{cell}: {what}",
+                          fix=fix)
 
 
 SIGN_FIX = ("publish it with a signing key (INFERMATRIX_COSIGN_KEY_FILE + "
@@ -191,26 +194,41 @@ def _signature_problem(message: str) -> str:
     return "the signature does not verify"
 
 
+def skip_warning(entry: dict[str, Any]) -> str:
+    return (f"warning: {entry.get('cell')} ({entry.get('reference')}) is NOT VERIFIED "
+            f"({SKIP_FLAG}): neither its signature, its test result nor its serve command "
+            "(images.lock's `run`, unsigned) was checked")
+
+
 def verify_signatures(entry: dict[str, Any], options: VerifyOptions,
                       creds: registries.RegistryCredentials,
                       say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Check the signature and attestations of a locked digest; the verified test result."""
-    cell, reference = entry["cell"], entry["reference"]
+    """Check the signature and attestations of a locked digest, and that the signed statement
+    is of the entry's cell and digest and says what the entry says (signed_entry); the
+    verified predicates by name."""
+    import sys
+
+    cell, reference, digest = entry["cell"], entry["reference"], entry.get("digest")
     if options.skip:
         say(f"# verification SKIPPED ({SKIP_FLAG}): the signature and test results of "
             f"{reference} were not checked")
+        print(skip_warning(entry), file=sys.stderr)
         return {}
+    if not digest or reference != f"{entry.get('repository')}@{digest}":
+        raise _refuse(cell, f"images.lock's reference {reference} is not its repository@digest "
+                      f"({entry.get('repository')}@{digest})", RELOCK_FIX, digest)
     key_name = str(options.public_key) if options.public_key else "keyless identity"
     try:
         payloads = cosign.verify(reference, options.public_key, creds, options.tlog)
     except SignatureError as exc:
-        raise _refuse(cell, f"{_signature_problem(str(exc))} ({reference}, key {key_name}): "
-                      f"{cosign.error_line(str(exc).split(': ', 1)[-1])}", SIGN_FIX) from None
+        raise _refuse(cell, f"{_signature_problem(str(exc))} (key {key_name}): "
+                      f"{cosign.error_line(str(exc).split(': ', 1)[-1])}", SIGN_FIX,
+                      digest) from None
     claimed = {((p.get("critical") or {}).get("image") or {}).get("docker-manifest-digest")
                for p in payloads if isinstance(p, dict)}
-    if entry["digest"] not in claimed:
+    if digest not in claimed:
         raise _refuse(cell, f"the signature is of another digest ({', '.join(map(str, claimed))}"
-                      f", images.lock pins {entry['digest']})", SIGN_FIX)
+                      f", images.lock pins {digest})", SIGN_FIX, digest)
     verified: dict[str, Any] = {}
     for name, predicate_type in attest.PREDICATES.items():
         try:
@@ -220,26 +238,29 @@ def verify_signatures(entry: dict[str, Any], options: VerifyOptions,
             raise _refuse(cell, f"missing or invalid {name} attestation ({predicate_type}): "
                           f"{str(exc).split(': ', 1)[-1]}",
                           "publish the cell again with the signing key (it attaches the "
-                          "test result, SBOM and provenance)") from None
+                          "test result, SBOM and provenance)", digest) from None
         subjects = [s for s in statements
                     if any((sub.get("digest") or {}).get("sha256") ==
-                           entry["digest"].split(":", 1)[1] for sub in s.get("subject") or [])]
+                           digest.split(":", 1)[1] for sub in s.get("subject") or [])]
         if not subjects:
-            raise _refuse(cell, f"the {name} attestation is about another digest",
-                          "publish the cell again")
+            others = sorted({f"sha256:{(sub.get('digest') or {}).get('sha256')}"
+                             for s in statements for sub in s.get("subject") or []})
+            raise _refuse(cell, f"the {name} attestation is about another digest "
+                          f"({', '.join(others) or 'none'})", "publish the cell again", digest)
         verified[name] = subjects[-1].get("predicate") or {}
+    signed_entry(cell, entry, verified)  # the statement is of this cell, digest and entry
     problem = attest.verdict_problem(verified["test-result"], entry.get("image_id"),
                                      options.require_levels)
     if problem:
         raise _refuse(cell, problem, "run the required levels where they can run (a GPU host "
                       "for gpu/model), tag and publish again, or choose the levels you require "
-                      "with --require-levels")
+                      "with --require-levels", digest)
     bom = verified["sbom"]
     if bom.get("bomFormat") != "CycloneDX" or \
             ((bom.get("metadata") or {}).get("component") or {}).get("version") != \
             entry.get("image_id"):
         raise _refuse(cell, "the SBOM attestation is not a CycloneDX document of this image",
-                      "publish the cell again")
+                      "publish the cell again", digest)
     levels = verified["test-result"].get("levels") or {}
     passed = [n for n, lv in levels.items() if (lv or {}).get("status") == "pass"]
     how = "transparency log checked" if options.tlog else cosign.OFFLINE_NOTE
@@ -247,3 +268,75 @@ def verify_signatures(entry: dict[str, Any], options: VerifyOptions,
         f"test result {verified['test-result'].get('verdict')!r} (levels passed: "
         f"{', '.join(sorted(passed)) or 'none'}); SBOM and provenance attested")
     return verified
+
+
+RELOCK_FIX = ("use the images.lock that publish wrote with this image (`git checkout "
+              "images.lock`), or publish the cell again")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def statement_differences(entry: dict[str, Any], signed: dict[str, Any]) -> list[str]:
+    """Each field (a dotted key inside `run` and `labels`) where images.lock's entry is not
+    the signed statement, with both values: "run.env: images.lock {...}, signed {...}"."""
+    found = []
+    for name in attest.SIGNED_FIELDS:
+        mine, theirs = entry.get(name), signed.get(name)
+        if mine == theirs:
+            continue
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            for key in sorted(set(mine) | set(theirs), key=str):
+                if mine.get(key) != theirs.get(key):
+                    found.append(f"{name}.{key}: images.lock {_shown(mine.get(key))}, "
+                                 f"signed {_shown(theirs.get(key))}")
+        else:
+            found.append(f"{name}: images.lock {_shown(mine)}, signed {_shown(theirs)}")
+    return found
+
+
+def signed_entry(requested: str, entry: dict[str, Any], verified: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """The entry to act on: the signed statement of the verified test result (its `lock`),
+    after checking that it is of the requested cell and of images.lock's digest and that
+    images.lock says the same; a SignatureError naming both values otherwise."""
+    digest = entry.get("digest")
+    predicate = verified.get("test-result") or {}
+    signed = predicate.get("lock")
+    if not isinstance(signed, dict) or not signed.get("run"):
+        raise _refuse(requested, "the test-result attestation signs no serve command (`run`): "
+                      "published by an infermatrix that did not sign it", "publish the cell "
+                      "again with this version of infermatrix", digest)
+    for what, value in (("the signed statement", signed.get("cell")),
+                        ("the test result", predicate.get("cell"))):
+        if value != requested:
+            raise _refuse(requested, f"{what} is for cell {value}, not {requested} (an "
+                          f"images.lock entry of another cell under this name?)", RELOCK_FIX,
+                          digest)
+    if signed.get("digest") != digest or predicate.get("digest") != digest:
+        raise _refuse(requested, f"the signed statement is of digest {signed.get('digest')}, "
+                      f"images.lock pins {digest}", RELOCK_FIX, digest)
+    differences = statement_differences(entry, signed)
+    if differences:
+        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+        raise _refuse(requested, f"images.lock differs from the signed statement: "
+                      f"{differences[0]}{more}", RELOCK_FIX, digest)
+    return {**entry, **signed, "reference": f"{entry['repository']}@{signed['digest']}"}
+
+
+def verified_entry(requested: str, entry: dict[str, Any], options: VerifyOptions,
+                   creds: registries.RegistryCredentials,
+                   say: Callable[[str], None] = print) -> dict[str, Any]:
+    """What pull, deploy and verify act on: the signed statement of `entry`, verified against
+    the consumer's key and the requested cell; images.lock's entry as it is (and said to be
+    unverified) with --skip-verify."""
+    if entry.get("cell") != requested:
+        raise _refuse(requested, f"images.lock's entry under {requested} is for cell "
+                      f"{entry.get('cell')}", RELOCK_FIX, entry.get("digest"))
+    verified = verify_signatures(entry, options, creds, say)
+    if options.skip:
+        return {**entry, "verified_by": None}
+    return {**signed_entry(requested, entry, verified), "verified_by": str(
+        options.public_key) if options.public_key else "keyless identity"}

@@ -76,3 +76,15 @@ def test_an_image_for_another_cpu_is_not_run_under_emulation(tmp_path):
         assert got["status"] == "skip" and got["emulated"] == verdict["emulated"], got
         assert f"run `infermatrix verify` on a linux/{arch} host" in got["reason"]
     assert verdict["status"] == "skip"
+
+
+def test_verify_without_a_key_or_the_skip_flag_exits_2_before_anything_runs(lock, tmp_path,
+                                                                            capsys, monkeypatch):
+    """verify verifies like pull: no key and no --skip-verify is a usage error, nothing run."""
+    monkeypatch.delenv("INFERMATRIX_COSIGN_PUBLIC_KEY", raising=False)
+    monkeypatch.delenv("INFERMATRIX_COSIGN_KEYLESS", raising=False)
+    out = tmp_path / "v.json"
+    assert main(["verify", CELL, "--lock", str(lock), "--model-dir", str(tmp_path),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no public key" in err and "--skip-verify" in err and not out.exists()

@@ -117,7 +117,7 @@ def test_lxc_config_command_prints_the_pinned_run_line(tmp_path, capsys):
     run_line = out.strip().splitlines()[-1]
     assert run_line.startswith("docker run --rm") and f"@{digest}" in run_line
     assert "--gpus all" in run_line and "--device /dev/nvidia-uvm" in run_line
-    assert "--device /dev/nvidiactl" in run_line and "-p 30000:30000" in run_line
+    assert "--device /dev/nvidiactl" in run_line and "-p 127.0.0.1:30000:30000" in run_line
     assert "host driver version (580.159.04)" in out
 
 

@@ -142,3 +142,24 @@ def test_a_cells_kernel_keys_are_computed_once_per_run_and_again_for_a_new_docke
     changed = build.kernel_keys_for(ctx, plan, text + "\n# rendered again\n")
     assert computed == [plan.id, plan.id]
     assert {n: k.slug for n, k in changed.items()} == {n: k.slug for n, k in first.items()}
+
+
+def test_a_local_entry_whose_wheel_changed_is_not_used_and_is_replaced(tmp_path, capsys):
+    """Local entries are hashed again before use (issue 44): a wheel changed in the cache
+    after it was stored is not taken; the next store of the key puts the compiled one back."""
+    from infermatrix.kernels import kernelcache as cache
+    from infermatrix.state import StatePaths
+
+    state = StatePaths.at(tmp_path / "state")
+    key = cache.make_key({"package": "flash-attn", "version": "2.8.3"}, torch="2.13.0",
+                         cuda="13.0", python="3.11", archs=["sm_120"], stage_text="S")
+    wheel = tmp_path / "out" / "flash_attn-2.8.3-cp311-cp311-linux_x86_64.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"compiled")
+    entry = cache.store(state, key, [wheel])
+    assert cache.lookup(state, key) is not None
+    entry.wheels[0].write_bytes(b"changed in the cache")
+    assert cache.lookup(state, key) is None
+    assert "no longer hashes to the sha256 recorded" in capsys.readouterr().err
+    again = cache.store(state, key, [wheel])
+    assert again.wheels[0].read_bytes() == b"compiled" and cache.lookup(state, key) is not None

@@ -172,7 +172,8 @@ class FakeRegistryRecording:
         self.held[f"{repository}:{tag}"] = (record, [(p.name, p.read_bytes()) for p, _ in files])
         return "sha256:" + "1" * 64
 
-    def pull_artifact(self, repository, tag, record_type, dest, creds):
+    def pull_artifact(self, repository, tag, record_type, dest, creds, layer_types=None,
+                      max_record_bytes=None, max_file_bytes=None):
         self.calls.append(("pull", repository, tag))
         if self.fail:
             raise self.fail
@@ -184,23 +185,34 @@ class FakeRegistryRecording:
         return artifacts.Artifact("sha256:" + "2" * 64, record, [dest / n for n, _ in files])
 
 
-SHARED = kr.SharedCache("127.0.0.1:5000", "infermatrix")
+SHARED = kr.SharedCache("127.0.0.1:5000", "infermatrix", trusted_keys=("builder.pub",))
+
+
+def FAKE_SIGNATURE_ACCEPTED(repository, digest, trusted_keys, creds):
+    """Stands in for the cosign check of the artifact's signature (the real one, and each of
+    its refusals: tests/docker/test_kernelcache_registry.py): accepts what a key is trusted."""
+    return None if trusted_keys else "no builder keys are trusted"
 
 
 @pytest.fixture
 def fake_registry(monkeypatch):
     monkeypatch.setenv("INFERMATRIX_REGISTRY_USER", "u")
     monkeypatch.setenv("INFERMATRIX_REGISTRY_PASSWORD", "p")
+    for name in ("INFERMATRIX_COSIGN_KEY", "INFERMATRIX_COSIGN_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)  # pushed unsigned here
     fake = FakeRegistryRecording()
     monkeypatch.setattr(artifacts, "push_artifact", fake.push_artifact)
     monkeypatch.setattr(artifacts, "pull_artifact", fake.pull_artifact)
+    monkeypatch.setattr(kr, "signature_refusal", FAKE_SIGNATURE_ACCEPTED)
     return fake
 
 
 def test_pushed_then_pulled_into_another_state(entry, fake_registry, tmp_path):
     said: list[str] = []
     note = kr.push(SHARED, entry, said.append)
-    assert note == {"pushed": SHARED.reference(entry.key), "digest": "sha256:" + "1" * 64}
+    assert {k: note[k] for k in ("pushed", "digest", "signed")} == {
+        "pushed": SHARED.reference(entry.key), "digest": "sha256:" + "1" * 64, "signed": False}
+    assert note["sign_warning"].startswith("warning: kernel flash-attn pushed UNSIGNED")
     other = StatePaths.at(tmp_path / "b")
     (other.root / "tmp").mkdir(parents=True)
     pulled, note = kr.pull(other, SHARED, entry.key, other.root / "tmp", said.append)
@@ -222,6 +234,16 @@ def test_a_tampered_artifact_is_refused_and_nothing_is_stored(entry, fake_regist
     pulled, note = kr.pull(other, SHARED, entry.key, other.root / "tmp", said.append)
     assert pulled is None and kc.lookup(other, entry.key) is None
     assert "refused" in note["miss"] and "hashes to" in note["miss"] and len(said) == 1
+
+
+def test_without_trusted_builder_keys_no_wheel_is_taken(tmp_path):
+    """The real check (no fake): with no builder key trusted, nothing is asked of cosign or
+    the registry's signatures; the build compiles and says why."""
+    assert kr.signature_refusal("r/x", "sha256:" + "1" * 64, (), None).startswith(
+        "no builder keys are trusted (build.kernel_cache.trusted_keys)")
+    shared = kr.shared_cache(_matrix(tmp_path, {"registry": "127.0.0.1:5000",
+                                                "trusted_keys": ["keys/builder.pub", "/k.pub"]}))
+    assert shared.trusted_keys == (str(tmp_path / "keys" / "builder.pub"), "/k.pub")
 
 
 def test_a_missing_artifact_or_unreachable_registry_is_one_line_and_no_failure(

@@ -126,3 +126,30 @@ def test_a_directory_without_journal_is_a_usage_error(tmp_path, capsys) -> None:
     assert main(["report", "--merge", str(tmp_path / "empty"), "--matrix",
                  str(tmp_path / "absent.yaml"), "--no-docker"]) == 2
     assert "holds no journal/" in capsys.readouterr().err
+
+
+def test_a_journal_file_named_for_another_cell_is_refused_naming_both(tmp_path, capsys) -> None:
+    """A verdict is bound to its cell (issue 44): cell A's record copied under cell B's file
+    name would report (and lock) A's results as B's; the merge refuses it, exit 1, nothing
+    written."""
+    fragments = split_state(tmp_path, 2)
+    records = sorted((fragments[0] / "journal").glob("*.json"))
+    victim = records[1].stem
+    data = json.loads(records[0].read_text())
+    (fragments[0] / "journal" / f"{victim}.json").write_text(json.dumps(data))
+    out = tmp_path / "merged"
+    code = main(["report", "--merge", *map(str, fragments), *report_args(out, tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and f"its record is of cell {data['cell']}, not {victim}" in err, err
+    assert not (out / "report.json").exists()
+    # ... and a publish lock entry of another cell in a record of the right name
+    fragments = split_state(tmp_path / "again", 1)
+    path = fragments[0] / "journal" / f"{TAGGED}.json"
+    data = json.loads(path.read_text())
+    details = data["stages"]["publish"]["details"]
+    details["lock_entry"] = {"cell": victim, "digest": details.get("digest") or DIGEST,
+                             "repository": "r.example/x", "tag": victim}
+    path.write_text(json.dumps(data))
+    code = main(["report", "--merge", str(fragments[0]), *report_args(out, tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and f"its publish lock entry is of cell {victim}, not {TAGGED}" in err, err

@@ -170,12 +170,33 @@ def test_the_run_line_pins_the_digest_and_fills_port_and_model():
     assert gpu[:2] == ["docker", "run"]
     assert "--gpus" in gpu and gpu[gpu.index("--shm-size") + 1] == "16g"
     assert "ghcr.io/acme/infermatrix@sha256:" + "1" * 64 in gpu
-    assert "-p" in gpu and "30000:30000" in gpu and "/srv/qwen:/model:ro" in gpu
+    assert gpu[gpu.index("-p") + 1] == "127.0.0.1:30000:30000" and "/srv/qwen:/model:ro" in gpu
     assert gpu[-6:] == ["--port", "30000", "--model-path", "/model", "--reasoning-parser",
                         "qwen3"]
     assert gpu.index("A=1") < gpu.index("B=2")
     cpu = pull.docker_run_argv(sample_entry(VLLM_CPU), "/m", devices=["/dev/nvidia0"])
-    assert "--gpus" not in cpu and "/dev/nvidia0" in cpu and "8000:8000" in cpu
+    assert "--gpus" not in cpu and "/dev/nvidia0" in cpu and "127.0.0.1:8000:8000" in cpu
+
+
+@pytest.mark.parametrize("model_dir, expanded", [
+    ("$HOME/models/my model", "{home}/models/my model:/model:ro"),
+    ("~/models/m", "{home}/models/m:/model:ro"),
+    ("/srv/it's here", "/srv/it's here:/model:ro"),
+])
+def test_the_printed_run_line_works_when_pasted(model_dir, expanded, tmp_path):
+    """The line pull prints, given to a real shell: the volume is the consumer's home (not a
+    directory called '$HOME'), the port is on loopback only, every word arrives intact."""
+    import subprocess
+
+    entry = sample_entry(VLLM_CPU)
+    line = pull.docker_run_line(entry, model_dir, 8000)
+    words = subprocess.run(["sh", "-c", 'printf "%s\\n" ' + line.removeprefix("docker run ")],
+                           capture_output=True, text=True, check=True,
+                           env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}).stdout
+    words = words.splitlines()
+    assert words[words.index("-v") + 1] == expanded.format(home=tmp_path)
+    assert words[words.index("-p") + 1] == "127.0.0.1:8000:8000"
+    assert entry["reference"] in words
 
 
 def test_run_spec_from_the_matrix_has_the_card_flags_and_arch_env(matrix):

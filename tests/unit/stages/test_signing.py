@@ -263,3 +263,22 @@ def test_the_report_shows_signing_status_and_links_the_sbom():
     by_id = {c["id"]: c for c in data["cells"]}
     assert by_id[CPU.id]["signing"]["status"] == "signed"
     assert by_id[GPU.id]["signing"]["status"] == "unsigned"
+
+
+def test_a_changed_statement_is_signed_again_although_the_digest_is_unchanged():
+    """publish keeps an unchanged digest's signature only while what it signed (the run
+    block, labels, driver floor...) is still what images.lock says (issue 44)."""
+    entry = {"cell": CPU.id, "digest": "sha256:" + "1" * 64, "image_id": "sha256:" + "2" * 64,
+             "arch": "cpu", "cuda": "cpu", "min_driver": None, "verified": "tested",
+             "labels": {"io.infermatrix.cell": CPU.id},
+             "run": {"command": ["python3", "-m", "x"], "env": {}}}
+    signer = sign.Signer(cosign.SigningKey("k", "test"), "sha256:" + "f" * 64, "2.5.0")
+    statement = attest.statement_digest(attest.lock_statement(entry))
+    old = {"digest": entry["digest"], "signing": {"signed": True, "key": signer.fingerprint,
+                                                  "statement": statement}}
+    changed = {**entry, "run": {**entry["run"], "env": {"LD_PRELOAD": "/x.so"}}}
+    assert sign.still_signed(old, changed, signer, None) is False  # no registry asked
+    legacy = {**old, "signing": {k: v for k, v in old["signing"].items() if k != "statement"}}
+    assert sign.still_signed(legacy, entry, signer, None) is False
+    assert attest.lock_statement(changed)["run"]["env"] == {"LD_PRELOAD": "/x.so"}
+    assert set(attest.lock_statement(entry)) == set(attest.SIGNED_FIELDS)
