@@ -187,6 +187,32 @@ def test_publish_remove_pull_by_digest_and_serve(tmp_path, built_base, test_ctx,
         assert model["command"][:3] == entry["run"]["command"][:3]  # images.lock's command
         assert verdict["host"]["hostname"] and f"{CPU_ID}: pass on" in out
 
+        # 4b. the job's shape on the consumer's host (issue 43): `verify --levels workload`
+        #     runs the signed serve command on weights that end their thinking answers (the
+        #     fixture trained in the pulled image), held to the figure the cell was published
+        #     with (none here: the CI publish ran no workload level)
+        trained = tmp_path / "consumer-trained"
+        trained.mkdir()
+        code, _, output = maker.run("make_fixture_model", ["--out", "/fixture/model",
+                                                           "--trained"], 900,
+                                    mounts=[engine.Mount(str(trained), "/fixture",
+                                                         read_only=False)])
+        assert code == 0, output[-2000:]
+        work_path = tmp_path / "verdict-workload.json"
+        code = main(["verify", CPU_ID, "--key", str(public), "--lock", str(lock_path),
+                     "--model-dir", str(trained / "model"), "--no-answer-check",
+                     "--levels", "workload", "--soak-s", "20", "--out", str(work_path)])
+        out = capsys.readouterr().out
+        work = json.loads(work_path.read_text())["levels"]["workload"]
+        assert code == 0, work.get("reason") or work.get("engine_log_tail") or out
+        assert work["status"] == "pass" and work["command"][:3] == entry["run"]["command"][:3]
+        assert [p["concurrency"] for p in work["sweep"]["points"]] == [1, 4, 8]
+        assert all(p["truncated"] == p["empty"] == p["errors"] == 0
+                   for p in work["sweep"]["points"])
+        assert work["soak"]["seconds"] >= 20 and work["soak"]["server_up"]
+        assert work["needle"]["status"] == "pass" and work["backends"]["seen"]["gdn"] == ["cpu"]
+        assert work["target"]["previous_tokens_per_s"] is None
+
         # 5. a wrong password: one line, exit 1
         monkeypatch.setenv(registry_api.REGISTRY_PASSWORD_ENV, "wrong-" + PASSWORD)
         code = main(["pull", CPU_ID, "--skip-verify", "--lock", str(lock_path)])

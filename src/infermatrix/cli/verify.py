@@ -11,7 +11,8 @@ from ..errors import UsageError
 from ..stages import sign
 from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
-from ..consumer.verify import (VERIFY_LEVELS, default_verdict_path, unified_sizing, verify_entry,
+from ..consumer.verify import (ALL_VERIFY_LEVELS, VERIFY_LEVELS, default_verdict_path,
+                               unified_sizing, verify_entry,
                                write_verdict)
 
 
@@ -29,8 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--lock", metavar="PATH", type=Path, default=Path(IMAGES_LOCK_NAME),
                         help=f"the lock to read (default: ./{IMAGES_LOCK_NAME})")
     parser.add_argument("--levels", default=",".join(VERIFY_LEVELS), metavar="LIST",
-                        help=f"comma-separated subset of {','.join(VERIFY_LEVELS)} "
-                        "(default: both)")
+                        help=f"comma-separated subset of {','.join(ALL_VERIFY_LEVELS)} "
+                        f"(default: {','.join(VERIFY_LEVELS)}; workload: the job's shape, "
+                        "a sweep, a soak, a needle, held to the published figure)")
+    parser.add_argument("--soak-s", type=float, default=None, metavar="S",
+                        help="seconds of the workload level's soak (default 600, 60 for a CPU "
+                        "cell)")
     parser.add_argument("--expect", default="Paris", metavar="TEXT",
                         help="the word the probe's answer must hold (default: Paris, for "
                         "the default question)")
@@ -50,10 +55,10 @@ def run_verify(args: argparse.Namespace) -> int:
     from ..consumer.deploy import locked_entry
 
     levels = [part.strip() for part in args.levels.split(",") if part.strip()]
-    unknown = [level for level in levels if level not in VERIFY_LEVELS]
+    unknown = [level for level in levels if level not in ALL_VERIFY_LEVELS]
     if unknown or not levels:
         raise UsageError(f"--levels {args.levels!r}: expected a comma-separated subset of "
-                         f"{','.join(VERIFY_LEVELS)}")
+                         f"{','.join(ALL_VERIFY_LEVELS)}")
     if not args.lock.is_file():
         raise UsageError(f"{args.lock} does not exist: pass --lock PATH (the images.lock "
                          "you pulled from)")
@@ -71,8 +76,11 @@ def run_verify(args: argparse.Namespace) -> int:
     if unified is not None:
         print(f"{args.cell}: {unified.describe()}")
     out = args.out or default_verdict_path(args.cell)
+    if args.soak_s is not None and args.soak_s <= 0:
+        raise UsageError(f"--soak-s {args.soak_s:g}: give a positive number of seconds")
     verdict = verify_entry(entry, args.model_dir.absolute(), out.with_suffix(".log"), levels,
-                           args.expect, not args.no_answer_check, unified=unified)
+                           args.expect, not args.no_answer_check, unified=unified,
+                           soak_s=args.soak_s)
     verdict["signature"] = {"verified_by": entry.get("verified_by"),
                             "note": None if entry.get("verified_by") else
                             f"NOT VERIFIED ({sign.SKIP_FLAG})"}

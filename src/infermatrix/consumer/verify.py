@@ -7,7 +7,10 @@ From images.lock alone (no matrix): the image is the entry's digest reference, p
          n/a for a CPU cell);
   model  the serve command images.lock recorded, on the weights of `--model-dir` (with the
          MTP flags when the head is there), probed with thinking on and off, the answer
-         checked against `--expect` unless `--no-answer-check` (random fixture weights).
+         checked against `--expect` unless `--no-answer-check` (random fixture weights);
+  workload  (asked for) the job's shape against one server of the signed serve command
+         (stages/workload.py: sweep, soak, needle, backends used), its figure held to the
+         one the cell was published with (a regression on this host is flagged).
 The verdict (the host's facts: name, GPUs, driver; each level) is written as JSON for that host.
 """
 
@@ -28,8 +31,9 @@ from ..stages import smoke
 from .pull import serve_command
 from ..stages.smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
 
-VERIFY_LEVELS = ("gpu", "model")
-DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0}
+VERIFY_LEVELS = ("gpu", "model")  # the default
+ALL_VERIFY_LEVELS = ("gpu", "model", "workload")
+DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0, "workload": 3600.0}
 VERIFY_ELSEWHERE = "run `infermatrix verify` on a {platform} host"
 
 
@@ -100,11 +104,68 @@ def verify_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_h
                                        entry["cell"])
 
 
+def verify_workload(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
+                    real_model: bool, unified: Sizing | None = None,
+                    soak_s: float | None = None) -> LevelResult:
+    """The workload level on this host: the signed serve command on `model_dir`, one server
+    on loopback, driven by stages/workload.py; its figure against the published one."""
+    from ..stages import workload
+    from ..engine import docker as engine
+
+    run = entry["run"]
+    if run.get("gpu") and not gpu_here:
+        return LevelResult("workload", "skip", NO_GPU, details={"needs_gpu": True})
+    if harness.emulated:
+        return smoke.emulated_skip("workload", harness.emulated, VERIFY_ELSEWHERE)
+    if not harness.docker.is_local():
+        return LevelResult("workload", "skip", "not verified here: the load runs on this "
+                           "machine and the server's port stays on the engine's host",
+                           details={"not_verified": True})
+    command = serve_command(entry, CONTAINER_PORT, model_dir)
+    if unified is not None:
+        command = with_fraction(command, unified)
+    settings = workload.WorkloadSettings.from_matrix(
+        {"soak_s": soak_s, "cpu": {"soak_s": soak_s}} if soak_s else None,
+        cpu=not run.get("gpu"), model_dir=model_dir, real_model=real_model)
+    details: dict[str, Any] = {"model_source": str(model_dir), "command": command}
+    with smoke.container(harness.docker, harness.image_id, command=command,
+                         env=dict(run.get("env") or {}), shm_size=run.get("shm_size") or "1g",
+                         mounts=[engine.Mount(str(model_dir), CONTAINER_MODEL, read_only=True)],
+                         ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
+                         gpus=harness.gpus if run.get("gpu") else False,
+                         labels={smoke.SMOKE_LABEL: entry["cell"]}) as cid:
+        host, port = smoke.published_port(harness.docker, cid)
+        from ..stages.generate import ServerEndpoint
+        from ..stages.throughput import wait_all_healthy
+
+        endpoint = ServerEndpoint("server", f"http://{host}:{port}", run.get("health")
+                                  or "/health")
+        try:
+            details["health_wait_s"] = wait_all_healthy(
+                [endpoint], DEFAULT_TIMEOUTS["model"], alive=smoke.container_gone(
+                    harness.docker, cid))
+            details.update(workload.measure(endpoint, settings,
+                                            alive=smoke.container_gone(harness.docker, cid)))
+        finally:
+            log = harness.docker.container_logs(cid)
+    smoke.append_log(harness.log_path, f"workload server: {' '.join(command)}", log)
+    backend = (entry.get("labels") or {}).get("io.infermatrix.attention_backend") or None
+    details["backends"] = workload.judge_backends(log, backend)
+    published = ((entry.get("smoke") or {}).get("workload") or {}).get("tokens_per_s_per_gpu")
+    details["target"] = workload.target_verdict(
+        details["tokens_per_s"], entry["arch"], settings,
+        float(published) if isinstance(published, (int, float)) else None)
+    status, reason = workload.verdict(details, settings.regression_fails)
+    if status == "fail":
+        details["engine_log_tail"] = smoke.last_lines(log, 40)
+    return LevelResult("workload", status, reason, details=details)
+
+
 def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
                  levels: list[str] | None = None, expect: str | None = "Paris",
                  answer_check: bool = True, gpu_here: bool | None = None,
                  gpus: Any = True, unified: Sizing | None = None,
-                 docker: Engine | None = None) -> dict[str, Any]:
+                 docker: Engine | None = None, soak_s: float | None = None) -> dict[str, Any]:
     """The verdict of this host for one images.lock entry (levels run in order, in `docker`,
     default DOCKER_HOST / the current context); `unified`: the engine's memory on a
     unified-memory GPU host (unified_sizing)."""
@@ -121,6 +182,8 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
     runners = {
         "gpu": lambda: verify_gpu(entry, harness, gpu_here, DEFAULT_TIMEOUTS["gpu"]),
         "model": lambda: verify_model(entry, harness, model_dir, gpu_here, settings, unified),
+        "workload": lambda: verify_workload(entry, harness, model_dir, gpu_here, answer_check,
+                                            unified, soak_s),
     }
     results = {name: smoke.timed_level(name, runners[name]) for name in levels or VERIFY_LEVELS}
     status = smoke.overall_status([r.status for r in results.values()])

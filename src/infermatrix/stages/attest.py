@@ -109,7 +109,9 @@ def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
                    if isinstance(level, dict)},
         "smoke": {"status": _status(smoke), "finished": smoke.finished if smoke else None,
                   "image_id": smoke_details.get("image_id"),
-                  "tokens_per_s": smoke_details.get("tokens_per_s")},
+                  "tokens_per_s": smoke_details.get("tokens_per_s"),
+                  # the job's shape, where the workload level ran (issue 43): its figures
+                  "workload": smoke_details.get("workload")},
         "audit": {"status": _status(audit), "finished": audit.finished if audit else None,
                   "reason": audit.reason if audit else None,
                   "checks": [{k: check.get(k) for k in ("name", "status", "detail")}
