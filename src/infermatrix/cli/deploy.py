@@ -55,6 +55,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                         metavar="MEMINFO", help="where the host's available memory is read "
                         "for a unified-memory GPU (DGX Spark / GB10): run deploy on that host, "
                         "or give a copy of its /proc/meminfo (default: this host's)")
+    parser.add_argument("--context-tokens", type=int, default=deploy.DEFAULT_CONTEXT_TOKENS,
+                        metavar="N", help="prompt tokens per request the sizing plans for "
+                        f"(default {deploy.DEFAULT_CONTEXT_TOKENS})")
+    parser.add_argument("--output-tokens", type=int, default=deploy.DEFAULT_OUTPUT_TOKENS,
+                        metavar="N", help="answer tokens (thinking included) per request the "
+                        f"sizing plans for (default {deploy.DEFAULT_OUTPUT_TOKENS})")
+    parser.add_argument("--max-seqs", type=int, default=None, metavar="N",
+                        help="sequences each server runs at once (the engine's --max-num-seqs "
+                        "/ --max-running-requests; default: the capacity model's figure for "
+                        "the cell's GPU at --context-tokens + --output-tokens, written into "
+                        "compose.yaml and deployment.json, which `generate` reads)")
     verify_flags(parser)
     parser.set_defaults(func=run_deploy)
 
@@ -97,13 +108,23 @@ def run_deploy(args: argparse.Namespace) -> int:
     # What was tested is what starts: the signed launch (the engine's health path from the
     # matrix for an entry published before images.lock kept it).
     launch = Launch.from_locked(entry["run"], health=ctx.matrix.engines[cell.engine].get("health"))
+    for flag, value in (("--context-tokens", args.context_tokens),
+                        ("--output-tokens", args.output_tokens), ("--max-seqs", args.max_seqs)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value}: give a positive number")
+    deploy.check_lane(entry, launch, gpus, args.cpu_lane)  # usage errors before the sizing
+    sizing = deploy.server_sizing(entry, model_dir, args.context_tokens, args.output_tokens,
+                                  args.max_seqs)
     result = deploy.deployment(entry, launch, str(model_dir), gpus,
                                args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes,
-                               cpus, unified)
+                               cpus, unified, sizing)
     files = result.files()
     check_out_dir(out, files)  # nothing written when a file there is not deploy's
     if unified is not None:
         print(f"{cell.id}: {unified.describe()}")
+    print(f"{cell.id}: {sizing.flag or 'sequence limit'} {sizing.max_seqs or 'engine default'} "
+          f"per server ({sizing.source}); predicted {sizing.predicted_tokens_per_s or '?'} "
+          "output tokens/s per server")
     write_out_dir(out, files, entry)
     for name in files:
         print(out / name)

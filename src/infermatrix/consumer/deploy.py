@@ -45,17 +45,110 @@ class Deployment:
     readme: str
 
     verified_by: str | None = None  # the key the signed statement verified against; None: not
+    sizing: dict[str, Any] | None = None  # ServerSizing.as_dict: what `generate` reads
 
     def files(self) -> dict[str, str]:
         """File name -> text, as cli/deploy.py writes them into the out directory."""
+        import json
+
         out = {COMPOSE_NAME: compose_text(self.compose, self.verified_by),
                README_NAME: self.readme}
+        if self.sizing is not None:
+            out[SIZING_NAME] = json.dumps(self.sizing, indent=2, sort_keys=True) + "\n"
         if self.proxmox_lines is not None:
             out[PROXMOX_NAME] = "\n".join(self.proxmox_lines) + "\n"
         return out
 
 
 # --- input ----------------------------------------------------------------------------------
+
+# --- sizing: each server's concurrent sequences and its predicted throughput (issue 46) -------
+
+SIZING_NAME = "deployment.json"  # stages/generate.py DEPLOYMENT_RECORD reads it
+DEFAULT_CONTEXT_TOKENS = 8192  # a prompt's tokens the sizing plans for
+DEFAULT_OUTPUT_TOKENS = 8192  # an answer's tokens (thinking included) the sizing plans for
+
+
+@dataclass(frozen=True)
+class ServerSizing:
+    """The engine's sequence limit for each server and the capacity model's prediction."""
+
+    flag: str | None  # --max-num-seqs / --max-running-requests; None: the engine has none
+    max_seqs: int | None
+    source: str
+    device_class: str | None
+    model: str
+    context_tokens: int
+    output_tokens: int
+    predicted_tokens_per_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max_seqs_flag": self.flag, "max_seqs": self.max_seqs,
+                "max_seqs_source": self.source, "device_class": self.device_class,
+                "model": self.model, "profile": "bf16", "context_tokens": self.context_tokens,
+                "output_tokens": self.output_tokens,
+                "predicted_tokens_per_s_per_replica": self.predicted_tokens_per_s,
+                "prediction_source": f"capacity model (data/capacity.yaml): {self.model} on "
+                                     f"{self.device_class}, bf16, {self.context_tokens} + "
+                                     f"{self.output_tokens} tokens at batch {self.max_seqs}"
+                                     if self.predicted_tokens_per_s else None}
+
+
+def capacity_model_of(model_dir: Path) -> str:
+    """The capacity model's shape for the weights deployed: the tiny fixture (its marker
+    file) or the matrix's model."""
+    from ..model import capacity
+
+    fixture = model_dir / "infermatrix-fixture.json"
+    return "fixture-tiny" if fixture.is_file() else capacity.DEFAULT_MODEL
+
+
+def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
+                  output_tokens: int, max_seqs: int | None = None) -> ServerSizing:
+    """Each server's sequence limit: `max_seqs` (--max-seqs), else the one the signed command
+    sets, else the capacity model's for the cell's device class (BF16, the checkpoint the
+    matrix serves) at context + output tokens; and the decode ceiling it predicts there."""
+    from ..model import capacity
+    from ..stages.generate import flag_value
+
+    engine = (entry.get("labels") or {}).get("io.infermatrix.engine", "")
+    flag = capacity.max_seqs_flag(engine) if engine else None
+    device = capacity.gpu_for_arch(entry.get("arch") or "")
+    model = capacity_model_of(model_dir)
+    signed = flag_value([str(w) for w in entry["run"].get("command") or []],
+                        (flag,)) if flag else None
+    if max_seqs is not None:
+        value, source = max_seqs, "--max-seqs"
+    elif signed and signed.isdigit():
+        value, source = int(signed), "the signed serve command"
+    elif device and flag and (device != "cpu-lane" or model == "fixture-tiny"):
+        value = capacity.max_num_seqs(device, "bf16", context_tokens, output_tokens,
+                                      model_key=model)
+        source = (f"capacity model: the sequences of {context_tokens} + {output_tokens} "
+                  f"tokens that fit on {device} (bf16)")
+    elif device == "cpu-lane":
+        value, source = None, (f"the capacity model sizes only the fixture on the CPU lane, "
+                               f"not {model}: the engine's default")
+    else:
+        value, source = None, "no device class or flag for this engine: the engine's default"
+    predicted = None
+    if device and value:
+        predicted = round(capacity.estimate(device, "bf16", context_tokens, output_tokens,
+                                            model_key=model, batch=value
+                                            ).ceiling.tokens_per_s, 1)
+    return ServerSizing(flag, value, source, device, model, context_tokens, output_tokens,
+                        predicted)
+
+
+def with_max_seqs(command: list[str], sizing: ServerSizing | None) -> list[str]:
+    """The command with the sizing's sequence limit, unless it sets one already."""
+    from ..stages.generate import flag_value
+
+    if sizing is None or not sizing.flag or not sizing.max_seqs or \
+            flag_value(command, (sizing.flag,)) is not None:
+        return command
+    return [*command, sizing.flag, str(sizing.max_seqs)]
+
 
 def parse_indices(spec: str, flag: str, unit: str, hint: str) -> list[int]:
     """`0-7` -> [0..7], `0,2,5` -> [0, 2, 5]; ranges and lists mix (`0-3,6`)."""
@@ -153,7 +246,8 @@ def gpu_reservation(gpu: int) -> dict[str, Any]:
 
 def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bind: str,
             gpu: int | None, lxc_nodes: list[str] | None = None,
-            cpuset: str | None = None, unified: Sizing | None = None) -> dict[str, Any]:
+            cpuset: str | None = None, unified: Sizing | None = None,
+            sizing: ServerSizing | None = None) -> dict[str, Any]:
     """One engine server: the locked image by digest, its command on `port`, the model
     read-only, shm, health check; with `gpu`, pinned to that GPU (and, inside an LXC guest,
     given `lxc_nodes` of /dev as devices); on a unified-memory GPU (`unified`), its memory
@@ -164,7 +258,7 @@ def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bi
         env["NVIDIA_VISIBLE_DEVICES"] = str(gpu)
     body: dict[str, Any] = {
         "image": entry["reference"],
-        "command": serve_command(entry, port, model_dir),
+        "command": with_max_seqs(serve_command(entry, port, model_dir), sizing),
         "environment": env,
         "ports": [f"{bind}:{port}:{port}"],
         "shm_size": run.get("shm_size") or launch.shm_size,
@@ -195,7 +289,8 @@ def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
                      base_port: int | None = None, bind: str = "127.0.0.1",
                      lxc_nodes: dict[int, list[str]] | None = None,
                      cpus: list[int] | None = None,
-                     unified: Sizing | None = None) -> dict[str, Any]:
+                     unified: Sizing | None = None,
+                     sizing: ServerSizing | None = None) -> dict[str, Any]:
     """One service per GPU (`gpu<N>`), or `cpu_replicas` services (`cpu<i>`) each on its own
     share of `cpus` (default: this host's), ports from `base_port` up in service order;
     `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest; `unified`: each GPU server's share
@@ -209,7 +304,7 @@ def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
         named = [(f"cpu{i}", None, sets[i]) for i in range(cpu_replicas or 0)]
     return {"services": {name: service(entry, launch, model_dir, base + index, bind, gpu,
                                        (lxc_nodes or {}).get(gpu) if gpu is not None else None,
-                                       cpuset, unified)
+                                       cpuset, unified, sizing)
                          for index, (name, gpu, cpuset) in enumerate(named)}}
 
 
@@ -305,13 +400,15 @@ def deployment(entry: dict[str, Any], launch: Launch, model_dir: str,
                base_port: int | None = None, bind: str = "127.0.0.1",
                lxc_lines: list[str] | None = None,
                lxc_nodes: dict[int, list[str]] | None = None,
-               cpus: list[int] | None = None, unified: Sizing | None = None) -> Deployment:
+               cpus: list[int] | None = None, unified: Sizing | None = None,
+               sizing: ServerSizing | None = None) -> Deployment:
     """The files of a deployment; `lxc_lines` (host.proxmox.deployment_lines, GPU lanes only)
     become proxmox-lxc.conf."""
     compose = compose_document(entry, launch, model_dir, gpus, cpu_replicas, base_port, bind,
-                               lxc_nodes, cpus, unified)
+                               lxc_nodes, cpus, unified, sizing)
     proxmox_lines = lxc_lines if gpus else None
     return Deployment(compose, proxmox_lines,
                       readme_text(entry, launch, compose, proxmox_lines is not None,
-                                  unified if gpus else None), entry.get("verified_by"))
+                                  unified if gpus else None), entry.get("verified_by"),
+                      sizing.as_dict() if sizing is not None else None)
 

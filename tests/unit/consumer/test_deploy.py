@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
+import json
+
 import yaml
 
 from infermatrix.journal import CellRecord
@@ -229,3 +231,37 @@ def test_a_missing_digest_or_lock_is_a_usage_error(tmp_path, matrix, capsys):
     assert code == 2 and "no digest reference" in capsys.readouterr().err
     code, _ = run_deploy(tmp_path, tmp_path / "absent.lock", SM120.id, "--gpus", "0")
     assert code == 2 and "infermatrix publish" in capsys.readouterr().err
+
+
+def test_each_server_is_sized_by_the_capacity_model_and_generate_reads_it(tmp_path, lock_path):
+    """Issue 46/43: an sm_120 SGLang server runs the sequences of 8K + 8K tokens that fit an
+    RTX PRO 6000 with BF16 weights (27, docs/capacity.md), written into the command and into
+    deployment.json with the predicted tokens/s; generate takes both."""
+    from infermatrix.model import capacity
+    from infermatrix.stages import generate
+
+    code, out = run_deploy(tmp_path, lock_path, SM120.id, "--gpus", "0-1")
+    assert code == 0
+    services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
+    expected = capacity.max_num_seqs("rtx-pro-6000", "bf16", 8192, 8192)
+    assert expected == 27
+    for svc in services.values():
+        command = svc["command"]
+        assert command[command.index("--max-running-requests") + 1] == "27"
+    record = json.loads((out / "deployment.json").read_text())
+    assert record["max_seqs"] == 27 and record["device_class"] == "rtx-pro-6000"
+    assert record["predicted_tokens_per_s_per_replica"] == round(capacity.estimate(
+        "rtx-pro-6000", "bf16", 8192, 8192, batch=27).ceiling.tokens_per_s, 1)
+    assert [e.max_seqs for e in generate.deployment_endpoints(out)] == [27, 27]
+    assert generate.deployment_record(out)["output_tokens"] == 8192
+    # an explicit limit wins; a context that cannot fit one sequence is exit 2 with the fix
+    (tmp_path / "b").mkdir()
+    (tmp_path / "c").mkdir()
+    code, out = run_deploy(tmp_path / "b", lock_path, SM120.id, "--gpus", "0",
+                           "--max-seqs", "5")
+    assert code == 0
+    assert "5" == yaml.safe_load((out / "compose.yaml").read_text())["services"]["gpu0"][
+        "command"][-1]
+    code, _ = run_deploy(tmp_path / "c", lock_path, SM120.id, "--gpus", "0",
+                         "--context-tokens", "900000")
+    assert code == 2
