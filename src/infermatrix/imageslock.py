@@ -54,6 +54,9 @@ def read_images_lock(path: Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         raise DamagedStateFile(f"malformed images.lock: {exc}", path,
                                mark.line + 1 if mark else None, IMAGES_LOCK_FIX) from None
+    except RecursionError:  # issue 48's fuzz: `[[[[...` deeper than the parser goes
+        raise DamagedStateFile("malformed images.lock: nested too deep", path, 1,
+                               IMAGES_LOCK_FIX) from None
     if not isinstance(data, dict) or data.get("version") != IMAGES_LOCK_VERSION:
         raise DamagedStateFile(f"not an images.lock of version {IMAGES_LOCK_VERSION}", path, 1,
                                IMAGES_LOCK_FIX)

@@ -122,6 +122,9 @@ def read_state_json(path: Path, kind: str, fix: str, shape: type = dict) -> Any:
     except json.JSONDecodeError as exc:
         raise DamagedStateFile(f"damaged {kind}: {exc.msg} (truncated?)", path, exc.lineno,
                                fix) from None
+    except RecursionError:  # issue 48's fuzz: `[[[[...` deeper than the decoder goes
+        raise DamagedStateFile(f"damaged {kind}: nested too deep to be one", path, 1,
+                               fix) from None
     if not isinstance(data, shape):
         raise DamagedStateFile(f"damaged {kind}: expected a JSON {shape.__name__}, found "
                                f"{type(data).__name__}", path, 1, fix)

@@ -45,7 +45,8 @@ def _non_loopback_address() -> str:
 
 
 class Relay:
-    """tcp://ADDRESS:PORT -> the engine's unix socket, byte for byte."""
+    """tcp://ADDRESS:PORT -> the engine's unix socket, byte for byte; a connection from any
+    other machine is closed at once (a connection from this one comes from ADDRESS)."""
 
     def __init__(self, unix_path: str) -> None:
         self.server = socket.socket()
@@ -59,9 +60,12 @@ class Relay:
     def serve(self) -> None:
         while True:
             try:
-                client, _ = self.server.accept()
+                client, peer = self.server.accept()
             except OSError:
                 return
+            if peer[0] != self.address:  # only this machine (the engine is root here)
+                client.close()
+                continue
             upstream = socket.socket(socket.AF_UNIX)
             upstream.connect(self.unix_path)
             threading.Thread(target=_pipe, args=(client, upstream), daemon=True).start()

@@ -542,3 +542,36 @@ def test_a_registry_whose_certificate_is_not_trusted_is_one_line(tmp_path, image
         assert f"/etc/docker/certs.d/{server.host}/ca.crt" in line
     finally:
         server.stop()
+
+
+def test_two_publish_runs_from_two_state_dirs_on_one_checkout_keep_both_cells(
+        tmp_path, registry, images):
+    """Issue 48: two `publish` runs of one checkout (one images.lock) from different state
+    directories, each with its own tagged cell. Each run reads images.lock at its start and
+    writes it after its cell: run B read before run A wrote, so B's write dropped A's cell
+    (both exited 0). Real pushes to a real registry; the two runs' steps interleaved as two
+    processes started together would (read A, read B, publish A, publish B)."""
+    from infermatrix.model.selectors import Selection
+    from infermatrix.stages import plan_cells
+
+    repo = unique_repo("twostates")
+    ctx_a = make_context(tmp_path / "checkout", registry, repo)
+    ctx_b = Context.load(ctx_a.matrix.path, tmp_path / "state-b")
+    mark_tagged(ctx_a.state, GPU_CELL, images["gpu-a"])
+    mark_tagged(ctx_b.state, GPU_CELL_2, images["gpu2"])
+    lock_path = tmp_path / "checkout" / "images.lock"
+    runs = []
+    for ctx in (ctx_a, ctx_b):  # each run's start: it reads images.lock
+        [cand] = publish.tagged_cells(ctx.state, Selection())
+        specs = {p.id: ctx.spec(p) for p in plan_cells(ctx) if p.id == cand.cell_id}
+        runs.append((publish.Publisher(ctx, f"{registry}/{repo}", good(), lock_path, DOCKER,
+                                       say=lambda _: None, cells=specs), cand))
+    for publisher, cand in runs:
+        publisher.publish_cell(cand)
+        assert publisher.result.pushed == [cand.cell_id]
+    lock = publish.read_images_lock(lock_path)
+    assert sorted(lock["images"]) == sorted([GPU_CELL, GPU_CELL_2])
+    for cell_id, key in ((GPU_CELL, "gpu-a"), (GPU_CELL_2, "gpu2")):
+        remote = registry_api.remote_manifest(f"{registry}/{repo}", cell_id, good())
+        assert remote is not None and lock["images"][cell_id]["digest"] == remote.digest
+        assert lock["images"][cell_id]["image_id"] == images[key]

@@ -53,6 +53,8 @@ def _read_plan_file(path: Path) -> list[CellPlan]:
         raise UsageError(f"{path}: plan file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"not a plan JSON file: {exc}", path) from None
+    except RecursionError:  # issue 48's fuzz: `[[[[...` deeper than the decoder goes
+        raise ConfigError("not a plan JSON file: nested too deep", path) from None
 
 
 def _plan_from_matrix(args: argparse.Namespace) -> list[CellPlan]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..engine.artifacts import sha256_file
 from ..model.spec import MATCH_ENGINE
-from ..state import StatePaths, write_json_atomic
+from ..state import DamagedStateFile, StatePaths, notice, read_state_json, write_json_atomic
 
 ENTRY_FILE = "entry.json"
 # Files that do not change what a source tree compiles to.
@@ -130,19 +130,32 @@ def lookup(state: StatePaths, key: KernelKey) -> CachedKernel | None:
     marker = directory / ENTRY_FILE
     if not marker.is_file():
         return None
-    meta = json.loads(marker.read_text(encoding="utf-8"))
-    wheels = [directory / name for name in meta.get("wheels", [])]
-    if not wheels or not all(w.is_file() and not w.is_symlink() for w in wheels):
+    try:
+        meta = read_state_json(marker, "kernel cache entry", "it is compiled again")
+    except DamagedStateFile as exc:  # issue 48's fuzz: was a JSONDecodeError traceback
+        notice(f"warning: {str(exc).splitlines()[0]}\n  left out of the cache; the kernel "
+               "is compiled again")
         return None
+    names, details = meta.get("wheels"), meta.get("details") or {}
+    # a wheel is a plain file name of the entry: never a path out of it
+    if not isinstance(names, list) or not names or not isinstance(details, dict) or not all(
+            isinstance(n, str) and n.endswith(".whl") and "/" not in n and "\0" not in n
+            and n not in (".", "..") for n in names):
+        notice(f"warning: {marker}: damaged kernel cache entry: `wheels` is not a list of "
+               "wheel file names\n  left out of the cache; the kernel is compiled again")
+        return None
+    wheels = [directory / name for name in names]
+    if not all(w.is_file() and not w.is_symlink() for w in wheels):
+        return None
+    # issue 44: a local entry is hashed again before use (a changed wheel is compiled again)
     recorded = meta.get("sha256") if isinstance(meta.get("sha256"), dict) else {}
     for wheel in wheels:
         if wheel.name in recorded and sha256_file(wheel) != recorded[wheel.name]:
-            from ..state import notice
             notice(f"kernel cache entry {key.slug}: {wheel.name} no longer hashes to the "
                    f"sha256 recorded when it was stored ({recorded[wheel.name]}): not used, "
                    "compiled again")
             return None
-    return CachedKernel(key, directory, wheels, meta.get("details") or {})
+    return CachedKernel(key, directory, wheels, details)
 
 
 def store(state: StatePaths, key: KernelKey, wheels: list[Path],

@@ -767,7 +767,7 @@ def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
                      f"used part cannot be chosen")
             echo(f"  {cell_id}: {found}")
             with log_path.open("a", encoding="utf-8") as log:
-                log.write(f"# {found}\n# what fixes it: {DANGLING_CACHE_FIX.format(root=root)}\n")
+                log.write(f"# {found}\n# what to do: {DANGLING_CACHE_FIX.format(root=root)}\n")
             keep = None
         for step in ([keep] if keep is not None else []) + [None]:
             what = ("the least recently used build cache, keeping "
