@@ -16,6 +16,7 @@ from __future__ import annotations
 from tests.paths import REPO
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -153,7 +154,10 @@ def test_an_interrupted_run_resumes_without_asking_again(deployment, tmp_path):
     stdout, _ = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, (tmp_path / "second.log").read_text()[-3000:]
     summary = stdout.strip().splitlines()[-1]
-    assert f"{PROMPTS - kept} answered, {kept} already in the output, 0 failed, 0 retried" \
-        in summary, summary
-    assert requests_served(endpoint.url) - served_before == PROMPTS - kept
+    # a random-weight answer may end with nothing after its thinking: such an empty answer is
+    # asked again (issue 43), so the retries are exactly the empty answers, no more
+    empty = int(re.search(r"empty answers: (\d+)", summary).group(1))
+    assert f"{PROMPTS - kept} answered, {kept} already in the output, 0 failed, {empty} " \
+        "retried" in summary, summary
+    assert requests_served(endpoint.url) - served_before == PROMPTS - kept + empty
     assert_each_once(out)

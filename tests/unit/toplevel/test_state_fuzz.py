@@ -50,9 +50,14 @@ NASTY_VALUES: list[Any] = [None, 0, -1, 1.5, True, "", [], {}, "x" * 5000, CLIMB
                            "sha256:" + "0" * 64]
 
 
+# the wheel the seed's entry holds, and its sha256 (an entry is hashed again before use)
+WHEEL_BYTES = b"PK\x05\x06" + b"\0" * 18
+
+
 def _kernel_entry() -> bytes:
     return (json.dumps({"key": KEY.as_dict(), "wheels": ["fixture_kernel-1.0-cp312-linux.whl"],
-                        "sha256": {"fixture_kernel-1.0-cp312-linux.whl": "0" * 64},
+                        "sha256": {"fixture_kernel-1.0-cp312-linux.whl":
+                                   hashlib.sha256(WHEEL_BYTES).hexdigest()},
                         "stored": "2026-01-01T00:00:00Z", "details": {"seconds": 3}},
                        indent=2, sort_keys=True) + "\n").encode()
 
@@ -227,7 +232,7 @@ def _layout(root: Path, loader: Loader, data: bytes) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data if other is loader else other.seed)
     entry = (root / LOADERS[3].where).parent  # the kernel entry's wheel
-    (entry / "fixture_kernel-1.0-cp312-linux.whl").write_bytes(b"PK\x05\x06" + b"\0" * 18)
+    (entry / "fixture_kernel-1.0-cp312-linux.whl").write_bytes(WHEEL_BYTES)
     return root / loader.where
 
 
