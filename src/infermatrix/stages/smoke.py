@@ -772,7 +772,9 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
         finally:
             log = docker.container_logs(cid)
     append_log(harness.log_path, f"workload server: {' '.join(launch.command)}", log)
-    details["backends"] = workload.judge_backends(log, spec.attention_backend)
+    details["backends"] = workload.judge_backends(
+        log, spec.attention_backend,
+        audited_gdn_choice(journal.cell_record(ctx.state, spec.id), spec.cell.arch))
     details["target"] = workload.target_verdict(details["tokens_per_s"], spec.cell.arch,
                                                 settings, published_workload_figure(ctx, spec))
     from ..model.capacity import ratios_path
@@ -784,6 +786,17 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     if status == "fail":
         details["engine_log_tail"] = last_lines(log, 40)
     return LevelResult("workload", status, reason, details=details)
+
+
+def audited_gdn_choice(record: journal.CellRecord, arch: str) -> str | None:
+    """The GDN prefill backend the audit read the engine choosing for `arch` (its Triton
+    check runs the engine's own _resolve_gdn_prefill_backend), or None when it made none."""
+    for check in record.details_of("audit").get("checks") or []:
+        if isinstance(check, dict) and check.get("name") == "triton-smem":
+            path = ((check.get("paths") or {}).get(arch) or {}).get("gdn_prefill") or {}
+            chosen = path.get("chosen") if isinstance(path, dict) else None
+            return chosen if isinstance(chosen, str) else None
+    return None
 
 
 def published_workload_figure(ctx: Context, spec: CellSpec) -> float | None:

@@ -297,35 +297,35 @@ def normal(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower()).replace("attn", "").replace("attention", "")
 
 
+def judge_one(kind: str, seen: list[str], planned: str | None, whose: str
+              ) -> tuple[str, str | None]:
+    """(status, reason) of one kind of backend: the first the log names against the plan."""
+    if planned is None:
+        return "skip", f"{kind}: nothing chosen to compare with"
+    if not seen:
+        return "skip", f"{kind}: not verified: the server's log names none ({whose} {planned})"
+    if all(normal(name) == normal(planned) for name in seen):
+        return "pass", None
+    return "fail", (f"the server ran {kind} backend {', '.join(seen)}; {whose} {planned}")
+
+
 def judge_backends(log: str, planned_attention: str | None,
                    planned_gdn: str | None = None) -> dict[str, Any]:
     """The attention backend the server ran against the plan's choice, and the GDN prefill
-    backend against the audit's reading of the engine's own choice (when it made one)."""
+    backend against the audit's reading of the engine's own choice (when it made one): a
+    mismatch fails; a kind with nothing to compare is said, not passed."""
     seen = backends_in_log(log)
-    attention = seen.get("attention") or []
-    details: dict[str, Any] = {"seen": seen, "planned_attention": planned_attention,
-                               "planned_gdn": planned_gdn}
-    gdn = seen.get("gdn") or []
-    if planned_gdn and gdn and normal(gdn[0]) != normal(planned_gdn):
-        details.update(status="fail", reason=f"the server ran GDN prefill backend {gdn[0]}; "
-                       f"the audit read the engine choosing {planned_gdn}")
-        return details
-    if planned_attention is None:
-        details.update(status="pass" if attention else "skip",
-                       reason=None if attention else "the server's log names no attention "
-                       "backend, and the plan chose none: nothing to compare")
-        return details
-    if not attention:
-        details.update(status="skip", reason=f"not verified: the server's log names no "
-                       f"attention backend (the plan chose {planned_attention})")
-        return details
-    same = [a for a in attention if normal(a) == normal(planned_attention)]
-    if same and len({normal(a) for a in attention}) == 1:
-        details.update(status="pass", reason=None)
-    else:
-        details.update(status="fail", reason=f"the server ran attention backend "
-                       f"{', '.join(attention)}; the plan chose {planned_attention}")
-    return details
+    verdicts = {"attention": judge_one("attention", seen.get("attention") or [],
+                                       planned_attention, "the plan chose"),
+                "gdn": judge_one("GDN prefill", seen.get("gdn") or [], planned_gdn,
+                                 "the audit read the engine choosing")}
+    statuses = [status for status, _ in verdicts.values()]
+    status = "fail" if "fail" in statuses else "pass" if "pass" in statuses else "skip"
+    reasons = [why for st, why in verdicts.values() if why and (st == "fail" or status != "fail")]
+    return {"seen": seen, "planned_attention": planned_attention, "planned_gdn": planned_gdn,
+            "kinds": {k: v[0] for k, v in verdicts.items()}, "status": status,
+            "reason": "; ".join(r for r in reasons if status != "pass" or "not verified" in r)
+            or None}
 
 
 # --- predicted against measured (the capacity model, issue 46) ------------------------------

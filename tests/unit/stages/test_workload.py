@@ -105,3 +105,23 @@ def test_sweep_soak_and_needle_run_against_a_fake_server_wiring_only(tmp_path):
     assert job and all(r["temperature"] == 0.6 and r["top_k"] == 20 for r in job)
     soak_prompts = [r for r in job if r["messages"][0]["role"] == "system"]
     assert soak_prompts and len({r["messages"][0]["content"] for r in soak_prompts}) == 1
+
+
+def test_the_gdn_backend_the_server_ran_is_held_to_the_audits_reading():
+    log = "INFO [qwen_gdn_linear_attn.py:206] Using Triton GDN prefill kernel (head_k_dim=128)."
+    judged = workload.judge_backends(log, None, "flashinfer")
+    assert judged["status"] == "fail"
+    assert judged["reason"] == ("the server ran GDN prefill backend triton; the audit read the "
+                                "engine choosing flashinfer")
+    assert workload.judge_backends(log, None, "triton")["status"] == "pass"
+
+
+def test_the_audits_gdn_choice_is_read_from_the_journal():
+    from infermatrix.journal import CellRecord
+    from infermatrix.stages.smoke import audited_gdn_choice
+
+    record = CellRecord.from_json("c", {"stages": {"audit": {"status": "pass", "details": {
+        "checks": [{"name": "triton-smem", "status": "pass", "paths": {
+            "sm_120": {"gdn_prefill": {"requested": "auto", "chosen": "triton"}}}}]}}}})
+    assert audited_gdn_choice(record, "sm_120") == "triton"
+    assert audited_gdn_choice(record, "sm_121") is None
