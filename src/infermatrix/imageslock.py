@@ -9,7 +9,6 @@ import copy
 import fcntl
 import os
 import re
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,7 +18,7 @@ import yaml
 from .errors import UsageError
 from .model.selectors import matches
 from .names import reference_problem
-from .state import DamagedStateFile, read_state_text
+from .state import DamagedStateFile, read_state_text, write_text_atomic
 
 IMAGES_LOCK_NAME = "images.lock"
 IMAGES_LOCK_VERSION = 1
@@ -172,16 +171,7 @@ def write_images_lock(path: Path, lock: dict[str, Any]) -> None:
             merged = _merged(read_images_lock(path), lock, remembered[2])
         else:  # not read from `path` by this process (report --merge's): written as given
             merged = lock
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(dump_images_lock(merged))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(path, dump_images_lock(merged))
         if merged is not lock:
             lock.clear()
             lock.update(merged)

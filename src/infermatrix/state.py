@@ -62,18 +62,12 @@ class StatePaths:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that a reader sees the old file or the new one, never half of either."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`text` to `path` whole or not at all: written and flushed beside it, then renamed over it."""
+    os.replace(write_text_beside(path, text), path)
 
 
 def write_text_beside(path: Path, text: str) -> Path:

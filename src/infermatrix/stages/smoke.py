@@ -663,31 +663,51 @@ def observe_loaded_set(ctx: Context, spec: CellSpec, docker: Engine, container_i
     return details["loaded_set"]
 
 
+@dataclass(frozen=True)
+class LoadLevelStart:
+    """What a load level (throughput, workload) needs once none of its refusals applies."""
+    launch: LaunchSpec
+    host_model: Path | None
+
+
+def load_level_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
+                       options: RunOptions, level: str,
+                       ports: str) -> LevelResult | LoadLevelStart:
+    """The refusals the load levels share, in order: no server, no GPU here, a remote engine
+    (the load runs here, `ports` stay on its host), no weights to judge correctness, emulation."""
+    launch = launch_spec(ctx, spec)
+    if launch is None:
+        return LevelResult(level, "skip", f"engine {spec.cell.engine} defines no server",
+                           details={"applicable": False})
+    if launch.gpu and not gpu_here:
+        return LevelResult(level, "skip", NO_GPU, details={"needs_gpu": True})
+    docker = harness.docker
+    if not docker.is_local():
+        return LevelResult(level, "skip", f"{NOT_VERIFIED} here: the load runs on this "
+                           f"machine and {ports} on {docker.label()}'s host; "
+                           f"run `infermatrix smoke CELL --levels {level}` there",
+                           details={"not_verified": True, "engine": docker.label()})
+    host_model = model_source(ctx, options)
+    unverified = correctness_unverifiable(ctx, spec, host_model is not None)
+    if unverified:
+        return LevelResult(level, "skip", unverified,
+                           details={"not_verified": True, "needs_weights": host_model is None})
+    if harness.emulated:
+        return emulated_skip(level, harness.emulated)
+    return LoadLevelStart(launch, host_model)
+
+
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                    gpu_here: bool, options: RunOptions) -> LevelResult:
     """N replicas of the server under the bounded load of stages/throughput.py."""
     from . import throughput
 
-    launch = launch_spec(ctx, spec)
-    if launch is None:
-        return LevelResult("throughput", "skip", f"engine {spec.cell.engine} defines no "
-                           "server", details={"applicable": False})
-    if launch.gpu and not gpu_here:
-        return LevelResult("throughput", "skip", NO_GPU, details={"needs_gpu": True})
-    docker = harness.docker
-    if not docker.is_local():
-        return LevelResult("throughput", "skip", f"{NOT_VERIFIED} here: the load runs on this "
-                           f"machine and the replicas' ports stay on {docker.label()}'s "
-                           "host; run `infermatrix smoke CELL --levels throughput` there",
-                           details={"not_verified": True, "engine": docker.label()})
     started = time.monotonic()
-    host_model = model_source(ctx, options)
-    unverified = correctness_unverifiable(ctx, spec, host_model is not None)
-    if unverified:
-        return LevelResult("throughput", "skip", unverified,
-                           details={"not_verified": True, "needs_weights": host_model is None})
-    if harness.emulated:
-        return emulated_skip("throughput", harness.emulated)
+    start = load_level_refusal(ctx, spec, harness, gpu_here, options, "throughput",
+                               "the replicas' ports stay")
+    if isinstance(start, LevelResult):
+        return start
+    launch, host_model, docker = start.launch, start.host_model, harness.docker
     settings = throughput.LoadSettings.from_matrix(smoke_settings(ctx).get("throughput"))
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
                                else "fixture (normal)", "command": launch.command}
@@ -726,25 +746,11 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     fixture on the CPU lane, real weights where a GPU is."""
     from . import throughput, workload
 
-    launch = launch_spec(ctx, spec)
-    if launch is None:
-        return LevelResult("workload", "skip", f"engine {spec.cell.engine} defines no server",
-                           details={"applicable": False})
-    if launch.gpu and not gpu_here:
-        return LevelResult("workload", "skip", NO_GPU, details={"needs_gpu": True})
-    docker = harness.docker
-    if not docker.is_local():
-        return LevelResult("workload", "skip", f"{NOT_VERIFIED} here: the load runs on this "
-                           f"machine and the server's port stays on {docker.label()}'s host; "
-                           "run `infermatrix smoke CELL --levels workload` there",
-                           details={"not_verified": True, "engine": docker.label()})
-    host_model = model_source(ctx, options)
-    unverified = correctness_unverifiable(ctx, spec, host_model is not None)
-    if unverified:
-        return LevelResult("workload", "skip", unverified,
-                           details={"not_verified": True, "needs_weights": host_model is None})
-    if harness.emulated:
-        return emulated_skip("workload", harness.emulated)
+    start = load_level_refusal(ctx, spec, harness, gpu_here, options, "workload",
+                               "the server's port stays")
+    if isinstance(start, LevelResult):
+        return start
+    launch, host_model, docker = start.launch, start.host_model, harness.docker
     started = time.monotonic()
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
                                else "fixture (trained)"}
