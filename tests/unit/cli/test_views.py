@@ -119,6 +119,23 @@ def test_the_plan_is_one_line_per_cell_with_each_reason_once() -> None:
     assert all(len(line) <= 80 for line in shown)
 
 
+def test_the_plan_shows_each_cells_profiles_and_their_predicted_throughput() -> None:
+    from infermatrix.model.cell import CellSettings
+
+    settings = CellSettings("3.11", "bookworm", "vllm", profiles=[
+        {"profile": "bf16", "status": "planned", "reasons": [],
+         "capacity": {"tokens_per_s": 346.2}},
+        {"profile": "fp8", "status": "pruned", "capacity": {"tokens_per_s": 1013.0},
+         "reasons": [{"rule": "profile-fp8-gemm-code", "reason": "no sm_121 code"}]},
+        {"profile": "bf16-kv-fp8", "status": "planned", "reasons": [],
+         "capacity": {"tokens_per_s": 594.6}}])
+    row = CellPlan(Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_121"), "planned", [], settings)
+    shown = screen(views.plan_view([row], lambda p: "driver>=580"), width=160)
+    assert shown[0].split()[:5] == ["cell", "status", "profiles", "tok/s/GPU", "settings"]
+    assert shown[1].split()[1:6] == ["planned", "bf16", "fp8-[1]", "bf16-kv-fp8", "346/595"]
+    assert shown[2] == "[1] profile-fp8-gemm-code: no sm_121 code"
+
+
 def test_the_main_jobs_summary_says_what_moves_each_untagged_cell_on(tmp_path) -> None:
     from infermatrix import journal
     from infermatrix.stages.report import build_report, human_duration
