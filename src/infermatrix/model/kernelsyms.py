@@ -7,9 +7,14 @@ This reads each fat binary entry's payload: an ELF cubin's symbol table (functio
 the kernels), a PTX text's `.entry` lines, and keeps the architectures whose entry defines a
 kernel whose name contains the pattern.
 
-Payloads are stored as-is or compressed. Observed in vLLM 0.33.0's wheels (nvcc 12.9/13.0):
-every entry's flags carry 0x8000 and the payload is a zstd frame (magic 28 b5 2f fd). Older
-toolkits compressed with LZ4 (no magic): such an entry is counted as unreadable, never guessed.
+Payloads are stored as-is or compressed, as the entry header says: the compressed size at byte
+16 (u64), the uncompressed size at byte 56 (u64), and in the flags 0x2000 for an LZ4 block,
+0x8000 for zstd. Observed: vLLM 0.33.0's objects (nvcc 13.0) are zstd frames (magic 28 b5 2f
+fd); vLLM 0.19.0's _C.abi3.so mixes zstd entries and LZ4 blocks (flags 0x2011, e.g. an sm_120
+cubin of 5,337,488 B that decodes to exactly its 18.5 MB). LZ4 is decoded here (lz4_block, a
+few seconds per entry); zstd needs the zstandard module or the zstd command. An entry that still
+cannot be read is counted, with its architecture, never guessed (profiles.py then says
+`unverified` where such an entry could be the arch's code).
 The fat binary layout is coverage.py's (entry kind, header size, payload size, SM, flags).
 """
 
@@ -25,6 +30,7 @@ from typing import Callable
 from .coverage import FATBIN_MAGIC, Arch, DeviceCode, _container_entries, _entry_arch
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+FLAG_LZ4, FLAG_ZSTD = 0x2000, 0x8000
 ELF_MAGIC = b"\x7fELF"
 _ENTRY_PTX, _ENTRY_ELF = 1, 2
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)")
@@ -56,6 +62,47 @@ def default_decompress() -> Decompress | None:
         return _zstd_module
     except ImportError:
         return _zstd_cli if shutil.which("zstd") else None
+
+
+def lz4_block(src: bytes, size: int) -> bytes:
+    """Decode one LZ4 block (the format of LZ4_decompress_safe: sequences of a token, literals,
+    a 2-byte offset and a match) into at most `size` bytes."""
+    out = bytearray()
+    i, n = 0, len(src)
+    while i < n:
+        token = src[i]
+        i += 1
+        literals = token >> 4
+        if literals == 15:
+            while True:
+                more = src[i]
+                i += 1
+                literals += more
+                if more != 255:
+                    break
+        out += src[i:i + literals]
+        i += literals
+        if i >= n or len(out) >= size:
+            break
+        offset = src[i] | (src[i + 1] << 8)
+        i += 2
+        length = token & 15
+        if length == 15:
+            while True:
+                more = src[i]
+                i += 1
+                length += more
+                if more != 255:
+                    break
+        length += 4
+        start = len(out) - offset
+        if offset <= 0 or start < 0:
+            raise ValueError("LZ4 block: a match before the start of the output")
+        if offset >= length:
+            out += out[start:start + length]
+        else:  # an overlapping match repeats the last `offset` bytes
+            out += (out[start:] * (length // offset + 1))[:length]
+    return bytes(out[:size])
 
 
 def elf_function_names(elf: bytes) -> list[str]:
@@ -94,29 +141,42 @@ class KernelCode:
     code: DeviceCode
     kernels: int  # matching symbols found, over all entries
     example: str = ""  # one matching symbol, shortened
-    unreadable: int = 0  # entries whose payload could not be read (LZ4, unknown)
+    unreadable: int = 0  # entries whose payload could not be read
+    unreadable_code: DeviceCode = DeviceCode()  # their architectures (cubins, PTX)
 
     def as_dict(self) -> dict:
         return {"pattern": self.pattern, **self.code.as_dict(), "kernels": self.kernels,
-                "example": self.example, "unreadable": self.unreadable}
+                "example": self.example, "unreadable": self.unreadable,
+                "unreadable_archs": self.unreadable_code.as_dict()}
 
     @classmethod
     def from_dict(cls, data: dict) -> KernelCode:
         return cls(data["pattern"], DeviceCode.from_dict(data), int(data["kernels"]),
-                   str(data.get("example", "")), int(data.get("unreadable", 0)))
+                   str(data.get("example", "")), int(data.get("unreadable", 0)),
+                   DeviceCode.from_dict(data.get("unreadable_archs") or {}))
 
 
-def _payload(raw: bytes, decompress: Decompress | None) -> bytes | None:
-    if raw[:4] == ZSTD_MAGIC:
+def _payload(raw: bytes, flags: int, sizes: tuple[int, int],
+             decompress: Decompress | None) -> bytes | None:
+    """An entry's payload as stored: decoded when the flags or the magic say compressed."""
+    packed, size = sizes
+    body = raw[:packed] if 0 < packed <= len(raw) else raw
+    if flags & FLAG_LZ4 and size:
+        try:
+            return lz4_block(body, size)
+        except (IndexError, ValueError):
+            return None
+    if body[:4] == ZSTD_MAGIC:
         if decompress is None:
             raise CannotDecompress("zstd-compressed fat binary entries and neither the "
                                    "zstandard module nor the zstd command here")
-        return decompress(raw)
+        return decompress(body)
     return raw
 
 
 def _entries(data):
-    """(kind, arch, payload bytes) of every entry of every fat binary container in `data`."""
+    """(kind, arch, flags, (compressed, uncompressed size), payload bytes) of every entry of
+    every fat binary container in `data`."""
     position = data.find(FATBIN_MAGIC)
     while position != -1:
         found = _container_entries(data, position)
@@ -129,9 +189,14 @@ def _entries(data):
             kind, _v, header, padded = struct.unpack_from("<HHIQ", data, offset)
             (sm,) = struct.unpack_from("<I", data, offset + 28)
             (flags,) = struct.unpack_from("<Q", data, offset + 40)
+            sizes = (0, 0)
+            if header >= 64:
+                sizes = (struct.unpack_from("<Q", data, offset + 16)[0],
+                         struct.unpack_from("<Q", data, offset + 56)[0])
             arch = _entry_arch(sm, flags)
             if arch is not None:
-                yield kind, arch, bytes(data[offset + header:offset + header + padded])
+                yield kind, arch, flags, sizes, \
+                    bytes(data[offset + header:offset + header + padded])
             offset += header + padded
         position = data.find(FATBIN_MAGIC, found[2])
 
@@ -144,15 +209,17 @@ def kernel_code(data, patterns: list[str], decompress: Decompress | None = None
     ptx: dict[str, set[Arch]] = {p: set() for p in patterns}
     counts = dict.fromkeys(patterns, 0)
     examples = dict.fromkeys(patterns, "")
-    unreadable = 0
-    for kind, arch, raw in _entries(data):
-        payload = _payload(raw, decompress)
+    unreadable: dict[int, set[Arch]] = {_ENTRY_ELF: set(), _ENTRY_PTX: set()}
+    count = 0
+    for kind, arch, flags, sizes, raw in _entries(data):
+        payload = _payload(raw, flags, sizes, decompress)
         if kind == _ENTRY_ELF and payload and payload[:4] == ELF_MAGIC:
             names, into = elf_function_names(payload), cubins
         elif kind == _ENTRY_PTX and payload and b".version" in payload[:4096]:
             names, into = ptx_entry_names(payload), ptx
         else:
-            unreadable += 1
+            count += 1
+            unreadable.setdefault(kind, set()).add(arch)
             continue
         for pattern in patterns:
             hits = [n for n in names if pattern in n]
@@ -160,5 +227,6 @@ def kernel_code(data, patterns: list[str], decompress: Decompress | None = None
                 into[pattern].add(arch)
                 counts[pattern] += len(hits)
                 examples[pattern] = examples[pattern] or hits[0][:160]
+    lost = DeviceCode(tuple(sorted(unreadable[_ENTRY_ELF])), tuple(sorted(unreadable[_ENTRY_PTX])))
     return {p: KernelCode(p, DeviceCode(tuple(sorted(cubins[p])), tuple(sorted(ptx[p]))),
-                          counts[p], examples[p], unreadable) for p in patterns}
+                          counts[p], examples[p], count, lost) for p in patterns}

@@ -141,10 +141,11 @@ def judge_fp8_gemm(cell: Cell, gemm: Mapping[str, Any], read: GemmRead,
         if not read.present:
             return NeedVerdict("fp8-gemm", path, (Verdict("profile-jit-source", _rule(
                 "profile-jit-source", data, **fields), where),))
-        path.update(coverage="jit", by=f"nvcc {cell.cuda} at first use")
+        compiler = gemm.get("compiler") or f"the image's nvcc {cell.cuda}"
+        path.update(coverage="jit", by=f"{compiler} at first use")
         return NeedVerdict("fp8-gemm", path, notes=(
-            f"FP8 GEMM {gemm['selected']} JIT-compiles at first use with the image's nvcc "
-            f"{cell.cuda} for {cell.arch} (its source {gemm['member']} is in the wheel)",))
+            f"FP8 GEMM {gemm['selected']} JIT-compiles at first use with {compiler} for "
+            f"{cell.arch} (its source {gemm['member']} is in the wheel)",))
     if read.kernel is None:
         return NeedVerdict("fp8-gemm", path, (Verdict("profile-fp8-gemm-missing", _rule(
             "profile-fp8-gemm-missing", data, **fields), where),))
@@ -152,6 +153,12 @@ def judge_fp8_gemm(cell: Cell, gemm: Mapping[str, Any], read: GemmRead,
     path.update(coverage=decision.coverage.value, by=decision.as_dict()["by"],
                 kernels=read.kernel.kernels, cubins=[a.sm for a in read.kernel.code.cubins],
                 ptx=[a.compute for a in read.kernel.code.ptx])
+    if decision.coverage is Coverage.UNCOVERED and \
+            decide(read.kernel.unreadable_code, cell.arch).covered:
+        return NeedVerdict("fp8-gemm", path, (), (Verdict(
+            "profile-unread", f"{package} {version}: {gemm['member']} has no readable "
+            f"{gemm.get('kernel')} code for {cell.arch}, but {read.kernel.unreadable} entries "
+            "that could run there could not be read", where),))
     if decision.coverage is Coverage.UNCOVERED:
         have = ", ".join(path["cubins"] + path["ptx"]) or "no architecture (no such kernel)"
         return NeedVerdict("fp8-gemm", path, (Verdict("profile-fp8-gemm-code", _rule(

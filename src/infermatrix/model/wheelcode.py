@@ -147,7 +147,10 @@ class WheelCodeCache:
         path = self.root / f"{ref.sha256 or ref.filename}.json"
         cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
         known = cached.setdefault("kernels", {}).setdefault(member, {})
-        missing = [p for p in patterns if p not in known]
+        # an entry written before the reader decoded LZ4 counts unreadable entries without
+        # their architectures: read again
+        missing = [p for p in patterns if p not in known or
+                   (known[p].get("unreadable") and "unreadable_archs" not in known[p])]
         if missing:
             archive = self._open(ref)
             if member not in archive.namelist():

@@ -15,7 +15,7 @@ from infermatrix.model import capacity
 from infermatrix.model.cell import Cell
 from infermatrix.model.coverage import DeviceCode, FATBIN_MAGIC
 from infermatrix.model.kernelsyms import (CannotDecompress, KernelCode, ZSTD_MAGIC,
-                                          elf_function_names, kernel_code)
+                                          elf_function_names, kernel_code, lz4_block)
 from infermatrix.model.profiles import (GemmRead, ProfileSpec, judge_fp8_gemm, judge_fp8_kv,
                                         judge_profile, load_paths, path_entry,
                                         planned_profiles, profile_specs)
@@ -205,7 +205,8 @@ FP8 = ProfileSpec("fp8", "Qwen/Qwen3.6-27B-FP8", ("fp8-gemm", "fp8-kv"),
 
 
 def test_a_release_whose_path_is_not_recorded_is_unverified_never_guessed():
-    plan = judge_profile(cell(version="0.19.0"), FP8, path_entry("vllm", "0.19.0"), None, PINS,
+    assert path_entry("vllm", "0.34.0") is None
+    plan = judge_profile(cell(version="0.34.0"), FP8, path_entry("vllm", "0.34.0"), None, PINS,
                          {}, None)
     assert plan.status == "unverified"
     assert {v.rule for v in plan.reasons} == {"profile-path-unread"}
@@ -221,6 +222,30 @@ def test_a_pruned_need_prunes_the_profile_and_keeps_its_flags_and_checkpoint():
     assert record["engine_args"] == ["--kv-cache-dtype", "fp8"]
     assert record["checkpoint"] == "Qwen/Qwen3.6-27B-FP8"
     assert planned_profiles([record]) == []
+
+
+def test_vllm_0_19_on_gb10_is_pruned_its_blockwise_kernel_is_sm_120a_only():
+    """The floor release: the CUTLASS gate (capability >= 100) sends GB10 to a kernel the
+    wheel builds for sm_120a alone, so FP8 weights cannot run there; sm_120 can."""
+    entry = path_entry("vllm", "0.19.0")
+    for arch, status in (("sm_120", "planned"), ("sm_121", "pruned")):
+        facts = RECORDED[f"vllm 0.19.0 {machine_of(arch)}"]["kernels"]["vllm/_C.abi3.so"]
+        kernel = KernelCode.from_dict(facts["cutlass_3x_gemm_fp8_blockwise"])
+        plan = judge_profile(cell(version="0.19.0", arch=arch, cuda="12.9"), FP8, entry,
+                             GemmRead("u", kernel), PINS, {}, None)
+        assert plan.status == status, plan.reasons
+        assert plan.fp8_gemm["cubins"] == ["sm_90a", "sm_100a", "sm_120a"]
+
+
+def test_unreadable_entries_that_could_hold_the_arch_make_it_unverified_not_pruned():
+    kernel = KernelCode("k", DeviceCode.from_dict({"cubins": ["sm_90a"]}), 3, "", 2,
+                        DeviceCode.from_dict({"cubins": ["sm_120"]}))
+    plan = judge_profile(cell(arch="sm_121"), FP8, path_entry("vllm", "0.33.0"),
+                         GemmRead("u", kernel), PINS, {}, None)
+    assert plan.status == "unverified" and plan.reasons[0].rule == "profile-unread"
+    hopper_only = KernelCode("k", kernel.code, 3, "", 2, DeviceCode.from_dict({"cubins": ["sm_90"]}))
+    assert judge_profile(cell(arch="sm_121"), FP8, path_entry("vllm", "0.33.0"),
+                         GemmRead("u", hopper_only), PINS, {}, None).status == "pruned"
 
 
 # --- the shipped matrix: the newest engines on both arches ---------------------------------------
@@ -307,14 +332,48 @@ def test_kernel_code_keeps_the_arches_whose_entries_define_the_kernel():
     assert code.kernels == 3 and found["absent"].code.empty
 
 
-def test_compressed_entries_are_decompressed_and_lz4_ones_counted_unreadable():
+def test_compressed_entries_are_decompressed_and_unknown_ones_counted_with_their_arch():
     packed = ZSTD_MAGIC + b"packed"
-    blob = fatbin((2, 120, FAMILY, packed), (2, 100, FAMILY, b"\x91lz4-looking bytes" * 4))
+    blob = fatbin((2, 120, FAMILY, packed), (2, 100, FAMILY, b"\x91unknown bytes" * 4))
     found = kernel_code(blob, ["gemm"], decompress=lambda raw: cubin("gemm_sm120"))
     assert [a.sm for a in found["gemm"].code.cubins] == ["sm_120f"]
     assert found["gemm"].unreadable == 1
+    assert [a.sm for a in found["gemm"].unreadable_code.cubins] == ["sm_100f"]
     with pytest.raises(CannotDecompress):
         kernel_code(blob, ["gemm"], decompress=None)
+
+
+def lz4_literals(data: bytes) -> bytes:
+    """An LZ4 block of one literal run (a valid block any decoder reads)."""
+    n = len(data)
+    if n < 15:
+        return bytes([n << 4]) + data
+    extra, rest = b"", n - 15
+    while rest >= 255:
+        extra, rest = extra + b"\xff", rest - 255
+    return b"\xf0" + extra + bytes([rest]) + data
+
+
+def test_lz4_blocks_decode_literals_and_overlapping_matches():
+    # "abc", then a match of 7 at offset 3 (overlapping), then the literal "x"
+    block = bytes([0x33]) + b"abc" + b"\x03\x00" + bytes([0x10]) + b"x"
+    assert lz4_block(block, 11) == b"abcabcabcax"
+    assert lz4_block(lz4_literals(b"q" * 300), 300) == b"q" * 300
+
+
+def test_an_lz4_compressed_cubin_entry_is_read_from_its_header_sizes():
+    elf = cubin("cutlass_3x_gemm_fp8_blockwise_sm120")
+    payload = lz4_literals(elf)
+    header = bytearray(64)
+    struct.pack_into("<HHIQ", header, 0, 2, 0x101, 64, len(payload) + 3)
+    struct.pack_into("<Q", header, 16, len(payload))  # compressed size
+    struct.pack_into("<I", header, 28, 120)
+    struct.pack_into("<Q", header, 40, 0x2011)  # LZ4
+    struct.pack_into("<Q", header, 56, len(elf))  # uncompressed size
+    body = bytes(header) + payload + b"\0\0\0"  # padded
+    blob = FATBIN_MAGIC + struct.pack("<Q", len(body)) + body
+    found = kernel_code(blob, ["fp8_blockwise"])["fp8_blockwise"]
+    assert [a.sm for a in found.code.cubins] == ["sm_120"] and found.unreadable == 0
 
 
 def test_the_recorded_facts_are_what_the_reader_wrote():
