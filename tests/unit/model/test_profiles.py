@@ -106,6 +106,7 @@ def test_every_matrix_profile_has_the_capacity_models_bytes_and_the_same_checkpo
     for spec in profile_specs(shipped().data):
         assert spec.key in data, f"data/capacity.yaml has no profile {spec.key}"
         assert data[spec.key]["checkpoint"] == spec.checkpoint
+        assert list(data[spec.key].get("vllm_flags") or []) == spec.args_for("vllm")
         assert (data[spec.key]["kv_bytes"] == 1) == ("fp8-kv" in spec.needs)
         assert (data[spec.key]["weight_bytes"] == 1) == ("fp8-gemm" in spec.needs)
 
