@@ -122,7 +122,10 @@ class CellSettings:
     profiles: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        if data.get("profiles") is None:  # no profile judged: the record keeps its old shape
+            data.pop("profiles", None)
+        return data
 
 
 @dataclass
