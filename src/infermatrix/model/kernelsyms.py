@@ -25,7 +25,7 @@ import shutil
 import struct
 import subprocess
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from .coverage import FATBIN_MAGIC, Arch, DeviceCode, _container_entries, _entry_arch
 
@@ -144,13 +144,13 @@ class KernelCode:
     unreadable: int = 0  # entries whose payload could not be read
     unreadable_code: DeviceCode = DeviceCode()  # their architectures (cubins, PTX)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"pattern": self.pattern, **self.code.as_dict(), "kernels": self.kernels,
                 "example": self.example, "unreadable": self.unreadable,
                 "unreadable_archs": self.unreadable_code.as_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> KernelCode:
+    def from_dict(cls, data: dict[str, Any]) -> KernelCode:
         return cls(data["pattern"], DeviceCode.from_dict(data), int(data["kernels"]),
                    str(data.get("example", "")), int(data.get("unreadable", 0)),
                    DeviceCode.from_dict(data.get("unreadable_archs") or {}))
@@ -174,7 +174,7 @@ def _payload(raw: bytes, flags: int, sizes: tuple[int, int],
     return raw
 
 
-def _entries(data):
+def _entries(data: Any) -> Iterator[tuple[int, Arch, int, tuple[int, int], bytes]]:
     """(kind, arch, flags, (compressed, uncompressed size), payload bytes) of every entry of
     every fat binary container in `data`."""
     position = data.find(FATBIN_MAGIC)
@@ -201,7 +201,7 @@ def _entries(data):
         position = data.find(FATBIN_MAGIC, found[2])
 
 
-def kernel_code(data, patterns: list[str], decompress: Decompress | None = None
+def kernel_code(data: Any, patterns: list[str], decompress: Decompress | None = None
                 ) -> dict[str, KernelCode]:
     """For each pattern (a substring of the mangled kernel name), the architectures of the
     cubins and PTX in `data` (an object's bytes or mmap) that define a matching kernel."""
