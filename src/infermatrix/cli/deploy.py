@@ -66,8 +66,37 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "/ --max-running-requests; default: the capacity model's figure for "
                         "the cell's GPU at --context-tokens + --output-tokens, written into "
                         "compose.yaml and deployment.json, which `generate` reads)")
+    parser.add_argument("--profile", default=deploy.DEFAULT_PROFILE, metavar="NAME",
+                        help="serve profile of matrix.yaml `profiles` (bf16, fp8, bf16-kv-fp8): "
+                        "its launch flags are added to the serve command, the sizing and the "
+                        "prediction use its bytes, and --model-dir must hold its checkpoint "
+                        f"(default {deploy.DEFAULT_PROFILE}, the one every cell is tested with)")
     verify_flags(parser)
     parser.set_defaults(func=run_deploy)
+
+
+def _profile(ctx, name: str, engine: str, model_dir: Path):
+    """The chosen profile and its flags for the engine; a usage error for an unknown one or
+    a model directory whose config.json holds another kind of checkpoint."""
+    import json
+
+    from ..model.profiles import profile_specs
+
+    specs = {s.key: s for s in profile_specs(ctx.matrix.data)}
+    if name not in specs:
+        raise UsageError(f"unknown profile {name!r}: choose one of {', '.join(specs)} "
+                         "(matrix.yaml profiles)")
+    spec = specs[name]
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    why = deploy.profile_matches_checkpoint(spec.needs, config if isinstance(config, dict)
+                                            else None)
+    if why:
+        raise UsageError(f"--profile {name} ({spec.checkpoint}) with --model-dir {model_dir}: "
+                         f"{why}", fix=f"download {spec.checkpoint} and pass its directory")
+    return spec, tuple(spec.args_for(engine))
 
 
 def run_deploy(args: argparse.Namespace) -> int:
@@ -113,8 +142,9 @@ def run_deploy(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: give a positive number")
     deploy.check_lane(entry, launch, gpus, args.cpu_lane)  # usage errors before the sizing
+    spec, profile_args = _profile(ctx, args.profile, cell.engine, model_dir)
     sizing = deploy.server_sizing(entry, model_dir, args.context_tokens, args.output_tokens,
-                                  args.max_seqs)
+                                  args.max_seqs, spec.key, profile_args, spec.checkpoint)
     result = deploy.deployment(entry, launch, str(model_dir), gpus,
                                args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes,
                                cpus, unified, sizing)
@@ -122,7 +152,9 @@ def run_deploy(args: argparse.Namespace) -> int:
     check_out_dir(out, files)  # nothing written when a file there is not deploy's
     if unified is not None:
         print(f"{cell.id}: {unified.describe()}")
-    print(f"{cell.id}: {sizing.flag or 'sequence limit'} {sizing.max_seqs or 'engine default'} "
+    print(f"{cell.id}: profile {spec.key} ({spec.checkpoint}"
+          + (f"; {' '.join(profile_args)}" if profile_args else "") + "); "
+          f"{sizing.flag or 'sequence limit'} {sizing.max_seqs or 'engine default'} "
           f"per server ({sizing.source}); predicted {sizing.predicted_tokens_per_s or '?'} "
           "output tokens/s per server")
     write_out_dir(out, files, entry)

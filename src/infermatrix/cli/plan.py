@@ -76,6 +76,32 @@ def _settings_text(plan: CellPlan) -> str:
     return " ".join(p for p in parts if p)
 
 
+def profile_lines(plan: CellPlan) -> list[str]:
+    """`plan --all`: each serve profile's verdict on the cell, with the FP8 GEMM object and
+    kernel it runs, the attention backend, the capacity figure, or the reason it is not planned."""
+    lines = []
+    for p in (plan.settings.profiles if plan.settings else None) or []:
+        parts = [f"profile {p['profile']} {p['status']} ({p['checkpoint']}"
+                 + (f"; {' '.join(p['engine_args'])}" if p.get("engine_args") else "") + ")"]
+        gemm = p.get("fp8_gemm") or {}
+        if gemm.get("coverage"):
+            parts.append(f"FP8 GEMM {gemm['member']}"
+                         + (f" {gemm['kernel']}" if gemm.get("kernel") else "")
+                         + f": {gemm['coverage']}" + (f" by {gemm['by']}" if gemm.get("by") else ""))
+        kv = p.get("fp8_kv") or {}
+        if kv.get("backend"):
+            moved = kv.get("instead_of") not in (None, kv["backend"])
+            parts.append(f"FP8 KV on {kv['backend']}"
+                         + (f" (instead of {kv['instead_of']})" if moved else ""))
+        if (p.get("capacity") or {}).get("tokens_per_s") is not None:
+            c = p["capacity"]
+            parts.append(f"{c['tokens_per_s']:,.0f} tok/s/GPU at {c['max_sequences']} seqs "
+                         f"({c['gpu']})")
+        parts += [f"{r['rule']}: {r['reason']}" for r in p.get("reasons") or []]
+        lines.append("; ".join(parts))
+    return lines
+
+
 def plan_table(plans: list[CellPlan], every_row: bool = False) -> Table:
     table = Table(title="infermatrix plan", show_lines=False)
     table.add_column("cell", no_wrap=True)
@@ -92,7 +118,9 @@ def plan_table(plans: list[CellPlan], every_row: bool = False) -> Table:
                              for v in plan.verdicts)
         else:
             text = _settings_text(plan)
-        table.add_row(plan.id, f"[{style}]{plan.status}[/{style}]", text)
+        if every_row:
+            text = "\n".join([text, *profile_lines(plan)]).strip("\n")
+        table.add_row(plan.id, f"[{style}]{plan.status}[/{style}]", escape(text))
     for rule, members in sorted(grouped.items(), key=lambda kv: -len(kv[1])):
         example = members[0].verdicts[0]
         table.add_row(f"{len(members)} × {rule}", "[yellow]pruned[/yellow]",

@@ -117,6 +117,26 @@ class PlanRow:
     cell: str
     status: str
     text: str  # settings, or the reasons' subjects with their footnote numbers
+    profiles: str = ""  # the serve profiles judged on the cell (`fp8?` unverified, `fp8-` pruned)
+    capacity: str = ""  # the capacity model's tok/s per GPU of each planned profile, in order
+
+
+def profile_columns(profiles: list[dict[str, Any]] | None, note: Any) -> tuple[str, str]:
+    """(profiles, capacity) of a cell's settings.profiles: planned ones by name, an unverified
+    one with `?` and a pruned one with `-`, each with its first reason as a footnote; the
+    capacity column is the predicted output tok/s per GPU of the planned ones (model/capacity.py
+    at the plan's context), `/`-separated in the same order."""
+    names, rates = [], []
+    for profile in profiles or []:
+        mark = {"planned": "", "unverified": "?", "pruned": "-"}.get(profile.get("status"), "?")
+        reasons = profile.get("reasons") or []
+        footnote = f"[{note(reasons[0]['rule'] + ': ' + reasons[0]['reason'])}]" \
+            if mark and reasons else ""
+        names.append(f"{profile.get('profile')}{mark}{footnote}")
+        rate = (profile.get("capacity") or {}).get("tokens_per_s")
+        if not mark and rate is not None:
+            rates.append(f"{rate:,.0f}")
+    return " ".join(names), "/".join(rates)
 
 
 def split_reason(rule: str, reason: str) -> tuple[str, str]:
@@ -142,14 +162,15 @@ def plan_rows(plans: list[Any], settings_text: Any) -> tuple[list[PlanRow], list
         if plan.status == "pruned":
             pruned.setdefault(plan.verdicts[0].rule if plan.verdicts else "?", []).append(plan)
             continue
+        columns = profile_columns(getattr(plan.settings, "profiles", None), note)
         if not plan.verdicts:
-            rows.append(PlanRow(plan.id, plan.status, settings_text(plan)))
+            rows.append(PlanRow(plan.id, plan.status, settings_text(plan), *columns))
             continue
         parts = []
         for verdict in plan.verdicts:
             subject, explanation = split_reason(verdict.rule, verdict.reason)
             parts.append(f"[{note(explanation)}] {subject or verdict.rule}")
-        rows.append(PlanRow(plan.id, plan.status, "; ".join(parts)))
+        rows.append(PlanRow(plan.id, plan.status, "; ".join(parts), *columns))
     for rule, members in sorted(pruned.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         first = members[0].verdicts[0] if members[0].verdicts else None
         number = note(f"{rule}: {first.reason}") if first else 0
@@ -165,12 +186,18 @@ def plan_view(plans: list[Any], settings_text: Any) -> list[Line]:
     rows, footnotes = plan_rows(plans, settings_text)
     cell_w = max((len(r.cell) for r in rows), default=4)
     status_w = max((len(r.status) for r in rows), default=6)
-    lines = [Line(f"[bold]{'cell'.ljust(cell_w)}  {'status'.ljust(status_w)}  "
+    shown = any(r.profiles for r in rows)
+    prof_w = max([len(r.profiles) for r in rows] + [len("profiles")]) if shown else 0
+    cap_w = max([len(r.capacity) for r in rows] + [len("tok/s/GPU")]) if shown else 0
+    head = f"{'profiles'.ljust(prof_w)}  {'tok/s/GPU'.ljust(cap_w)}  " if shown else ""
+    lines = [Line(f"[bold]{'cell'.ljust(cell_w)}  {'status'.ljust(status_w)}  {escape(head)}"
                   "settings / reasons[/]")]
     for row in rows:
         style = STATUS_STYLE.get(row.status, "white")
+        middle = f"{row.profiles.ljust(prof_w)}  {row.capacity.ljust(cap_w)}  " if shown else ""
         lines.append(Line(f"{escape(row.cell.ljust(cell_w))}  "
-                          f"[{style}]{row.status.ljust(status_w)}[/]  {escape(row.text)}"))
+                          f"[{style}]{row.status.ljust(status_w)}[/]  {escape(middle)}"
+                          f"{escape(row.text)}"))
     lines += [Line(escape(text)) for text in footnotes]
     if footnotes:
         lines.append(Line("[dim]every pruned cell, each reason in full with its source: "

@@ -65,8 +65,9 @@ class Deployment:
 # --- sizing: each server's concurrent sequences and its predicted throughput (issue 46) -------
 
 SIZING_NAME = "deployment.json"  # stages/generate.py DEPLOYMENT_RECORD reads it
-DEFAULT_CONTEXT_TOKENS = 8192  # a prompt's tokens the sizing plans for
+DEFAULT_CONTEXT_TOKENS = 8192  # a prompt's tokens the sizing plans for (capacity.PLAN_CONTEXT_TOKENS)
 DEFAULT_OUTPUT_TOKENS = 8192  # an answer's tokens (thinking included) the sizing plans for
+DEFAULT_PROFILE = "bf16"  # the serve profile (matrix.yaml profiles) every cell is tested with
 
 
 @dataclass(frozen=True)
@@ -81,16 +82,22 @@ class ServerSizing:
     context_tokens: int
     output_tokens: int
     predicted_tokens_per_s: float | None
+    profile: str = DEFAULT_PROFILE  # the serve profile sized and served (matrix.yaml profiles)
+    profile_args: tuple[str, ...] = ()  # its launch flags for the engine (--kv-cache-dtype ...)
+    checkpoint: str | None = None  # the checkpoint the profile names
 
     def as_dict(self) -> dict[str, Any]:
         return {"max_seqs_flag": self.flag, "max_seqs": self.max_seqs,
                 "max_seqs_source": self.source, "device_class": self.device_class,
-                "model": self.model, "profile": "bf16", "context_tokens": self.context_tokens,
+                "model": self.model, "profile": self.profile,
+                "profile_args": list(self.profile_args), "checkpoint": self.checkpoint,
+                "context_tokens": self.context_tokens,
                 "output_tokens": self.output_tokens,
                 "predicted_tokens_per_s_per_replica": self.predicted_tokens_per_s,
                 "prediction_source": f"capacity model (data/capacity.yaml): {self.model} on "
-                                     f"{self.device_class}, bf16, {self.context_tokens} + "
-                                     f"{self.output_tokens} tokens at batch {self.max_seqs}"
+                                     f"{self.device_class}, {self.profile}, "
+                                     f"{self.context_tokens} + {self.output_tokens} tokens at "
+                                     f"batch {self.max_seqs}"
                                      if self.predicted_tokens_per_s else None}
 
 
@@ -104,10 +111,13 @@ def capacity_model_of(model_dir: Path) -> str:
 
 
 def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
-                  output_tokens: int, max_seqs: int | None = None) -> ServerSizing:
+                  output_tokens: int, max_seqs: int | None = None,
+                  profile: str = DEFAULT_PROFILE, profile_args: tuple[str, ...] = (),
+                  checkpoint: str | None = None) -> ServerSizing:
     """Each server's sequence limit: `max_seqs` (--max-seqs), else the one the signed command
-    sets, else the capacity model's for the cell's device class (BF16, the checkpoint the
-    matrix serves) at context + output tokens; and the decode ceiling it predicts there."""
+    sets, else the capacity model's for the cell's device class and the serve `profile` (its
+    weights' and KV cache's bytes) at context + output tokens; and the decode ceiling it
+    predicts there. `profile_args` are added to the serve command (with_max_seqs)."""
     from ..model import capacity
     from ..stages.generate import flag_value
 
@@ -122,10 +132,10 @@ def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
     elif signed and signed.isdigit():
         value, source = int(signed), "the signed serve command"
     elif device and flag and (device != "cpu-lane" or model == "fixture-tiny"):
-        value = capacity.max_num_seqs(device, "bf16", context_tokens, output_tokens,
+        value = capacity.max_num_seqs(device, profile, context_tokens, output_tokens,
                                       model_key=model)
         source = (f"capacity model: the sequences of {context_tokens} + {output_tokens} "
-                  f"tokens that fit on {device} (bf16)")
+                  f"tokens that fit on {device} ({profile})")
     elif device == "cpu-lane":
         value, source = None, (f"the capacity model sizes only the fixture on the CPU lane, "
                                f"not {model}: the engine's default")
@@ -133,21 +143,57 @@ def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
         value, source = None, "no device class or flag for this engine: the engine's default"
     predicted = None
     if device and value:
-        predicted = round(capacity.estimate(device, "bf16", context_tokens, output_tokens,
+        predicted = round(capacity.estimate(device, profile, context_tokens, output_tokens,
                                             model_key=model, batch=value
                                             ).ceiling.tokens_per_s, 1)
     return ServerSizing(flag, value, source, device, model, context_tokens, output_tokens,
-                        predicted)
+                        predicted, profile, tuple(profile_args), checkpoint)
 
 
 def with_max_seqs(command: list[str], sizing: ServerSizing | None) -> list[str]:
     """The command with the sizing's sequence limit, unless it sets one already."""
     from ..stages.generate import flag_value
 
-    if sizing is None or not sizing.flag or not sizing.max_seqs or \
+    if sizing is None:
+        return command
+    command = with_profile(command, sizing.profile_args)
+    if not sizing.flag or not sizing.max_seqs or \
             flag_value(command, (sizing.flag,)) is not None:
         return command
     return [*command, sizing.flag, str(sizing.max_seqs)]
+
+
+def with_profile(command: list[str], args: tuple[str, ...] | list[str]) -> list[str]:
+    """The command with a serve profile's flags (`--kv-cache-dtype fp8`); a flag the signed
+    command sets already is an error, not overridden silently."""
+    from ..stages.generate import flag_value
+
+    flags = [a for a in args if a.startswith("--")]
+    clash = [f for f in flags if flag_value(command, (f,)) is not None]
+    if clash:
+        raise UsageError(f"the signed serve command sets {', '.join(clash)} already; the "
+                         "profile's flags would contradict it",
+                         fix="deploy the profile the cell was published with")
+    return [*command, *args]
+
+
+def profile_matches_checkpoint(needs: tuple[str, ...], config: dict[str, Any] | None
+                               ) -> str | None:
+    """Why the model directory's config.json does not fit a profile's weights (None: it fits,
+    or there is no config.json to tell): FP8 weights (need fp8-gemm) take a checkpoint whose
+    quantization_config says quant_method fp8; the others take one without quantization."""
+    if config is None:
+        return None
+    quant = config.get("quantization_config") or \
+        (config.get("text_config") or {}).get("quantization_config") or {}
+    method = str(quant.get("quant_method") or "") if isinstance(quant, dict) else ""
+    if "fp8-gemm" in needs and method != "fp8":
+        return (f"the profile serves FP8 weights, but config.json's quantization_config says "
+                f"{method or 'nothing'} (not quant_method fp8)")
+    if "fp8-gemm" not in needs and method:
+        return (f"the profile serves unquantized weights, but config.json's "
+                f"quantization_config says quant_method {method}")
+    return None
 
 
 def parse_indices(spec: str, flag: str, unit: str, hint: str) -> list[int]:

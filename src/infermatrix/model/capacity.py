@@ -34,6 +34,10 @@ RATIOS_FILE = "capacity-efficiency.json"
 GB = 1e9
 GIB = 2**30
 DEFAULT_MODEL = "qwen3.6-27b"
+# The sequence the plan's capacity column and deploy's sizing assume: an 8K prompt and an 8K
+# answer (thinking included); `capacity` and `deploy` take others.
+PLAN_CONTEXT_TOKENS = 8192
+PLAN_OUTPUT_TOKENS = 8192
 
 
 class Step(NamedTuple):

@@ -117,9 +117,15 @@ class CellSettings:
     source_urls: dict[str, str] = field(default_factory=dict)  # metadata the plan relied on
     driver_floor: str | None = None  # the oldest NVIDIA driver that runs the cell's image
     driver_floor_reason: str | None = None  # what sets it (CUDA runtime, PTX ISA of an object)
+    # each serve profile's verdict on this cell (model/profiles.py ProfilePlan.as_dict): the
+    # same image serves them with their checkpoint and flags; None where none was judged
+    profiles: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        if data.get("profiles") is None:  # no profile judged: the record keeps its old shape
+            data.pop("profiles", None)
+        return data
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from packaging.utils import canonicalize_name
 
 from .coverage import FATBIN_MAGIC, DeviceCode, _container_entries, scan_fatbins
+from .kernelsyms import Decompress, KernelCode, default_decompress, kernel_code
 from .index import (SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile,
                     cached_entry, typed)
 
@@ -135,6 +136,46 @@ class WheelCodeCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(cached, indent=1, sort_keys=True))
         return ref, found
+
+    def kernels(self, package: str, version: str, machine: str, member: str,
+                patterns: list[str], decompress: Decompress | None = None
+                ) -> tuple[WheelRef, dict[str, KernelCode] | None]:
+        """Per pattern, the architectures of `member`'s cubins/PTX that define a matching
+        kernel (kernelsyms.py); None when the wheel has no such member. Cached with the
+        object's scan, by pattern."""
+        ref = self._ref(package, version, machine)
+        path = self.root / f"{ref.sha256 or ref.filename}.json"
+        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        known = cached.setdefault("kernels", {}).setdefault(member, {})
+        # an entry written before the reader decoded LZ4 counts unreadable entries without
+        # their architectures: read again
+        missing = [p for p in patterns if p not in known or
+                   (known[p].get("unreadable") and "unreadable_archs" not in known[p])]
+        if missing:
+            archive = self._open(ref)
+            if member not in archive.namelist():
+                return ref, None
+            found = kernel_code(archive.read(member), missing,
+                                decompress or default_decompress())
+            known.update({p: k.as_dict() for p, k in found.items()})
+            cached.setdefault("wheel", ref.filename)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        return ref, {p: KernelCode.from_dict(known[p]) for p in patterns}
+
+    def has_member(self, package: str, version: str, machine: str,
+                   member: str) -> tuple[WheelRef, bool]:
+        """Does the wheel hold `member` (any file: a JIT kernel's source)? Cached by wheel."""
+        ref = self._ref(package, version, machine)
+        path = self.root / f"{ref.sha256 or ref.filename}.json"
+        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        present = cached.setdefault("present", {})
+        if member not in present:
+            present[member] = member in self._open(ref).namelist()
+            cached.setdefault("wheel", ref.filename)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        return ref, bool(present[member])
 
     def _ref(self, package: str, version: str, machine: str) -> WheelRef:
         refs = self.root / "refs" / f"{canonicalize_name(package)}-{version}-{machine}.json"

@@ -41,6 +41,9 @@ from ..model.selectors import Selection, matches
 from ..model.spec import machine_of, serve_args
 from ..model.spec import CellSpec
 from ..model.wheelcode import WheelCodeCache
+from ..model.kernelsyms import CannotDecompress
+from ..model.profiles import (GemmRead, ProfilePlan, judge_profile, path_entry,
+                              profile_specs)
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 # (name, version, machine) -> metadata of that release's Linux wheel for the machine
@@ -774,9 +777,63 @@ def plan_cell(cand: ExpandedCell, m: Matrix, gatherer: FactGatherer,
             settings.source_urls["wheel_coverage"] = "; ".join(read)
             settings.driver_floor, settings.driver_floor_reason = driver_floor(
                 cell, facts, ptx_only)
+    if cell.is_gpu or m.data.get("profiles"):
+        settings.profiles = [p.as_dict() for p in profile_plans(cell, m, facts, code, machine,
+                                                                 settings)]
     if unverified:
         return CellPlan(cell, "unverified", unverified, settings, origin, resolution)
     return CellPlan(cell, "planned", [], settings, origin, resolution)
+
+
+def read_gemm(cell: Cell, gemm: dict[str, Any], code: WheelCodeCache | None,
+              machine: str) -> GemmRead:
+    """What the wheel says of an FP8 GEMM path: its kernel's cubins/PTX in the object (kind
+    `object`), or whether its JIT source is in the wheel (kind `jit`)."""
+    if code is None:
+        return GemmRead(error="the wheels were not read (planned from recorded facts)")
+    try:
+        if gemm["kind"] == "jit":
+            ref, present = code.has_member(gemm["package"], cell.engine_version, machine,
+                                           gemm["member"])
+            return GemmRead(ref.url, present=present)
+        ref, kernels = code.kernels(gemm["package"], cell.engine_version, machine,
+                                    gemm["member"], [gemm["kernel"]])
+    except (IndexUnavailable, CannotDecompress) as exc:
+        return GemmRead(error=str(exc))
+    return GemmRead(ref.url, kernel=None if kernels is None else kernels[gemm["kernel"]])
+
+
+def profile_capacity(cell: Cell, profile: str) -> dict[str, Any] | None:
+    """The capacity model's figure for a profile on the cell's GPU class at the planning
+    context (model/capacity.py PLAN_*_TOKENS): max sequences and output tokens/s per GPU."""
+    from ..model import capacity
+
+    gpu = capacity.gpu_for_arch(cell.arch)
+    if gpu is None or not cell.is_gpu or profile not in capacity.profile_names():
+        return None
+    e = capacity.estimate(gpu, profile, capacity.PLAN_CONTEXT_TOKENS,
+                          capacity.PLAN_OUTPUT_TOKENS)
+    return {"gpu": gpu, "context_tokens": e.context_tokens, "output_tokens": e.output_tokens,
+            "max_sequences": e.sizing.max_sequences, "batch": e.ceiling.batch,
+            "tokens_per_s": round(e.ceiling.tokens_per_s, 1), "efficiency": e.ceiling.efficiency}
+
+
+def profile_plans(cell: Cell, m: Matrix, facts: EngineFacts | None,
+                  code: WheelCodeCache | None, machine: str, settings: CellSettings
+                  ) -> list[ProfilePlan]:
+    """Every matrix profile's verdict on a cell the rules planned (model/profiles.py), its
+    FP8 GEMM read from the engine's real wheel, and the capacity model's figure."""
+    pins = dict(facts.exact_pins) if facts else {}
+    entry = path_entry(cell.engine, cell.engine_version)
+    plans = []
+    for spec in profile_specs(m.data):
+        gemm = (entry or {}).get("fp8-gemm") if "fp8-gemm" in spec.needs else None
+        read = read_gemm(cell, gemm, code, machine) if gemm else None
+        plan = judge_profile(cell, spec, entry, read, pins, settings.env,
+                             settings.attention_backend)
+        plan.capacity = profile_capacity(cell, spec.key)
+        plans.append(plan)
+    return plans
 
 
 def _excluded(m: Matrix, cell: Cell) -> int | None:

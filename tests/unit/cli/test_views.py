@@ -119,6 +119,23 @@ def test_the_plan_is_one_line_per_cell_with_each_reason_once() -> None:
     assert all(len(line) <= 80 for line in shown)
 
 
+def test_the_plan_shows_each_cells_profiles_and_their_predicted_throughput() -> None:
+    from infermatrix.model.cell import CellSettings
+
+    settings = CellSettings("3.11", "bookworm", "vllm", profiles=[
+        {"profile": "bf16", "status": "planned", "reasons": [],
+         "capacity": {"tokens_per_s": 346.2}},
+        {"profile": "fp8", "status": "pruned", "capacity": {"tokens_per_s": 1013.0},
+         "reasons": [{"rule": "profile-fp8-gemm-code", "reason": "no sm_121 code"}]},
+        {"profile": "bf16-kv-fp8", "status": "planned", "reasons": [],
+         "capacity": {"tokens_per_s": 594.6}}])
+    row = CellPlan(Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_121"), "planned", [], settings)
+    shown = screen(views.plan_view([row], lambda p: "driver>=580"), width=160)
+    assert shown[0].split()[:5] == ["cell", "status", "profiles", "tok/s/GPU", "settings"]
+    assert shown[1].split()[1:6] == ["planned", "bf16", "fp8-[1]", "bf16-kv-fp8", "346/595"]
+    assert shown[2] == "[1] profile-fp8-gemm-code: no sm_121 code"
+
+
 def test_the_main_jobs_summary_says_what_moves_each_untagged_cell_on(tmp_path) -> None:
     from infermatrix import journal
     from infermatrix.stages.report import build_report, human_duration
@@ -186,3 +203,22 @@ def test_what_now_commands_run_as_printed(tmp_path) -> None:
     configured = "\n".join(screen(views.pipeline_summary(cells), width=300, terminal=False))
     assert "--registry" not in configured
     assert f"infermatrix publish --select {tagged.id}" in configured
+
+
+def test_plan_all_names_each_profiles_gemm_object_backend_and_figure() -> None:
+    from infermatrix.cli.plan import profile_lines
+    from infermatrix.model.cell import CellSettings
+
+    settings = CellSettings("3.11", "bookworm", "vllm", profiles=[{
+        "profile": "fp8", "status": "planned", "checkpoint": "Qwen/Qwen3.6-27B-FP8",
+        "engine_args": ["--kv-cache-dtype", "fp8"], "reasons": [],
+        "fp8_gemm": {"member": "vllm/_C_stable_libtorch.abi3.so", "coverage": "family",
+                     "kernel": "cutlass_3x_gemm_fp8_blockwise", "by": "sm_120f"},
+        "fp8_kv": {"backend": "flashinfer", "instead_of": "flash-attn"},
+        "capacity": {"tokens_per_s": 165.7, "max_sequences": 106, "gpu": "gb10"}}])
+    row = CellPlan(Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_121"), "planned", [], settings)
+    (line,) = profile_lines(row)
+    assert line == ("profile fp8 planned (Qwen/Qwen3.6-27B-FP8; --kv-cache-dtype fp8); FP8 GEMM "
+                    "vllm/_C_stable_libtorch.abi3.so cutlass_3x_gemm_fp8_blockwise: family by "
+                    "sm_120f; FP8 KV on flashinfer (instead of flash-attn); 166 tok/s/GPU at 106 "
+                    "seqs (gb10)")

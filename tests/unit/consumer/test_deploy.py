@@ -265,3 +265,48 @@ def test_each_server_is_sized_by_the_capacity_model_and_generate_reads_it(tmp_pa
     code, _ = run_deploy(tmp_path / "c", lock_path, SM120.id, "--gpus", "0",
                          "--context-tokens", "900000")
     assert code == 2
+
+
+def test_deploy_profile_serves_its_flags_sizes_with_its_bytes_and_checks_the_checkpoint(
+        tmp_path, lock_path, capsys):
+    """Issue 46: `deploy --profile fp8` adds SGLang's --kv-cache-dtype fp8_e4m3, sizes the
+    server with FP8 weights and KV cache (84 sequences of 8K + 8K on an RTX PRO 6000) and
+    records the profile for generate; a model directory holding the BF16 checkpoint is refused."""
+    from infermatrix.model import capacity
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "config.json").write_text(json.dumps(
+        {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}))
+    code, out = run_deploy(tmp_path, lock_path, SM120.id, "--gpus", "0", "--profile", "fp8")
+    assert code == 0
+    command = yaml.safe_load((out / "compose.yaml").read_text())["services"]["gpu0"]["command"]
+    expected = capacity.max_num_seqs("rtx-pro-6000", "fp8", 8192, 8192)
+    assert expected > capacity.max_num_seqs("rtx-pro-6000", "bf16", 8192, 8192)
+    assert command[command.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert command[command.index("--max-running-requests") + 1] == str(expected)
+    record = json.loads((out / "deployment.json").read_text())
+    assert (record["profile"], record["checkpoint"]) == ("fp8", "Qwen/Qwen3.6-27B-FP8")
+    assert record["profile_args"] == ["--kv-cache-dtype", "fp8_e4m3"]
+    assert record["predicted_tokens_per_s_per_replica"] == round(capacity.estimate(
+        "rtx-pro-6000", "fp8", 8192, 8192, batch=expected).ceiling.tokens_per_s, 1)
+    # the BF16 checkpoint under --profile fp8, and an unknown profile: exit 2
+    (tmp_path / "b" / "models").mkdir(parents=True)
+    (tmp_path / "b" / "models" / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3_5ForCausalLM"]}))
+    code, _ = run_deploy(tmp_path / "b", lock_path, SM120.id, "--gpus", "0", "--profile", "fp8")
+    assert code == 2 and "quant_method fp8" in capsys.readouterr().err
+    code, _ = run_deploy(tmp_path / "b", lock_path, SM120.id, "--gpus", "0", "--profile", "int4")
+    assert code == 2 and "unknown profile 'int4'" in capsys.readouterr().err
+
+
+def test_a_profile_flag_the_signed_command_sets_already_is_refused():
+    from infermatrix.errors import UsageError
+
+    assert deploy.with_profile(["serve"], ("--kv-cache-dtype", "fp8")) == \
+        ["serve", "--kv-cache-dtype", "fp8"]
+    with pytest.raises(UsageError, match="--kv-cache-dtype"):
+        deploy.with_profile(["serve", "--kv-cache-dtype", "auto"], ("--kv-cache-dtype", "fp8"))
+    assert deploy.profile_matches_checkpoint(("fp8-kv",), {"quantization_config": {
+        "quant_method": "fp8"}}) is not None
+    assert deploy.profile_matches_checkpoint(("fp8-gemm", "fp8-kv"), None) is None
