@@ -42,7 +42,8 @@ def summary(label: str, result: dict) -> list[str]:
         if "ratio" in r:
             lines.append(f"  {part:20s} rel_rms {r['rel_rms']:.3e} rel_max {r['rel_max']:.3e} "
                          f"(ref RMS {r['ref_rms']:.3e}) ratio {r['ratio']:.3f} -> "
-                         f"{r['status']}, margin {1 / r['ratio'] if r['ratio'] else float('inf'):.1f}x")
+                         f"{r['status']}, margin "
+                         f"{1 / r['ratio'] if r['ratio'] else float('inf'):.1f}x")
     for control, c in result.get("negative_controls", {}).items():
         lines.append(f"  control {control:17s} fails by {c['margin']:.1f}x (worst {c['worst']}; "
                      f"needs >= 3) -> {c['status']}")
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
     props = torch.cuda.get_device_properties(0)
     print(f"device {props.name} capability {props.major}.{props.minor} torch {torch.__version__} "
-          f"(cuda {torch.version.cuda}) triton {triton.__version__} python {sys.version.split()[0]}")
+          f"(cuda {torch.version.cuda}) triton {triton.__version__} "
+          f"python {sys.version.split()[0]}")
     gpu_ops = load_gpu_ops()
     ok, lines = True, []
     for folder in args.engines:

@@ -108,7 +108,8 @@ SHIMS: dict[str, dict[str, str]] = {
         "sglang/srt/utils/__init__.py": "",
         "sglang/srt/utils/common.py": (
             "import torch\n\n"
-            "torch_release = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2])\n"),
+            "torch_release = tuple(int(x) for x in "
+            "torch.__version__.split('+')[0].split('.')[:2])\n"),
     },
 }
 
