@@ -12,8 +12,8 @@ and writes the few small modules they import from the rest of the engine as shim
 "infermatrix shim"; listed in SHIMS below), so `import vllm.third_party.flash_linear_attention.ops`
 works on a host with only torch + triton (+ einops for sglang). One file of vLLM is replaced:
 ops/__init__.py (the wheel's also imports RMSNormGated, fused_post_conv_prep and others, which need
-vllm's warm-up machinery) by one that imports chunk_gated_delta_rule and
-fused_recurrent_gated_delta_rule only. The sglang package __init__ files above fla/ (imports of
+vllm's warm-up machinery) by one that imports chunk_gated_delta_rule,
+fused_recurrent_gated_delta_rule and fused_sigmoid_gating_delta_rule_update only. The sglang package __init__ files above fla/ (imports of
 the whole kernel registry) are shims too; fla/ itself has none in the wheel.
 
 Usage (the wheels from `pip download --no-deps vllm==0.33.0 sglang==0.5.23`; their sha256 are
@@ -53,9 +53,10 @@ SHIMS: dict[str, dict[str, str]] = {
         "vllm/__init__.py": "",
         "vllm/third_party/__init__.py": "",
         "vllm/third_party/flash_linear_attention/ops/__init__.py": (
-            "# replaces the wheel's ops/__init__.py: only the two GDN ops the check runs\n"
+            "# replaces the wheel's ops/__init__.py: only the GDN ops the check runs\n"
             "from .chunk import chunk_gated_delta_rule\n"
-            "from .fused_recurrent import fused_recurrent_gated_delta_rule\n"),
+            "from .fused_recurrent import fused_recurrent_gated_delta_rule\n"
+            "from .fused_sigmoid_gating import fused_sigmoid_gating_delta_rule_update\n"),
         "vllm/triton_utils/__init__.py": (
             "import triton\n"
             "import triton.language as tl\n"

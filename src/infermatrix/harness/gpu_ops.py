@@ -421,6 +421,10 @@ GDN_IMPLEMENTATIONS: list[dict[str, str]] = [
               "vllm.model_executor.layers.fla.ops:chunk_gated_delta_rule",
      "recurrent": "vllm.third_party.flash_linear_attention.ops:fused_recurrent_gated_delta_rule|"
                   "vllm.model_executor.layers.fla.ops:fused_recurrent_gated_delta_rule",
+     # vllm 0.33.0's decode (qwen_gdn_linear_attn.py: non-spec and MTP decode) runs this one,
+     # the gating (g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)) fused in
+     "gated_decode": "vllm.third_party.flash_linear_attention.ops:"
+                     "fused_sigmoid_gating_delta_rule_update",
      "conv": "vllm.model_executor.layers.mamba.ops.causal_conv1d:causal_conv1d_fn"},
     {"name": "sglang",
      "chunk": "sglang.kernels.ops.attention.fla.chunk:chunk_gated_delta_rule|"
@@ -462,6 +466,8 @@ GDN_TOLERANCES: dict[str, tuple[float, float]] = {
     "gdn.chunk.state": (0.02, 0.25),
     "gdn.recurrent.out": (0.02, 0.25),
     "gdn.recurrent.state": (0.02, 0.25),
+    "gdn.gated_decode.out": (0.02, 0.25),
+    "gdn.gated_decode.state": (0.02, 0.25),
 }
 
 # The negative controls the GDN check runs on the real kernels: each is a deliberate corruption
@@ -558,6 +564,8 @@ GDN_CASES: list[tuple[str, str, int, int]] = [
     ("chunk_short", "chunk", 2, 16),
     ("recurrent", "recurrent", 4, 1),
 ]
+# where the implementation has a fused-gating decode op (vllm 0.33.0), also:
+GDN_GATED_DECODE_CASE = ("gated_decode", "gated_decode", 4, 1)
 
 
 def gdn_case_inputs(shapes: dict[str, int], gen, device: str = "cuda",
@@ -670,7 +678,7 @@ def run_gdn_check(ops: dict[str, Any], shapes: dict[str, int], gen, device: str 
     return {"parts": parts, "controls": judged}
 
 
-def engine_gdn_ops(chunk, recurrent) -> dict[str, Any]:
+def engine_gdn_ops(chunk, recurrent, gated_decode=None) -> dict[str, Any]:
     """The engines' chunk / recurrent ops as fn(q, k, v, g, beta, scale, state [B, HV, K, V])
     -> (o [B, T, HV, V], final [B, HV, K, V]): packed varlen (cu_seqlens), l2norm in kernel,
     the state in the op's own layout."""
@@ -711,7 +719,30 @@ def engine_gdn_ops(chunk, recurrent) -> dict[str, Any]:
         torch.cuda.synchronize()
         return o.reshape(b, t, *o.shape[2:]), from_op(final, layout)
 
-    return {"chunk": run_chunk, "recurrent": run_recurrent}
+    def run_gated_decode(q, k, v, g, beta, scale, state):
+        # the raw gating inputs that give this g and beta: A_log = 0, dt_bias = 0,
+        # a = softplus^-1(-g), b = logit(beta) (float32); one token per sequence, the state
+        # updated in place (as the engine runs it)
+        b, t = q.shape[:2]
+        layout = state_layout(gated_decode)
+        hv = v.shape[2]
+        cu = torch.arange(0, (b + 1) * t, t, dtype=torch.int32, device=q.device)
+        a = torch.log(torch.expm1((-g.float()).clamp(min=1e-30))).reshape(b * t, hv)
+        bb = torch.logit(beta.float()).reshape(b * t, hv)
+        zeros = torch.zeros(hv, dtype=torch.float32, device=q.device)
+        h0 = to_op(state, layout)
+        o, _final = call_known(gated_decode, A_log=zeros, a=a.contiguous(), b=bb.contiguous(),
+                               dt_bias=zeros, q=as_varlen(q)[0], k=as_varlen(k)[0],
+                               v=as_varlen(v)[0], scale=scale, initial_state=h0,
+                               inplace_final_state=True, cu_seqlens=cu,
+                               use_qk_l2norm_in_kernel=True)
+        torch.cuda.synchronize()
+        return o.reshape(b, t, *o.shape[-2:]), from_op(h0, layout)
+
+    ops = {"chunk": run_chunk, "recurrent": run_recurrent}
+    if gated_decode is not None:
+        ops["gated_decode"] = run_gated_decode
+    return ops
 
 
 def reference_gdn_ops(round_output_to=None) -> dict[str, Any]:
@@ -721,7 +752,7 @@ def reference_gdn_ops(round_output_to=None) -> dict[str, Any]:
         o, final = gdn_recurrence_reference(q, k, v, g, beta, scale, state)
         return (o.to(round_output_to).float() if round_output_to is not None else o), final
 
-    return {"chunk": run, "recurrent": run}
+    return {"chunk": run, "recurrent": run, "gated_decode": run}
 
 
 def check_gdn(shapes: dict[str, int] = MODEL_SHAPES, preferred: str | None = None,
@@ -735,9 +766,11 @@ def check_gdn(shapes: dict[str, int] = MODEL_SHAPES, preferred: str | None = Non
     import torch
 
     chunk, recurrent = resolve(impl["chunk"]), resolve(impl["recurrent"])
+    gated = resolve(impl["gated_decode"]) if impl.get("gated_decode") else None
+    cases = GDN_CASES + ([GDN_GATED_DECODE_CASE] if gated is not None else [])
     version = package_version(chunk.__module__)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    result = run_gdn_check(engine_gdn_ops(chunk, recurrent), shapes, gen)
+    result = run_gdn_check(engine_gdn_ops(chunk, recurrent, gated), shapes, gen, cases=cases)
     parts = dict(result["parts"])
     if with_conv:
         parts["conv1d"] = check_conv1d(impl, shapes, gen)
@@ -746,13 +779,15 @@ def check_gdn(shapes: dict[str, int] = MODEL_SHAPES, preferred: str | None = Non
                   implementation=impl["name"] + (f" ({version})" if version else ""),
                   ops={"chunk": f"{chunk.__module__}:{chunk.__name__}",
                        "recurrent": f"{recurrent.__module__}:{recurrent.__name__}",
+                       **({"gated_decode": f"{gated.__module__}:{gated.__name__}"}
+                          if gated is not None else {}),
                        "conv": impl["conv"]},
                   state_layout={"chunk": state_layout(chunk),
                                 "recurrent": state_layout(recurrent)},
                   not_importable=tried,
                   shapes={"k_heads": shapes["gdn_k_heads"], "v_heads": shapes["gdn_v_heads"],
                           "head_dim": shapes["gdn_head_dim"], "conv_width": shapes["conv_width"],
-                          "cases": [list(c) for c in GDN_CASES], "dtype": "bfloat16",
+                          "cases": [list(c) for c in cases], "dtype": "bfloat16",
                           "state_dtype": "float32"})
     out["compared"] = parts
     out["negative_controls"] = result["controls"]
