@@ -703,7 +703,8 @@ def engine_gdn_ops(chunk, recurrent, gated_decode=None) -> dict[str, Any]:
         o, final = (result[0], result[1]) if isinstance(result, tuple) else (result, None)
         if final is None and "inplace_update" in inspect.signature(chunk).parameters:
             final = h0                                   # sglang: written back in place
-        torch.cuda.synchronize()
+        if o.is_cuda:
+            torch.cuda.synchronize()
         return o.reshape(b, t, *o.shape[2:]), from_op(final, layout)
 
     def run_recurrent(q, k, v, g, beta, scale, state):
@@ -716,7 +717,8 @@ def engine_gdn_ops(chunk, recurrent, gated_decode=None) -> dict[str, Any]:
                             inplace_final_state=False, cu_seqlens=cu,
                             use_qk_l2norm_in_kernel=True)
         o, final = result if isinstance(result, tuple) else (result, None)
-        torch.cuda.synchronize()
+        if o.is_cuda:
+            torch.cuda.synchronize()
         return o.reshape(b, t, *o.shape[2:]), from_op(final, layout)
 
     def run_gated_decode(q, k, v, g, beta, scale, state):
@@ -736,7 +738,8 @@ def engine_gdn_ops(chunk, recurrent, gated_decode=None) -> dict[str, Any]:
                                v=as_varlen(v)[0], scale=scale, initial_state=h0,
                                inplace_final_state=True, cu_seqlens=cu,
                                use_qk_l2norm_in_kernel=True)
-        torch.cuda.synchronize()
+        if o.is_cuda:
+            torch.cuda.synchronize()
         return o.reshape(b, t, *o.shape[-2:]), from_op(h0, layout)
 
     ops = {"chunk": run_chunk, "recurrent": run_recurrent}
