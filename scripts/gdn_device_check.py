@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,8 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     gpu_ops = load_gpu_ops()
     ok, lines = True, []
     for folder in args.engines:
-        engine = folder.split("-")[0]
-        sys.path.insert(0, str(args.kernels / folder))
+        try:
+            ok &= run_engine(gpu_ops, args, folder, lines)
+        except Exception:  # noqa: BLE001 - reported; the other engine still runs
+            traceback.print_exc()
+            lines.append(f"{folder}: CRASHED (traceback above)")
+            ok = False
+    print("== summary")
+    print("\n".join(lines))
+    print("ALL AS EXPECTED" if ok else "NOT AS EXPECTED")
+    return 0 if ok else 1
+
+
+def run_engine(gpu_ops, args, folder: str, lines: list[str]) -> bool:
+    ok = True
+    engine = folder.split("-")[0]
+    sys.path.insert(0, str(args.kernels / folder))
+    try:
         print((args.kernels / folder / "SOURCE.txt").read_text().splitlines()[0])
         for seed in args.seeds:
             result = gpu_ops.check_gdn(preferred=engine, required=True, with_conv=False,
@@ -88,13 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                                               **old}, sort_keys=True, default=str))
         lines += summary(f"{folder} seed 2, state fed as [K, V] (the old assumption)", old)
         ok &= old["status"] == "fail"
+    finally:
         sys.path.remove(str(args.kernels / folder))
         for name in [m for m in sys.modules if m == engine or m.startswith(engine + ".")]:
             del sys.modules[name]
-    print("== summary")
-    print("\n".join(lines))
-    print("ALL AS EXPECTED" if ok else "NOT AS EXPECTED")
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":
