@@ -453,21 +453,23 @@ GDN_STATE_LAYOUT: dict[str, str] = {
 }
 
 # GDN comparisons are relative to the signal: the error's RMS and its largest element, each over
-# the reference's RMS; name -> (rms, max). The outputs at these inputs are small (RMS ~0.01), so
+# the reference's RMS; name -> (rms, max). The outputs at these inputs are small (RMS ~0.008), so
 # an absolute tolerance of 0.02-0.03 (TOLERANCES' gdn.* rows, no longer used by the GDN check)
 # let a 0.5x output pass. The correct kernel's error: the output is rounded to bf16 (relative
-# step 2**-8; RMS of the rounding ~0.1% of the signal, its largest element ~2**-9 x max|o|,
-# which is ~10 x the RMS here, so ~2% of the RMS) and the chunked kernels round intermediates
-# (w, u, the chunk states) to bf16. Measured on the device (docs/gdn-engine-kernels-h100.txt):
-# the largest ratio of error to these tolerances over the engines' kernels is recorded there and
-# is at most 1/3. A 0.8x output is 0.2 in RMS: 10x the rms tolerance.
+# step 2**-8): on the CPU, the exact recurrence rounded to bf16 gives rel_rms ~0.0017 and rel_max
+# ~0.015-0.025 (ratio ~0.1: tests/unit/harness/test_gpu_ops.py); the chunked kernels also round
+# intermediates (w, u, the chunk states) to bf16: the 2026-12-02 H200 record of fla-core 0.6.0
+# (docs/h200-gpu-ops.txt) has chunk out max abs 0.00058 at an output RMS of ~0.008, rel_max
+# ~0.075, i.e. 1/6.7 of 0.5; chunk state 0.0052 at a state RMS of ~0.1, ~1/10. The engines' own
+# kernels under these tolerances: scripts/gdn_device_check.py (not yet run: see
+# docs/issue48-gdn-evidence-notes.md). A 0.8x output is 0.2 in RMS: 10x the rms tolerance.
 GDN_TOLERANCES: dict[str, tuple[float, float]] = {
-    "gdn.chunk.out": (0.02, 0.25),
-    "gdn.chunk.state": (0.02, 0.25),
-    "gdn.recurrent.out": (0.02, 0.25),
-    "gdn.recurrent.state": (0.02, 0.25),
-    "gdn.gated_decode.out": (0.02, 0.25),
-    "gdn.gated_decode.state": (0.02, 0.25),
+    "gdn.chunk.out": (0.02, 0.5),
+    "gdn.chunk.state": (0.02, 0.5),
+    "gdn.recurrent.out": (0.02, 0.5),
+    "gdn.recurrent.state": (0.02, 0.5),
+    "gdn.gated_decode.out": (0.02, 0.5),
+    "gdn.gated_decode.state": (0.02, 0.5),
 }
 
 # The negative controls the GDN check runs on the real kernels: each is a deliberate corruption

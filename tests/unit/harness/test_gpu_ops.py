@@ -383,9 +383,13 @@ def test_gdn_compare_relative_edge_cases():
     assert "non-finite" in gpu_ops.compare_relative("gdn.chunk.out", nan, want)["reason"]
     assert "shape" in gpu_ops.compare_relative("gdn.chunk.out", want[:2], want)["reason"]
     assert "all zeros" in gpu_ops.compare_relative("gdn.chunk.out", want, want * 0)["reason"]
-    spike = want.clone()
-    spike[1, 1] += 0.3  # one element: small in RMS (0.087), caught by the max (0.3 > 0.25)
-    assert gpu_ops.compare_relative("gdn.chunk.out", spike, want)["status"] == "fail"
+    big = torch.ones(100, 100)
+    spike = big.clone()
+    spike[1, 1] += 0.6  # one element: RMS 0.006 (< 0.02), caught by the max (0.6 > 0.5)
+    result = gpu_ops.compare_relative("gdn.chunk.out", spike, big)
+    assert result["status"] == "fail" and result["rel_rms"] < 0.02 < 0.5 < result["rel_max"]
+    spike[1, 1] = 1.4   # within both
+    assert gpu_ops.compare_relative("gdn.chunk.out", spike, big)["status"] == "pass"
 
 
 def test_gdn_a_tolerance_too_loose_to_see_a_control_fails_the_check(monkeypatch):
