@@ -13,9 +13,9 @@ and writes the few small modules they import from the rest of the engine as shim
 works on a host with only torch + triton (+ einops for sglang). One file of vLLM is replaced:
 ops/__init__.py (the wheel's also imports RMSNormGated, fused_post_conv_prep and others, which need
 vllm's warm-up machinery) by one that imports chunk_gated_delta_rule,
-fused_recurrent_gated_delta_rule and
-fused_sigmoid_gating_delta_rule_update only. The sglang package __init__ files above fla/ (imports of
-the whole kernel registry) are shims too; fla/ itself has none in the wheel.
+fused_recurrent_gated_delta_rule and fused_sigmoid_gating_delta_rule_update only. The sglang
+package __init__ files above fla/ (imports of the whole kernel registry) are shims too; fla/
+itself has none in the wheel.
 
 Usage (the wheels from `pip download --no-deps vllm==0.33.0 sglang==0.5.23`; their sha256 are
 checked):
