@@ -6,9 +6,11 @@ Qwen3.6-27B's shapes, bf16 inputs, float32 references:
                refusal where it does not (FLASH_ATTN_BWD_DROPOUT, mirrored in data/gpu_ops.yaml)
   flashinfer   batch prefill and batch decode over a paged bf16 KV cache, head dim 256
   gdn          Gated DeltaNet (16 key heads, 48 value heads, dim 128, conv width 4): chunked
-               prefill and recurrent decode against a naive recurrence, and causal conv1d
+               prefill (256 and 16 tokens) and recurrent decode against a naive recurrence,
+               relative to the reference's RMS (GDN_TOLERANCES), with four negative controls
+               run on the kernels under test (GDN_CONTROLS); and causal conv1d
 Each check returns the harness result fields: status, reason, max_abs_error / atol / rtol per
-compared tensor, shapes, the implementation that ran. Standard library + torch only (the harness
+compared tensor (GDN: rel_rms / rel_max / ratio), shapes, the implementation that ran. Standard library + torch only (the harness
 runs inside images); the pure parts (tolerances, verdicts, the naive references) run on a CPU.
 """
 
