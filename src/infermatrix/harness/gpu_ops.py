@@ -741,6 +741,10 @@ def engine_gdn_ops(chunk, recurrent, gated_decode=None) -> dict[str, Any]:
                                dt_bias=zeros, q=as_varlen(q)[0], k=as_varlen(k)[0],
                                v=as_varlen(v)[0], scale=scale, initial_state=h0,
                                inplace_final_state=True, cu_seqlens=cu,
+                               # the state slot of each sequence (the engine passes its cache
+                               # indices; the in-place kernel loads them unconditionally)
+                               ssm_state_indices=torch.arange(b, dtype=torch.int32,
+                                                              device=q.device),
                                use_qk_l2norm_in_kernel=True)
         if o.is_cuda:
             torch.cuda.synchronize()
