@@ -301,3 +301,126 @@ def test_triton_warm_compile_only_needs_an_arch(tmp_path, capsys):
     assert stop.value.code == 2 and "--compile-only needs --arch" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         triton_warm.main(["--compile-only", "--launch", "--cache", str(tmp_path)])
+
+
+# --------------------------------------------------------------------------------------------
+# The GDN check's comparison relative to the signal and its negative controls (CPU stand-in:
+# the torch reference as the op under test; the device run, docs/gdn-engine-kernels-h100.txt,
+# runs the engines' kernels at the model's shapes)
+# --------------------------------------------------------------------------------------------
+
+SMALL_GDN = {**gpu_ops.MODEL_SHAPES, "gdn_k_heads": 2, "gdn_v_heads": 6, "gdn_head_dim": 32}
+# the check's cases with a 64-token long prefill (CPU time; the initial state is as forgotten)
+SMALL_CASES = [(n, op, b, min(t, 64)) for n, op, b, t in gpu_ops.GDN_CASES]
+
+
+def gdn_run(ops, shapes=SMALL_GDN, controls=tuple(gpu_ops.GDN_CONTROLS), seed=2):
+    torch = pytest.importorskip("torch")
+    return gpu_ops.run_gdn_check(ops, shapes, torch.Generator().manual_seed(seed), "cpu",
+                                 controls=controls, cases=SMALL_CASES)
+
+
+def test_gdn_tolerances_are_relative_and_cover_every_compared_part():
+    result = gdn_run(gpu_ops.reference_gdn_ops())
+    assert set(result["parts"]) == {f"{c}.{p}" for c, _op, _b, _t in gpu_ops.GDN_CASES
+                                    for p in ("out", "state")}
+    assert ("chunk_short", "chunk", 2, 16) in gpu_ops.GDN_CASES  # the initial state matters
+    for part in result["parts"].values():
+        assert part["status"] == "pass" and part["ratio"] == 0.0 and part["ref_rms"] > 0
+    with pytest.raises(KeyError, match="GDN_TOLERANCES"):
+        gpu_ops.compare_relative("gdn.new", None, None)
+
+
+def test_gdn_a_bf16_output_passes_with_a_3x_margin():
+    """The kernels return bf16: rounding the exact output must stay under a third of the
+    tolerance (else the check would flag a correct kernel at the noise of its dtype)."""
+    torch = pytest.importorskip("torch")
+    result = gdn_run(gpu_ops.reference_gdn_ops(round_output_to=torch.bfloat16), controls=())
+    ratios = {p: r["ratio"] for p, r in result["parts"].items()}
+    assert all(r <= 1 / 3 for r in ratios.values()), ratios
+    assert any(r > 0 for r in ratios.values())
+
+
+@pytest.mark.parametrize("control", list(gpu_ops.GDN_CONTROLS))
+def test_gdn_each_negative_control_fails_by_3x(control):
+    result = gdn_run(gpu_ops.reference_gdn_ops(), controls=(control,))
+    judged = result["controls"][control]
+    assert judged["status"] == "pass" and judged["margin"] >= 3, judged
+    if control == "no_initial_state":
+        # the long prefill forgets its initial state: the short one is what catches it
+        assert judged["ratios"]["chunk.state"] < 1 <= judged["ratios"]["chunk_short.out"]
+    if control == "output_x0.8":
+        assert judged["margin"] == pytest.approx(0.2 / gpu_ops.GDN_TOLERANCES["gdn.chunk.out"][0])
+
+
+def test_gdn_a_control_that_passes_fails_the_check():
+    """A check too loose to see a control is itself a failure (judge_controls)."""
+    weak = gpu_ops.judge_controls({"no_decay": {"a.out": {"ratio": 2.0},
+                                                "a.state": {"ratio": 0.1}}})
+    assert weak["no_decay"]["status"] == "fail" and weak["no_decay"]["margin"] == 2.0
+    assert "only 2 x" in weak["no_decay"]["reason"]
+    clear = gpu_ops.judge_controls({"no_decay": {"a.out": {"ratio": 5.0}}})
+    assert clear["no_decay"]["status"] == "pass" and clear["no_decay"]["worst"] == "a.out"
+
+
+def test_gdn_the_old_absolute_tolerance_would_pass_a_scaled_output():
+    """What issue 48 found: at these inputs |o| is ~0.01, so atol 0.03 + rtol 0.03 passes a
+    0.8x output; the relative comparison fails it."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, g, beta, state = gpu_ops.gdn_inputs(2, 16, gpu_ops.MODEL_SHAPES, gen, "cpu")
+    ref, _ = gpu_ops.gdn_recurrence_reference(q, k, v, g, beta, 128 ** -0.5, state)
+    assert gpu_ops.compare("gdn.chunk.out", ref * 0.8, ref)["status"] == "pass"
+    assert gpu_ops.compare_relative("gdn.chunk.out", ref * 0.8, ref)["status"] == "fail"
+    assert gpu_ops.compare_relative("gdn.chunk.out", ref.bfloat16(), ref)["status"] == "pass"
+
+
+def test_gdn_compare_relative_edge_cases():
+    torch = pytest.importorskip("torch")
+    want = torch.ones(3, 4)
+    nan = want.clone()
+    nan[0, 0] = float("nan")
+    assert "non-finite" in gpu_ops.compare_relative("gdn.chunk.out", nan, want)["reason"]
+    assert "shape" in gpu_ops.compare_relative("gdn.chunk.out", want[:2], want)["reason"]
+    assert "all zeros" in gpu_ops.compare_relative("gdn.chunk.out", want, want * 0)["reason"]
+    big = torch.ones(100, 100)
+    spike = big.clone()
+    spike[1, 1] += 0.6  # one element: RMS 0.006 (< 0.02), caught by the max (0.6 > 0.5)
+    result = gpu_ops.compare_relative("gdn.chunk.out", spike, big)
+    assert result["status"] == "fail" and result["rel_rms"] < 0.02 < 0.5 < result["rel_max"]
+    spike[1, 1] = 1.4   # within both
+    assert gpu_ops.compare_relative("gdn.chunk.out", spike, big)["status"] == "pass"
+
+
+def test_gdn_a_tolerance_too_loose_to_see_a_control_fails_the_check(monkeypatch):
+    """run_gdn_check runs the controls through the op under test and judges them: with a
+    tolerance loose enough to pass a 0.8x output, the correct op still passes, but that
+    control fails (the check would fail, not pass quietly)."""
+    for name in gpu_ops.GDN_TOLERANCES:
+        monkeypatch.setitem(gpu_ops.GDN_TOLERANCES, name, (0.3, 10.0))
+    result = gdn_run(gpu_ops.reference_gdn_ops(), controls=("output_x0.8", "heads_permuted"))
+    assert all(p["status"] == "pass" for p in result["parts"].values())
+    assert result["controls"]["output_x0.8"]["status"] == "fail"
+    assert result["controls"]["output_x0.8"]["margin"] == pytest.approx(0.2 / 0.3)
+    assert result["controls"]["heads_permuted"]["status"] == "pass"
+
+
+def test_gdn_spec_alternatives_and_the_state_layout(monkeypatch):
+    assert gpu_ops.resolve("math:sqrt|nowhere.at.all:x") is math.sqrt
+    assert gpu_ops.resolve("nowhere.at.all:x|math:sqrt") is math.sqrt
+    with pytest.raises(ImportError, match="nowhere.at.all:x: .*; also.nowhere:y"):
+        gpu_ops.resolve("nowhere.at.all:x|also.nowhere:y")
+    for impl in gpu_ops.GDN_IMPLEMENTATIONS[:2]:
+        assert impl["chunk"].split("|")[0].split(":")[0].startswith(
+            ("vllm.third_party.flash_linear_attention.ops", "sglang.kernels.ops.attention.fla"))
+
+    def op_in(module):
+        def op():
+            pass
+        op.__module__ = module
+        return op
+
+    assert gpu_ops.state_layout(op_in("vllm.third_party.flash_linear_attention.ops.chunk")) == "vk"
+    assert gpu_ops.state_layout(op_in("sglang.kernels.ops.attention.fla.fused_recurrent")) == "vk"
+    assert gpu_ops.state_layout(op_in("fla.ops.gated_delta_rule.chunk")) == "kv"
+    assert gpu_ops.state_layout(op_in("vllm.third_party.flash_linear_attention.opsX")) == "kv"
