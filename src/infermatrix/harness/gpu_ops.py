@@ -34,14 +34,12 @@ MODEL_SHAPES: dict[str, int] = {
 
 # (atol, rtol) per compared tensor: torch.allclose(got, want, atol, rtol) on float64 copies.
 # bf16 has 8 bits of mantissa (relative step 2**-8 = 0.0039); kernels accumulate in fp32.
+# Gated DeltaNet is compared relative to its signal instead (GDN_TOLERANCES).
 TOLERANCES: dict[str, tuple[float, float]] = {
     "flash_attn.out": (2e-2, 2e-2),
     "flash_attn.grad": (5e-2, 5e-2),
     "flashinfer.prefill": (2e-2, 2e-2),
     "flashinfer.decode": (2e-2, 2e-2),
-    "gdn.chunk.out": (3e-2, 3e-2),
-    "gdn.state": (3e-2, 3e-2),
-    "gdn.recurrent.out": (2e-2, 2e-2),
     "conv1d": (2e-2, 2e-2),
 }
 
@@ -423,9 +421,14 @@ GDN_IMPLEMENTATIONS: list[dict[str, str]] = [
               "vllm.model_executor.layers.fla.ops:chunk_gated_delta_rule",
      "recurrent": "vllm.third_party.flash_linear_attention.ops:fused_recurrent_gated_delta_rule|"
                   "vllm.model_executor.layers.fla.ops:fused_recurrent_gated_delta_rule",
-     # vllm 0.33.0's decode (qwen_gdn_linear_attn.py: non-spec and MTP decode) runs this one,
-     # the gating (g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)) fused in
-     "gated_decode": "vllm.third_party.flash_linear_attention.ops:"
+     # vllm 0.33.0's decode ops (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py), the
+     # gating (g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)) fused in: a batch of
+     # decodes only runs the packed one (_forward_core_decode_non_spec, while
+     # VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=1, the default); decodes batched with prefills,
+     # and MTP (spec) decode, run the sigmoid-gating one (_forward_core)
+     "packed_decode": "vllm.third_party.flash_linear_attention.ops.fused_recurrent:"
+                      "fused_recurrent_gated_delta_rule_packed_decode",
+     "gated_decode": "vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating:"
                      "fused_sigmoid_gating_delta_rule_update",
      "conv": "vllm.model_executor.layers.mamba.ops.causal_conv1d:causal_conv1d_fn"},
     {"name": "sglang",
@@ -472,6 +475,8 @@ GDN_TOLERANCES: dict[str, tuple[float, float]] = {
     "gdn.recurrent.state": (0.02, 0.5),
     "gdn.gated_decode.out": (0.02, 0.5),
     "gdn.gated_decode.state": (0.02, 0.5),
+    "gdn.packed_decode.out": (0.02, 0.5),
+    "gdn.packed_decode.state": (0.02, 0.5),
 }
 
 # The negative controls the GDN check runs on the real kernels: each is a deliberate corruption
@@ -568,8 +573,12 @@ GDN_CASES: list[tuple[str, str, int, int]] = [
     ("chunk_short", "chunk", 2, 16),
     ("recurrent", "recurrent", 4, 1),
 ]
-# where the implementation has a fused-gating decode op (vllm 0.33.0), also:
-GDN_GATED_DECODE_CASE = ("gated_decode", "gated_decode", 4, 1)
+# where the implementation has fused-gating decode ops (vllm 0.33.0), also these (one token per
+# sequence: the engine runs them so)
+GDN_DECODE_CASES: dict[str, tuple[str, str, int, int]] = {
+    "packed_decode": ("packed_decode", "packed_decode", 4, 1),
+    "gated_decode": ("gated_decode", "gated_decode", 4, 1),
+}
 
 
 def gdn_case_inputs(shapes: dict[str, int], gen, device: str = "cuda",
@@ -621,13 +630,32 @@ def compare_relative(name: str, got, want) -> dict[str, Any]:
     rel_max = err.abs().max().item() / ref_rms
     ratio = max(rel_rms / tol_rms, rel_max / tol_max)
     result.update(max_abs_error=err.abs().max().item(), rel_rms=rel_rms, rel_max=rel_max,
-                  ratio=ratio)
+                  ratio=ratio, **largest_error(err, want64, ref_rms))
     if ratio > 1.0:
         return {**result, "status": "fail",
                 "reason": f"{name}: differs from the torch reference (error RMS {rel_rms:.3g}, "
                           f"max {rel_max:.3g} x the reference's RMS {ref_rms:.3g}; tolerance "
                           f"{tol_rms} / {tol_max}: {ratio:.3g} x)"}
     return {**result, "status": "pass"}
+
+
+def largest_error(err, want, ref_rms: float) -> dict[str, Any]:
+    """Where the largest error is (`worst_index` into the compared tensor, the reference and
+    the error there) and the largest error relative to (the reference's RMS + the element's
+    own magnitude), `rel_elem`: rounding to bf16 scales with each element's magnitude."""
+    flat = int(err.abs().argmax().item())
+    index = [int(i) for i in _unravel(flat, tuple(err.shape))]
+    elem = (err.abs() / (ref_rms + want.abs())).max().item()
+    return {"worst_index": index, "worst_ref": want.reshape(-1)[flat].item(),
+            "worst_error": err.reshape(-1)[flat].item(), "rel_elem": elem}
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return index[::-1]
 
 
 def gdn_compare_cases(ops: dict[str, Any], cases, references, scale: float,
@@ -682,10 +710,10 @@ def run_gdn_check(ops: dict[str, Any], shapes: dict[str, int], gen, device: str 
     return {"parts": parts, "controls": judged}
 
 
-def engine_gdn_ops(chunk, recurrent, gated_decode=None) -> dict[str, Any]:
-    """The engines' chunk / recurrent ops as fn(q, k, v, g, beta, scale, state [B, HV, K, V])
-    -> (o [B, T, HV, V], final [B, HV, K, V]): packed varlen (cu_seqlens), l2norm in kernel,
-    the state in the op's own layout."""
+def engine_gdn_ops(chunk, recurrent, gated_decode=None, packed_decode=None) -> dict[str, Any]:
+    """The engines' chunk / recurrent (and vLLM's fused-gating decode) ops as fn(q, k, v, g,
+    beta, scale, state [B, HV, K, V]) -> (o [B, T, HV, V], final [B, HV, K, V]): packed varlen
+    (cu_seqlens), l2norm in kernel, the state in the op's own layout."""
     import torch
 
     def to_op(state, layout):
@@ -726,34 +754,97 @@ def engine_gdn_ops(chunk, recurrent, gated_decode=None) -> dict[str, Any]:
         return o.reshape(b, t, *o.shape[2:]), from_op(final, layout)
 
     def run_gated_decode(q, k, v, g, beta, scale, state):
-        # the raw gating inputs that give this g and beta: A_log = 0, dt_bias = 0,
-        # a = softplus^-1(-g), b = logit(beta) (float32); one token per sequence, the state
-        # updated in place (as the engine runs it)
-        b, t = q.shape[:2]
+        # as vllm 0.33.0's _forward_core passes it for decodes: q/k/v [1, tokens, H(V), D],
+        # the raw gating inputs a/b [tokens, HV] with the layer's A_log/dt_bias, the whole state
+        # cache with each sequence's slot (ssm_state_indices), the final state written back in
+        # place, cu_seqlens int32, l2norm in the kernel, no scale (the kernel's K ** -0.5) and
+        # the softplus parameters (`beta`, `threshold`) left at their defaults
+        b, t, hv = q.shape[0], q.shape[1], v.shape[2]
+        decode_only(t, "gated_decode")
         layout = state_layout(gated_decode)
-        hv = v.shape[2]
+        if not math.isclose(scale, q.shape[-1] ** -0.5):
+            raise ValueError("the engine's sigmoid-gating decode passes no scale (K ** -0.5)")
+        A_log, dt_bias = gating_params(hv, q.device)
+        a, bb = gating_inputs(g, beta, A_log, dt_bias)
+        pool, slots = state_pool(to_op(state, layout))
         cu = torch.arange(0, (b + 1) * t, t, dtype=torch.int32, device=q.device)
-        a = torch.log(torch.expm1((-g.float()).clamp(min=1e-30))).reshape(b * t, hv)
-        bb = torch.logit(beta.float()).reshape(b * t, hv)
-        zeros = torch.zeros(hv, dtype=torch.float32, device=q.device)
-        h0 = to_op(state, layout)
-        o, _final = call_known(gated_decode, A_log=zeros, a=a.contiguous(), b=bb.contiguous(),
-                               dt_bias=zeros, q=as_varlen(q)[0], k=as_varlen(k)[0],
-                               v=as_varlen(v)[0], scale=scale, initial_state=h0,
-                               inplace_final_state=True, cu_seqlens=cu,
-                               # the state slot of each sequence (the engine passes its cache
-                               # indices; the in-place kernel loads them unconditionally)
-                               ssm_state_indices=torch.arange(b, dtype=torch.int32,
-                                                              device=q.device),
-                               use_qk_l2norm_in_kernel=True)
+        o, _pool = call_known(gated_decode, A_log=A_log, a=a, b=bb, dt_bias=dt_bias,
+                              q=as_varlen(q)[0].contiguous(), k=as_varlen(k)[0].contiguous(),
+                              v=as_varlen(v)[0].contiguous(), initial_state=pool,
+                              inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=slots,
+                              use_qk_l2norm_in_kernel=True)
         if o.is_cuda:
             torch.cuda.synchronize()
-        return o.reshape(b, t, *o.shape[-2:]), from_op(h0, layout)
+        return o.reshape(b, t, *o.shape[-2:]), from_op(pool[slots.long()], layout)
+
+    def run_packed_decode(q, k, v, g, beta, scale, state):
+        # as vllm 0.33.0's _forward_core_decode_non_spec passes it: mixed_qkv [tokens, q | k | v]
+        # (the conv's output), a/b [tokens, HV], A_log/dt_bias, scale = head_k_dim ** -0.5, the
+        # whole state cache with each sequence's slot, out [tokens, 1, HV, V] (zeros), l2norm in
+        # the kernel; the state is updated in place
+        b, t, hv = q.shape[0], q.shape[1], v.shape[2]
+        decode_only(t, "packed_decode")
+        layout = state_layout(packed_decode)
+        A_log, dt_bias = gating_params(hv, q.device)
+        a, bb = gating_inputs(g, beta, A_log, dt_bias)
+        pool, slots = state_pool(to_op(state, layout))
+        mixed = torch.cat([q.reshape(b, -1), k.reshape(b, -1), v.reshape(b, -1)], dim=-1)
+        out = torch.zeros(b, 1, hv, v.shape[-1], dtype=v.dtype, device=q.device)
+        call_known(packed_decode, mixed_qkv=mixed.contiguous(), a=a, b=bb, A_log=A_log,
+                   dt_bias=dt_bias, scale=scale, initial_state=pool, out=out,
+                   ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        return out.reshape(b, t, hv, -1), from_op(pool[slots.long()], layout)
 
     ops = {"chunk": run_chunk, "recurrent": run_recurrent}
     if gated_decode is not None:
         ops["gated_decode"] = run_gated_decode
+    if packed_decode is not None:
+        ops["packed_decode"] = run_packed_decode
     return ops
+
+
+def decode_only(tokens: int, op: str) -> None:
+    if tokens != 1:
+        raise ValueError(f"{op}: the engine runs it with one token per sequence, not {tokens}")
+
+
+def gating_params(v_heads: int, device):
+    """A layer's A_log and dt_bias [HV] float32 (as vLLM keeps them): A = exp(A_log) from 1 to
+    16 (Qwen3-Next's initialisation range), dt_bias from -1 to 1."""
+    import torch
+
+    return (torch.linspace(1.0, 16.0, v_heads, device=device).log(),
+            torch.linspace(-1.0, 1.0, v_heads, device=device))
+
+
+def gating_inputs(g, beta, A_log, dt_bias):
+    """The raw gating inputs (a, b), each [tokens, HV] float32, from which the engine's fused
+    gating gives back g and beta: g = -exp(A_log) softplus(a + dt_bias) (softplus with
+    beta 1, threshold 20), beta = sigmoid(b)."""
+    import torch
+
+    y = ((-g.float()) / A_log.exp()).clamp(min=1e-30)            # softplus(a + dt_bias) > 0
+    a = y + torch.log(-torch.expm1(-y)) - dt_bias                 # softplus^-1(y) - dt_bias
+    b = torch.logit(beta.float()).clamp(-30.0, 30.0)
+    return a.reshape(-1, a.shape[-1]).contiguous(), b.reshape(-1, b.shape[-1]).contiguous()
+
+
+def state_pool(states):
+    """Per-sequence states [B, ...] -> (pool [B + 2, ...], slots int32 [B]) as vLLM's state cache
+    holds them: sequence i in slot B - i (not the identity: a kernel that ignores the index reads
+    another sequence's state); slot 0 is vLLM's NULL_BLOCK_ID (its decode kernels skip a
+    sequence whose slot is <= 0, writing no output) and, with slot B + 1, is filled with NaN, so
+    a kernel that read either gives a non-finite result."""
+    import torch
+
+    b = states.shape[0]
+    pool = torch.full((b + 2, *states.shape[1:]), float("nan"), dtype=states.dtype,
+                      device=states.device)
+    slots = torch.arange(b, 0, -1, dtype=torch.int32, device=states.device)
+    pool[slots.long()] = states
+    return pool, slots
 
 
 def reference_gdn_ops(round_output_to=None) -> dict[str, Any]:
@@ -763,7 +854,7 @@ def reference_gdn_ops(round_output_to=None) -> dict[str, Any]:
         o, final = gdn_recurrence_reference(q, k, v, g, beta, scale, state)
         return (o.to(round_output_to).float() if round_output_to is not None else o), final
 
-    return {"chunk": run, "recurrent": run, "gated_decode": run}
+    return {"chunk": run, "recurrent": run, "gated_decode": run, "packed_decode": run}
 
 
 def check_gdn(shapes: dict[str, int] = MODEL_SHAPES, preferred: str | None = None,
@@ -777,24 +868,21 @@ def check_gdn(shapes: dict[str, int] = MODEL_SHAPES, preferred: str | None = Non
     import torch
 
     chunk, recurrent = resolve(impl["chunk"]), resolve(impl["recurrent"])
-    gated = resolve(impl["gated_decode"]) if impl.get("gated_decode") else None
-    cases = GDN_CASES + ([GDN_GATED_DECODE_CASE] if gated is not None else [])
+    decode = {op: resolve(impl[op]) for op in GDN_DECODE_CASES if impl.get(op)}
+    cases = GDN_CASES + [GDN_DECODE_CASES[op] for op in decode]
     version = package_version(chunk.__module__)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    result = run_gdn_check(engine_gdn_ops(chunk, recurrent, gated), shapes, gen, cases=cases)
+    result = run_gdn_check(engine_gdn_ops(chunk, recurrent, **decode), shapes, gen, cases=cases)
     parts = dict(result["parts"])
     if with_conv:
         parts["conv1d"] = check_conv1d(impl, shapes, gen)
     weak = {f"control.{c}": r for c, r in result["controls"].items() if r["status"] == "fail"}
+    ops = {"chunk": chunk, "recurrent": recurrent, **decode}
     out = combine({**parts, **weak},
                   implementation=impl["name"] + (f" ({version})" if version else ""),
-                  ops={"chunk": f"{chunk.__module__}:{chunk.__name__}",
-                       "recurrent": f"{recurrent.__module__}:{recurrent.__name__}",
-                       **({"gated_decode": f"{gated.__module__}:{gated.__name__}"}
-                          if gated is not None else {}),
+                  ops={**{op: f"{fn.__module__}:{fn.__name__}" for op, fn in ops.items()},
                        "conv": impl["conv"]},
-                  state_layout={"chunk": state_layout(chunk),
-                                "recurrent": state_layout(recurrent)},
+                  state_layout={op: state_layout(fn) for op, fn in ops.items()},
                   not_importable=tried,
                   shapes={"k_heads": shapes["gdn_k_heads"], "v_heads": shapes["gdn_v_heads"],
                           "head_dim": shapes["gdn_head_dim"], "conv_width": shapes["conv_width"],
