@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """The harness's GDN check (src/infermatrix/harness/gpu_ops.py: check_gdn) against the engines'
 own Gated DeltaNet Triton kernels, extracted from their wheels by scripts/gdn_engine_kernels.py,
-on a GPU host without the engines installed (issue 48).
+on a GPU host without the engines installed (issue 48; the record: docs/gdn-evidence.md).
 
 For each engine folder: gpu_ops.check_gdn(preferred=<engine>, required=True, with_conv=False),
 i.e. the harness's own import path resolution, the chunked prefill (2 x 256 and 2 x 16 tokens,
-packed, with initial states) and the recurrent decode (4 x 1 token) against the float32
-recurrence, the four negative controls run on the kernels; then the same with other seeds; then,
-as a demonstration, the kernels fed the state in the [K, V] layout the harness assumed before
-(what the check did to vllm 0.33.0 / sglang 0.5.23 before GDN_STATE_LAYOUT). causal conv1d is
-not run (its modules are not extracted). Prints one INFERMATRIX-GDN line of JSON per run and a
-summary; exit 1 if any run's verdict is not what it must be.
+packed, with initial states), the recurrent decode (4 x 1 token) and, for vLLM, its two
+fused-gating decode ops (packed_decode, gated_decode) against the float32 recurrence, the four
+negative controls run on the kernels; for each seed. Expected of each: every comparison passes
+by 3x its tolerance, every control fails by 3x. Then diagnostics (reported, not expected): where
+the chunked prefill's output error lies, and whether it depends on Triton's autotuner (tuned
+anew, and each autotuned kernel forced to each config); and, as a demonstration that must fail,
+the kernels fed the state in the [K, V] layout the harness assumed before GDN_STATE_LAYOUT.
+causal conv1d is not run (its modules are not extracted). Prints INFERMATRIX-GDN lines of JSON
+and a summary; exit 0 only if every expectation held.
 
   python3 scripts/gdn_device_check.py [--kernels scripts/gdn_engine_kernels] [--seeds 2 3 4]
 """
@@ -18,6 +21,7 @@ summary; exit 1 if any run's verdict is not what it must be.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -154,6 +158,110 @@ def chunk_diagnostics(gpu_ops, engine: str, folder: str, seed: int, lines: list[
     return {"out": out, "ref": ref, "rms": rms, "worst": worst[0]}
 
 
+def autotuners(chunk) -> dict[str, object]:
+    """The Triton autotuners (triton.autotune, under any triton.heuristics) of the modules
+    beside `chunk`'s, by module.kernel name."""
+    package = chunk.__module__.rsplit(".", 1)[0]
+    found = {}
+    for name, module in sorted(sys.modules.items()):
+        if not name.startswith(package + ".") or module is None:
+            continue
+        for attr, obj in vars(module).items():
+            for _ in range(4):
+                if hasattr(obj, "configs") and hasattr(obj, "cache"):
+                    found[f"{name.rsplit('.', 1)[1]}.{attr}"] = obj
+                    break
+                obj = getattr(obj, "fn", None)
+                if obj is None:
+                    break
+    return found
+
+
+def chunk_error(run, ref, rms: float, times: int = 1) -> list:
+    """The chunk op run `times` x on the diagnostics' inputs: [rel_max, rel_rms] of the first
+    run, and whether every run gave the same output bit for bit."""
+    import torch
+
+    outs = [run().double().cpu() for _ in range(times)]
+    err = outs[0] - ref
+    return [err.abs().max().item() / rms, err.pow(2).mean().sqrt().item() / rms,
+            all(torch.equal(outs[0], o) for o in outs[1:])]
+
+
+def with_beta(chunk, dtype):
+    """`chunk` given beta (its 5th argument) as `dtype` (what the check fed it before)."""
+    @functools.wraps(chunk)
+    def call(*args, **kwargs):
+        return chunk(*args[:4], args[4].to(dtype), *args[5:], **kwargs)
+
+    return call
+
+
+def autotune_diagnostics(gpu_ops, engine: str, folder: str, seed: int, lines: list[str],
+                         repeats: int = 4) -> None:
+    """Does the chunked prefill's accuracy depend on what Triton's autotuner picks? (vLLM
+    0.33.0's chunk kernels are autotuned on their first call; the 2026-12-06 run's first call
+    gave rel_max 0.36 where later calls and SGLang give ~0.07.) (1) `repeats` times: every
+    autotuner's choice forgotten, then the first call again (it tunes anew); (2) each autotuned
+    kernel forced to each of its configs in turn (the others as tuned)."""
+    import torch
+
+    impl, _ = gpu_ops.gdn_implementation(engine)
+    chunk = gpu_ops.resolve(impl["chunk"])
+    ops = gpu_ops.engine_gdn_ops(chunk, gpu_ops.resolve(impl["recurrent"]))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = gpu_ops.MODEL_SHAPES
+    scale = shapes["gdn_head_dim"] ** -0.5
+    [(_n, _op, inputs)] = gpu_ops.gdn_case_inputs(shapes, gen, "cuda", gpu_ops.GDN_CASES[:1])
+    ref = gpu_ops.gdn_recurrence_reference(*inputs[:5], scale, inputs[5])[0].double().cpu()
+    rms = ref.pow(2).mean().sqrt().item()
+
+    def runner(op):
+        return lambda: op(*inputs[:5], scale, inputs[5])[0]
+
+    bf16_ops = gpu_ops.engine_gdn_ops(with_beta(chunk, torch.bfloat16), None)
+    run = runner(ops["chunk"])
+    tuners = autotuners(chunk)
+    chosen = {name: {str(k): str(v) for k, v in t.cache.items()} for name, t in tuners.items()}
+    retuned = {}
+    for label, op in (("beta float32 (as the engines)", ops["chunk"]),
+                      ("beta bf16 (as the check fed it before)", bf16_ops["chunk"])):
+        retuned[label] = []
+        for _ in range(repeats):
+            for t in tuners.values():
+                t.cache.clear()
+            retuned[label].append(chunk_error(runner(op), ref, rms, times=3))
+    sweep = {}
+    for name, tuner in tuners.items():
+        configs, cache = list(tuner.configs), dict(tuner.cache)
+        results = []
+        try:
+            for config in configs:
+                tuner.configs = [config]
+                tuner.cache.clear()
+                results.append([str(config), *chunk_error(run, ref, rms, times=2)])
+        finally:
+            tuner.configs = configs
+            tuner.cache.clear()
+            tuner.cache.update(cache)
+        sweep[name] = results
+    print("INFERMATRIX-GDN-AUTOTUNE " + json.dumps(
+        {"engine": folder, "seed": seed, "chosen_before": chosen, "retuned": retuned,
+         "sweep": sweep}, sort_keys=True))
+    lines.append(f"{folder} seed {seed} chunk.out and the autotuner ({len(tuners)} autotuned "
+                 f"kernels): tuned anew {repeats} x, each tuning run 3 x:")
+    for label, results in retuned.items():
+        lines.append(f"  {label}: rel_max {', '.join(f'{r[0]:.3f}' for r in results)}; "
+                     f"the 3 runs identical {[r[2] for r in results]}")
+    lines.append("  each kernel forced to each config (the others as tuned), each run 2 x:")
+    for name, results in sweep.items():
+        worst = max(results, key=lambda r: r[1])
+        unstable = [r[0] for r in results if not r[3]]
+        lines.append(f"  {name}: {len(results)} configs, rel_max {min(r[1] for r in results):.3f}"
+                     f" to {worst[1]:.3f} (worst {worst[0]}); differing runs in "
+                     f"{len(unstable)} configs")
+
+
 def compare_engines(outputs: dict) -> list[str]:
     """The engines' chunk outputs on the same inputs, against each other."""
     if len(outputs) < 2:
@@ -185,6 +293,7 @@ def run_engine(gpu_ops, args, folder: str, lines: list[str], outputs: dict) -> b
             ok &= as_expected(result)
         try:  # where the chunk output's error lies: reported, not an expectation
             outputs[folder] = chunk_diagnostics(gpu_ops, engine, folder, args.seeds[0], lines)
+            autotune_diagnostics(gpu_ops, engine, folder, args.seeds[0], lines)
         except Exception:  # noqa: BLE001 - the layout demonstration still runs
             traceback.print_exc()
             lines.append(f"{folder}: chunk diagnostics CRASHED (traceback above)")

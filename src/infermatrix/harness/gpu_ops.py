@@ -9,9 +9,12 @@ Qwen3.6-27B's shapes, bf16 inputs, float32 references:
                prefill (256 and 16 tokens) and recurrent decode against a naive recurrence,
                relative to the reference's RMS (GDN_TOLERANCES), with four negative controls
                run on the kernels under test (GDN_CONTROLS); and causal conv1d
+  vLLM / SGLang decode  their fused-gating decode ops (the gating inputs, the state cache and
+               its slots, as the engines' decode paths pass them), same comparison
 Each check returns the harness result fields: status, reason, max_abs_error / atol / rtol per
-compared tensor (GDN: rel_rms / rel_max / ratio), shapes, the implementation that ran. Standard library + torch only (the harness
-runs inside images); the pure parts (tolerances, verdicts, the naive references) run on a CPU.
+compared tensor (GDN: rel_rms / rel_max / ratio, the largest error's place), shapes, the
+implementation that ran. Standard library + torch only (the harness runs inside images); the
+pure parts (tolerances, verdicts, the naive references) run on a CPU.
 """
 
 from __future__ import annotations
@@ -438,6 +441,11 @@ GDN_IMPLEMENTATIONS: list[dict[str, str]] = [
                   "fused_recurrent_gated_delta_rule|"
                   "sglang.srt.layers.attention.fla.fused_recurrent:"
                   "fused_recurrent_gated_delta_rule",
+     # sglang 0.5.23's decode (srt/layers/attention/linear/gdn_backend.py -> kernels/
+     # gdn_triton.py: packed_decode, where supported: not on CPU/NPU) runs this one; its other
+     # decode op (kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py) is not run
+     "packed_decode": "sglang.kernels.ops.attention.fla.fused_recurrent:"
+                      "fused_recurrent_gated_delta_rule_packed_decode",
      "conv": "sglang.kernels.ops.mamba.causal_conv1d_triton:causal_conv1d_fn|"
              "sglang.srt.layers.attention.mamba.causal_conv1d_triton:causal_conv1d_fn"},
     {"name": "fla", "chunk": "fla.ops.gated_delta_rule:chunk_gated_delta_rule",
@@ -723,11 +731,16 @@ def engine_gdn_ops(chunk, recurrent, gated_decode=None, packed_decode=None) -> d
         return None if state is None else (state.transpose(-1, -2) if layout == "vk" else state)
 
     def run_chunk(q, k, v, g, beta, scale, state):
+        # beta as float32: both engines' gating gives the chunk op float32 beta (vllm 0.33.0
+        # fused_post_conv_prep: "beta: [L, HV] float32"; sglang 0.5.23 fused_gdn_gating: a
+        # float32 tensor of bf16-rounded values), and vLLM's chunk_scaled_dot_kkt keeps "the
+        # promoted precision of the beta-scaled operand" in its dot (another kernel than bf16)
         b, t = q.shape[:2]
         layout = state_layout(chunk)
         cu = torch.arange(0, (b + 1) * t, t, dtype=torch.long, device=q.device)
         h0 = to_op(state, layout)
-        result = call_known(chunk, *as_varlen(q, k, v, g, beta), scale=scale, initial_state=h0,
+        result = call_known(chunk, *as_varlen(q, k, v, g, beta.float()), scale=scale,
+                            initial_state=h0,
                             output_final_state=True, cu_seqlens=cu,
                             initial_state_indices=torch.arange(b, dtype=torch.int32,
                                                                device=q.device),

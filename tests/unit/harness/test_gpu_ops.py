@@ -572,3 +572,22 @@ def test_gdn_the_state_pool_keeps_slot_0_null_and_the_slots_not_in_order():
     assert slots.tolist() == [4, 3, 2, 1]
     assert torch.equal(pool[slots.long()], states)
     assert pool[0].isnan().all() and pool[5].isnan().all()
+
+
+def test_gdn_the_chunk_op_gets_beta_as_float32_as_the_engines_give_it():
+    """vLLM 0.33.0 (fused_post_conv_prep) and SGLang 0.5.23 (fused_gdn_gating) hand the chunk op
+    a float32 beta; vLLM's chunk_scaled_dot_kkt runs another dot for it than for bf16."""
+    torch = pytest.importorskip("torch")
+    seen = {}
+
+    def chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None, use_qk_l2norm_in_kernel=False):
+        seen.update(beta=beta.dtype, g=g.dtype, q=q.shape, cu=cu_seqlens.tolist())
+        return torch.zeros_like(v), initial_state
+
+    q, k, v, g, beta, state = gpu_ops.gdn_inputs(2, 5, SMALL_GDN, torch.Generator(), "cpu")
+    assert beta.dtype == torch.bfloat16
+    o, final = gpu_ops.engine_gdn_ops(chunk, None)["chunk"](q, k, v, g, beta, 0.1, state)
+    assert seen == {"beta": torch.float32, "g": torch.float32, "q": (1, 10, 2, 32),
+                    "cu": [0, 5, 10]}
+    assert o.shape == v.shape and torch.equal(final, state)
