@@ -308,8 +308,8 @@ def test_triton_warm_compile_only_needs_an_arch(tmp_path, capsys):
 
 # --------------------------------------------------------------------------------------------
 # The GDN check's comparison relative to the signal and its negative controls (CPU stand-in:
-# the torch reference as the op under test; the device run, docs/gdn-engine-kernels-h100.txt,
-# runs the engines' kernels at the model's shapes)
+# the torch reference as the op under test; the device run, docs/h100-gdn-engine-kernels.txt,
+# runs the engines' kernels at the model's shapes: docs/gdn-evidence.md)
 # --------------------------------------------------------------------------------------------
 
 SMALL_GDN = {**gpu_ops.MODEL_SHAPES, "gdn_k_heads": 2, "gdn_v_heads": 6, "gdn_head_dim": 32}
