@@ -34,6 +34,29 @@ SKIPS_ALLOWED: dict[str, str] = {
         "test_compare_on_cpu_tensors",
     )
 }
+# the same file's GDN check tests (issue 48): the relative comparison, the negative controls and
+# the vLLM decode adapters, with the torch reference / CPU models of the kernels as the op under
+# test. No torch in the CI venv (as above); they ran with torch on the GPU host, where every test of
+# the file passed (docs/gdn-evidence.md).
+_NO_TORCH_GDN = ("no torch in the CI venv (CUDA wheels ~3 GB); the GDN check's CPU tests ran "
+                 "on the GPU host (docs/gdn-evidence.md)")
+SKIPS_ALLOWED.update({
+    f"tests/unit/harness/test_gpu_ops.py::{name}": _NO_TORCH_GDN for name in (
+        "test_gdn_tolerances_are_relative_and_cover_every_compared_part",
+        "test_gdn_a_bf16_output_passes_with_a_3x_margin",
+        *(f"test_gdn_each_negative_control_fails_by_3x[{control}]" for control in (
+            "output_x0.8", "no_decay", "no_initial_state", "heads_permuted")),
+        "test_gdn_the_old_absolute_tolerance_would_pass_a_scaled_output",
+        "test_gdn_compare_relative_edge_cases",
+        "test_gdn_a_tolerance_too_loose_to_see_a_control_fails_the_check",
+        "test_gdn_compare_relative_reports_the_largest_error_and_its_place",
+        "test_gdn_vllm_decode_adapters_pass_what_the_kernels_take",
+        "test_gdn_a_sequence_in_the_null_slot_fails_the_check",
+        "test_gdn_the_gating_inputs_give_back_g_and_beta",
+        "test_gdn_the_state_pool_keeps_slot_0_null_and_the_slots_not_in_order",
+        "test_gdn_the_chunk_op_gets_beta_as_float32_as_the_engines_give_it",
+    )
+})
 
 # node id -> why it is expected to fail. None today.
 XFAILS_ALLOWED: dict[str, str] = {}
@@ -42,8 +65,9 @@ XFAILS_ALLOWED: dict[str, str] = {}
 # 836 with the CI rules, kernel-registry, byte-code and hostile-input tests; 896 with the
 # signing and SBOM tests of issue 29; 1,043 with the error catalogue, option-table, engine and
 # CellSpec tests of issue 28; 1,174 with issue 48's: the lanes' rules, skips by node id, the
-# state-file fuzz, the hard edges).
-MIN_COLLECTED = 1170
+# state-file fuzz, the hard edges; 1,378 with the GDN check's decode adapters and the device
+# script's summary).
+MIN_COLLECTED = 1378
 
 
 def in_ci() -> bool:

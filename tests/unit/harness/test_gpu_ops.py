@@ -28,6 +28,9 @@ def facts():
 def test_the_harness_constants_are_the_data_file(facts):
     assert gpu_ops.MODEL_SHAPES == facts["model"]["shapes"]
     assert gpu_ops.TOLERANCES == {k: tuple(v) for k, v in facts["tolerances"].items()}
+    assert gpu_ops.GDN_TOLERANCES == {k: tuple(v) for k, v in facts["gdn_tolerances"].items()}
+    assert gpu_ops.GDN_CONTROL_MARGIN == facts["gdn_control_margin"]
+    assert not [name for name in gpu_ops.TOLERANCES if name.startswith("gdn.")]
     rule = facts["flash_attn_bwd_dropout"]
     assert gpu_ops.FLASH_ATTN_BWD_DROPOUT == {k: rule[k] for k in gpu_ops.FLASH_ATTN_BWD_DROPOUT}
     assert rule["sources"], "a fact without its source"
@@ -301,3 +304,290 @@ def test_triton_warm_compile_only_needs_an_arch(tmp_path, capsys):
     assert stop.value.code == 2 and "--compile-only needs --arch" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         triton_warm.main(["--compile-only", "--launch", "--cache", str(tmp_path)])
+
+
+# --------------------------------------------------------------------------------------------
+# The GDN check's comparison relative to the signal and its negative controls (CPU stand-in:
+# the torch reference as the op under test; the device run, docs/h100-gdn-engine-kernels.txt,
+# runs the engines' kernels at the model's shapes: docs/gdn-evidence.md)
+# --------------------------------------------------------------------------------------------
+
+SMALL_GDN = {**gpu_ops.MODEL_SHAPES, "gdn_k_heads": 2, "gdn_v_heads": 6, "gdn_head_dim": 32}
+# the check's cases with a 64-token long prefill (CPU time; the initial state is as forgotten)
+SMALL_CASES = [(n, op, b, min(t, 64)) for n, op, b, t in gpu_ops.GDN_CASES]
+
+
+def gdn_run(ops, shapes=SMALL_GDN, controls=tuple(gpu_ops.GDN_CONTROLS), seed=2):
+    torch = pytest.importorskip("torch")
+    return gpu_ops.run_gdn_check(ops, shapes, torch.Generator().manual_seed(seed), "cpu",
+                                 controls=controls, cases=SMALL_CASES)
+
+
+def test_gdn_tolerances_are_relative_and_cover_every_compared_part():
+    result = gdn_run(gpu_ops.reference_gdn_ops())
+    assert set(result["parts"]) == {f"{c}.{p}" for c, _op, _b, _t in gpu_ops.GDN_CASES
+                                    for p in ("out", "state")}
+    assert ("chunk_short", "chunk", 2, 16) in gpu_ops.GDN_CASES  # the initial state matters
+    for part in result["parts"].values():
+        assert part["status"] == "pass" and part["ratio"] == 0.0 and part["ref_rms"] > 0
+    with pytest.raises(KeyError, match="GDN_TOLERANCES"):
+        gpu_ops.compare_relative("gdn.new", None, None)
+
+
+def test_gdn_a_bf16_output_passes_with_a_3x_margin():
+    """The kernels return bf16: rounding the exact output must stay under a third of the
+    tolerance (else the check would flag a correct kernel at the noise of its dtype)."""
+    torch = pytest.importorskip("torch")
+    result = gdn_run(gpu_ops.reference_gdn_ops(round_output_to=torch.bfloat16), controls=())
+    ratios = {p: r["ratio"] for p, r in result["parts"].items()}
+    assert all(r <= 1 / 3 for r in ratios.values()), ratios
+    assert any(r > 0 for r in ratios.values())
+
+
+@pytest.mark.parametrize("control", list(gpu_ops.GDN_CONTROLS))
+def test_gdn_each_negative_control_fails_by_3x(control):
+    result = gdn_run(gpu_ops.reference_gdn_ops(), controls=(control,))
+    judged = result["controls"][control]
+    assert judged["status"] == "pass" and judged["margin"] >= 3, judged
+    if control == "no_initial_state":
+        # the long prefill forgets its initial state: the short one is what catches it
+        assert judged["ratios"]["chunk.state"] < 1 <= judged["ratios"]["chunk_short.out"]
+    if control == "output_x0.8":
+        assert judged["margin"] == pytest.approx(0.2 / gpu_ops.GDN_TOLERANCES["gdn.chunk.out"][0])
+
+
+def test_gdn_a_control_that_passes_fails_the_check():
+    """A check too loose to see a control is itself a failure (judge_controls)."""
+    weak = gpu_ops.judge_controls({"no_decay": {"a.out": {"ratio": 2.0},
+                                                "a.state": {"ratio": 0.1}}})
+    assert weak["no_decay"]["status"] == "fail" and weak["no_decay"]["margin"] == 2.0
+    assert "only 2 x" in weak["no_decay"]["reason"]
+    clear = gpu_ops.judge_controls({"no_decay": {"a.out": {"ratio": 5.0}}})
+    assert clear["no_decay"]["status"] == "pass" and clear["no_decay"]["worst"] == "a.out"
+
+
+def test_gdn_the_old_absolute_tolerance_would_pass_a_scaled_output():
+    """What issue 48 found: at these inputs |o| is ~0.01, so atol 0.03 + rtol 0.03 passes a
+    0.8x output; the relative comparison fails it."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, g, beta, state = gpu_ops.gdn_inputs(2, 16, gpu_ops.MODEL_SHAPES, gen, "cpu")
+    ref, _ = gpu_ops.gdn_recurrence_reference(q, k, v, g, beta, 128 ** -0.5, state)
+    assert torch.allclose(ref * 0.8, ref, atol=0.03, rtol=0.03)  # the old gdn.chunk.out row
+    assert gpu_ops.compare_relative("gdn.chunk.out", ref * 0.8, ref)["status"] == "fail"
+    assert gpu_ops.compare_relative("gdn.chunk.out", ref.bfloat16(), ref)["status"] == "pass"
+
+
+def test_gdn_compare_relative_edge_cases():
+    torch = pytest.importorskip("torch")
+    want = torch.ones(3, 4)
+    nan = want.clone()
+    nan[0, 0] = float("nan")
+    assert "non-finite" in gpu_ops.compare_relative("gdn.chunk.out", nan, want)["reason"]
+    assert "shape" in gpu_ops.compare_relative("gdn.chunk.out", want[:2], want)["reason"]
+    assert "all zeros" in gpu_ops.compare_relative("gdn.chunk.out", want, want * 0)["reason"]
+    big = torch.ones(100, 100)
+    spike = big.clone()
+    spike[1, 1] += 0.6  # one element: RMS 0.006 (< 0.02), caught by the max (0.6 > 0.5)
+    result = gpu_ops.compare_relative("gdn.chunk.out", spike, big)
+    assert result["status"] == "fail" and result["rel_rms"] < 0.02 < 0.5 < result["rel_max"]
+    spike[1, 1] = 1.4   # within both
+    assert gpu_ops.compare_relative("gdn.chunk.out", spike, big)["status"] == "pass"
+
+
+def test_gdn_a_tolerance_too_loose_to_see_a_control_fails_the_check(monkeypatch):
+    """run_gdn_check runs the controls through the op under test and judges them: with a
+    tolerance loose enough to pass a 0.8x output, the correct op still passes, but that
+    control fails (the check would fail, not pass quietly)."""
+    for name in gpu_ops.GDN_TOLERANCES:
+        monkeypatch.setitem(gpu_ops.GDN_TOLERANCES, name, (0.3, 10.0))
+    result = gdn_run(gpu_ops.reference_gdn_ops(), controls=("output_x0.8", "heads_permuted"))
+    assert all(p["status"] == "pass" for p in result["parts"].values())
+    assert result["controls"]["output_x0.8"]["status"] == "fail"
+    assert result["controls"]["output_x0.8"]["margin"] == pytest.approx(0.2 / 0.3)
+    assert result["controls"]["heads_permuted"]["status"] == "pass"
+
+
+def test_gdn_spec_alternatives_and_the_state_layout(monkeypatch):
+    assert gpu_ops.resolve("math:sqrt|nowhere.at.all:x") is math.sqrt
+    assert gpu_ops.resolve("nowhere.at.all:x|math:sqrt") is math.sqrt
+    with pytest.raises(ImportError, match="nowhere.at.all:x: .*; also.nowhere:y"):
+        gpu_ops.resolve("nowhere.at.all:x|also.nowhere:y")
+    for impl in gpu_ops.GDN_IMPLEMENTATIONS[:2]:
+        assert impl["chunk"].split("|")[0].split(":")[0].startswith(
+            ("vllm.third_party.flash_linear_attention.ops", "sglang.kernels.ops.attention.fla"))
+
+    def op_in(module):
+        def op():
+            pass
+        op.__module__ = module
+        return op
+
+    assert gpu_ops.state_layout(op_in("vllm.third_party.flash_linear_attention.ops.chunk")) == "vk"
+    assert gpu_ops.state_layout(op_in("sglang.kernels.ops.attention.fla.fused_recurrent")) == "vk"
+    assert gpu_ops.state_layout(op_in("fla.ops.gated_delta_rule.chunk")) == "kv"
+    assert gpu_ops.state_layout(op_in("vllm.third_party.flash_linear_attention.opsX")) == "kv"
+
+
+def test_gdn_largest_error_says_where_it_is():
+    assert gpu_ops._unravel(0, (2, 3, 4)) == [0, 0, 0]
+    assert gpu_ops._unravel(23, (2, 3, 4)) == [1, 2, 3]
+    assert gpu_ops._unravel(13, (2, 3, 4)) == [1, 0, 1]
+
+
+def test_gdn_compare_relative_reports_the_largest_error_and_its_place():
+    torch = pytest.importorskip("torch")
+    want = torch.ones(4, 5, 6)
+    want[2, 3, 4] = 9.0
+    got = want.clone()
+    got[2, 3, 4] += 0.5            # the largest error, at a large element
+    got[0, 0, 0] += 0.1
+    result = gpu_ops.compare_relative("gdn.chunk.out", got, want)
+    rms = want.double().pow(2).mean().sqrt().item()
+    assert result["worst_index"] == [2, 3, 4] and result["worst_ref"] == 9.0
+    assert result["worst_error"] == pytest.approx(0.5)
+    assert result["rel_elem"] == pytest.approx(max(0.5 / (rms + 9.0), 0.1 / (rms + 1.0)))
+
+
+# Models of vLLM 0.33.0's two fused-gating decode ops, in torch on the CPU, written from their
+# Triton kernels (third_party/flash_linear_attention/ops/fused_sigmoid_gating.py and
+# fused_recurrent.py: fused_recurrent_gated_delta_rule_packed_decode): the gating computed from
+# a/b, the state [HV, V, K] in a slot of the cache, a slot <= 0 (NULL_BLOCK_ID) skipped. They
+# check the adapters' plumbing on a CPU; the kernels themselves ran on the GPU host
+# (docs/gdn-evidence.md).
+VLLM_OPS = "vllm.third_party.flash_linear_attention.ops"
+
+
+def engine_gating(a, b, A_log, dt_bias, beta=1.0, threshold=20.0):
+    torch = pytest.importorskip("torch")
+    x = a.float() + dt_bias.float()
+    softplus = torch.where(beta * x <= threshold, torch.log1p(torch.exp(beta * x)) / beta, x)
+    return -A_log.float().exp() * softplus, torch.sigmoid(b.float())
+
+
+def model_sigmoid_gating(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0, scale=None,
+                         initial_state=None, inplace_final_state=True, cu_seqlens=None,
+                         ssm_state_indices=None, num_accepted_tokens=None,
+                         use_qk_l2norm_in_kernel=False, is_kda=False):
+    torch = pytest.importorskip("torch")
+    scale = k.shape[-1] ** -0.5 if scale is None else scale
+    o = torch.full_like(v, float("nan"))          # new_empty: a skipped sequence's is garbage
+    for i in range(len(cu_seqlens) - 1):
+        bos, eos = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
+        slot = int(ssm_state_indices[i])
+        if slot <= 0:
+            continue
+        g, bt = engine_gating(a[bos:eos], b[bos:eos], A_log, dt_bias, beta, threshold)
+        out, final = gpu_ops.gdn_recurrence_reference(
+            q[:, bos:eos], k[:, bos:eos], v[:, bos:eos], g[None], bt[None], scale,
+            initial_state[slot].transpose(-1, -2)[None], qk_l2norm=use_qk_l2norm_in_kernel)
+        o[:, bos:eos] = out.to(o.dtype)
+        initial_state[slot] = final[0].transpose(-1, -2)
+    return o, initial_state
+
+
+def model_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                        ssm_state_indices, use_qk_l2norm_in_kernel=False):
+    hv, vd, kd = initial_state.shape[-3:]
+    h = (mixed_qkv.shape[1] - hv * vd) // 2 // kd
+    for i in range(mixed_qkv.shape[0]):
+        slot = int(ssm_state_indices[i])
+        if slot <= 0:
+            out[i] = 0
+            continue
+        row = mixed_qkv[i]
+        q = row[:h * kd].reshape(1, 1, h, kd)
+        k = row[h * kd:2 * h * kd].reshape(1, 1, h, kd)
+        v = row[2 * h * kd:].reshape(1, 1, hv, vd)
+        g, bt = engine_gating(a[i:i + 1], b[i:i + 1], A_log, dt_bias)
+        o, final = gpu_ops.gdn_recurrence_reference(
+            q, k, v, g[None], bt[None], scale, initial_state[slot].transpose(-1, -2)[None],
+            qk_l2norm=use_qk_l2norm_in_kernel)
+        out[i] = o[0].to(out.dtype)
+        initial_state[slot] = final[0].transpose(-1, -2)
+    return out, initial_state
+
+
+model_sigmoid_gating.__module__ = VLLM_OPS + ".fused_sigmoid_gating"
+model_packed_decode.__module__ = VLLM_OPS + ".fused_recurrent"
+DECODE_CASES = list(gpu_ops.GDN_DECODE_CASES.values())
+
+
+def decode_run(seed=2):
+    torch = pytest.importorskip("torch")
+    ops = gpu_ops.engine_gdn_ops(None, None, gated_decode=model_sigmoid_gating,
+                                 packed_decode=model_packed_decode)
+    return gpu_ops.run_gdn_check(ops, SMALL_GDN, torch.Generator().manual_seed(seed), "cpu",
+                                 cases=DECODE_CASES)
+
+
+def test_gdn_vllm_decode_adapters_pass_what_the_kernels_take():
+    """The adapters feed vLLM's fused-gating decode ops as the engine does (gating inputs, the
+    state cache and its slots, [V, K]): against models of the kernels they pass with a 3x
+    margin and every control fails by 3x."""
+    result = decode_run()
+    assert set(result["parts"]) == {f"{op}.{p}" for op in gpu_ops.GDN_DECODE_CASES
+                                    for p in ("out", "state")}
+    for name, part in result["parts"].items():
+        assert part["status"] == "pass" and part["ratio"] <= 1 / 3, (name, part)
+    for name, control in result["controls"].items():
+        assert control["status"] == "pass" and control["margin"] >= 3, (name, control)
+
+
+def test_gdn_a_sequence_in_the_null_slot_fails_the_check(monkeypatch):
+    """What the first adapter did (slots 0..B-1): vLLM's decode kernels skip slot 0
+    (NULL_BLOCK_ID), so sequence 0 gets no output and no state update: the check fails."""
+    torch = pytest.importorskip("torch")
+
+    def identity_slots(states):
+        pool = states.clone()
+        return pool, torch.arange(states.shape[0], dtype=torch.int32)
+
+    monkeypatch.setattr(gpu_ops, "state_pool", identity_slots)
+    parts = decode_run()["parts"]
+    assert "non-finite" in parts["gated_decode.out"]["reason"]
+    assert parts["packed_decode.out"]["status"] == "fail"
+    assert parts["packed_decode.state"]["status"] == "fail"
+
+
+def test_gdn_the_gating_inputs_give_back_g_and_beta():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(5)
+    _q, _k, _v, g, beta, _s = gpu_ops.gdn_inputs(3, 7, SMALL_GDN, gen, "cpu")
+    A_log, dt_bias = gpu_ops.gating_params(SMALL_GDN["gdn_v_heads"], "cpu")
+    a, b = gpu_ops.gating_inputs(g, beta, A_log, dt_bias)
+    assert a.shape == b.shape == (21, SMALL_GDN["gdn_v_heads"]) and a.dtype == torch.float32
+    g_back, beta_back = engine_gating(a, b, A_log, dt_bias)
+    assert torch.allclose(g_back, g.reshape(21, -1), rtol=1e-4, atol=1e-6)
+    assert torch.allclose(beta_back, beta.float().reshape(21, -1), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(A_log, torch.zeros_like(A_log))      # the gating is exercised
+    assert not torch.allclose(dt_bias, torch.zeros_like(dt_bias))
+
+
+def test_gdn_the_state_pool_keeps_slot_0_null_and_the_slots_not_in_order():
+    torch = pytest.importorskip("torch")
+    states = torch.randn(4, 2, 3, 3)
+    pool, slots = gpu_ops.state_pool(states)
+    assert pool.shape == (6, 2, 3, 3) and slots.dtype == torch.int32
+    assert slots.tolist() == [4, 3, 2, 1]
+    assert torch.equal(pool[slots.long()], states)
+    assert pool[0].isnan().all() and pool[5].isnan().all()
+
+
+def test_gdn_the_chunk_op_gets_beta_as_float32_as_the_engines_give_it():
+    """vLLM 0.33.0 (fused_post_conv_prep) and SGLang 0.5.23 (fused_gdn_gating) hand the chunk op
+    a float32 beta; vLLM's chunk_scaled_dot_kkt runs another dot for it than for bf16."""
+    torch = pytest.importorskip("torch")
+    seen = {}
+
+    def chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None, use_qk_l2norm_in_kernel=False):
+        seen.update(beta=beta.dtype, g=g.dtype, q=q.shape, cu=cu_seqlens.tolist())
+        return torch.zeros_like(v), initial_state
+
+    q, k, v, g, beta, state = gpu_ops.gdn_inputs(2, 5, SMALL_GDN, torch.Generator(), "cpu")
+    assert beta.dtype == torch.bfloat16
+    o, final = gpu_ops.engine_gdn_ops(chunk, None)["chunk"](q, k, v, g, beta, 0.1, state)
+    assert seen == {"beta": torch.float32, "g": torch.float32, "q": (1, 10, 2, 32),
+                    "cu": [0, 5, 10]}
+    assert o.shape == v.shape and torch.equal(final, state)
