@@ -304,6 +304,7 @@ def resolve(args: argparse.Namespace | None, matrix_data: Mapping[str, Any] | No
     env = os.environ if env is None else env
     matrix_data = matrix_data or {}
     resolved = RunOptions()
+    where: str | None  # the source of a value: code, a flag, a variable, a matrix key
     for name, option in OPTIONS.items():
         flag = getattr(args, name, None) if args is not None else None
         from_env = option.from_env(env)

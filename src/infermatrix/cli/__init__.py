@@ -24,9 +24,10 @@ import importlib  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import traceback  # noqa: E402
+from typing import NoReturn  # noqa: E402
 
-from .. import proc
-from ..errors import InfermatrixError, Interrupted
+from .. import proc  # noqa: E402
+from ..errors import InfermatrixError, Interrupted  # noqa: E402
 
 # Modules under infermatrix.cli, in the order `--help` lists them.
 COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
@@ -113,7 +114,7 @@ def compile_options(parser: argparse.ArgumentParser) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors exit 2 with the usage line
+    def error(self, message: str) -> NoReturn:  # usage errors exit 2 with the usage line
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -137,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         with contextlib.suppress(ValueError):  # ValueError: called outside the main thread
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, _interrupt)
+            for handled in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(handled, _interrupt)
         parser = build_parser()
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)

@@ -23,7 +23,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from . import docker as engine
 from ..errors import (DigestMismatch, RegistryAuthError, RegistryError, RegistryNotFound,
@@ -131,10 +131,10 @@ def registry_host(repository: str) -> str:
     raise UsageError(f"{repository!r} names no registry host (expected e.g. ghcr.io/acme/name)")
 
 
-def registry_credentials(registry: str, env: dict[str, str] | None = None,
+def registry_credentials(registry: str, env: Mapping[str, str] | None = None,
                          docker_config: Path | None = None) -> RegistryCredentials:
     """INFERMATRIX_REGISTRY_USER/_PASSWORD, else Docker's config (credential helpers included)."""
-    import docker
+    import docker.auth
 
     env = os.environ if env is None else env
     user, password = env.get(REGISTRY_USER_ENV), env.get(REGISTRY_PASSWORD_ENV)

@@ -392,7 +392,8 @@ def kernel_specs(ctx: Context, spec: CellSpec) -> list[KernelSpec]:
         data = known[name]
         package = data["package"]
         env = dict(sorted(data.get("env", {}).items()))
-        source_dir, build_requires = None, ()
+        source_dir: str | None = None
+        build_requires: tuple[str, ...] = ()
         if data.get("path"):
             source = (matrix.root / data["path"]).resolve()
             if not source.is_dir():

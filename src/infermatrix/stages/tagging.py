@@ -110,7 +110,9 @@ def required_outcomes(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
 
 def decide_tag(record: journal.CellRecord, policy: dict[str, Any], cell: Cell) -> TagDecision:
     """Whether a cell may be tagged, and how, from its journal record alone."""
-    refuse = lambda reason, **kw: TagDecision(cell.id, False, reason, **kw)
+    def refuse(reason: str, **kw: Any) -> TagDecision:
+        return TagDecision(cell.id, False, reason, **kw)
+
     image_id = record.image_id
     if not image_id or record.status_of("build") != journal.Status.PASS:
         return refuse("not built: no passed build in the journal")
@@ -235,7 +237,9 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """Tag the exact tested image of each cell the policy allows. A refusal (a CUDA cell on a
     GPU-less host is "built, not verified") drops the cell from publish without failing the
     run; a tag that fails (its tag already names another image) is a failure."""
-    tagged, refused, failed = [], [], []
+    tagged: list[str] = []
+    refused: list[str] = []
+    failed: list[str] = []
     for cell in cells:
         decision = tag_cell(run.ctx, cell.cell, run.options.tag_repository, docker=run.docker)
         outcome = tagged if decision.allowed else failed if decision.failed else refused
