@@ -618,8 +618,8 @@ def _check_version(m: Matrix, found: list[ConfigError], version: str,
 
 # --- templates and tag templates, checked when the matrix loads (issue 47) --------------------
 
-# What a publish.tag / publish.aliases template may name: stages/publish.py tag_fields (a test
-# keeps the two equal) and Docker's tag grammar, the same as publish's TAG_PATTERN.
+# What a publish.tag / publish.aliases template may name: stages/tagging.py tag_fields (a test
+# keeps the two equal) and Docker's tag grammar, the same as tagging's TAG_PATTERN.
 TAG_FIELDS = ("cell_id", "cuda", "cuda_tag", "torch", "engine", "engine_version", "arch",
               "arch_tag")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
