@@ -369,7 +369,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
         say("no tagged cells to publish (a cell publishes after its tag stage passes)")
         return PublishResult(failed=tag_failures)
     if cells is None:  # called on its own: the candidates as the loader plans them
-        from . import plan_cells
+        from .lock import plan_cells
         wanted = {c.cell_id for c in candidates}
         cells = [ctx.spec(p) for p in plan_cells(ctx) if p.planned and p.id in wanted]
     from . import sign
