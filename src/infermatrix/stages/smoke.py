@@ -59,6 +59,7 @@ from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuSetting
+    from .generate import ServerEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -832,7 +833,7 @@ def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host
 
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
-                     ):  # -> generate.ServerEndpoint
+                     ) -> ServerEndpoint:
     from .generate import ServerEndpoint
 
     host, port = published_port(docker, container_id)
