@@ -55,13 +55,18 @@ def plan(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Drift check of images/ against a fresh render, then the whole test suite in lanes
+    """Lint and types (ruff, mypy: 0 findings), the drift check of images/ against a fresh
+    render, then the whole test suite in lanes
     (tests/lanes.py: the bases, then unit, Docker and real-cell lanes side by side, timed, with
     JUnit XML under .state/ci/). `nox -s tests -- ARGS` runs one plain `pytest ARGS` instead."""
     _provision(session)
     _install(session, dev=True)
     # uv.lock must match pyproject.toml (a dependency edited without `nox -s lock-deps` fails)
     session.run("uv", "lock", "--check", external=True)
+    # the static gates (issue 49): a new finding fails the session before any test runs;
+    # pyproject.toml's [tool.ruff.lint] and [tool.mypy] name the rules and the strictness
+    session.run("ruff", "check", "--no-cache", ".")
+    session.run("mypy")
     session.run("infermatrix", "render", "--check")
     if session.posargs:
         session.run("pytest", *session.posargs)

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infermatrix.options import RunOptions  # noqa: E402
-from infermatrix.stages import base, build, render
-from infermatrix.model import compileplan
+from infermatrix.stages import base, build, render  # noqa: E402
+from infermatrix.model import compileplan  # noqa: E402
 from infermatrix.engine import docker as engine  # noqa: E402
 from infermatrix.context import Context, setup_command_log  # noqa: E402
 from infermatrix.stages.plan import plan_matrix  # noqa: E402

@@ -228,7 +228,8 @@ def _describe_schema_error(error: jsonschema.ValidationError,
     if unquoted:
         return where, *unquoted
     if error.validator == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
+        schema = error.schema if isinstance(error.schema, dict) else {}  # a bool schema: none
+        allowed = sorted(schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
         key = extra[0] if extra else "?"
         close = difflib.get_close_matches(str(key), allowed, n=1)
@@ -493,7 +494,8 @@ def _at(data: Any, key_path: tuple[str, ...]) -> Any:
 
 
 def _arch_entries(m: Matrix) -> list[tuple[tuple[Any, ...], Any]]:
-    entries = [(("axes", "arch", i), a) for i, a in enumerate(m.data["axes"]["arch"])]
+    entries: list[tuple[tuple[Any, ...], Any]] = [
+        (("axes", "arch", i), a) for i, a in enumerate(m.data["axes"]["arch"])]
     entries += [(("include", i, "arch"), inc["arch"])
                 for i, inc in enumerate(m.data.get("include", []))]
     return entries
@@ -616,8 +618,8 @@ def _check_version(m: Matrix, found: list[ConfigError], version: str,
 
 # --- templates and tag templates, checked when the matrix loads (issue 47) --------------------
 
-# What a publish.tag / publish.aliases template may name: stages/publish.py tag_fields (a test
-# keeps the two equal) and Docker's tag grammar, the same as publish's TAG_PATTERN.
+# What a publish.tag / publish.aliases template may name: stages/tagging.py tag_fields (a test
+# keeps the two equal) and Docker's tag grammar, the same as tagging's TAG_PATTERN.
 TAG_FIELDS = ("cell_id", "cuda", "cuda_tag", "torch", "engine", "engine_version", "arch",
               "arch_tag")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")

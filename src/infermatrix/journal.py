@@ -107,9 +107,11 @@ class CellRecord:
     def from_json(cls, cell_id: str, data: Any) -> "CellRecord":
         if not isinstance(data, dict):
             return cls(cell_id, problems=[f"journal record of {cell_id} is not an object"])
-        stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
+        stages = data.get("stages")
+        stages = stages if isinstance(stages, dict) else {}
         known = {"cell", "input_hash", "image_id", "updated", "stages", "problems"}
-        problems = data.get("problems") if isinstance(data.get("problems"), list) else []
+        problems = data.get("problems")
+        problems = problems if isinstance(problems, list) else []
         return cls(cell=str(data.get("cell") or cell_id),
                    input_hash=text_of(data.get("input_hash")),
                    image_id=text_of(data.get("image_id")), updated=text_of(data.get("updated")),

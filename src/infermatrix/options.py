@@ -293,6 +293,33 @@ def add(parser: argparse.ArgumentParser, *names: str) -> None:
                             metavar=option.metavar, help=option.help + suffix)
 
 
+def markdown_table() -> str:
+    """The option table of docs/architecture.md, generated from OPTIONS (a test keeps the
+    committed text equal to it): one row per option, in the order of RunOptions' fields."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| option | env | matrix key | default | what |", "|---|---|---|---|---|"]
+    for name, option in OPTIONS.items():
+        if option.flag is None:
+            flag = f"(no flag: `{name}`)"
+        else:
+            spellings = ", ".join(f"`{f}`" for f in (option.flag, *option.aliases))
+            flag = spellings + (f" {option.metavar}" if option.metavar else "") + \
+                (" (repeatable)" if option.repeatable else "")
+        env = ", ".join(f"`{v}`" for v in option.env) or "—"
+        key = f"`{'.'.join(option.matrix_key)}`" if option.matrix_key else "—"
+        if option.parse is None:  # a switch; `--no-publish` turns a field that is on off
+            default = "off" if option.switch_sets else f"`{name}` on"
+        elif option.default in (None, "", []):
+            default = "—"
+        else:
+            default = f"`{_show(option.default)}`"
+        rows.append(f"| {cell(flag)} | {env} | {cell(key)} | {cell(default)} | "
+                    f"{cell(option.help)} |")
+    return "\n".join(rows) + "\n"
+
+
 def _show(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
@@ -304,6 +331,7 @@ def resolve(args: argparse.Namespace | None, matrix_data: Mapping[str, Any] | No
     env = os.environ if env is None else env
     matrix_data = matrix_data or {}
     resolved = RunOptions()
+    where: str | None  # the source of a value: code, a flag, a variable, a matrix key
     for name, option in OPTIONS.items():
         flag = getattr(args, name, None) if args is not None else None
         from_env = option.from_env(env)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TextIO
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def reap_children(grace_s: float = 10.0) -> None:
             proc.wait()
 
 
-def _pump(proc: subprocess.Popen, sink, kept: deque[str], started: float,
+def _pump(proc: subprocess.Popen, sink: TextIO | _Null, kept: deque[str], started: float,
           timeout: float | None, on_line: Callable[[str], None] | None = None) -> int | None:
     """Copy the process output to the sink; kill it past the timeout (returns None then)."""
     import selectors

@@ -39,11 +39,11 @@ def _shared_bar() -> Any:
 
     with _LIVE_LOCK:
         if _LIVE["progress"] is None:
-            _LIVE["progress"] = Bar(TextColumn("{task.description}"), BarColumn(),
-                                    MofNCompleteColumn(), TextColumn("files"),
-                                    TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
-                                    console=Console(stderr=True), refresh_per_second=2)
-            _LIVE["progress"].start()
+            bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("files"), TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
+                      console=Console(stderr=True), refresh_per_second=2)
+            bar.start()
+            _LIVE["progress"] = bar
         _LIVE["users"] += 1
         return _LIVE["progress"]
 

@@ -24,9 +24,14 @@ import importlib  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import traceback  # noqa: E402
+from typing import TYPE_CHECKING, NoReturn  # noqa: E402
 
-from .. import proc
-from ..errors import InfermatrixError, Interrupted
+from .. import proc  # noqa: E402
+from ..errors import InfermatrixError, Interrupted  # noqa: E402
+
+if TYPE_CHECKING:  # imported where they run: the command line starts without them
+    from ..context import Context
+    from ..stages.steps import Run
 
 # Modules under infermatrix.cli, in the order `--help` lists them.
 COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
@@ -65,7 +70,7 @@ def run_options(parser: argparse.ArgumentParser, *names: str) -> None:
     add(parser, *names)
 
 
-def load_context(args: argparse.Namespace, log: bool = True):  # -> context.Context
+def load_context(args: argparse.Namespace, log: bool = True) -> Context:
     """The context of a command (matrix, state directory, offline); with `log`, its
     external commands are logged from here on (which creates the state directory)."""
     from ..context import Context, setup_command_log
@@ -77,7 +82,7 @@ def load_context(args: argparse.Namespace, log: bool = True):  # -> context.Cont
 
 
 def load_run(args: argparse.Namespace, *, extra_select: list[str] | None = None,
-             quiet: bool = False, lock_verdicts: bool = True):  # -> stages.Run
+             quiet: bool = False, lock_verdicts: bool = True) -> Run:
     """What every command starts from: the context, the plan (the lock's verdicts included,
     so no command works on a cell `plan` shows as pruned) and the resolved run options; prints
     a one-line preamble of them on stderr. Only `lock` itself plans without the verdicts of
@@ -113,7 +118,7 @@ def compile_options(parser: argparse.ArgumentParser) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors exit 2 with the usage line
+    def error(self, message: str) -> NoReturn:  # usage errors exit 2 with the usage line
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -137,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         with contextlib.suppress(ValueError):  # ValueError: called outside the main thread
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, _interrupt)
+            for handled in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(handled, _interrupt)
         parser = build_parser()
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)

@@ -9,7 +9,12 @@ import argparse
 import json
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ..options import positive_int
+
+if TYPE_CHECKING:
+    from ..model.capacity import Estimate, Step
 
 
 def _tokens(text: str) -> int:
@@ -114,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(estimates: list, target: float | None, best, explain: bool) -> str:
+def render(estimates: list[Estimate], target: float | None, best: Estimate | None,
+           explain: bool) -> str:
     """The table, a short arithmetic per profile (every step with `explain`), the forecast and
     the target's verdict."""
     first = estimates[0]
@@ -168,7 +174,7 @@ def _source(text: str, explain: bool) -> str:
     return "default of data/capacity.yaml, an estimate until a measured run (--explain: source)"
 
 
-def _brief(e) -> list:
+def _brief(e: Estimate) -> list[Step]:
     """The lines that carry the result: weights, what is left, per sequence, the count, the
     bytes of a step and the tokens/s."""
     wanted = ("weights =", "left for KV", "per sequence at", "max sequences",

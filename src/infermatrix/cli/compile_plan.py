@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..options import positive_int
 from . import common_options, compile_options
+
+if TYPE_CHECKING:  # imported where they run: the command line starts without them
+    from ..context import Context
+    from ..model import compileplan
+    from ..model.cell import CellPlan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,14 +75,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cell_needs(ctx, plan, kernel_need) -> list:
+def cell_needs(ctx: Context, plan: CellPlan,
+               kernel_need: Callable[[dict[str, dict[str, Any]], Any], compileplan.Need]
+               ) -> list[compileplan.Need]:
     """The memory model's keys of a cell's kernels: its CUDA, one target (its own arch), the
     version its lock pins when the matrix says `match-engine` (spec.resolve_spec reads it)."""
 
     specs = ctx.matrix.build.get("kernels", {})
     resolved = {k.name: k.version for k in ctx.spec(plan).kernels}
     needs = []
-    for name in plan.settings.kernels:
+    for name in plan.settings.kernels if plan.settings else ():  # planned: it has settings
         need = kernel_need(specs, name)
         version = need.version or resolved.get(name)
         needs.append(type(need)(need.package, version, plan.cell.cuda, 1, need.legacy_gb))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StageFailure, UsageError
 from ..host import proxmox
@@ -17,6 +18,11 @@ from ..stages import sign
 from ..engine import cosign, registry as registries
 from . import common_options, load_context
 from .publish import verify_flags
+
+if TYPE_CHECKING:
+    from ..context import Context
+    from ..model.cell import Cell
+    from ..model.unifiedmem import Sizing
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -169,7 +175,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 RECORD_NAME = ".infermatrix-deploy.json"
 
 
-def _cell_of(entry: dict, lock_path: Path, cell_id: str, ctx):
+def _cell_of(entry: dict[str, Any], lock_path: Path, cell_id: str, ctx: Context) -> Cell:
     try:
         cell = cell_from_labels(entry.get("labels") or {})
     except StageFailure as exc:
@@ -231,7 +237,7 @@ def write_out_dir(out: Path, files: dict[str, str], entry: dict) -> None:
         "files": {name: file_digest(text.encode("utf-8")) for name, text in files.items()}})
 
 
-def _unified_sizing(cell, gpus: list[int] | None, meminfo: Path):
+def _unified_sizing(cell: Cell, gpus: list[int] | None, meminfo: Path) -> Sizing | None:
     """Each server's memory on a unified-memory GPU (an sm_121 cell), from MemAvailable now;
     None for other cells."""
     from ..model import unifiedmem

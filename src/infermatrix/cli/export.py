@@ -7,8 +7,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import common_options, compile_options, load_run, run_options, selection_options
+
+if TYPE_CHECKING:
+    from ..stages.steps import Run
 
 DEFAULT_OUT = {"github": ".github/workflows/infermatrix.yml",
                "gitlab": ".gitlab-ci.infermatrix.yml", "bake": "docker-bake.json",
@@ -94,7 +98,7 @@ def _watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bake(args: argparse.Namespace, export_run, out: Path | None) -> tuple[str, list]:
+def _bake(args: argparse.Namespace, export_run: Run, out: Path | None) -> tuple[str, list[Any]]:
     """The bake file, its args from the compile planner as `build` sizes them."""
     from ..scale import export
     from ..stages.build import compile_plan_for_cells, secrets_for

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from ..context import Context
 from ..errors import UsageError
 from ..options import positive_int
 from ..state import run_lock
+
+if TYPE_CHECKING:
+    from ..stages.lock import LockRun  # imported where it runs: the CLI starts without it
 from . import (common_options, compile_options, load_run, run_options, selection_options,
                wait_option)
 
@@ -95,7 +99,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
     return 1 if unreachable else 0
 
 
-def _print_run(ctx: Context, run, check: bool) -> None:  # type: ignore[no-untyped-def]
+def _print_run(ctx: Context, run: LockRun, check: bool) -> None:
     from ..stages import lock
 
     for result in run.results:
@@ -126,7 +130,7 @@ def _print_run(ctx: Context, run, check: bool) -> None:  # type: ignore[no-untyp
         print(f"lock drift in {len(names)} cell(s): {', '.join(names)}", file=sys.stderr)
 
 
-def _as_json(run) -> dict:  # type: ignore[no-untyped-def]
+def _as_json(run: LockRun) -> dict[str, Any]:
     return {
         "results": [{"cell": r.cell_id, "status": r.status, "explanation": r.explanation,
                      "duration_s": round(r.duration_s, 3),

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..context import Context
 from ..stages.lock import prune_unsatisfiable
-from ..model.cell import CellPlan
+from ..model.cell import CellPlan, CellSettings
 from ..stages.plan import Plan, passed_over_notes, plan_full
 from ..options import from_environment, package_index
 from ..state import state_lock
@@ -53,7 +53,7 @@ def load_full_plan(args: argparse.Namespace) -> tuple[Context, Plan]:
     return ctx, plan_full(ctx, args.select, args.skip)
 
 
-def _backend_text(settings) -> str:
+def _backend_text(settings: CellSettings) -> str:
     """The backend and where it comes from: the engine's own default (rules.yaml, read from its
     released code) or a matrix.yaml override; the full why is in `plan --json` source_urls."""
     why = settings.source_urls.get("attention_backend", "")

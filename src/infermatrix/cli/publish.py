@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..host import doctor, hostcheck
+
+if TYPE_CHECKING:
+    from ..consumer.pull import HostChecker
 from ..errors import StageFailure, UsageError
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock, select_entries
 from ..consumer.pull import docker_run_line, pull_entry
@@ -88,8 +92,9 @@ def run_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def host_checker(args: argparse.Namespace):
-    """The check pull runs before a pull: problems go to stderr, then one failure line."""
+def host_checker(args: argparse.Namespace) -> HostChecker | None:
+    """The check pull runs before a pull: problems go to stderr, then one failure line (None:
+    --skip-host-check)."""
     readers = doctor.HostReaders(root=args.host_root)
 
     def check(entry: dict, labels: dict[str, str]) -> None:

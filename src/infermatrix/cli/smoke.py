@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from . import common_options, load_run, run_options, selection_options, wait_option
+
+if TYPE_CHECKING:
+    from ..model.cell import CellPlan
+    from ..stages.steps import Run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tag.set_defaults(func=run_tag)
 
 
-def _plans(args: argparse.Namespace, stage: str):
+def _plans(args: argparse.Namespace, stage: str) -> tuple[Run, list[CellPlan]]:
     """The run, and its planned cells named by ids/selectors; by default those with a journal
     `stage` record."""
     from .. import journal

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -343,6 +344,7 @@ def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
     of a unified-memory host (model/unifiedmem.py)."""
     check_lane(entry, launch, gpus, cpu_replicas)
     base = base_port or entry["run"].get("port") or DEFAULT_PORT
+    named: list[tuple[str, int | None, str | None]]  # (service, GPU, CPU set)
     if gpus:
         named = [(f"gpu{g}", g, None) for g in gpus]
     else:

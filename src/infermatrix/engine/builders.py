@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from ..config import Matrix
 from . import docker as engine
+from .docker import DockerFacts  # `engine` below is also a field's name in Builder
 from ..errors import UsageError
 from ..model import compileplan
 from ..model.spec import CellSpec
@@ -36,7 +37,7 @@ from ..model.spec import CellSpec
 class Builder:
     endpoint: engine.Endpoint
     engine: engine.Engine
-    facts: engine.DockerFacts
+    facts: DockerFacts
     down: str | None = None  # why it stopped building (it died mid-run)
     queue: list[CellSpec] = field(default_factory=list)
     compile: compileplan.CompilePlan | None = None  # sized from this engine's figures

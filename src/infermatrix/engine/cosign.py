@@ -35,7 +35,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from .. import proc
 from ..errors import CommandFailed, MissingTool, SignatureError, UsageError
@@ -113,7 +113,7 @@ class SigningKey:
         return f"SigningKey({self.describe()})"
 
 
-def signing_key(env: dict[str, str] | None = None) -> SigningKey | None:
+def signing_key(env: Mapping[str, str] | None = None) -> SigningKey | None:
     """The signing key of this run from the environment, or None (publish does not sign).
     Never from matrix.yaml."""
     env = os.environ if env is None else env
@@ -135,6 +135,7 @@ def signing_key(env: dict[str, str] | None = None) -> SigningKey | None:
                              fix="put the content of cosign.key in it, or its path in "
                              f"{KEY_FILE_ENV}")
         return SigningKey(f"env://{KEY_ENV}", KEY_ENV, password, tlog=tlog)
+    assert key_file is not None  # neither key nor key_file returned above: key_file is set
     path = Path(key_file).expanduser()
     if not path.is_file():
         raise UsageError(f"{KEY_FILE_ENV}={key_file} is not a file",
@@ -144,7 +145,7 @@ def signing_key(env: dict[str, str] | None = None) -> SigningKey | None:
                       tlog=tlog)
 
 
-def public_key_path(flag: Path | None, env: dict[str, str] | None = None) -> Path | None:
+def public_key_path(flag: Path | None, env: Mapping[str, str] | None = None) -> Path | None:
     """The public key pull and deploy verify against: --key, else INFERMATRIX_COSIGN_PUBLIC_KEY."""
     env = os.environ if env is None else env
     raw = flag or (Path(env[PUBLIC_KEY_ENV]) if env.get(PUBLIC_KEY_ENV) else None)

@@ -91,9 +91,9 @@ def candidate_clients() -> list[str]:
             found.append(str(path))
     found.append("/usr/bin/docker")
     unique: dict[str, str] = {}
-    for path in found:
-        if Path(path).exists():
-            unique.setdefault(os.path.realpath(path), path)
+    for candidate in found:
+        if Path(candidate).exists():
+            unique.setdefault(os.path.realpath(candidate), candidate)
     return list(unique.values())
 
 
@@ -106,7 +106,7 @@ def parse_client_version(text: str) -> str | None:
 def classic_builder_has_buildkit(version: str) -> bool:
     """Clients before 23.0 carry BuildKit in `docker build`; later ones delegate to buildx."""
     major = re.match(r"(\d+)", version)
-    return bool(major) and int(major.group(1)) < 23
+    return major is not None and int(major.group(1)) < 23
 
 
 def probe_client(binary: str) -> BuildClient | None:
@@ -330,7 +330,7 @@ _names = itertools.count(1)
 _DROPPED = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 
-def _dropped_connection(exc: BaseException) -> bool:
+def _dropped_connection(exc: BaseException | None) -> bool:
     """The exception, or one it wraps (requests/urllib3 wrap the socket's), is a dropped
     connection rather than an answer or a read timeout."""
     seen: set[int] = set()
@@ -424,7 +424,7 @@ class Endpoint:
         if tls is None:
             warn_plain_tcp(str(self.host))
         return _without_environment(lambda version: docker.DockerClient(
-            base_url=self.host, tls=tls, timeout=600, version=version))
+            base_url=self.host, tls=tls or False, timeout=600, version=version))
 
 
 _WARNED_PLAIN: set[str] = set()
@@ -447,9 +447,9 @@ def _without_environment(make: Callable[[str], Any]) -> Any:
     could drive it, issue 48) and REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE over the engine's CA
     (the docker CLI never reads them). The API version is then negotiated as version="auto"
     does, which would have asked before trust_env could be turned off."""
-    import docker
+    from docker.constants import DEFAULT_DOCKER_API_VERSION
 
-    sdk = make(docker.constants.DEFAULT_DOCKER_API_VERSION)
+    sdk = make(DEFAULT_DOCKER_API_VERSION)
     sdk.api.trust_env = False
     sdk.api.proxies = {}
     sdk.api._version = sdk.api.version(api_version=False)["ApiVersion"]

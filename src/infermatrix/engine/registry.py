@@ -23,11 +23,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from . import docker as engine
 from ..errors import (DigestMismatch, RegistryAuthError, RegistryError, RegistryNotFound,
                       RegistryTLSError, RegistryUnreachable, UsageError)
+
+if TYPE_CHECKING:  # requests is imported where it runs
+    import requests
 
 log = logging.getLogger("infermatrix.commands")
 
@@ -131,10 +134,10 @@ def registry_host(repository: str) -> str:
     raise UsageError(f"{repository!r} names no registry host (expected e.g. ghcr.io/acme/name)")
 
 
-def registry_credentials(registry: str, env: dict[str, str] | None = None,
+def registry_credentials(registry: str, env: Mapping[str, str] | None = None,
                          docker_config: Path | None = None) -> RegistryCredentials:
     """INFERMATRIX_REGISTRY_USER/_PASSWORD, else Docker's config (credential helpers included)."""
-    import docker
+    import docker.auth
 
     env = os.environ if env is None else env
     user, password = env.get(REGISTRY_USER_ENV), env.get(REGISTRY_PASSWORD_ENV)
@@ -201,7 +204,7 @@ class RegistrySession:
         self._bearer: str | None = None
 
     def send(self, method: str, url: str, headers: dict[str, str],
-             body: bytes | Path | None = None, stream: bool = False):
+             body: bytes | Path | None = None, stream: bool = False) -> requests.Response:
         import requests
 
         headers = dict(headers)
@@ -240,7 +243,7 @@ class RegistrySession:
 def _registry_request(method: str, url: str, creds: RegistryCredentials, what: str,
                       headers: dict[str, str] | None = None, *,
                       body: bytes | Path | None = None, stream: bool = False,
-                      session: RegistrySession | None = None):
+                      session: RegistrySession | None = None) -> requests.Response:
     """One HTTP request to a registry, answering a Basic or Bearer challenge once (`session`:
     the answer of an earlier request to the same registry, used and kept)."""
     import requests
@@ -326,7 +329,7 @@ def _stream_errors(events: Iterable[dict[str, Any]]) -> tuple[str | None, str | 
     return error, digest
 
 
-def _daemon_stream(call, what: str, host: str, creds: RegistryCredentials) -> str | None:
+def _daemon_stream(call: Callable[[], Iterable[dict[str, Any]]], what: str, host: str, creds: RegistryCredentials) -> str | None:
     """Run a push/pull SDK call; a daemon error (HTTP 500 before the stream, or an error event
     in it, or a broken connection to the registry) becomes one RegistryError line."""
     import docker

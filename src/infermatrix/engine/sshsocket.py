@@ -52,7 +52,7 @@ def mend_ssh_socket_close() -> None:
 
     if sshconn.SSHSocket.close is not close_tolerating_an_ended_ssh:
         setattr(close_tolerating_an_ended_ssh, SDK_CLOSE, sshconn.SSHSocket.close)
-        sshconn.SSHSocket.close = close_tolerating_an_ended_ssh
+        setattr(sshconn.SSHSocket, "close", close_tolerating_an_ended_ssh)  # a method, replaced
 
 
 HANDSHAKE_ENV = "INFERMATRIX_SSH_HANDSHAKE_S"

@@ -13,12 +13,12 @@ the build host's own Python runs it instead, mounted into the container
 for its own facts (version, site dirs, machine), `import torch` and `pip check`; the scan of
 every shared object and the hashing run natively, on the same files at the same paths.
 """
-import hashlib, importlib.machinery, importlib.metadata as md, importlib.util, json, mmap, os
-import platform, re, shutil, site, subprocess, sys, sysconfig
+import hashlib, importlib.machinery, importlib.metadata as md, importlib.util, json, mmap, os  # noqa: E401
+import platform, re, shutil, site, subprocess, sys, sysconfig  # noqa: E401
 MOUNT = sys.argv[1]
 sys.path.insert(0, MOUNT + "/py")
-from elftools.elf.elffile import ELFFile
-from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile  # noqa: E402 - pyelftools from the mount, on sys.path now
+from elftools.elf.dynamic import DynamicSection  # noqa: E402
 
 SO = re.compile(r"\.so(\.\d+)*$")
 FATBIN_SECTIONS = {".nv_fatbin", "__nv_relfatbin"}
@@ -88,7 +88,8 @@ def elf_facts(path):
         needed = []
         for section in elf.iter_sections():
             if isinstance(section, DynamicSection):
-                needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+                needed += [t.needed for t in section.iter_tags()  # type: ignore[attr-defined]
+                           if t.entry.d_tag == "DT_NEEDED"]  # .needed: set by pyelftools at run time
         gpu = bool(names & FATBIN_SECTIONS) or has_embedded_fatbin(handle)
         return {"gpu_code": gpu, "needed": needed}
 

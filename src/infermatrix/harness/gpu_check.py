@@ -24,6 +24,7 @@ A warning alone proves nothing: every check launches a kernel and compares numbe
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import subprocess
 import sys
@@ -262,7 +263,7 @@ def run_checks(arch: str, kernels: list[str], engine: str | None = None,
     checks = [timed("device", lambda: check_device(arch)),
               timed("torch", check_torch_matmul),
               timed("triton", lambda: check_triton(engine))]
-    checks += [timed(name, lambda name=name: check_kernel_package(name)) for name in kernels]
+    checks += [timed(name, functools.partial(check_kernel_package, name)) for name in kernels]
     if gdn != "off":
         checks.append(timed("gdn", lambda: check_gdn(engine, gdn)))
     result = {"check": "gpu", "status": overall(checks), "arch": arch, "engine": engine,

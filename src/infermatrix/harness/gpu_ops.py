@@ -534,7 +534,7 @@ def gdn_implementation(preferred: str | None = None) -> tuple[dict[str, str] | N
     import os
 
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
-    tried = []
+    tried: list[str] = []
     for impl in GDN_IMPLEMENTATIONS:
         if preferred and impl["name"] != preferred:
             continue

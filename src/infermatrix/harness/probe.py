@@ -116,9 +116,10 @@ def check_greedy(reply: Reply, expect: str | None, real_model: bool) -> dict[str
     if not real_model or not expect:
         return {"status": "pass", "meaning_checked": False,
                 "note": "fixture model (random weights): structure checked, not the answer"}
-    if expect.lower() not in reply.content.lower():
+    if expect.lower() not in (reply.content or "").lower():
         return {"status": "fail", "meaning_checked": True,
-                "reason": f"greedy: expected {expect!r} in the answer, got {reply.content[:200]!r}"}
+                "reason": f"greedy: expected {expect!r} in the answer, "
+                          f"got {(reply.content or '')[:200]!r}"}
     return {"status": "pass", "meaning_checked": True}
 
 

@@ -37,9 +37,9 @@ def import_names(dist: md.Distribution) -> list[str]:
     """Top-level import packages of a distribution, from its metadata."""
     top = dist.read_text("top_level.txt")
     if top:
-        names = [n.strip() for n in top.splitlines() if n.strip() and not n.startswith("_")]
-        if names:
-            return sorted(set(names))
+        listed = [n.strip() for n in top.splitlines() if n.strip() and not n.startswith("_")]
+        if listed:
+            return sorted(set(listed))
     names: set[str] = set()
     for path in dist.files or []:
         parts = path.parts

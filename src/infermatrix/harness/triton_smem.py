@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import inspect
 import math
@@ -154,15 +155,16 @@ def compile_only(cc: tuple[int, int], compiled: list[dict[str, Any]],
         except Exception:  # noqa: BLE001 - a pruning hook that needs a GPU: take every config
             configs = self.configs
         outer = group[0]
-        group[0] = {"id": f"{jit_function_of(self).__name__}#{len(compiled)}",
-                    "configs": len(configs)}
+        current: dict[str, Any] = {"id": f"{jit_function_of(self).__name__}#{len(compiled)}",
+                                   "configs": len(configs)}
+        group[0] = current
         try:
             for config in configs:
                 try:
                     self.fn.run(*args, **kwargs, **config.all_kwargs())
                 except Exception as exc:  # noqa: BLE001 - the runtime skips such a config too
                     compiled.append({"kernel": jit_function_of(self).__name__,
-                                     "autotune": group[0]["id"], "configs": len(configs),
+                                     "autotune": current["id"], "configs": len(configs),
                                      "compile_error": f"{type(exc).__name__}: {exc}"[:300],
                                      "constexprs": dict(config.kwargs),
                                      "num_warps": config.num_warps,
@@ -296,12 +298,17 @@ def import_first(names: list[str]) -> Any:
     raise ModuleNotFoundError("; ".join(errors))
 
 
+def call_first(modules: list[str], fn: str, bank: dict[str, Any]) -> None:
+    """`fn` of the first of `modules` that imports, called with `bank`'s arguments."""
+    call_by_name(getattr(import_first(modules), fn), bank)
+
+
 def drive_sglang(cc: tuple[int, int], shape: dict[str, int], limit: int = 0
                  ) -> list[dict[str, Any]]:
     pretend_cuda(cc, limit)
     banks = sglang_banks(shape)
-    results = [drive_one(family, lambda m=modules, f=fn, b=banks[family]: call_by_name(
-        getattr(import_first(m), f), b), cc, limit) for family, modules, fn in SGLANG_TRITON]
+    results = [drive_one(family, functools.partial(call_first, modules, fn, banks[family]), cc,
+                         limit) for family, modules, fn in SGLANG_TRITON]
     if shape.get("gdn_key_heads"):
         results += [drive_one(family, call, cc, limit)
                     for family, call in sglang_gdn_calls(shape)]
@@ -406,8 +413,8 @@ def drive_vllm(cc: tuple[int, int], shape: dict[str, int], limit: int = 0
     banks = vllm_banks(cc, shape["head_dim"], shape["q_heads"], shape["kv_heads"])
     for family, modules, fn in VLLM_TRITON:
         for case, bank in banks.items():
-            results.append(drive_one(f"{family}-{case}", lambda m=modules, f=fn, b=bank:
-                                     call_by_name(getattr(import_first(m), f), b), cc, limit))
+            results.append(drive_one(f"{family}-{case}",
+                                     functools.partial(call_first, modules, fn, bank), cc, limit))
     if shape.get("gdn_key_heads"):
         results += [drive_one(family, call, cc, limit) for family, call in vllm_gdn_calls(shape)]
     return results
@@ -582,6 +589,8 @@ def drive_fixture(cc: tuple[int, int], shape: dict[str, int], path: str) -> list
 
     def load_and_drive() -> None:
         spec = importlib.util.spec_from_file_location("triton_smem_fixture", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path} is not a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # triton.jit reads the source through the module
         spec.loader.exec_module(module)
@@ -871,9 +880,9 @@ def engine_function(module_name: str, name: str, names: dict[str, Any],
         raise ModuleNotFoundError(module_name)
     tree = ast.parse(open(spec.origin, encoding="utf-8").read(), spec.origin)
     wanted = {name, *helpers}
-    body = [node for node in tree.body
-            if isinstance(node, ast.FunctionDef) and node.name in wanted]
-    if name not in {node.name for node in body}:
+    body: list[ast.stmt] = [node for node in tree.body
+                            if isinstance(node, ast.FunctionDef) and node.name in wanted]
+    if name not in {node.name for node in body if isinstance(node, ast.FunctionDef)}:
         raise AttributeError(f"{module_name} has no function {name}")
     namespace: dict[str, Any] = {**names, "__name__": module_name}
     exec(compile(ast.Module(body=body, type_ignores=[]), spec.origin, "exec"), namespace)

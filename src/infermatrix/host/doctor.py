@@ -170,8 +170,10 @@ def unified_memory(facts: HostFacts) -> dict[str, Any] | None:
     if gpu is None:
         return None
     arch = unifiedmem.unified_capability(gpu.compute_cap)
-    found: dict[str, Any] = {"gpu": gpu.index, "arch": arch,
-                             "name": unifiedmem.unified_arch(arch)["name"]}
+    unified = unifiedmem.unified_arch(arch) if arch else None
+    if arch is None or unified is None:  # not reached: the GPU was picked for its arch
+        return None
+    found: dict[str, Any] = {"gpu": gpu.index, "arch": arch, "name": unified["name"]}
     if facts.meminfo is None:
         return {**found, "error": "/proc/meminfo unreadable"}
     total, available = facts.meminfo

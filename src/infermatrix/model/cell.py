@@ -158,7 +158,8 @@ class CellPlan:
         axes = data["axes"] if isinstance(data.get("axes"), dict) else {}
         engine, _, version = str(axes.get("engine") or "").partition("==")
         try:
-            cell = Cell(axes.get("cuda"), axes.get("torch"), engine, version, axes.get("arch"))
+            cell = Cell(axes.get("cuda", ""), axes.get("torch", ""), engine, version,
+                        axes.get("arch", ""))
         except UnsafeName:  # a part missing, not text, or not of the cell-id grammar
             return None
         if data.get("id") not in (None, cell.id):

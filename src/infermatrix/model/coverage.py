@@ -38,7 +38,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import mmap
 
 SOURCE = ("NVIDIA CUDA C++ Programming Guide (Feature Set Compiler Targets), CUDA Compatibility "
           "guide, Blackwell compatibility guide, nvcc docs (GPU compilation)")
@@ -266,7 +269,7 @@ def _entry_arch(sm: int, flags: int) -> Arch | None:
     return Arch(sm // 10, sm % 10, variant)
 
 
-def _container_entries(data, start: int) -> tuple[list[Arch], list[Arch], int] | None:
+def _container_entries(data: bytes | mmap.mmap, start: int) -> tuple[list[Arch], list[Arch], int] | None:
     """(cubins, ptx, end) of the fat binary container at `start`; None if it is not one."""
     import struct
 
@@ -292,7 +295,7 @@ def _container_entries(data, start: int) -> tuple[list[Arch], list[Arch], int] |
     return cubins, ptx, end
 
 
-def scan_fatbins(data, skip: Iterable[tuple[int, int]] = ()) -> DeviceCode:
+def scan_fatbins(data: bytes | mmap.mmap, skip: Iterable[tuple[int, int]] = ()) -> DeviceCode:
     """Architectures of every fat binary container in `data` (bytes or an mmap), except those
     that start inside a `skip` range of (offset, size)."""
     skip = list(skip)

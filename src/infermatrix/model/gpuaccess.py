@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -214,8 +214,8 @@ def device_nodes(dev_names: list[str], spec: Mapping[str, Any]) -> tuple[list[st
 
 
 def driver_files(loader: Mapping[str, str], binaries: Mapping[str, str | None],
-                 spec: Mapping[str, Any], realpath=lambda p: p) -> tuple[list[tuple[str, str]],
-                                                                         list[str]]:
+                 spec: Mapping[str, Any], realpath: Callable[[str], str] = lambda p: p
+                 ) -> tuple[list[tuple[str, str]], list[str]]:
     """(host file, container path) pairs for the driver's libraries and binaries, and the
     required ones missing. Each library goes in under its soname and its link name
     (libcuda.so: Triton links its launcher with -lcuda)."""

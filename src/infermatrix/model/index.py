@@ -21,7 +21,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
@@ -120,7 +120,7 @@ class _RangeFile(io.RawIOBase):
         self.pos = max(0, base + offset)
         return self.pos
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, buffer: Any) -> int:  # a writable buffer (bytearray, memoryview)
         if self.pos >= self.size or len(buffer) == 0:
             return 0
         end = min(self.size, self.pos + len(buffer)) - 1
@@ -163,6 +163,9 @@ def _pick_wheel(files: list[dict], version: str, machine: str = "x86_64") -> dic
 
 
 T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+D = TypeVar("D", bound="DataclassInstance")
 
 
 def cached_entry(path: Path, build: Callable[[dict[str, Any]], T],
@@ -184,19 +187,19 @@ def cached_entry(path: Path, build: Callable[[dict[str, Any]], T],
     return None
 
 
-def typed(cls: type[T], data: dict[str, Any], tuples: tuple[str, ...] = ()) -> T:
+def typed(cls: type[D], data: dict[str, Any], tuples: tuple[str, ...] = ()) -> D:
     """A dataclass of `data` whose fields are all given with their type (`tuples`: lists
     stored for tuple fields); TypeError otherwise (a cache entry of the wrong shape)."""
     values = {f.name: data[f.name] for f in fields(cls)}  # KeyError: a field is missing
     for name, value in values.items():
         kind = list if name in tuples else {"int": int}.get(str(_field_type(cls, name)), str)
-        if not isinstance(value, kind) or (name in tuples and
+        if not isinstance(value, kind) or (isinstance(value, list) and
                                            not all(isinstance(v, str) for v in value)):
             raise TypeError(f"{name} is {type(value).__name__}")
     return cls(**{k: tuple(v) if k in tuples else v for k, v in values.items()})
 
 
-def _field_type(cls: type, name: str) -> str:
+def _field_type(cls: type[DataclassInstance], name: str) -> object:
     return next(f.type for f in fields(cls) if f.name == name)
 
 

@@ -276,8 +276,9 @@ def judge_mapped(mapped: Iterable[str], targets: list[Arch], ctx: LoadContext,
     mapped = sorted(set(mapped))
     rows = {r["object"]: r for r in coverage_rows}
     problems, notes = [], []
+    each_target: list[Arch | None] = [*targets] or [None]  # None: the cell has no target arch
     for path in mapped:
-        for target in targets or [None]:
+        for target in each_target:
             found = load_verdict(path, target, ctx)
             where = target.sm if target is not None else "this cell"
             if found.state == NOT_LOADED and not found.mapped:

@@ -74,7 +74,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def model_types(config: dict[str, Any] | None) -> list[str]:
     if not config:
         return []
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text = config.get("text_config")
+    text = text if isinstance(text, dict) else {}
     return [t for t in (config.get("model_type"), text.get("model_type")) if isinstance(t, str)]
 
 

@@ -236,7 +236,9 @@ def pypi_build_covers(variant: dict[str, Any], version: str) -> bool:
     """Is the engine's PyPI wheel itself the build for this variant's CUDA at `version`
     (matrix.yaml engines.<e>.variants.<cuda>.pypi_build: a version range with its source)?"""
     entry = variant.get("pypi_build")
-    return bool(entry) and SpecifierSet(entry["versions"]).contains(version, prereleases=True)
+    if not entry:
+        return False
+    return SpecifierSet(entry["versions"]).contains(version, prereleases=True)
 
 
 def engine_variant_serves(cell: Cell, m: Matrix) -> str | None:
@@ -253,7 +255,6 @@ def engine_variant_serves(cell: Cell, m: Matrix) -> str | None:
 
 def engine_cuda_build(cell: Cell, m: Matrix, facts: EngineFacts | None) -> list[Verdict]:
     rule = load_rules()["engine-cuda-build"]
-    engine = m.engines[cell.engine]
     if cell.cuda == CPU or facts is None or facts.torch_cuda is None:
         return []
     if facts.torch_cuda == cell.cuda or engine_variant_serves(cell, m) is not None:

@@ -143,7 +143,7 @@ def lock_blocks(text: str) -> dict[str, tuple[str, set[str]]]:
     for line in text.splitlines() + [""]:
         starts = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
         if (starts or not line.startswith(" ")) and current is not None:
-            via = set()
+            via: set[str] = set()
             for ann in lines:
                 ann = ann.strip()
                 if ann.startswith("# via "):
@@ -168,7 +168,7 @@ def lock_subset(text: str, root: str) -> str:
     annotations), with the index lines: e.g. torch alone, hash-checked, for a toolchain stage
     that kernels compile against before the whole lock is installed."""
     blocks = lock_blocks(text)
-    wanted = {canonicalize_name(root)}
+    wanted: set[str] = {canonicalize_name(root)}
     if root not in blocks and canonicalize_name(root) not in blocks:
         raise StageFailure(f"{root} is not in this lock")
     grew = True
@@ -245,7 +245,7 @@ def base_chain(matrix: Matrix, name: str) -> list[str]:
     chain: list[str] = []
     while name and name not in chain:
         chain.append(name)
-        name = (definitions.get(name) or {}).get("from")
+        name = (definitions.get(name) or {}).get("from") or ""
     return chain
 
 

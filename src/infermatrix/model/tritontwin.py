@@ -106,8 +106,8 @@ def adopt(cell_id: str, python: str, digests: Mapping[str, Any], archs: list[str
         if other_id == cell_id or twin_prefix(other_id) != twin_prefix(cell_id):
             continue
         check = next((c for c in audit.get("checks", []) if c.get("name") == "triton-smem"),
-                     None)
-        harness = (check or {}).get("harness")
+                     None) or {}
+        harness = check.get("harness")
         if not harness:
             why.append(f"{other_id}: its audit has no Triton result")
             continue

@@ -12,9 +12,8 @@ the next step and is what the pipeline prints and keeps in <state>/run.json.
 
 from __future__ import annotations
 
-import importlib
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from .. import journal
 from ..context import Context
@@ -29,27 +28,41 @@ def plan_cells(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (
     """The plan every command works from: the matrix's rules, then the lock's verdicts (a
     cell whose last `infermatrix lock` found no solution is pruned). `source`: the package
     metadata reader (default: the index through the state directory's cache)."""
-    from .lock import prune_unsatisfiable
-    from .plan import plan_matrix
+    from .lock import plan_cells as planned
 
-    return prune_unsatisfiable(ctx, plan_matrix(ctx, select, skip, source=source))
+    return planned(ctx, select, skip, source=source)
+
+
+class StepModule(Protocol):
+    """A stage module of the pipeline (as cibuildwheel's platform modules): its `step` runs
+    the step over the cells the earlier steps let through and records each in the journal."""
+
+    def step(self, run: Run, cells: list[CellSpec], /) -> StepRecord: ...
+
+
+def step_modules() -> tuple[tuple[str, StepModule], ...]:
+    """The ten step modules in the pipeline's order, under their step names (the journal's
+    stage names). Imported when a step first runs, not with the package: the command line
+    starts without every stage."""
+    from . import audit, base, build, lock, plan, publish, render, report, smoke, tagging
+
+    return (("plan", plan), ("lock", lock), ("render", render), ("base", base),
+            ("build", build), ("audit", audit), ("smoke", smoke), ("tag", tagging),
+            ("publish", publish), ("report", report))
 
 
 def _step(name: str) -> Step:
-    """The `step` of the stage module of `name`, imported when the step runs (the command
-    line starts without every stage)."""
-    module = {"tag": "tagging"}.get(name, name)
-
+    """Step `name`: its module's `step`, looked up when it runs (a test may replace it)."""
     def run_it(run: Run, cells: list[CellSpec]) -> StepRecord:
-        return importlib.import_module(f"{__name__}.{module}").step(run, cells)
-    run_it.__name__ = f"{module}.step"
+        return dict(step_modules())[name].step(run, cells)
+    run_it.__name__ = f"{name}.step"
     return run_it
 
 
-# The names are declared once, as the journal's stage names (journal.STAGES); each step is the
-# `step(run, cells) -> StepRecord` of its stage module, in that order.
-STEPS: tuple[tuple[str, Step], ...] = tuple((name, _step(name)) for name in journal.STAGES)
+# The names are declared once, as the journal's stage names (journal.STAGES), in order; a test
+# keeps step_modules() equal to them.
 STEP_NAMES = journal.STAGES
+STEPS: tuple[tuple[str, Step], ...] = tuple((name, _step(name)) for name in STEP_NAMES)
 
 
 def steps_named(*names: str) -> tuple[tuple[str, Step], ...]:

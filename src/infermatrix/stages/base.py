@@ -240,6 +240,25 @@ def image_ref(matrix: Matrix, base_name: str, platform: str | None = None) -> st
     return recipe_for(matrix, base_name, architecture=architecture_of(platform)).ref
 
 
+# The platform renders treat as the build machine's: the one a debootstrap base's tag is named
+# for when a Dockerfile must not depend on the host (an x86_64 machine builds the arm64 cells).
+BUILD_PLATFORM = "linux/amd64"
+
+
+def bytecode_hosts(matrix: Matrix, spec: CellSpec) -> dict[str, str]:
+    """Debian architecture -> the debootstrap base of that CPU, for a cell whose byte-code is
+    compiled on the build machine's own CPU (templates/blocks/bytecode.j2): a cell for another
+    platform than BUILD_PLATFORM on a debootstrap OS. Empty: compiled in the image's stage.
+    The Dockerfile picks the entry of the machine that builds (BUILDARCH), so an Arm builder
+    compiles natively too; only that one must exist there."""
+    name = os_base(matrix, spec.base)
+    if (spec.platform == BUILD_PLATFORM
+            or matrix.bases["definitions"][name]["strategy"] != "debootstrap"):
+        return {}
+    return {DEBIAN_ARCHITECTURES[platform]: image_ref(matrix, name, platform)
+            for platform in sorted(DEBIAN_ARCHITECTURES)}
+
+
 def can_run_foreign(architecture: str, binfmt_dir: Path = Path("/proc/sys/fs/binfmt_misc")
                     ) -> bool:
     """Can this host run `architecture` binaries (debootstrap's second stage, RUN lines)?"""
@@ -401,7 +420,6 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
 def _base_platforms(run: Run, cell: CellSpec) -> list[str]:
     """The platforms whose base a cell builds on: its image's, and this machine's when its
     byte-code is compiled on the build machine's CPU (templates/blocks/bytecode.j2)."""
-    from .render import bytecode_hosts
     from ..engine.docker import host_platform
     platforms = [cell.platform]
     if bytecode_hosts(run.ctx.matrix, cell) and host_platform() not in platforms:

@@ -146,8 +146,8 @@ def input_hash(directory: Path, build_args: dict[str, str],
     for key, value in sorted(build_args.items()):
         if key not in SPEED_ONLY_ARGS:
             digest.update(f"arg {key}={value}\n".encode())
-    for name, key in sorted(kernel_keys.items()):
-        digest.update(f"kernel {name}={key.slug}\n".encode())
+    for name, kernel_key in sorted(kernel_keys.items()):
+        digest.update(f"kernel {name}={kernel_key.slug}\n".encode())
     for ref, base in sorted((bases or {}).items()):
         digest.update(f"base {ref}={base.get('id') or 'absent'}\n".encode())
     return "sha256:" + digest.hexdigest()
@@ -821,7 +821,7 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     """Build one cell on `docker`; `builder`: its identity (several builders), kept in the
     journal with the result."""
     cell_id = cell.id
-    who = {"builder": builder} if builder else {}
+    who: dict[str, Any] = {"builder": builder} if builder else {}
     directory = cell_dir(ctx, cell_id)
     dockerfile = directory / "Dockerfile"
     log_path = ctx.state.cell_log(cell_id, "build")
@@ -958,7 +958,7 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
     errors = first_error_lines(log_text)
     stated = stated_failure(log_text)
     reason = stated or reason
-    who = {"builder": builder} if builder else {}
+    who: dict[str, Any] = {"builder": builder} if builder else {}
     journal.record_stage(ctx.state, cell_id, "build", journal.Status.FAIL, duration_s=duration,
                          log=log_path, reason=reason,
                          details={"command": command, "log_tail": log_tail,

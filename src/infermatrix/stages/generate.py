@@ -267,8 +267,11 @@ def read_stream(lines: Iterable[bytes], started: float,
     `deadline_s` seconds, is cut off: a replica fault, never a hung batch."""
     content: list[str] = []
     reasoning: list[str] = []
-    finish, usage = None, {}
-    first, last, gaps = None, None, []
+    finish: str | None = None
+    usage: dict[str, Any] = {}
+    first: float | None = None
+    last: float | None = None
+    gaps: list[float] = []
     ended = False
     for raw in lines:
         line = raw.decode("utf-8", "replace").strip()

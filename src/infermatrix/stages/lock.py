@@ -541,6 +541,16 @@ def unsatisfiable_from_journal(ctx: Context, cell_id: str) -> Verdict | None:
                    f"uv pip compile (infermatrix lock --select {cell_id})")
 
 
+def plan_cells(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
+               source: Any = None) -> list[CellPlan]:
+    """stages.plan_cells (the plan every command works from): the matrix's rules, then the
+    verdicts of the last lock run. Here, so that a step (publish on its own) plans as the
+    loader does without importing the package that lists the steps."""
+    from .plan import plan_matrix
+
+    return prune_unsatisfiable(ctx, plan_matrix(ctx, select, skip, source=source))
+
+
 def prune_unsatisfiable(ctx: Context, plans: list[CellPlan]) -> list[CellPlan]:
     """Mark planned cells pruned when their last lock found no solution (for `plan`)."""
     for plan in plans:

@@ -109,7 +109,7 @@ def _engine_entries(m: Matrix) -> list[tuple[str, Any, tuple[Any, ...]]]:
     axis = m.data["axes"]["engine"]
     if isinstance(axis, list):
         return [(*_parse_engine(spec), ("axes", "engine", i)) for i, spec in enumerate(axis)]
-    entries = []
+    entries: list[tuple[str, Any, tuple[Any, ...]]] = []
     for name, value in axis.items():
         if isinstance(value, list):
             entries += [(name, v, ("axes", "engine", name, j)) for j, v in enumerate(value)]

@@ -15,8 +15,6 @@ smoke results and the command that serves the model; `infermatrix pull` and `doc
 
 from __future__ import annotations
 
-import re
-import string
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,7 @@ from ..journal import CellRecord, StageRecord
 from ..engine import registry as registries
 from ..config import Matrix
 from ..context import Context
-from ..errors import ConfigError, StageFailure, UsageError
+from ..errors import StageFailure, UsageError
 from ..model.cell import CPU, Cell
 from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection
@@ -42,9 +40,9 @@ from ..imageslock import (  # noqa: F401
     IMAGES_LOCK_HEADER, IMAGES_LOCK_NAME, IMAGES_LOCK_VERSION, dump_images_lock,
     empty_images_lock, images_lock_problems, read_images_lock, write_images_lock)
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
+from .tagging import render_tag
 
 LABEL_PREFIX = "io.infermatrix."
-TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's tag grammar
 CONTAINER_MODEL_DIR = CONTAINER_MODEL
 
 
@@ -80,34 +78,6 @@ def versions_from_labels(labels: dict[str, str]) -> dict[str, Any]:
 
 
 # --- tags -----------------------------------------------------------------------------------
-
-def tag_fields(cell: Cell) -> dict[str, str]:
-    """What a tag template may name."""
-    return {"cell_id": cell.id, "cuda": cell.cuda, "cuda_tag": cell.cuda_tag,
-            "torch": cell.torch, "engine": cell.engine, "engine_version": cell.engine_version,
-            "arch": cell.arch, "arch_tag": cell.arch_tag}
-
-
-def render_tag(template: str, cell: Cell, matrix: Matrix | None = None,
-               key_path: tuple[Any, ...] = ("publish", "tag")) -> str:
-    """Fill a tag template; unknown placeholders and invalid tags are config errors."""
-    fields = tag_fields(cell)
-    names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
-    unknown = [n for n in names if n not in fields]
-    problem = None
-    if unknown:
-        problem = f"unknown placeholder {{{unknown[0]}}} in tag template {template!r}"
-    else:
-        tag = template.format(**fields)
-        if not TAG_PATTERN.fullmatch(tag):
-            problem = f"tag template {template!r} gives {tag!r}, which is not a valid tag"
-    if problem:
-        fix = f"placeholders: {', '.join('{' + f + '}' for f in fields)}"
-        if matrix is not None:
-            raise matrix.error(problem, *key_path, fix=fix)
-        raise ConfigError(problem, fix=fix)
-    return tag
-
 
 def target_repository(matrix: Matrix, registry: str | None = None) -> str:
     """`<registry>/<repository>` from matrix.yaml `publish` (or a --registry override)."""
@@ -399,7 +369,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
         say("no tagged cells to publish (a cell publishes after its tag stage passes)")
         return PublishResult(failed=tag_failures)
     if cells is None:  # called on its own: the candidates as the loader plans them
-        from . import plan_cells
+        from .lock import plan_cells
         wanted = {c.cell_id for c in candidates}
         cells = [ctx.spec(p) for p in plan_cells(ctx) if p.planned and p.id in wanted]
     from . import sign

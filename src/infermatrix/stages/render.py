@@ -35,6 +35,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import base as base_images
+from .base import bytecode_hosts
 from ..model import kernelscope
 from . import lock as locks
 from ..config import REPO_ROOT, Matrix
@@ -217,26 +218,6 @@ def debootstrap_image_ref(matrix: Matrix, base_name: str,
     return base_images.image_ref(matrix, base_name, platform)
 
 
-# The platform renders treat as the build machine's: the one a debootstrap base's tag is named
-# for when a Dockerfile must not depend on the host (an x86_64 machine builds the arm64 cells).
-BUILD_PLATFORM = "linux/amd64"
-
-
-def bytecode_hosts(matrix: Matrix, spec: CellSpec) -> dict[str, str]:
-    """Debian architecture -> the debootstrap base of that CPU, for a cell whose byte-code is
-    compiled on the build machine's own CPU (templates/blocks/bytecode.j2): a cell for another
-    platform than BUILD_PLATFORM on a debootstrap OS. Empty: compiled in the image's stage.
-    The Dockerfile picks the entry of the machine that builds (BUILDARCH), so an Arm builder
-    compiles natively too; only that one must exist there."""
-    name = os_base(matrix, spec.base)
-    if (spec.platform == BUILD_PLATFORM
-            or matrix.bases["definitions"][name]["strategy"] != "debootstrap"):
-        return {}
-    return {base_images.DEBIAN_ARCHITECTURES[platform]: debootstrap_image_ref(matrix, name,
-                                                                              platform)
-            for platform in sorted(base_images.DEBIAN_ARCHITECTURES)}
-
-
 def cross_install(ctx: Context, spec: CellSpec) -> dict[str, Any]:
     """The template variables of where Python packages are installed. A cell whose byte-code
     is compiled on the build machine (bytecode_hosts) has its wheels installed there too
@@ -392,7 +373,8 @@ def kernel_specs(ctx: Context, spec: CellSpec) -> list[KernelSpec]:
         data = known[name]
         package = data["package"]
         env = dict(sorted(data.get("env", {}).items()))
-        source_dir, build_requires = None, ()
+        source_dir: str | None = None
+        build_requires: tuple[str, ...] = ()
         if data.get("path"):
             source = (matrix.root / data["path"]).resolve()
             if not source.is_dir():

@@ -342,7 +342,7 @@ def kernel_coverage(stages: list[StageResult]) -> tuple[list[str], list[dict[str
         columns += [str(k) for k in row if str(k) not in columns]
     # What the row is about first (journals may store keys sorted), then the verdict.
     first = [k for k in _NAME_KEYS + ("package",) if k in columns]
-    last = [k for k in ("covered", "status", "how") if k in columns]
+    last: list[str] = [k for k in ("covered", "status", "how") if k in columns]
     columns = first + [k for k in columns if k not in first + last] + last
     marked = [{"cells": [_coverage_text(c, row.get(c)) for c in columns],
                "uncovered": _row_uncovered(row)} for row in rows]
@@ -817,12 +817,12 @@ def render_markdown(report: Report, html_name: str | None = "report.html",
                 "| cell | reasons |", "|---|---|"]
         out += [f"| `{_md_cell(c.id)}` | {_md_reasons(c.reasons)} |" for c in pruned]
         out += ["", "</details>", ""]
-    published = [c for c in report.cells if c.signing]
+    published = [(c, c.signing) for c in report.cells if c.signing]
     if published:
         out += ["### Signing", ""]
-        out += [f"- `{_md_cell(c.id)}`: {_md_cell(c.signing['text'])}"
-                + (f" — [SBOM (CycloneDX)]({c.signing['sbom']})" if c.signing["sbom"] else "")
-                for c in published]
+        out += [f"- `{_md_cell(c.id)}`: {_md_cell(signing['text'])}"
+                + (f" — [SBOM (CycloneDX)]({signing['sbom']})" if signing["sbom"] else "")
+                for c, signing in published]
         out.append("")
     for c in (c for c in active if c.throughput):
         out += _md_throughput(c)
@@ -830,7 +830,7 @@ def render_markdown(report: Report, html_name: str | None = "report.html",
         out += _md_workload(c)
     failures = [c for c in report.cells if c.outcome == "failed" and c.log_tail]
     for c in failures:
-        tail = "\n".join(c.log_tail.splitlines()[-tail_lines:])
+        tail = "\n".join((c.log_tail or "").splitlines()[-tail_lines:])
         fence = _fence(tail)
         out += [f"### ❌ `{c.id}` failed at {c.failed_stage}", "", f"{fence}text", tail, fence, ""]
     if html_name:

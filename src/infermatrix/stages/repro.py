@@ -97,7 +97,7 @@ class _ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, target) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, target: Any) -> int:  # a writable buffer (bytearray, memoryview)
         while not self._buffer:
             try:
                 self._buffer = next(self._chunks)

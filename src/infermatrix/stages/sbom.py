@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..journal import CellRecord
 from .. import __version__
@@ -29,6 +29,12 @@ from ..errors import StageFailure
 from ..engine.docker import Engine
 from ..model.cell import CPU, Cell
 from ..model.spec import LockedPackage, lock_packages  # noqa: F401  (the lock's one parser)
+
+if TYPE_CHECKING:  # cyclonedx is imported where it runs: it costs every CLI start otherwise
+    from cyclonedx.model import HashType
+    from cyclonedx.model.bom import Bom
+
+    from ..context import Context
 
 CUDA_PREFIXES = ("nvidia-", "cuda-")
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -75,14 +81,14 @@ class KernelWheel:
     source_tree: str | None = None  # `src-<hash>` for a path: kernel
 
 
-def _hashes(values: list[str]):
+def _hashes(values: list[str]) -> list[HashType]:
     from cyclonedx.model import HashAlgorithm, HashType
     return [HashType(alg=HashAlgorithm.SHA_256, content=v) for v in values]
 
 
 def document(cell: Cell, image_id: str, lock_text: str | None, dpkg_status: str | None,
              kernels: list[KernelWheel], labels: dict[str, str] | None = None,
-             timestamp: str | None = None):
+             timestamp: str | None = None) -> Bom:
     """The cyclonedx Bom of a cell image (validated by `to_json`)."""
     from cyclonedx.model import Property
     from cyclonedx.model.bom import Bom, BomMetaData
@@ -159,7 +165,7 @@ def document(cell: Cell, image_id: str, lock_text: str | None, dpkg_status: str 
     return bom
 
 
-def to_json(bom) -> str:
+def to_json(bom: Bom) -> str:
     """The document as CycloneDX 1.6 JSON, validated against the schema (StageFailure if not)."""
     from cyclonedx.output.json import JsonV1Dot6
 
@@ -181,7 +187,7 @@ def validation_error(text: str) -> str | None:
 
 # --- facts of a built image -----------------------------------------------------------------
 
-def kernel_wheels(ctx, record: CellRecord, lock_text: str | None) -> list[KernelWheel]:
+def kernel_wheels(ctx: Context, record: CellRecord, lock_text: str | None) -> list[KernelWheel]:
     """The kernel wheels a cell's build installed: journal build.details.kernels, each key's
     kernel cache record (wheel sha256, arches, flags), the lock header's sdist pin."""
     from ..model.spec import kernel_pins_from_lock
@@ -235,7 +241,7 @@ def image_facts(image: str, docker: Engine) -> tuple[dict[str, Any], str | None]
     return info, status
 
 
-def build_sbom(ctx, cell: Cell, image_id: str, record: CellRecord, lock_text: str | None,
+def build_sbom(ctx: Context, cell: Cell, image_id: str, record: CellRecord, lock_text: str | None,
                docker: Engine) -> str:
     """The validated CycloneDX JSON of a cell's built image (in `docker`); its Python pins from
     the cell's lock text (a CellSpec's: read once per run)."""

@@ -22,7 +22,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine import cosign
 from ..engine.docker import Engine
@@ -31,6 +31,9 @@ from ..engine import registry as registries
 from ..errors import UsageError
 from ..model.spec import CellSpec
 from . import attest, sbom
+
+if TYPE_CHECKING:
+    from ..context import Context
 
 SKIP_FLAG = "--skip-verify"
 SignatureError = cosign.SignatureError
@@ -58,7 +61,7 @@ def signer_from_env() -> Signer | None:
     return Signer(key, fingerprint, cosign.version())
 
 
-def predicates(ctx, spec: CellSpec, image_id: str, record: CellRecord, docker: Engine
+def predicates(ctx: Context, spec: CellSpec, image_id: str, record: CellRecord, docker: Engine
                ) -> dict[str, Any]:
     """name -> predicate of the three attestations of a cell's published image (read from
     `docker`, the engine that holds it); the SBOM's pins from the run's CellSpec's lock."""
@@ -86,7 +89,7 @@ def predicates(ctx, spec: CellSpec, image_id: str, record: CellRecord, docker: E
     }
 
 
-def sign_entry(ctx, signer: Signer, entry: dict[str, Any], record: CellRecord,
+def sign_entry(ctx: Context, signer: Signer, entry: dict[str, Any], record: CellRecord,
                spec: CellSpec, creds: registries.RegistryCredentials, docker: Engine
                ) -> dict[str, Any]:
     """Sign the entry's digest, attach its attestations; images.lock's `signing` of it."""

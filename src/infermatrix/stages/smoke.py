@@ -38,7 +38,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +59,7 @@ from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuSetting
+    from .generate import ServerEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ class Harness:
                    docker.emulation_of(image_id))
 
     def run(self, program: str, args: list[str], timeout_s: float, *,
-            mounts: list[engine.Mount] = (), gpu: bool = False,
+            mounts: Iterable[engine.Mount] = (), gpu: bool = False,
             labels: dict[str, str] | None = None) -> tuple[int | None, dict[str, Any] | None, str]:
         """(exit code or None on timeout, parsed result line, output)."""
         with container(self.docker, self.image_id,
@@ -476,16 +477,17 @@ def fixture_dir(ctx: Context, cell_id: str, variant: str) -> Path:
 
 def prepare_fixture(ctx: Context, spec: CellSpec, harness: Harness, variant: str,
                     timeout_s: float, level: str = "model",
-                    reuse: bool = False) -> tuple[Path | None, LevelResult | None]:
+                    reuse: bool = False) -> Path | LevelResult:
     """Generate the fixture model with the image's own transformers, into the state dir
-    (with `reuse`, the one this image made already, e.g. for the model level just before)."""
+    (with `reuse`, the one this image made already, e.g. for the model level just before):
+    its model directory, or the level's failure."""
     import shutil
 
     out = fixture_dir(ctx, spec.id, variant)
     made = out / "model" / "config.json"
     if reuse and made.is_file() and (out / "image").is_file() and \
             (out / "image").read_text() == harness.image_id:
-        return out / "model", None
+        return out / "model"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     args = ["--out", "/fixture/model"] + {"broken": ["--broken"], "trained": ["--trained"]
@@ -494,10 +496,10 @@ def prepare_fixture(ctx: Context, spec: CellSpec, harness: Harness, variant: str
                                        mounts=[engine.Mount(str(out), "/fixture", read_only=False)])
     status, reason, details = harness_level("fixture", code, parsed, output, timeout_s)
     if status != "pass":
-        return None, LevelResult(level, "fail", f"fixture model: {reason}",
-                                 details={"fixture": details})
+        return LevelResult(level, "fail", f"fixture model: {reason}",
+                           details={"fixture": details})
     (out / "image").write_text(harness.image_id)
-    return out / "model", None
+    return out / "model"
 
 
 def container_gone(docker: Engine, container_id: str) -> Callable[[], str | None]:
@@ -542,9 +544,10 @@ def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
     details: dict[str, Any] = {"model_source": str(host_model) if real_model
                                else f"fixture ({options.fixture})"}
     if host_model is None:
-        host_model, failed = prepare_fixture(ctx, spec, harness, options.fixture, timeout_s)
-        if failed:
-            return failed
+        made = prepare_fixture(ctx, spec, harness, options.fixture, timeout_s)
+        if isinstance(made, LevelResult):
+            return made
+        host_model = made
         details["fixture_s"] = round(time.monotonic() - started, 2)
     remaining = max(30.0, timeout_s - (time.monotonic() - started))
     settings = probe_settings(ctx, real_model, health_timeout_s=remaining,
@@ -712,10 +715,11 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
                                else "fixture (normal)", "command": launch.command}
     if host_model is None:
-        host_model, failed = prepare_fixture(ctx, spec, harness, "normal", timeout_s,
-                                             level="throughput", reuse=True)
-        if failed:
-            return failed
+        made = prepare_fixture(ctx, spec, harness, "normal", timeout_s, level="throughput",
+                               reuse=True)
+        if isinstance(made, LevelResult):
+            return made
+        host_model = made
     launch = with_mtp(ctx, spec, launch, host_model, details)
     details["command"] = launch.command
     remaining = max(60.0, timeout_s - (time.monotonic() - started))
@@ -755,10 +759,11 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
                                else "fixture (trained)"}
     if host_model is None:
-        host_model, failed = prepare_fixture(ctx, spec, harness, "trained", timeout_s,
-                                             level="workload", reuse=True)
-        if failed:
-            return failed
+        made = prepare_fixture(ctx, spec, harness, "trained", timeout_s, level="workload",
+                               reuse=True)
+        if isinstance(made, LevelResult):
+            return made
+        host_model = made
         details["fixture_s"] = round(time.monotonic() - started, 1)
     settings = workload.WorkloadSettings.from_matrix(
         smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu, model_dir=host_model,
@@ -834,7 +839,7 @@ def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host
 
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
-                     ):  # -> generate.ServerEndpoint
+                     ) -> ServerEndpoint:
     from .generate import ServerEndpoint
 
     host, port = published_port(docker, container_id)

@@ -22,13 +22,16 @@ replica per GPU); when the cell's lane has a floor, the throughput level is requ
 
 from __future__ import annotations
 
+import re
+import string
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.docker import Engine
 from .. import journal
+from ..config import Matrix
 from ..context import Context
-from ..errors import StageFailure
+from ..errors import ConfigError, StageFailure
 from ..model.cell import Cell
 from ..model.spec import CellSpec
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
@@ -110,7 +113,9 @@ def required_outcomes(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
 
 def decide_tag(record: journal.CellRecord, policy: dict[str, Any], cell: Cell) -> TagDecision:
     """Whether a cell may be tagged, and how, from its journal record alone."""
-    refuse = lambda reason, **kw: TagDecision(cell.id, False, reason, **kw)
+    def refuse(reason: str, **kw: Any) -> TagDecision:
+        return TagDecision(cell.id, False, reason, **kw)
+
     image_id = record.image_id
     if not image_id or record.status_of("build") != journal.Status.PASS:
         return refuse("not built: no passed build in the journal")
@@ -157,13 +162,46 @@ def static_only(cell: Cell, policy: dict[str, Any], levels: dict[str, dict[str, 
 
 
 # --------------------------------------------------------------------------------------------
+# Tag templates (publish.tag, publish.aliases): the local tag and the published ones
+# --------------------------------------------------------------------------------------------
+
+TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's tag grammar
+
+
+def tag_fields(cell: Cell) -> dict[str, str]:
+    """What a tag template may name."""
+    return {"cell_id": cell.id, "cuda": cell.cuda, "cuda_tag": cell.cuda_tag,
+            "torch": cell.torch, "engine": cell.engine, "engine_version": cell.engine_version,
+            "arch": cell.arch, "arch_tag": cell.arch_tag}
+
+
+def render_tag(template: str, cell: Cell, matrix: Matrix | None = None,
+               key_path: tuple[Any, ...] = ("publish", "tag")) -> str:
+    """Fill a tag template; unknown placeholders and invalid tags are config errors."""
+    fields = tag_fields(cell)
+    names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    unknown = [n for n in names if n not in fields]
+    problem = None
+    if unknown:
+        problem = f"unknown placeholder {{{unknown[0]}}} in tag template {template!r}"
+    else:
+        tag = template.format(**fields)
+        if not TAG_PATTERN.fullmatch(tag):
+            problem = f"tag template {template!r} gives {tag!r}, which is not a valid tag"
+    if problem:
+        fix = f"placeholders: {', '.join('{' + f + '}' for f in fields)}"
+        if matrix is not None:
+            raise matrix.error(problem, *key_path, fix=fix)
+        raise ConfigError(problem, fix=fix)
+    return tag
+
+
+# --------------------------------------------------------------------------------------------
 # Applying a decision (Docker)
 # --------------------------------------------------------------------------------------------
 
 def tag_ref(ctx: Context, cell: Cell, repository: str | None = None) -> str:
     """The local tag: `<publish.repository>:<publish.tag rendered for the cell>`."""
-    from .publish import render_tag
-
     publish = ctx.matrix.publish
     repo = repository or publish.get("repository", "infermatrix")
     return f"{repo}:{render_tag(publish.get('tag', '{cell_id}'), cell, ctx.matrix)}"
@@ -235,7 +273,9 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """Tag the exact tested image of each cell the policy allows. A refusal (a CUDA cell on a
     GPU-less host is "built, not verified") drops the cell from publish without failing the
     run; a tag that fails (its tag already names another image) is a failure."""
-    tagged, refused, failed = [], [], []
+    tagged: list[str] = []
+    refused: list[str] = []
+    failed: list[str] = []
     for cell in cells:
         decision = tag_cell(run.ctx, cell.cell, run.options.tag_repository, docker=run.docker)
         outcome = tagged if decision.allowed else failed if decision.failed else refused

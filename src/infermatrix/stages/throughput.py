@@ -87,7 +87,9 @@ def point_figures(result: generate.BatchResult, replicas: list[str]) -> dict[str
                    for name in replicas}
     ttft = [r.ttft_s for _, r in replies if r.ttft_s is not None]
     itl = [gap for _, r in replies for gap in r.itl_s]
-    rate = (lambda t: round(t / wall, 2) if wall > 0 else 0.0)
+    def rate(t: float) -> float:
+        return round(t / wall, 2) if wall > 0 else 0.0
+
     return {"requests": len(replies), "errors": len(result.failed),
             "error_examples": list(result.failed.values())[:3],
             "completion_tokens": tokens, "wall_s": round(wall, 3),

@@ -135,7 +135,9 @@ def batch_figures(result: generate.BatchResult) -> dict[str, Any]:
     tokens = sum(r.completion_tokens for r in replies)
     ttft = [r.ttft_s for r in replies if r.ttft_s is not None]
     itl = [g for r in replies for g in r.itl_s]
-    ms = (lambda v: None if v is None else round(v * 1000, 1))
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v * 1000, 1)
+
     malformed = [why for why in (well_formed(r) for r in replies) if why]
     return {"requests": len(replies), "errors": len(result.failed),
             "error_examples": list(result.failed.values())[:3],
@@ -251,10 +253,11 @@ def needle(endpoint: generate.ServerEndpoint, settings: WorkloadSettings,
     result = ask(endpoint, [prompt], settings_one, settings.model_dir)
     reply = result.completions[0][1] if result.completions else None
     found = reply is not None and code in reply.content
-    details = {"target_tokens": target, "prompt_tokens": reply.prompt_tokens if reply
-               else counted, "code": code, "answer": reply.content[:200] if reply else None,
-               "errors": list(result.failed.values())[:2],
-               "prefill_s": round(reply.ttft_s, 3) if reply and reply.ttft_s else None}
+    details: dict[str, Any] = {
+        "target_tokens": target, "prompt_tokens": reply.prompt_tokens if reply else counted,
+        "code": code, "answer": reply.content[:200] if reply else None,
+        "errors": list(result.failed.values())[:2],
+        "prefill_s": round(reply.ttft_s, 3) if reply and reply.ttft_s else None}
     if reply is None:
         return {**details, "status": "fail", "reason": f"no answer to the {target}-token "
                 f"prompt: {'; '.join(details['errors']) or 'none'}"}

@@ -10,9 +10,9 @@ from infermatrix.model.cell import Cell
 from infermatrix.model.rules import torch_variant_known
 from infermatrix.stages.plan import VariantAnswers, plan_matrix
 
-from tests.support.planning_support import (DATA, RECORDED, mini_context, recorded_metadata,
+from tests.support.planning_support import (DATA, mini_context, recorded_metadata,
                                             recorded_releases)
-from infermatrix.model.index import NotOnIndex, ReleaseMetadata
+from infermatrix.model.index import ReleaseMetadata
 
 MINI = (DATA / "mini_matrix.yaml").read_text()
 CU128 = ('nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux" and '

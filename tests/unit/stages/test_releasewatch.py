@@ -42,7 +42,7 @@ def test_settled_waiting_blocked_and_yanked():
                      ("0.35.0", "2026-12-03T00:00:00Z", False),
                      ("0.36.0rc1", "2026-11-01T00:00:00Z", False))
     lines = watch({"vllm": {"0.33.0"}}, known, NOW, 7)
-    assert [(l.kind, l.version) for l in lines] == [
+    assert [(line.kind, line.version) for line in lines] == [
         ("yanked", "0.33.0"), ("settled", "0.34.0"), ("waiting", "0.35.0")]
     assert "settles on 2026-12-10" in lines[2].detail
     blocked = watch({"vllm": {"0.33.0"}}, known, NOW, 7,

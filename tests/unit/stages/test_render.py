@@ -504,9 +504,11 @@ def test_with_secrets_exports_only_when_the_secret_exists(tmp_path: Path, golden
     script = golden_rendered[0].files["with-secrets"][0].decode()
     path = tmp_path / "with-secrets"
     path.write_text(script.replace("/run/secrets/", f"{tmp_path}/secrets/"))
-    run = lambda: subprocess.run(["sh", str(path), "sh", "-c", "echo ${SSL_CERT_FILE:-none}"],
-                                 capture_output=True, text=True, check=False,
-                                 env={"PATH": os.environ["PATH"]}).stdout.strip()
+
+    def run() -> str:
+        return subprocess.run(["sh", str(path), "sh", "-c", "echo ${SSL_CERT_FILE:-none}"],
+                              capture_output=True, text=True, check=False,
+                              env={"PATH": os.environ["PATH"]}).stdout.strip()
     assert run() == "none"
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "ca_bundle").write_text("-----BEGIN CERTIFICATE-----\n")
@@ -820,7 +822,12 @@ def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Pa
     # without a lock: the version only; the recipe hash (kernel-cache key) tells them apart
     plain_stage = render.kernel_stage_text(texts[0], "flash-attn")
     assert "--require-hashes" not in plain_stage and "flash-attn==2.8.3" in plain_stage
-    recipe = lambda s: re.search(r"# recipe sha256:(\w+)", s).group(1)
+
+    def recipe(text: str) -> str:
+        found = re.search(r"# recipe sha256:(\w+)", text)
+        assert found, text
+        return found.group(1)
+
     assert recipe(stage) != recipe(plain_stage)
 
 

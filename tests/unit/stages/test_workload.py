@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from infermatrix.stages import generate, workload
 from tests.support.standin_server import FakeServer

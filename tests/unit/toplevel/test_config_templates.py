@@ -82,7 +82,7 @@ def test_good_tag_templates_pass_and_alias_templates_are_checked_too(matrix_dir)
 
 def test_the_tag_fields_are_the_ones_publish_fills():
     from infermatrix.model.cell import Cell
-    from infermatrix.stages.publish import tag_fields
+    from infermatrix.stages.tagging import tag_fields
 
     cell = Cell(cuda="13.0", torch="2.13.0", engine="vllm", engine_version="0.19.0",
                 arch="sm_120")

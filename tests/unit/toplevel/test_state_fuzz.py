@@ -13,7 +13,6 @@ import copy
 import hashlib
 import json
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -39,7 +39,7 @@ def check_kernels(objects: list[AuditedObject], targets: list[Arch]) -> Check:
     jit = [o for o in objects if any(o.group(d) == "ptx-jit" for d in o.decisions)]
     names = ", ".join(str(t) for t in targets)
     groups = {str(t): object_groups(objects, t) for t in targets}
-    data = {"objects": len(objects), "uncovered": [o.path for o in bad],
+    data: dict[str, Any] = {"objects": len(objects), "uncovered": [o.path for o in bad],
             "ptx_jit": [o.path for o in jit], "not_loaded": waived,
             "counts": {t: g["counts"] for t, g in groups.items()}}
     counts = "; ".join(f"{t}: {c['covered']} covered, {c['ptx-jit']} PTX-JIT, "
@@ -330,6 +330,6 @@ def check_loaded_set(mapped: dict[str, Any] | None, targets: list[Arch],
         return Check("loaded-set", SKIP, "no server observation recorded for this image yet "
                      "(the model smoke level records /proc/<pid>/maps)")
     judged = loadedset.judge_mapped(mapped.get("objects", []), targets, load_ctx, rows)
-    return Check("loaded-set", judged.status, judged.detail,
+    return Check("loaded-set", journal.Status(judged.status), judged.detail,
                  {"mapped": len(mapped.get("objects", [])), "notes": judged.notes,
                   "problems": judged.problems})

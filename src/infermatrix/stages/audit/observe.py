@@ -52,7 +52,7 @@ def server_mapped_objects(docker: Engine, container_id: str) -> dict[str, Any]:
                            + proc.tail(output, 10))
     data = parse_probe_output(output)
     objects: set[str] = set()
-    outside = set()
+    outside: set[str] = set()
     processes = []
     for process in data["processes"]:
         rel = [loadedset.site_relative(p) for p in process["paths"]]

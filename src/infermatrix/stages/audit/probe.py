@@ -126,13 +126,14 @@ def native_python() -> NativePython | None:
     import sys
 
     from elftools.elf.elffile import ELFFile
+    from elftools.elf.segments import InterpSegment
 
     binary = Path(os.path.realpath(sys.executable))
     prefix = Path(os.path.realpath(sys.base_prefix))
     try:
         with open(binary, "rb") as handle:
             interp = next((seg.get_interp_name() for seg in ELFFile(handle).iter_segments()
-                           if seg["p_type"] == "PT_INTERP"), None)
+                           if isinstance(seg, InterpSegment)), None)  # its p_type: PT_INTERP
     except Exception:  # noqa: BLE001 - not an ELF program: no native probe
         return None
     if not interp or not binary.is_relative_to(prefix):

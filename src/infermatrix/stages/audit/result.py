@@ -96,7 +96,7 @@ class AuditResult:
     phase_s: dict[str, float] = field(default_factory=dict)  # probe, device code, Triton
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         return FAIL if any(c.status == FAIL for c in self.checks) else PASS
 
     @property

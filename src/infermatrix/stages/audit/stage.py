@@ -153,7 +153,7 @@ def start_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: 
 
 def twin_or_own_triton_check(ctx: "Context", spec: CellSpec, image_ref: str,
                              targets: list[Arch], log_path: Path, facts: ImageFacts,
-                             emulated: str, docker: Engine) -> Check:
+                             emulated: str | None, docker: Engine) -> Check:
     """A cell whose image runs emulated here: the Triton result of its native twin when the
     journal holds one for these archs with identical sources (tritontwin), else the harness
     in its own image (which cannot start under qemu-user: a skip that names the fix)."""
@@ -233,7 +233,9 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     from ...engine.docker import host_platform
     from ...errors import InfermatrixError
     from ...model.tritontwin import natives_first, twin_archs_for
-    passed, failed, results = [], [], {}
+    passed: list[str] = []
+    failed: list[str] = []
+    results = {}
     host = host_platform()
     targets = parse_targets(run.options.audit_targets)
     specs = {c.id: c for c in cells}
@@ -241,6 +243,9 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     for plan in natives_first([c.plan for c in cells], host):
         image = run.images.get(plan.id) or journal.cell_record(run.ctx.state, plan.id).image_id
         try:
+            if not image:  # a typed check: audit_cell needs an image reference
+                raise StageFailure(f"{plan.id} has no built image in the journal",
+                                   fix=f"infermatrix build --select {plan.id}")
             result = audit_cell(run.ctx, specs[plan.id], image, targets,
                                 record=run.options.record_audit,
                                 twin_archs=twin_archs_for(plan, run.plans, host),

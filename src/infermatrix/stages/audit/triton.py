@@ -66,7 +66,7 @@ def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str
                   for k in f.get("kernels", [])]
     summary = [{"arch": a.get("arch"), **row} for a in result.get("archs", [])
                for f in a.get("families", []) for row in f.get("summary", [])]
-    data = {"backend": backend, "kernels": per_kernel, "summary": summary,
+    data: dict[str, Any] = {"backend": backend, "kernels": per_kernel, "summary": summary,
             "paths": {a.get("arch"): a.get("paths", {}) for a in result.get("archs", [])},
             "first_start": {a.get("arch"): a.get("first_start", [])
                             for a in result.get("archs", [])},
