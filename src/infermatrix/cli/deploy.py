@@ -22,6 +22,7 @@ from .publish import verify_flags
 if TYPE_CHECKING:
     from ..context import Context
     from ..model.cell import Cell
+    from ..model.profiles import ProfileSpec
     from ..model.unifiedmem import Sizing
 
 
@@ -81,7 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_deploy)
 
 
-def _profile(ctx, name: str, engine: str, model_dir: Path):
+def _profile(ctx: Context, name: str, engine: str,
+             model_dir: Path) -> tuple[ProfileSpec, tuple[str, ...]]:
     """The chosen profile and its flags for the engine; a usage error for an unknown one or
     a model directory whose config.json holds another kind of checkpoint."""
     import json

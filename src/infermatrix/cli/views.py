@@ -128,7 +128,7 @@ def profile_columns(profiles: list[dict[str, Any]] | None, note: Any) -> tuple[s
     at the plan's context), `/`-separated in the same order."""
     names, rates = [], []
     for profile in profiles or []:
-        mark = {"planned": "", "unverified": "?", "pruned": "-"}.get(profile.get("status"), "?")
+        mark = {"planned": "", "unverified": "?", "pruned": "-"}.get(str(profile.get("status")), "?")
         reasons = profile.get("reasons") or []
         footnote = f"[{note(reasons[0]['rule'] + ': ' + reasons[0]['reason'])}]" \
             if mark and reasons else ""

@@ -58,7 +58,7 @@ def _zstd_cli(payload: bytes) -> bytes | None:
 def default_decompress() -> Decompress | None:
     """The zstandard module where it is installed, else the zstd command; None: neither."""
     try:
-        import zstandard  # type: ignore[import-not-found]  # noqa: F401
+        import zstandard  # noqa: F401
         return _zstd_module
     except ImportError:
         return _zstd_cli if shutil.which("zstd") else None
