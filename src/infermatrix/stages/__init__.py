@@ -1,5 +1,5 @@
 """The pipeline's steps, one list: plan → lock → render → base → build → audit → smoke → tag →
-publish → report.
+publish → train → report (train: the training images, after every serving image; train.py).
 
 Every step has the same interface, the `step(run, cells) -> StepRecord` of its stage module
 (stages/steps.py: `Run`, the one outcome type `StepRecord`). `run` is what the loader resolved
