@@ -252,6 +252,16 @@ def next_step(cell: Any, registry_set: bool = True) -> tuple[str, str] | None:
     return None
 
 
+def train_step(cell: Any) -> tuple[str, str] | None:
+    """(why the cell's training image failed, the command that makes it again), or None."""
+    stage = next((s for s in cell.stages if s.name == "train"), None)
+    if stage is None or stage.status != "fail":
+        return None
+    why = (stage.reason or "failed").strip().splitlines()[0]
+    return (f"training image: {why}", f"fix, then infermatrix pipeline --select {cell.id}"
+            + (f"  (log: {stage.log})" if stage.log else ""))
+
+
 def pipeline_summary(cells: list[Any], registry_set: bool = True) -> list[Line]:
     """One line per cell that is not pruned (report.CellReport): outcome, each step's time, the
     image size; then for each cell not done, its reason and the command that moves it on."""
@@ -280,6 +290,7 @@ def pipeline_summary(cells: list[Any], registry_set: bool = True) -> list[Line]:
                       "(profile: train kernels) was, after every serving image"))
     todo = [(cell, step) for cell in shown
             if (step := next_step(cell, registry_set)) is not None]
+    todo += [(cell, step) for cell in shown if (step := train_step(cell)) is not None]
     if todo:
         lines.append(Line("[bold]what now:[/]"))
     for cell, (why, command) in todo:

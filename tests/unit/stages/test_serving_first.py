@@ -224,3 +224,16 @@ def test_an_emulated_training_compile_over_the_limit_leaves_the_serving_image_bu
     cell = result.cells[0]
     assert cell.seconds == 420.0 and cell.servable_s == 420.0 and cell.train_s == 0.0
     assert "training image not built" in cell.note
+
+
+def test_the_forecast_table_says_time_to_servable_and_to_the_training_image():
+    from infermatrix.stages.forecast import forecast_lines
+
+    result = forecast([_cell("vllm", FA), _cell("sglang", FI)], slots=1)
+    lines = forecast_lines(result)
+    assert lines[0].split()[:4] == ["cell", "time", "servable", "train"]
+    vllm = next(ln for ln in lines if ln.startswith("vllm"))
+    assert vllm.split()[1:4] == ["7m00s", "7m00s", "1h10m"]  # 420 s; 1140 + 3060 s
+    assert "train: flash-attn 50m00s (model)" in vllm
+    sglang = next(ln for ln in lines if ln.startswith("sglang"))
+    assert sglang.split()[1:4] == ["12m00s", "19m00s", "-"]
