@@ -308,10 +308,16 @@ def train_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None 
 def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """After publish: the training images. `cells` are those publish let through; a cell the
     tag policy dropped ("built, not verified") is taken back when its serving image is there."""
+    from . import builder_groups
+
     alive = {c.id for c in cells}
     chosen = [c for c in run.cells() if c.id in alive or serving_built(
         journal.cell_record(run.ctx.state, c.id))]
-    results = train_cells(run.ctx, chosen, run.options, echo=echo, docker=run.docker)
+    results: dict[str, TrainResult] = {}
+    # each cell's training image on the engine that built its serving image (several builders)
+    for engine_of, group in builder_groups(run, candidates(run.ctx, chosen)):
+        results.update(train_cells(run.ctx, group, run.options, echo=echo,
+                                   docker=engine_of or run.docker))
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
     note = f"{len(results)} training image(s)" if results else "no training-only kernels"
