@@ -29,7 +29,7 @@ from .. import proc
 from ..errors import InfermatrixError, Interrupted
 
 # Modules under infermatrix.cli, in the order `--help` lists them.
-COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
+COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "train", "audit", "smoke", "publish",
                    "report", "pipeline", "export", "deploy", "generate", "doctor",
                    "compile_plan", "sbom", "verify", "capacity", "watch"]
 
