@@ -237,3 +237,18 @@ def test_the_forecast_table_says_time_to_servable_and_to_the_training_image():
     assert "train: flash-attn 50m00s (model)" in vllm
     sglang = next(ln for ln in lines if ln.startswith("sglang"))
     assert sglang.split()[1:4] == ["12m00s", "19m00s", "-"]
+
+
+def test_audit_and_smoke_expect_no_training_kernel_in_the_serving_image(train_ctx, train_spec,
+                                                                        tmp_path):
+    """Found by the real vLLM cell: the audit's pin check wanted flash-attn==2.8.3 in the
+    serving image. The audit and the smoke levels judge the serving image by its own kernels."""
+    from infermatrix.stages import smoke
+    from infermatrix.stages.audit import expected_pins
+
+    assert "cudakern" not in expected_pins(train_spec)
+    assert smoke.kernel_distributions(train_ctx, train_spec) == []
+    plain = Context.load(REPO / "tests" / "matrix" / "matrix.yaml", tmp_path / "s", offline=True)
+    spec = plain.specs(plan_cells(plain, [TRAIN_CELL]))[0]
+    assert expected_pins(spec)["cudakern"][0] == "0.1.0"  # a serving kernel is still expected
+    assert smoke.kernel_distributions(plain, spec) == ["cudakern==0.1.0"]
