@@ -320,5 +320,6 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
                                    docker=engine_of or run.docker))
     passed = [i for i, r in results.items() if r.status == "pass"]
     failed = [i for i, r in results.items() if r.status == "fail"]
-    note = f"{len(results)} training image(s)" if results else "no training-only kernels"
+    note = f"{len(results)} training image(s)" if results else \
+        "no cell with training-only kernels and a serving image to build on"
     return step_record("train", passed, failed, note=note)
