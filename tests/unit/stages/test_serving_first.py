@@ -17,7 +17,7 @@ from infermatrix.model.forecast import CellWork, KernelWork, forecast
 from infermatrix.stages import STEP_NAMES, build, plan_cells, render, train
 from infermatrix.state import StatePaths
 from tests.paths import REPO
-from tests.support.train_support import TRAIN_CELL, train_matrix
+from tests.support.train_support import SOURCE_CELL, TRAIN_CELL, train_matrix
 
 VLLM = "cu130-torch2.14.0-vllm0.33.0-sm120"
 SGLANG = "cu130-torch2.14.1-sglang0.5.23-sm120"
@@ -56,7 +56,7 @@ def test_the_profile_reaches_the_spec_and_only_from_the_data(train_ctx, train_sp
     assert train_spec.serve_kernels == ()
     # the same cell of the unedited test matrix: the kernel is the serving image's
     plain = Context.load(REPO / "tests" / "matrix" / "matrix.yaml", tmp_path / "s", offline=True)
-    spec = plain.specs(plan_cells(plain, [TRAIN_CELL]))[0]
+    spec = plain.specs(plan_cells(plain, [SOURCE_CELL]))[0]
     assert spec.train_kernels == () and [k.name for k in spec.serve_kernels] == ["cudakern"]
 
 
@@ -249,6 +249,6 @@ def test_audit_and_smoke_expect_no_training_kernel_in_the_serving_image(train_ct
     assert "cudakern" not in expected_pins(train_spec)
     assert smoke.kernel_distributions(train_ctx, train_spec) == []
     plain = Context.load(REPO / "tests" / "matrix" / "matrix.yaml", tmp_path / "s", offline=True)
-    spec = plain.specs(plan_cells(plain, [TRAIN_CELL]))[0]
+    spec = plain.specs(plan_cells(plain, [SOURCE_CELL]))[0]
     assert expected_pins(spec)["cudakern"][0] == "0.1.0"  # a serving kernel is still expected
     assert smoke.kernel_distributions(plain, spec) == ["cudakern==0.1.0"]
