@@ -53,6 +53,7 @@ class TrainResult:
     duration_s: float = 0.0
     reason: str | None = None
     tag: str | None = None  # `<serving tag>-train`, when the serving image was tagged
+    input_hash: str | None = None  # train_hash: the serving image's, the training keys
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
     coverage: dict[str, Any] = field(default_factory=dict)
 
@@ -212,10 +213,8 @@ def build_train_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompileP
                          log=log_path, reason=result.reason,
                          details={"image_id": result.image_id, "tag": result.tag,
                                   "local_tag": build.train_ref(cell.id),
-                                  "input_hash": result.coverage.get("input_hash"),
-                                  "kernels": result.kernels,
-                                  "coverage": {k: v for k, v in result.coverage.items()
-                                               if k != "input_hash"}})
+                                  "input_hash": result.input_hash,
+                                  "kernels": result.kernels, "coverage": result.coverage})
     return result
 
 
@@ -236,7 +235,7 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         return TrainResult(cell.id, "pass", image_id=image_id, reused=True,
                            tag=tag_train(ctx, cell.id, image_id, docker),
                            kernels=details.get("kernels") or {},
-                           coverage={**(details.get("coverage") or {}), "input_hash": digest})
+                           coverage=details.get("coverage") or {}, input_hash=digest)
     build_args = compile.build_args()
     secrets = build.secrets_for(options)
     platform = build.build_platform(cell, docker)
@@ -272,10 +271,10 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     if not coverage["passed"]:
         return TrainResult(cell.id, "fail", image_id=image_id, duration_s=duration,
                            reason=f"training kernels: {coverage['summary']}", kernels=kernels,
-                           coverage={**coverage, "input_hash": digest})
+                           coverage=coverage, input_hash=digest)
     return TrainResult(cell.id, "pass", image_id=image_id, duration_s=duration,
                        tag=tag_train(ctx, cell.id, image_id, docker), kernels=kernels,
-                       coverage={**coverage, "input_hash": digest})
+                       coverage=coverage, input_hash=digest)
 
 
 # --------------------------------------------------------------------------------------------
