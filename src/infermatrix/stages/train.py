@@ -242,6 +242,9 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     deadline = build._Deadline(
         (options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))) * 60)
     log_path.write_text(f"# infermatrix train {cell.id}\n# {compile.describe()}\n")
+    # an interrupted run leaves it so (never pass); the serving record is not touched
+    journal.record_stage(ctx.state, cell.id, "train", journal.Status.RUNNING, log=log_path,
+                         details={"input_hash": digest, "local_tag": build.train_ref(cell.id)})
     refusal = build.emulated_compile_refusal(ctx, train_keys, platform)
     if refusal:
         raise StageFailure(refusal)
