@@ -25,7 +25,7 @@ from .state import (DamagedStateFile, StatePaths, notice, read_state_json, recor
                     write_json_atomic)
 
 STAGES = ("plan", "lock", "render", "base", "build", "audit", "smoke", "tag", "publish",
-          "report")
+          "train", "report")
 
 
 class Status(StrEnum):

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # imported where they run: the command line starts without th
     from ..stages.steps import Run
 
 # Modules under infermatrix.cli, in the order `--help` lists them.
-COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "audit", "smoke", "publish",
+COMMAND_MODULES = ["plan", "lock", "render", "base", "build", "train", "audit", "smoke", "publish",
                    "report", "pipeline", "export", "deploy", "generate", "doctor",
                    "compile_plan", "sbom", "verify", "capacity", "watch"]
 

@@ -14,7 +14,7 @@ from .views import Line, pipeline_summary, print_lines
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "pipeline", help="the main job: plan, lock, render, base, build, audit, smoke, tag, "
-        "publish, report",
+        "publish, train, report",
         description="Run every step over the selected cells. A failed cell does not stop the "
         "others (unless --fail-fast); a rerun resumes from the journal.")
     common_options(parser)

@@ -207,7 +207,26 @@ def plan_view(plans: list[Any], settings_text: Any) -> list[Line]:
 
 # ---- the pipeline's closing summary ----------------------------------------------------------
 
-SUMMARY_STEPS = ("lock", "render", "build", "audit", "smoke", "tag", "publish")
+SUMMARY_STEPS = ("lock", "render", "build", "audit", "smoke", "tag", "publish", "train")
+
+
+def _clock_of(stage: Any) -> str:
+    """HH:MM:SS (UTC) of a stage's end, from its journal time ("2026-12-06T06:01:02Z")."""
+    finished = getattr(stage, "finished", None) or ""
+    return finished[11:19] if len(finished) >= 19 else "?"
+
+
+def usable_times(cell: Any) -> tuple[str, str]:
+    """(when the cell's serving image was built, when its training image was): each the
+    time its step ended, "failed", or "-" when there is none (issue 47: serving first)."""
+    stages = {s.name: s for s in cell.stages}
+
+    def at(name: str) -> str:
+        stage = stages.get(name)
+        if stage is None or stage.status in ("skip", "running"):
+            return "-"
+        return _clock_of(stage) if stage.status == "pass" else "failed"
+    return at("build"), at("train")
 
 
 def next_step(cell: Any, registry_set: bool = True) -> tuple[str, str] | None:
@@ -260,6 +279,16 @@ def next_step(cell: Any, registry_set: bool = True) -> tuple[str, str] | None:
     return None
 
 
+def train_step(cell: Any) -> tuple[str, str] | None:
+    """(why the cell's training image failed, the command that makes it again), or None."""
+    stage = next((s for s in cell.stages if s.name == "train"), None)
+    if stage is None or stage.status != "fail":
+        return None
+    why = (stage.reason or "failed").strip().splitlines()[0]
+    return (f"training image: {why}", f"fix, then infermatrix pipeline --select {cell.id}"
+            + (f"  (log: {stage.log})" if stage.log else ""))
+
+
 def pipeline_summary(cells: list[Any], registry_set: bool = True) -> list[Line]:
     """One line per cell that is not pruned (report.CellReport): outcome, each step's time, the
     image size; then for each cell not done, its reason and the command that moves it on."""
@@ -269,18 +298,26 @@ def pipeline_summary(cells: list[Any], registry_set: bool = True) -> list[Line]:
     steps = [s for s in SUMMARY_STEPS if any(st.name == s for c in shown for st in c.stages)]
     cell_w = max((len(c.id) for c in shown), default=4)
     outcome_w = max((len(c.label) for c in shown), default=7)
+    trains = any(st.name == "train" for c in shown for st in c.stages)
     head = (f"[bold]{'cell'.ljust(cell_w)}  {'outcome'.ljust(outcome_w)}  "
-            + "".join(f"{s:>8}" for s in steps) + f"{'size':>9}[/]")
+            + "".join(f"{s:>8}" for s in steps) + f"{'size':>9}{'serving':>10}"
+            + (f"{'train':>10}" if trains else "") + "[/]")
     lines = [Line(head)]
     for cell in shown:
         times = {s.name: s.duration_s for s in cell.stages}
         style = RICH_STYLES.get(cell.outcome, "white")
+        serving, train = usable_times(cell)
         lines.append(Line(f"{escape(cell.id.ljust(cell_w))}  [{style}]"
                           f"{escape(cell.label.ljust(outcome_w))}[/]  "
                           + "".join(f"{human_duration(times.get(s)) or '-':>8}" for s in steps)
-                          + f"{human_size(cell.image_size) or '-':>9}"))
+                          + f"{human_size(cell.image_size) or '-':>9}{serving:>10}"
+                          + (f"{train:>10}" if trains else "")))
+    lines.append(Line("serving: when the serving image was built (UTC; usable for serving "
+                      "from then, tagged once verified); train: when its training image "
+                      "(profile: train kernels) was, after every serving image"))
     todo = [(cell, step) for cell in shown
             if (step := next_step(cell, registry_set)) is not None]
+    todo += [(cell, step) for cell in shown if (step := train_step(cell)) is not None]
     if todo:
         lines.append(Line("[bold]what now:[/]"))
     for cell, (why, command) in todo:

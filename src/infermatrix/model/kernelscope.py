@@ -5,6 +5,9 @@
   compiled, so the build takes minutes; other shapes JIT-compile at serve time.
 - Each kernel names its consumer in the image (matrix.yaml `build.kernels.<name>.consumer`): the
   engine, or a profile such as training with transformers for flash-attn.
+- Each kernel names the image profile that loads it (`build.kernels.<name>.profile`): `serve`
+  (the default) goes into the serving image, `train` only into the `train` target built on top
+  of it after the run's serving images (issue 47: vLLM serves without flash-attn).
 - The FlashInfer sdist is checked against the hashes the cell's lock pins for flashinfer-python.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .spec import lock_packages
+from .spec import SERVE, TRAIN, kernel_profile as profile, lock_packages  # noqa: F401
 
 # The attention modules the FlashInfer AOT build covers per head dim (templates/files/
 # flashinfer-aot.py.j2): FA2 batch prefill (paged and ragged KV) and batch decode.
@@ -59,3 +62,4 @@ def flashinfer_scope(model: dict[str, Any], version: str | None, platform: str) 
 def consumer(spec: dict[str, Any], engine: str) -> str:
     """Who loads a compiled kernel in the image (`build.kernels.<name>.consumer`)."""
     return str(spec.get("consumer") or f"engine ({engine})")
+

@@ -273,6 +273,12 @@ class KernelPin:
     sdist: str | None = None  # the sdist file the lock header pins
     sdist_sha256: str | None = None
     sdist_version: str | None = None  # the version of that sdist (another one: a stale lock)
+    profile: str = "serve"  # the image profile that loads it (kernel_profile)
+
+    @property
+    def train(self) -> bool:
+        """Only the training profile loads it: in the `train` target, not the serving image."""
+        return self.profile == TRAIN
 
     @property
     def requirement(self) -> str:
@@ -283,6 +289,18 @@ class KernelPin:
     def pinned(self) -> bool:
         """Whether matrix.yaml itself pins the version (not a match-engine one)."""
         return self.scope != MATCH_ENGINE and bool(self.declared) and self.declared[0].isdigit()
+
+
+SERVE = "serve"  # build.kernels.<name>.profile: in the serving image (the default)
+TRAIN = "train"  # only in the `train` target, built FROM the serving image (issue 47)
+PROFILES = (SERVE, TRAIN)
+
+
+def kernel_profile(entry: Mapping[str, Any]) -> str:
+    """The image profile that loads a compiled kernel (`build.kernels.<name>.profile`, data:
+    matrix.yaml says which kernels are training-only, never a name in code)."""
+    value = str(entry.get("profile") or SERVE)
+    return value if value in PROFILES else SERVE
 
 
 def kernel_version(entry: Mapping[str, Any], pins: Mapping[str, str]) -> str | None:
@@ -308,7 +326,8 @@ def kernel_pins(matrix: Matrix, names: list[str], pins: Mapping[str, str],
                                 scope=scope, path=entry.get("path"),
                                 sdist=sdist.get("sdist") or None,
                                 sdist_sha256=sdist.get("sha256") or None,
-                                sdist_version=sdist.get("version") or None))
+                                sdist_version=sdist.get("version") or None,
+                                profile=kernel_profile(entry)))
     return result
 
 
@@ -450,6 +469,16 @@ class CellSpec:
     def attention_backend(self) -> str | None:
         """The backend the plan chose (matrix.yaml engines.<e>.attention_backend), if any."""
         return self.plan.settings.attention_backend if self.plan.settings else None
+
+    @property
+    def serve_kernels(self) -> tuple[KernelPin, ...]:
+        """The kernels in the serving image (the `runtime` target)."""
+        return tuple(k for k in self.kernels if not k.train)
+
+    @property
+    def train_kernels(self) -> tuple[KernelPin, ...]:
+        """The training-only kernels: the `train` target, FROM the serving image (issue 47)."""
+        return tuple(k for k in self.kernels if k.train)
 
     @property
     def engine_requirement(self) -> str | None:

@@ -227,7 +227,7 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
     secrets name their source file, never their content. `docker`: the engine that holds the
     base images (their ids are part of the input hash label, as `build` computes it)."""
     from ..stages.build import (INPUT_HASH_LABEL, base_images, cell_dir, input_hash,
-                                kernel_keys_for, local_ref)
+                                kernel_keys_for, local_ref, serving_target, split_keys)
 
     targets: dict[str, Any] = {}
     unrendered = []
@@ -239,7 +239,9 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
             unrendered.append(cell.id)
             continue
         dockerfile_text = (directory / "Dockerfile").read_text()
-        keys = kernel_keys_for(ctx, ctx.spec(by_id[cell.id]), dockerfile_text)
+        spec = ctx.spec(by_id[cell.id])
+        # the serving image, as `build` makes it: its kernels' keys, its target
+        keys = split_keys(spec, kernel_keys_for(ctx, spec, dockerfile_text))[0]
         # the label `infermatrix build` puts on the image: a bake-built image is the same one
         bases = base_images(dockerfile_text, docker) if docker is not None else None
         digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
@@ -254,6 +256,7 @@ def bake_file(ctx: Context, plans: list[CellPlan], build_args: Mapping[str, str]
             "secret": secret_lines,
             "tags": [local_ref(cell.id)],
             "labels": {INPUT_HASH_LABEL: digest},
+            **({"target": target} if (target := serving_target(dockerfile_text)) else {}),
         }
     if not targets:
         raise UsageError("no rendered cell to export: run `infermatrix render` first")

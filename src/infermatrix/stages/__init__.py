@@ -1,5 +1,5 @@
 """The pipeline's steps, one list: plan → lock → render → base → build → audit → smoke → tag →
-publish → report.
+publish → train → report (train: the training images, after every serving image; train.py).
 
 Every step has the same interface, the `step(run, cells) -> StepRecord` of its stage module
 (stages/steps.py: `Run`, the one outcome type `StepRecord`). `run` is what the loader resolved
@@ -41,14 +41,15 @@ class StepModule(Protocol):
 
 
 def step_modules() -> tuple[tuple[str, StepModule], ...]:
-    """The ten step modules in the pipeline's order, under their step names (the journal's
+    """The eleven step modules in the pipeline's order, under their step names (the journal's
     stage names). Imported when a step first runs, not with the package: the command line
     starts without every stage."""
-    from . import audit, base, build, lock, plan, publish, render, report, smoke, tagging
+    from . import (audit, base, build, lock, plan, publish, render, report, smoke, tagging,
+                   train)
 
     return (("plan", plan), ("lock", lock), ("render", render), ("base", base),
             ("build", build), ("audit", audit), ("smoke", smoke), ("tag", tagging),
-            ("publish", publish), ("report", report))
+            ("publish", publish), ("train", train), ("report", report))
 
 
 def _step(name: str) -> Step:

@@ -70,6 +70,40 @@ def local_ref(cell_id: str) -> str:
     return f"{LOCAL_REPOSITORY}/{cell_id}:{LOCAL_TAG}"
 
 
+# The rendered Dockerfile's targets (docs/architecture.md): `runtime` is the serving image;
+# `train` (FROM runtime) adds the training-only kernels (build.kernels.<k>.profile: train) and
+# is built by the train step, after the run's serving images (issue 47).
+SERVING_TARGET = "runtime"
+TRAIN_TARGET = "train"
+TRAIN_TAG_SUFFIX = "-train"
+TRAIN_WHEELS_DIR = "kernel-wheels-train"
+
+
+def train_ref(cell_id: str) -> str:
+    """The local reference of the cell's training image (beside its serving image's)."""
+    return f"{LOCAL_REPOSITORY}/{cell_id}:{LOCAL_TAG}{TRAIN_TAG_SUFFIX}"
+
+
+def has_stage(dockerfile_text: str, stage: str) -> bool:
+    """Whether the Dockerfile defines a stage named `stage`."""
+    return bool(stage_text(dockerfile_text, stage))
+
+
+def serving_target(dockerfile_text: str) -> str | None:
+    """`--target` of the serving image: `runtime` when a train stage follows it (the last
+    stage is then not the serving image), else None (the last stage, as ever)."""
+    return SERVING_TARGET if has_stage(dockerfile_text, TRAIN_TARGET) else None
+
+
+def split_keys(cell: CellSpec, keys: dict[str, kernelcache.KernelKey]
+               ) -> tuple[dict[str, kernelcache.KernelKey], dict[str, kernelcache.KernelKey]]:
+    """(the serving image's kernel keys, the training-only ones), by the kernels' profile in
+    matrix.yaml (CellSpec.train_kernels)."""
+    train = {k.name for k in cell.train_kernels}
+    return ({n: k for n, k in keys.items() if n not in train},
+            {n: k for n, k in keys.items() if n in train})
+
+
 @dataclass
 class CellResult:
     cell_id: str
@@ -836,7 +870,8 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     if options.compile_nonce:
         build_args[COMPILE_NONCE_ARG] = options.compile_nonce
     try:
-        keys = kernel_keys_for(ctx, cell, text)
+        # the serving image's kernels only: the training-only ones are the train step's
+        keys = split_keys(cell, kernel_keys_for(ctx, cell, text))[0]
     except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version
         return _record_failure(ctx, cell_id, 0.0, None, str(exc), None, None)
     bases = base_images(text, docker)  # the base this build is made from, in its engine
@@ -885,6 +920,7 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                 labels = {INPUT_HASH_LABEL: digest}
                 with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
                     image_id = docker.build_image(context, tag=local_ref(cell_id),
+                                                  target=serving_target(text),
                                                   build_args=build_args, secrets=secrets,
                                                   log_path=log_path, labels=labels,
                                                   timeout=deadline.remaining(),
@@ -978,41 +1014,35 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
 # All selected cells
 # --------------------------------------------------------------------------------------------
 
-def _kernels_to_compile(ctx: Context, cell: CellSpec) -> list[kernelcache.KernelKey]:
-    """The kernel keys of a cell whose wheels are not in the cache yet."""
+def profile_keys(ctx: Context, cell: CellSpec, train: bool = False
+                 ) -> dict[str, kernelcache.KernelKey]:
+    """The kernel keys of the cell's serving image (`train`: of its training-only kernels);
+    empty when it is not rendered or its keys cannot be made (build_cell reports that)."""
     dockerfile = cell_dir(ctx, cell.id) / "Dockerfile"
     if not dockerfile.is_file():
-        return []
+        return {}
     try:
         keys = kernel_keys_for(ctx, cell, dockerfile.read_text(encoding="utf-8"))
     except (InfermatrixError, ValueError):
-        return []  # build_cell reports it
-    return [key for key in keys.values() if kernelcache.lookup(ctx.state, key) is None]
+        return {}
+    return split_keys(cell, keys)[1 if train else 0]
+
+
+def _kernels_to_compile(ctx: Context, cell: CellSpec, train: bool = False
+                        ) -> list[kernelcache.KernelKey]:
+    """The kernel keys of a cell's serving image (`train`: of its train target) whose wheels
+    are not in the cache yet."""
+    return [key for key in profile_keys(ctx, cell, train).values()
+            if kernelcache.lookup(ctx.state, key) is None]
 
 
 def compile_plan_for_cells(ctx: Context, cells: list[CellSpec], options: RunOptions,
-                           reading: compileplan.HostReading | None = None, builder: Any = None
-                           ) -> compileplan.CompilePlan:
-    """The compile plan for the kernels the cells still have to compile."""
-    return compile_plan_for(ctx, [_kernels_to_compile(ctx, c) for c in cells],
+                           reading: compileplan.HostReading | None = None, builder: Any = None,
+                           train: bool = False) -> compileplan.CompilePlan:
+    """The compile plan for the kernels the cells still have to compile: their serving
+    images' (the build step), or their training-only ones (`train`: the train step)."""
+    return compile_plan_for(ctx, [_kernels_to_compile(ctx, c, train) for c in cells],
                             options, reading, builder)
-
-
-TRAINING_CONSUMER = "profile training"  # build.kernels.<k>.consumer of a training-only kernel
-
-
-def training_only(ctx: Context, cell: CellSpec) -> bool:
-    """Whether the cell compiles a kernel only the training profile loads (flash-attn: vLLM
-    serves with its bundled attention), so its serving image waits for that compile."""
-    specs = ctx.matrix.build.get("kernels", {})
-    return any(str((specs.get(k.name) or {}).get("consumer", "")).startswith(TRAINING_CONSUMER)
-               for k in cell.kernels)
-
-
-def serving_first(cells: list[CellSpec], waits: Callable[[CellSpec], bool]) -> list[CellSpec]:
-    """The cells whose image waits for no training-only compile first, each group in its
-    order (issue 47: the servable images of the run before the hours of flash-attn)."""
-    return sorted(cells, key=waits)  # stable: False before True, the order kept within
 
 
 def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
@@ -1026,7 +1056,6 @@ def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None 
     docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     results: dict[str, CellResult] = {}
     proc.STOPPING.clear()  # a new run of this process (an earlier one may have been stopped)
-    cells = serving_first(cells, lambda cell: training_only(ctx, cell))
     from ..engine.builders import endpoints_for
     endpoints = endpoints_for(ctx.matrix, options.builders)
     if endpoints:

@@ -33,6 +33,9 @@ from . import build
 # cu130 sm_120 cell took 7 min on a 2-core machine with its bases built (issue 47).
 DEFAULT_IMAGE_S = 7 * 60.0
 DEFAULT_IMAGE_ORIGIN = "default (issue 47: 7 min on 2 cores)"
+# The train target without its compiles (a wheel installed on the serving image's cached
+# layers, its byte-code), when the journal has no train stage of the cell yet.
+DEFAULT_TRAIN_IMAGE_S = 60.0
 
 
 def image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> tuple[float, str]:
@@ -50,6 +53,18 @@ def image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> tuple[floa
     if seconds <= 0:
         return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
     return seconds, "journal"
+
+
+def train_image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> float:
+    """The cell's last passing train target from the journal, its compiles taken out."""
+    record = None if fresh else journal.cell_record(ctx.state, cell_id).stage("train")
+    if record is None or record.status != journal.Status.PASS or not record.duration_s:
+        return DEFAULT_TRAIN_IMAGE_S
+    kernels = record.details.get("kernels") or {}
+    compiled = sum(float(k.get("duration_s") or 0) for k in kernels.values()
+                   if isinstance(k, dict) and k.get("cache") == "miss")
+    seconds = float(record.duration_s) - compiled
+    return seconds if seconds > 0 else DEFAULT_TRAIN_IMAGE_S
 
 
 def compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey, max_jobs: int,
@@ -103,6 +118,7 @@ def cell_work(ctx: Context, cell: CellSpec, plan: compileplan.CompilePlan,
         keys = build.kernel_keys_for(ctx, cell, text)
     except (InfermatrixError, ValueError):
         keys = {}
+    train = {k.name for k in cell.train_kernels}  # matrix.yaml: profile: train
     kernels = []
     for name, key in keys.items():
         seconds, where = compile_seconds(ctx, name, key, compile_width(plan), fresh)
@@ -111,23 +127,28 @@ def cell_work(ctx: Context, cell: CellSpec, plan: compileplan.CompilePlan,
         if native is not None:  # the figure build.py's emulation limit judges by
             seconds, where = native[0], native[1].split(" (")[0]
         kernels.append(KernelWork(name, key.slug, seconds, where, cached=not fresh and
-                                  kernelcache.lookup(ctx.state, key) is not None))
+                                  kernelcache.lookup(ctx.state, key) is not None,
+                                  train=name in train))
     args = {**plan.build_args(), "platform": cell.platform}
     if options.compile_nonce:
         args[build.COMPILE_NONCE_ARG] = options.compile_nonce
-    digest = build.input_hash(build.cell_dir(ctx, cell.id), args, keys)
+    serving_keys = {n: k for n, k in keys.items() if n not in train}
+    digest = build.input_hash(build.cell_dir(ctx, cell.id), args, serving_keys)
     record = journal.cell_record(ctx.state, cell.id)
     reused = (not fresh and not options.force and record.input_hash == digest
               and record.status_of("build") == journal.Status.PASS)
+    trained = record.stage("train")
+    train_reused = (reused and trained is not None and trained.status == journal.Status.PASS
+                    and bool(train) and all(k.cached for k in kernels if k.train))
     return CellWork(cell.id, image_s, origin, tuple(kernels), emulation, disk,
-                    plan.cell_budget_gb, reused)
+                    plan.cell_budget_gb, reused, train_image_seconds(ctx, cell.id, fresh),
+                    train_reused)
 
 
 def run_forecast(ctx: Context, cells: list[CellSpec], options: RunOptions,
                  plan: compileplan.CompilePlan | None = None, fresh: bool = False) -> Forecast:
     plan = plan or build.compile_plan_for_cells(ctx, cells, options)
     limit = (ctx.matrix.build.get("emulation") or {}).get("max_compile_minutes", 60)
-    cells = build.serving_first(cells, lambda cell: build.training_only(ctx, cell))
     work = [cell_work(ctx, cell, plan, options, fresh) for cell in cells]
     result = forecast(work, plan.parallel_cells, float(limit) * 60 if limit else None)
     result.notes.append(f"{plan.parallel_cells} cell(s) build at once; a kernel compile "
@@ -145,11 +166,19 @@ def forecast_lines(result: Forecast, example_cell: str | None = None) -> list[st
     """The forecast as plain lines: a table of the cells, the totals, what to do when long."""
     clock = compileprogress.clock
     width = max([len(c.cell_id) for c in result.cells] + [4])
-    lines = [f"{'cell':<{width}}  {'time':>7}  {'disk':>6}  {'memory':>7}  kernels",
-             *(f"{c.cell_id:<{width}}  {clock(c.seconds):>7}  "
+    lines = [f"{'cell':<{width}}  {'time':>7}  {'servable':>8}  {'train':>7}  {'disk':>6}  "
+             f"{'memory':>7}  kernels",
+             *(f"{c.cell_id:<{width}}  {clock(c.seconds):>7}  {_at(c.servable_s):>8}  "
+               f"{_at(c.train_done_s):>7}  "
                f"{(f'{c.disk_gib:g}G' if c.disk_gib else '-'):>6}  "
-               f"{(f'{c.memory_gib:.1f}G' if c.memory_gib else '-'):>7}  {c.kernels}"
+               f"{(f'{c.memory_gib:.1f}G' if c.memory_gib else '-'):>7}  "
+               + "; ".join(filter(None, [c.kernels if c.kernels != "-" or not c.train_kernels
+                                         else "", c.train_kernels and
+                                         f"train: {c.train_kernels}"]))
                + (f"  [{c.note}]" if c.note else "") for c in result.cells)]
+    lines.append("servable: from the run's start to the cell's serving image built (before its "
+                 "audit and smoke); train: to its training image (profile: train kernels), "
+                 "built after every serving image")
     lines.append(f"total: about {clock(result.total_s)}; critical path: "
                  + (" -> ".join(result.critical_path) or "nothing to build")
                  + f"; free disk needed at once: {result.disk_gib:g} GiB; compile memory "
@@ -157,6 +186,11 @@ def forecast_lines(result: Forecast, example_cell: str | None = None) -> list[st
     lines.extend(result.notes)
     lines.extend(narrowing_lines(result, example_cell))
     return lines
+
+
+def _at(seconds: float | None) -> str:
+    """A time from the run's start, or '-'."""
+    return compileprogress.clock(seconds) if seconds else "-"
 
 
 def print_forecast(ctx: Context, cells: list[CellSpec], options: RunOptions,
@@ -170,7 +204,8 @@ def print_forecast(ctx: Context, cells: list[CellSpec], options: RunOptions,
     except (InfermatrixError, OSError, ValueError) as exc:
         say(f"forecast: not made ({exc})")
         return None
-    say("forecast (this host; time: image build plus the kernels each cell compiles first):")
+    say("forecast (this host; time: the serving image's build plus the kernels it compiles "
+        "first):")
     for line in forecast_lines(result, _example(cells)):
         say(line)
     return result

@@ -120,6 +120,11 @@ class KernelSpec:
     # Every sha256 the lock pins for the package (flashinfer: the sdist is one of them).
     sdist_hashes: tuple[str, ...] = ()
     consumer: str = ""  # who loads it in the image (kernelscope.consumer)
+    profile: str = kernelscope.SERVE  # serve: the serving image; train: the `train` target
+
+    @property
+    def train(self) -> bool:
+        return self.profile == kernelscope.TRAIN
 
     @property
     def label(self) -> str:
@@ -400,8 +405,14 @@ def kernel_specs(ctx: Context, spec: CellSpec) -> list[KernelSpec]:
                                 sdist_hashes=tuple(kernelscope.locked_hashes(spec.lock_text,
                                                                              package))
                                 if recipe == "flashinfer" else (),
-                                consumer=kernelscope.consumer(data, cell.engine)))
+                                consumer=kernelscope.consumer(data, cell.engine),
+                                profile=kernelscope.profile(data)))
     return specs
+
+
+def split_profiles(kernels: list[KernelSpec]) -> tuple[list[KernelSpec], list[KernelSpec]]:
+    """(the serving image's kernels, the training-only ones of the `train` target)."""
+    return [k for k in kernels if not k.train], [k for k in kernels if k.train]
 
 
 def _flashinfer_scope(ctx: Context, spec: CellSpec, kernels: list[KernelSpec]
@@ -548,8 +559,10 @@ def labels(ctx: Context, spec: CellSpec, base: BaseChoice, kernels: list[KernelS
         "io.infermatrix.archs": cell.arch,  # comma-separated; a cell has one arch today
         "io.infermatrix.platform": spec.platform,
         "io.infermatrix.python": spec.python,
-        "io.infermatrix.kernels": ",".join(k.label for k in kernels),
-        **{f"io.infermatrix.kernel.{k.name}.consumer": k.consumer for k in kernels},
+        # the serving image's kernels; the training-only ones are the train target's labels
+        "io.infermatrix.kernels": ",".join(k.label for k in kernels if not k.train),
+        **{f"io.infermatrix.kernel.{k.name}.consumer": k.consumer for k in kernels
+           if not k.train},
         **({"io.infermatrix.kernel.flashinfer.scope":
             _flashinfer_scope(ctx, spec, kernels)["summary"]}
            if any(k.recipe == "flashinfer" for k in kernels) else {}),
@@ -561,6 +574,8 @@ def labels(ctx: Context, spec: CellSpec, base: BaseChoice, kernels: list[KernelS
         "io.infermatrix.lock": ("sha256:" + hashlib.sha256(lock_text.encode()).hexdigest())
         if lock_text else "none",
     }
+    if any(k.train for k in kernels):
+        values["io.infermatrix.profile"] = kernelscope.SERVE
     if cell.is_gpu and base.toolkit != "image":
         values["io.infermatrix.cuda.release"] = cuda_full(ctx.matrix, cell.cuda)
     if base.digest:
@@ -569,6 +584,20 @@ def labels(ctx: Context, spec: CellSpec, base: BaseChoice, kernels: list[KernelS
     optional = {"io.infermatrix.engine.package", "io.infermatrix.attention_backend",
                 "io.infermatrix.driver.floor"}
     return dict(sorted((k, v) for k, v in values.items() if v or k not in optional))
+
+
+TRAIN_PROFILE_LABEL = "io.infermatrix.profile"
+TRAIN_KERNELS_LABEL = "io.infermatrix.kernels.train"
+
+
+def train_labels(kernels: list[KernelSpec]) -> dict[str, str]:
+    """What the `train` target adds to the serving image's labels: its profile, the
+    training-only kernels and who loads each."""
+    train = [k for k in kernels if k.train]
+    return dict(sorted({TRAIN_PROFILE_LABEL: kernelscope.TRAIN,
+                        TRAIN_KERNELS_LABEL: ",".join(k.label for k in train),
+                        **{f"io.infermatrix.kernel.{k.name}.consumer": k.consumer
+                           for k in train}}.items()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -582,12 +611,23 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
     matrix = ctx.matrix
     lock_text = spec.lock_text  # the run's one read of the cell's lock
     kernels = kernel_specs(ctx, spec)
+    serve_kernels, train_kernels = split_profiles(kernels)
+    if train_kernels and bytecode_hosts(matrix, spec):
+        raise matrix.error(
+            f"cell {cell.id}: training-only kernels ({', '.join(k.name for k in train_kernels)}"
+            f") on a cell for another CPU ({spec.platform}): the train target installs with the "
+            "image's own uv, which a cross-built image has not", "build", "kernels",
+            train_kernels[0].name, "profile",
+            fix="drop the kernel from the cell's engine (engines.<e>.arch.<arch>.kernels), or "
+                "give it profile: serve")
     base = choose_base(matrix, spec, compiles=bool(kernels))
     serve_words, needs_model = serve_script_argv(spec)
     install = engine_install(ctx, spec)
     torch_lines = torch_lock(ctx, cell.id, lock_text) if lock_text is not None else None
     variables = {
         "cell": cell, "settings": settings, "base": base, "kernels": kernels,
+        "serve_kernels": serve_kernels, "train_kernels": train_kernels,
+        "train_labels": train_labels(kernels),
         "cuda_full": cuda_full(matrix, cell.cuda) if cell.is_gpu else None,
         "cuda_dashed": cell.cuda.replace(".", "-") if cell.is_gpu else None,
         "torch_arch_list": torch_arch_list(cell), "flashinfer_arch": flashinfer_arch(cell),
@@ -641,6 +681,8 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
                      render_template(env, "files/requirements.lock.txt.j2", **variables))
     if kernels:
         out.files["kernel-wheels/.keep"] = (b"", False)
+    if train_kernels:
+        out.files["kernel-wheels-train/.keep"] = (b"", False)
     for kernel in kernels:
         if kernel.source_dir:
             source = (matrix.root / matrix.build["kernels"][kernel.name]["path"]).resolve()

@@ -225,14 +225,18 @@ def stage_results(record: CellRecord) -> list[StageResult]:
     return record.ordered_stages()
 
 
+AFTER_SERVING = frozenset({"train"})  # stages on another image than the serving one
+
+
 def outcome_of(plan_status: str, stages: list[StageResult]) -> tuple[str, str | None]:
     """(outcome, failed stage): a pruned cell is pruned; else the first failure wins; then
-    how far the cell got."""
+    how far the cell got. The outcome is the serving image's: the training image (the train
+    stage, after it) is said beside it, never hides it (issue 47)."""
     by_name = {s.name: s.status for s in stages}
     if plan_status == "pruned":  # a verdict, the lock's included: not a failure of the run
         return "pruned", None
     for stage in stages:
-        if stage.status == "fail":
+        if stage.status == "fail" and stage.name not in AFTER_SERVING:
             return "failed", stage.name
     if plan_status == "unknown" and by_name.get("plan") == "skip" and len(by_name) == 1:
         return "pruned", None

@@ -410,7 +410,10 @@ def _context_with_kernels(ctx: Context, cell: CellSpec, tmp: Path, build_args: d
     shutil.copytree(directory, context, symlinks=True)
     wheels_dir = context / build.KERNEL_WHEELS_DIR
     wheels_dir.mkdir(exist_ok=True)
+    training = {k.name for k in cell.train_kernels}  # the train target's, not the image's
     for name in build.kernel_stages((directory / "Dockerfile").read_text(encoding="utf-8")):
+        if name in training:
+            continue
         out = tmp / f"kernel-{name}-{run}"
         docker.build_image(context, target=f"kernel-{name}", build_args=build_args,
                            secrets=secrets, output_dir=out, log_path=log_path, no_cache=True,
@@ -436,7 +439,8 @@ def build_twice(ctx: Context, cell: CellSpec, log_path: Path,
     if not dockerfile.is_file():
         raise StageFailure(f"{cell.id}: not rendered ({dockerfile} is missing); run "
                            f"`infermatrix render --select {cell.id}` first")
-    stages = build.kernel_stages(dockerfile.read_text(encoding="utf-8"))
+    stages = [name for name in build.kernel_stages(dockerfile.read_text(encoding="utf-8"))
+              if name not in {k.name for k in cell.train_kernels}]  # the serving image's
     if build_args is None:
         build_args = build.compile_plan_for(ctx, [stages], options).build_args()
     if secrets is None:
@@ -450,7 +454,9 @@ def build_twice(ctx: Context, cell: CellSpec, log_path: Path,
             context = _context_with_kernels(ctx, cell, Path(tmp), build_args, secrets,
                                             log_path, run, docker)
             images.append(docker.build_image(
-                context, tag=f"{REPRO_REPOSITORY}/{cell.id}:{run}", build_args=build_args,
+                context, tag=f"{REPRO_REPOSITORY}/{cell.id}:{run}",
+                target=build.serving_target(dockerfile.read_text(encoding="utf-8")),
+                build_args=build_args,
                 secrets=secrets, log_path=log_path, no_cache=True,
                 platform=build.build_platform(cell, docker)))
             durations.append(time.monotonic() - started)

@@ -169,8 +169,9 @@ def level_timeout(ctx: Context, level: str) -> float:
 
 
 def kernel_distributions(ctx: Context, spec: CellSpec) -> list[str]:
-    """`package==version` of the cell's compiled kernel packages (no pin for match-engine)."""
-    return [k.requirement if k.pinned else k.package for k in spec.kernels]
+    """`package==version` of the compiled kernel packages of the cell's serving image (no pin
+    for match-engine); the training-only ones are in its train image alone (issue 47)."""
+    return [k.requirement if k.pinned else k.package for k in spec.serve_kernels]
 
 
 def engine_distribution(ctx: Context, spec: CellSpec) -> str | None:

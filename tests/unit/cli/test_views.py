@@ -162,12 +162,14 @@ def test_the_main_jobs_summary_says_what_moves_each_untagged_cell_on(tmp_path) -
     report = build_report(journal.load_records(state), plans, state)
     shown = screen(views.pipeline_summary(report.cells), width=120, terminal=False)
     header = shown[0].split()
-    assert header[:2] == ["cell", "outcome"] and header[-1] == "size"
-    assert header[2:-1] == ["build", "audit", "smoke", "tag", "publish"]
+    assert header[:2] == ["cell", "outcome"] and header[-2:] == ["size", "serving"]
+    assert header[2:-2] == ["build", "audit", "smoke", "tag", "publish"]
     row = next(line for line in shown if line.startswith(unverified))
+    built_at = journal.cell_record(state, unverified).stage("build").finished[11:19]
     assert row.split()[1:] == ["built,", "not", "verified", human_duration(1500),
                                human_duration(212), human_duration(30), human_duration(0.1),
-                               "-", "-"]
+                               "-", "-", built_at]
+    assert next(line for line in shown if line.startswith(failed)).split()[-1] == "failed"
     now = shown[shown.index("what now:"):]
     text = "\n".join(now)
     assert f"  {failed}: cannot reach NVIDIA's CUDA apt repository X; do Y" in now
@@ -222,3 +224,35 @@ def test_plan_all_names_each_profiles_gemm_object_backend_and_figure() -> None:
                     "vllm/_C_stable_libtorch.abi3.so cutlass_3x_gemm_fp8_blockwise: family by "
                     "sm_120f; FP8 KV on flashinfer (instead of flash-attn); 166 tok/s/GPU at 106 "
                     "seqs (gb10)")
+
+
+def test_the_summary_says_when_the_serving_and_the_training_image_were_done(tmp_path) -> None:
+    """Issue 47: serving first. Each cell's serving image time (its build's end) and, for a
+    cell with training-only kernels, its training image's (the train step's end, after)."""
+    from infermatrix import journal
+    from infermatrix.stages.report import build_report
+    from infermatrix.state import StatePaths
+
+    state = StatePaths(tmp_path / "state")
+    vllm = CellPlan(Cell("13.0", "2.14.0", "vllm", "0.33.0", "sm_120"), "planned")
+    sglang = CellPlan(Cell("13.0", "2.14.1", "sglang", "0.5.23", "sm_120"), "planned")
+    for plan in (vllm, sglang):
+        journal.record_stage(state, plan.id, "build", "pass", duration_s=300)
+    journal.record_stage(state, vllm.id, "train", "fail", duration_s=3000,
+                         reason="training kernels: no GPU code")
+    report = build_report(journal.load_records(state), [vllm, sglang], state)
+    shown = screen(views.pipeline_summary(report.cells), width=160, terminal=False)
+    assert shown[0].split()[-3:] == ["size", "serving", "train"]
+    built = {p.id: journal.cell_record(state, p.id).stage("build").finished[11:19]
+             for p in (vllm, sglang)}
+    row = next(ln for ln in shown if ln.startswith(vllm.id))
+    assert row.split()[-2:] == [built[vllm.id], "failed"]
+    assert "built, not verified" in row  # the serving image's outcome, not "failed at train"
+    assert f"  {vllm.id}: training image: training kernels: no GPU code" in shown
+    assert next(ln for ln in shown if ln.startswith(sglang.id)).split()[-2:] == \
+        [built[sglang.id], "-"]
+    journal.record_stage(state, vllm.id, "train", "pass", duration_s=3000)
+    report = build_report(journal.load_records(state), [vllm, sglang], state)
+    shown = screen(views.pipeline_summary(report.cells), width=160, terminal=False)
+    trained = journal.cell_record(state, vllm.id).stage("train").finished[11:19]
+    assert next(ln for ln in shown if ln.startswith(vllm.id)).split()[-1] == trained

@@ -77,14 +77,6 @@ def test_a_compile_waiting_for_width_gives_up_when_the_run_is_interrupted(monkey
         gate.acquire(20, lambda _: None)
 
 
-def test_cells_waiting_for_a_training_only_compile_build_last_the_order_kept_within():
-    from infermatrix.stages.build import serving_first
-
-    cells = ["vllm-a", "sglang-a", "vllm-b", "cpu", "sglang-b"]
-    waits = {"vllm-a", "vllm-b"}.__contains__  # they compile flash-attn (training profile)
-    assert serving_first(cells, waits) == ["sglang-a", "cpu", "sglang-b", "vllm-a", "vllm-b"]
-
-
 def test_flash_attn_is_the_shipped_training_only_kernel(tmp_path):
     from infermatrix.context import Context
     from tests.paths import REPO

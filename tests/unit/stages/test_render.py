@@ -687,7 +687,8 @@ def test_every_stage_that_runs_commands_declares_a_fixed_source_date_epoch(tmp_p
             if not any(ins.startswith("RUN") for ins in body):
                 # wheels only; a base the byte-code stage picks; an image made by COPY alone;
                 # the OS stage of a base that carries every apt package itself
-                assert name.startswith(("kernel-", "kernels-cached", "native-python-")) or (
+                assert name.startswith(("kernel-", "kernels-cached", "kernels-train-cached",
+                                        "native-python-")) or (
                     name == "runtime" and "bytecode" in stage_texts(path.read_text())) or \
                     name == "system", f"{path}: {name}"
                 continue

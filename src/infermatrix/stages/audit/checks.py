@@ -154,7 +154,7 @@ def expected_pins(spec: CellSpec) -> dict[str, tuple[str, str]]:
     pins["torch"] = (cell.torch, "cell axis torch")
     if spec.engine_package:
         pins[canonicalize_name(spec.engine_package)] = (cell.engine_version, "cell axis engine")
-    for kernel in spec.kernels:
+    for kernel in spec.serve_kernels:  # the training-only ones: the train image's (issue 47)
         if kernel.declared and kernel.scope != MATCH_ENGINE:
             pins[canonicalize_name(kernel.package)] = (kernel.declared,
                                                        f"build.kernels.{kernel.name}")
