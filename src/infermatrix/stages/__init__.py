@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterable, Protocol
 
 from .. import journal
 from ..context import Context
-from ..engine.docker import Engine
 from ..model.cell import CellPlan
 from ..model.spec import CellSpec
-from .steps import Run, Step, StepRecord, StepStatus, console, echo, step_record  # noqa: F401
+from .steps import (Run, Step, StepRecord, StepStatus, builder_groups, console,  # noqa: F401
+                    echo, step_record)
 
 
 def plan_cells(ctx: Context, select: Iterable[str] = (), skip: Iterable[str] = (),
@@ -80,24 +80,6 @@ def steps_named(*names: str) -> tuple[tuple[str, Step], ...]:
 ON_THE_BUILDER = frozenset({"audit", "smoke", "tag", "publish"})
 
 
-def builder_groups(run: Run, alive: list[CellSpec]) -> list[tuple[Any, list[CellSpec]]]:
-    """(engine or None for the default one, its cells), by the builder each cell was built on."""
-    from ..engine.builders import endpoints_for
-
-    if not alive:  # nothing left (every cell failed earlier): the step runs on no cell
-        return [(None, alive)]
-    endpoints = {e.name: e for e in endpoints_for(run.ctx.matrix, run.options.builders)}
-    if not endpoints:
-        return [(None, alive)]
-    engines: dict[str, Any] = {}
-    groups: dict[str | None, list[CellSpec]] = {}
-    for plan in alive:
-        name = journal.cell_record(run.ctx.state, plan.id).builder_name
-        key = name if name in endpoints else None
-        if key and key not in engines:
-            engines[key] = Engine(endpoints[key])
-        groups.setdefault(key, []).append(plan)
-    return [(engines.get(key) if key else None, cells) for key, cells in groups.items()]
 
 
 def _step_per_builder(run: Run, name: str, step: Step, alive: list[CellSpec]) -> StepRecord:

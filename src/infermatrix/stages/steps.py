@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from .. import journal
 from ..context import Context
 from ..engine.docker import Engine
 from ..model.cell import CellPlan
@@ -86,3 +87,23 @@ def step_record(name: str, passed: list[str], failed: list[str], note: str = "",
 
 
 Step = Callable[[Run, list[CellSpec]], StepRecord]
+
+
+def builder_groups(run: Run, alive: list[CellSpec]) -> list[tuple[Any, list[CellSpec]]]:
+    """(engine or None for the default one, its cells), by the builder each cell was built on."""
+    from ..engine.builders import endpoints_for
+
+    if not alive:  # nothing left (every cell failed earlier): the step runs on no cell
+        return [(None, alive)]
+    endpoints = {e.name: e for e in endpoints_for(run.ctx.matrix, run.options.builders)}
+    if not endpoints:
+        return [(None, alive)]
+    engines: dict[str, Any] = {}
+    groups: dict[str | None, list[CellSpec]] = {}
+    for plan in alive:
+        name = journal.cell_record(run.ctx.state, plan.id).builder_name
+        key = name if name in endpoints else None
+        if key and key not in engines:
+            engines[key] = Engine(endpoints[key])
+        groups.setdefault(key, []).append(plan)
+    return [(engines.get(key) if key else None, cells) for key, cells in groups.items()]

@@ -37,7 +37,7 @@ from ..model.spec import CellSpec
 from ..options import RunOptions
 from ..state import run_lock
 from . import build
-from .steps import Run, StepRecord, echo, step_record
+from .steps import Run, StepRecord, builder_groups, echo, step_record
 
 # A later step that failed the serving image: no training image is made from it.
 SERVING_STEPS = ("build", "audit", "smoke", "tag", "publish")
@@ -312,7 +312,6 @@ def train_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None 
 def step(run: Run, cells: list[CellSpec]) -> StepRecord:
     """After publish: the training images. `cells` are those publish let through; a cell the
     tag policy dropped ("built, not verified") is taken back when its serving image is there."""
-    from . import builder_groups
 
     alive = {c.id for c in cells}
     chosen = [c for c in run.cells() if c.id in alive or serving_built(
