@@ -15,7 +15,8 @@ def check_kernel_list(triton, engine: str, version: str, arch: str = "sm_120") -
     """Every kernel name of the engine version's expected list compiled for `arch`, none
     unexpected (data/triton_kernels.yaml), and the real FLA chunk_o's import-time tiles those
     of a 99 KiB device: BKV_LIST [32, 64], chosen from the limit its query saw (101,376 B, not
-    the -1 of a failed query, which would also give [32, 64])."""
+    the -1 of a failed query, which would also give [32, 64]): chunk_o was first imported while
+    its op was driven under the target's compile-only driver, whose answer that is."""
     listed = triton.data["kernel_list"]
     assert (listed["engine"], listed["version"], listed["held"]) == (engine, version, True)
     assert listed["missing"] == [] and listed["unexpected"] == [], listed
@@ -23,6 +24,7 @@ def check_kernel_list(triton, engine: str, version: str, arch: str = "sm_120") -
     tiles = listed["tiles"][arch]
     assert tiles["BKV_LIST"] == [32, 64] and tiles["limit_seen"] == [101376], tiles
     assert tiles["large_smem"] is False and tiles["threshold"] == 102400, tiles
+    assert tiles["imported_under_driver"] is True, tiles  # the limit seen is its import's
 
 
 def check_real_vllm(result) -> None:

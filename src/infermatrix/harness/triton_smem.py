@@ -174,12 +174,36 @@ def compile_only(cc: tuple[int, int], compiled: list[dict[str, Any]],
     driver.set_active(CompileOnlyDriver(cc, limit))
     JITFunction.run = run
     Autotuner.run = tuned
+    DRIVER_ACTIVE[0] += 1
     try:
         yield
     finally:
+        DRIVER_ACTIVE[0] -= 1
         JITFunction.run = original
         Autotuner.run = original_tune
         driver.reset_active() if driver._default is not None else None
+
+
+# How many compile_only contexts are open, and, per FLA chunk_o module name, whether one was
+# open when that module was first imported (its tile list is chosen by that import).
+DRIVER_ACTIVE = [0]
+IMPORTED_UNDER_DRIVER: dict[str, bool] = {}
+
+
+class ChunkOImportWatch:
+    """A meta path finder that finds nothing: it notes, for each `*.chunk_o` module, whether
+    the compile-only driver was active when it was imported. Installed first thing in the
+    per-arch interpreter, before any engine module loads."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.endswith(".chunk_o"):
+            IMPORTED_UNDER_DRIVER.setdefault(name, DRIVER_ACTIVE[0] > 0)
+        return None
+
+
+def watch_chunk_o_imports() -> None:
+    if not any(isinstance(f, ChunkOImportWatch) for f in sys.meta_path):
+        sys.meta_path.insert(0, ChunkOImportWatch())
 
 
 class _Props:
@@ -420,7 +444,8 @@ def fla_tile_choice(modules: list[str], cc: tuple[int, int], limit: int) -> dict
     `utils.check_shared_mem()`, cached at that import), its warp list, the threshold it
     compares with (`utils.Backend.DEFAULT`), and the limit the same query sees here under the
     compile-only driver (-1 there would mean the query failed and the small tiles were taken
-    by default, not by the target's limit)."""
+    by default, not by the target's limit), and whether its import ran under that driver
+    (ChunkOImportWatch; then the limit seen here is the one its import saw)."""
     try:
         base = import_first(modules).__name__
         chunk_o = importlib.import_module(f"{base}.chunk_o")
@@ -428,6 +453,7 @@ def fla_tile_choice(modules: list[str], cc: tuple[int, int], limit: int) -> dict
         with compile_only(cc, [], limit):
             seen = list(utils.get_all_max_shared_mem())
         return {"module": chunk_o.__name__, "BKV_LIST": list(chunk_o.BKV_LIST),
+                "imported_under_driver": IMPORTED_UNDER_DRIVER.get(chunk_o.__name__),
                 "NUM_WARPS": list(getattr(chunk_o, "NUM_WARPS", [])),
                 "large_smem": bool(utils.check_shared_mem()),
                 "threshold": int(utils.Backend.DEFAULT.value), "limit_seen": seen}
@@ -750,6 +776,7 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
 
 
 def one_arch(args: argparse.Namespace) -> int:
+    watch_chunk_o_imports()  # before any engine module loads
     arch, limit = args.one_arch.split("=")
     cc = parse_arch(arch)
     shape = model_shape(args)

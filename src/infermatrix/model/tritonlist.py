@@ -148,6 +148,9 @@ def tile_problems(rule: TileRule, arch: str, limit: int,
     if list(reported.get("BKV_LIST") or []) != want:
         problems.append(f"{where}: BKV_LIST {reported.get('BKV_LIST')} chosen at import, the "
                         f"rule gives {want} for a {limit} B limit (threshold {rule.threshold})")
+    if reported.get("imported_under_driver") is False:
+        problems.append(f"{where}: its module was imported while the compile-only driver "
+                        "was not active: its tiles were not chosen from the target's limit")
     if list(reported.get("limit_seen") or []) != [limit]:
         problems.append(f"{where}: the import-time query saw {reported.get('limit_seen')}, "
                         f"not the target's [{limit}]")

@@ -102,7 +102,10 @@ def test_the_real_chunk_o_chose_its_tiles_from_the_targets_limit(real_vllm) -> N
     (lambda t, k: k[0]["constexprs"].update(BK=128), "compiled BK [32, 64, 128]"),
     # not reported at all
     (lambda t, k: t.clear(), "the import-time tile choice was not reported"),
-], ids=["large-tiles-on-99k", "query-failed", "compiled-off-the-list", "not-reported"])
+    # imported before the compile-only driver was active (by another import path)
+    (lambda t, k: t.update(imported_under_driver=False), "compile-only driver was not active"),
+], ids=["large-tiles-on-99k", "query-failed", "compiled-off-the-list", "not-reported",
+        "imported-before-the-driver"])
 def test_chunk_o_tiles_off_the_rule_fail(real_vllm, change, named) -> None:
     chunk = family(real_vllm, "sm_120", "gdn-prefill-chunk")
     change(chunk["tiles"], [k for k in chunk["kernels"] if k["kernel"] == "chunk_fwd_kernel_o"])
