@@ -37,7 +37,7 @@ from infermatrix.stages import audit, render, smoke, tagging
 from infermatrix.stages.build import build_cells, local_ref
 from infermatrix.stages.plan import plan_matrix
 from tests.support.dockerd_support import PrivateDockerd
-from tests.support.real_audit_checks import CHECKS
+from tests.support.real_audit_checks import CHECKS, check_kernel_list
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow, pytest.mark.realcell,
               pytest.mark.timeout(45 * 60)]
@@ -221,6 +221,8 @@ def test_real_gb10_cell_builds_as_linux_arm64_under_emulation_and_is_audited(rea
         # autotune honoured: some GDN chunk kernel has configs over the limit but not all
         assert any(0 < r["over"] < r["configs"] for r in rows), rows
         assert "native twin cu130-torch2.14.0-vllm0.33.0-sm120" in triton.detail
+        # the twin's sm_121 kernels held against vLLM 0.33.0's list, chunk_o's tiles included
+        check_kernel_list(triton, "vllm", "0.33.0", arch="sm_121")
         # `import torch` cannot run under qemu-user (oneDNN reads MIDR_EL1 from sysfs): the
         # CUDA build is read from torch/version.py and the check says so
         torch_check = checks["torch-cuda"]

@@ -11,6 +11,22 @@ def not_loaded_entries(result) -> dict[str, str]:
     return {g["object"]: g["entry"] for g in result.groups()["sm_120"]["not-loaded"]}
 
 
+def check_kernel_list(triton, engine: str, version: str, arch: str = "sm_120") -> None:
+    """Every kernel name of the engine version's expected list compiled for `arch`, none
+    unexpected (data/triton_kernels.yaml), and the real FLA chunk_o's import-time tiles those
+    of a 99 KiB device: BKV_LIST [32, 64], chosen from the limit its query saw (101,376 B, not
+    the -1 of a failed query, which would also give [32, 64]): chunk_o was first imported while
+    its op was driven under the target's compile-only driver, whose answer that is."""
+    listed = triton.data["kernel_list"]
+    assert (listed["engine"], listed["version"], listed["held"]) == (engine, version, True)
+    assert listed["missing"] == [] and listed["unexpected"] == [], listed
+    assert listed["tile_problems"] == [], listed
+    tiles = listed["tiles"][arch]
+    assert tiles["BKV_LIST"] == [32, 64] and tiles["limit_seen"] == [101376], tiles
+    assert tiles["large_smem"] is False and tiles["threshold"] == 102400, tiles
+    assert tiles["imported_under_driver"] is True, tiles  # the limit seen is its import's
+
+
 def check_real_vllm(result) -> None:
     """vLLM sm_120: FA2 by PTX JIT, FA3 and FlashMLA not loaded (with reasons), Triton fits."""
     assert result.check("kernels").status == PASS, result.check("kernels").detail
@@ -26,7 +42,8 @@ def check_real_vllm(result) -> None:
     # the Gated DeltaNet ops of Qwen3.6's serve path, with autotune configs per kernel
     families = {row["family"] for row in triton.data["summary"]}
     assert {"unified-prefill", "unified-decode", "gdn-prefill-chunk", "gdn-decode",
-            "conv1d-prefill", "conv1d-decode", "gated-rmsnorm"} <= families
+            "gdn-decode-mixed", "conv1d-prefill", "conv1d-decode", "gated-rmsnorm"} <= families
+    check_kernel_list(triton, "vllm", "0.33.0")
     chunk_h = next(r for r in triton.data["summary"]
                    if r["kernel"] == "chunk_gated_delta_rule_fwd_kernel_h_blockdim64")
     assert chunk_h["autotuned"] and chunk_h["configs"] > 1 and chunk_h["fits"]
@@ -58,6 +75,7 @@ def check_real_sglang(result) -> None:
         "extend", "decode", "prefill", "conv1d-prefill", "gdn-prefill-split",
         "gdn-prefill-gating", "gdn-prefill-chunk", "gated-rmsnorm", "conv1d-decode",
         "gdn-decode"}
+    check_kernel_list(triton, "sglang", "0.5.23")
     kkt = next(r for r in triton.data["summary"]
                if r["kernel"] == "chunk_gated_delta_rule_fwd_kkt_solve_kernel")
     assert kkt["autotuned"] and kkt["configs"] > 1 and kkt["fits"]

@@ -176,12 +176,36 @@ def compile_only(cc: tuple[int, int], compiled: list[dict[str, Any]],
     driver.set_active(CompileOnlyDriver(cc, limit))
     JITFunction.run = run
     Autotuner.run = tuned
+    DRIVER_ACTIVE[0] += 1
     try:
         yield
     finally:
+        DRIVER_ACTIVE[0] -= 1
         JITFunction.run = original
         Autotuner.run = original_tune
         driver.reset_active() if driver._default is not None else None
+
+
+# How many compile_only contexts are open, and, per FLA chunk_o module name, whether one was
+# open when that module was first imported (its tile list is chosen by that import).
+DRIVER_ACTIVE = [0]
+IMPORTED_UNDER_DRIVER: dict[str, bool] = {}
+
+
+class ChunkOImportWatch:
+    """A meta path finder that finds nothing: it notes, for each `*.chunk_o` module, whether
+    the compile-only driver was active when it was imported. Installed first thing in the
+    per-arch interpreter, before any engine module loads."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.endswith(".chunk_o"):
+            IMPORTED_UNDER_DRIVER.setdefault(name, DRIVER_ACTIVE[0] > 0)
+        return None
+
+
+def watch_chunk_o_imports() -> None:
+    if not any(isinstance(f, ChunkOImportWatch) for f in sys.meta_path):
+        sys.meta_path.insert(0, ChunkOImportWatch())
 
 
 class _Props:
@@ -312,6 +336,7 @@ def drive_sglang(cc: tuple[int, int], shape: dict[str, int], limit: int = 0
     if shape.get("gdn_key_heads"):
         results += [drive_one(family, call, cc, limit)
                     for family, call in sglang_gdn_calls(shape)]
+        attach_tile_choice(results, SGLANG_FLA, cc, limit)
     return results
 
 
@@ -417,7 +442,38 @@ def drive_vllm(cc: tuple[int, int], shape: dict[str, int], limit: int = 0
                                      functools.partial(call_first, modules, fn, bank), cc, limit))
     if shape.get("gdn_key_heads"):
         results += [drive_one(family, call, cc, limit) for family, call in vllm_gdn_calls(shape)]
+        attach_tile_choice(results, VLLM_FLA, cc, limit)
     return results
+
+
+def fla_tile_choice(modules: list[str], cc: tuple[int, int], limit: int) -> dict[str, Any]:
+    """What the engine's FLA `chunk_o` chose at import: its tile list (BKV_LIST, from
+    `utils.check_shared_mem()`, cached at that import), its warp list, the threshold it
+    compares with (`utils.Backend.DEFAULT`), and the limit the same query sees here under the
+    compile-only driver (-1 there would mean the query failed and the small tiles were taken
+    by default, not by the target's limit), and whether its import ran under that driver
+    (ChunkOImportWatch; then the limit seen here is the one its import saw)."""
+    try:
+        base = import_first(modules).__name__
+        chunk_o = importlib.import_module(f"{base}.chunk_o")
+        utils = importlib.import_module(f"{base}.utils")
+        with compile_only(cc, [], limit):
+            seen = list(utils.get_all_max_shared_mem())
+        return {"module": chunk_o.__name__, "BKV_LIST": list(chunk_o.BKV_LIST),
+                "imported_under_driver": IMPORTED_UNDER_DRIVER.get(chunk_o.__name__),
+                "NUM_WARPS": list(getattr(chunk_o, "NUM_WARPS", [])),
+                "large_smem": bool(utils.check_shared_mem()),
+                "threshold": int(utils.Backend.DEFAULT.value), "limit_seen": seen}
+    except Exception as exc:  # noqa: BLE001 - reported, and the host's check fails on it
+        return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+
+
+def attach_tile_choice(results: list[dict[str, Any]], modules: list[str], cc: tuple[int, int],
+                       limit: int) -> None:
+    """The chunked-prefill family carries its chunk_o's import-time tile choice."""
+    for family in results:
+        if family["family"] == "gdn-prefill-chunk":
+            family["tiles"] = fla_tile_choice(modules, cc, limit)
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,7 +489,11 @@ VLLM_CONV = ["vllm.model_executor.layers.mamba.ops.causal_conv1d"]
 
 def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]:
     """(family, call) of every GDN-layer Triton op vLLM's Qwen3.5/3.6 GDN layer launches, at
-    the model's shapes (TP 1): a 64-token prefill of one sequence and a 4-sequence decode."""
+    the model's shapes (TP 1): a 64-token prefill of one sequence and a 4-sequence decode, as
+    vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py (0.33.0) calls them: the chunk
+    op on the output of fused_post_conv_prep (q, k already L2-normed: no in-kernel L2 norm), a
+    decode-only batch through the packed recurrent decode, and the decode rows of a batch that
+    also holds a prefill (or an MTP draft) through fused_sigmoid_gating_delta_rule_update."""
     import torch
 
     hk, hv, d, width = (shape["gdn_key_heads"], shape["gdn_value_heads"], shape["gdn_head_dim"],
@@ -455,7 +515,7 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
             v=torch.zeros(1, tokens, hv, d, dtype=bf16), g=torch.zeros(1, tokens, hv, dtype=f32),
             beta=torch.zeros(1, tokens, hv, dtype=bf16),
             initial_state=torch.zeros(1, hv, d, d, dtype=f32), output_final_state=True,
-            cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+            cu_seqlens=cu, use_qk_l2norm_in_kernel=False)  # q, k come L2-normed from prep
 
     def prep() -> Any:
         return fla("fused_post_conv_prep")(
@@ -471,6 +531,16 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
             A_log=torch.zeros(hv, dtype=f32), dt_bias=torch.zeros(hv, dtype=f32),
             scale=d ** -0.5, initial_state=torch.zeros(seqs + 1, hv, d, d, dtype=f32),
             out=torch.zeros(seqs, 1, hv, d, dtype=bf16),
+            ssm_state_indices=torch.arange(seqs, dtype=i32), use_qk_l2norm_in_kernel=True)
+
+    def mixed_decode() -> Any:  # the decode rows of a batch that also holds a prefill
+        return fla("fused_sigmoid_gating_delta_rule_update")(
+            A_log=torch.zeros(hv, dtype=f32), a=torch.zeros(seqs, hv, dtype=bf16),
+            b=torch.zeros(seqs, hv, dtype=bf16), dt_bias=torch.zeros(hv, dtype=f32),
+            q=torch.zeros(1, seqs, hk, d, dtype=bf16), k=torch.zeros(1, seqs, hk, d, dtype=bf16),
+            v=torch.zeros(1, seqs, hv, d, dtype=bf16),
+            initial_state=torch.zeros(seqs + 1, hv, d, d, dtype=f32), inplace_final_state=True,
+            cu_seqlens=torch.arange(seqs + 1, dtype=i32),
             ssm_state_indices=torch.arange(seqs, dtype=i32), use_qk_l2norm_in_kernel=True)
 
     def conv_prefill() -> Any:
@@ -496,7 +566,8 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
                                 group_size=d, norm_before_gate=True)
 
     return [("gdn-prefill-chunk", chunk), ("gdn-prefill-prep", prep), ("gdn-decode", decode),
-            ("conv1d-prefill", conv_prefill), ("conv1d-decode", conv_decode),
+            ("gdn-decode-mixed", mixed_decode), ("conv1d-prefill", conv_prefill),
+            ("conv1d-decode", conv_decode),
             ("gated-rmsnorm", gated_norm)]
 
 
@@ -714,6 +785,7 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
 
 
 def one_arch(args: argparse.Namespace) -> int:
+    watch_chunk_o_imports()  # before any engine module loads
     arch, limit = args.one_arch.split("=")
     cc = parse_arch(arch)
     shape = model_shape(args)
@@ -755,8 +827,8 @@ def first_start(families: list[dict[str, Any]], paths: dict[str, Any]) -> list[d
                       "configs": sum(r["configs"] for r in rows),
                       "compile_s_here": round(sum(r["compile_s"] for r in rows), 1),
                       "autotuned": len(tuned),
-                      "note": "compiled at first start unless the image's Triton cache holds "
-                              "them; each autotuned kernel also benchmarks its "
+                      "note": "compiled at the engine's first start (the image holds no "
+                              "Triton cache); each autotuned kernel also benchmarks its "
                               f"{sum(r['configs'] for r in tuned)} configs on the GPU"})
     for name, path in paths.items():
         if path.get("chosen") and path.get("chosen") != "triton" and path.get("kernel"):

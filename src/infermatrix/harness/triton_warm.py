@@ -1,5 +1,15 @@
-"""A warm Triton cache: compile the model's Triton kernels for an arch with no GPU, then prove
-that a GPU run hits that cache (zero compiles).
+"""A stand-alone tool, run by hand on a GPU host: compile GDN Triton kernels for an arch with
+no GPU into a Triton cache directory, then prove that a GPU run of the same workload hits that
+cache (zero compiles).
+
+Not a build step: no template, stage or smoke level calls it, and no image the tool builds holds
+a Triton cache; the engine compiles its Triton kernels at its first start, as the audit's
+"compiled at first start" line says (issue 48). Its one recorded use is docs/h200-gpu-ops.txt
+(fla-core's GDN ops for sm_90 on the H200 host: 77 lookups, 77 hits). Why it is not wired into
+the images: a hit needs the serve path's own launches (Triton keys its cache on each launch's
+specialisation: the integer arguments' divisibility and the constexprs, which follow the
+server's batch shapes, not this workload's), and proving one needs a GPU of the cell's arch;
+neither is available to the build.
 
     CUDA_VISIBLE_DEVICES= python3 -m harness.triton_warm --compile-only --arch sm_90 --cache DIR
     python3 -m harness.triton_warm --launch --cache DIR

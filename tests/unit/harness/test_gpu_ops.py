@@ -591,3 +591,29 @@ def test_gdn_the_chunk_op_gets_beta_as_float32_as_the_engines_give_it():
     assert seen == {"beta": torch.float32, "g": torch.float32, "q": (1, 10, 2, 32),
                     "cu": [0, 5, 10]}
     assert o.shape == v.shape and torch.equal(final, state)
+
+
+def test_triton_warm_is_a_stand_alone_tool_as_its_docstring_says():
+    """Issue 48: no image holds a Triton cache. The module says it is no build step; this fails
+    the day a template, stage or other module calls it, so that the docstring, README and the
+    audit's first-start line are rewritten with the wiring (and its proof of a cache hit)."""
+    from infermatrix.harness import triton_warm
+    from tests.paths import REPO
+
+    module = Path(triton_warm.__file__).resolve()
+    users = [str(path.relative_to(REPO))
+             for root in (REPO / "src", REPO / "templates") for path in root.rglob("*")
+             if path.is_file() and path.suffix in (".py", ".j2", ".yaml", ".sh", ".toml")
+             and path.resolve() != module
+             and "triton_warm" in path.read_text(encoding="utf-8", errors="replace")]
+    assert users == []
+    assert "Not a build step" in (triton_warm.__doc__ or "")
+
+
+def test_the_audits_first_start_line_says_the_image_holds_no_triton_cache():
+    from infermatrix.harness import triton_smem
+
+    rows = [{"kernel": "k", "family": "f", "configs": 2, "autotuned": True, "compile_s": 1.0}]
+    [item] = triton_smem.first_start([{"family": "f", "summary": rows}], {})
+    assert "the image holds no Triton cache" in item["note"]
+    assert "unless" not in item["note"]

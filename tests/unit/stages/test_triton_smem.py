@@ -52,3 +52,31 @@ def test_a_cpu_only_torch_is_refused_fake_torch_module() -> None:
         else:
             del sys.modules["torch"]
     assert reason and "CPU-only" in reason and "2.14.0+cpu" in reason
+
+
+def test_the_chunk_o_import_watch_notes_whether_the_driver_was_active(tmp_path,
+                                                                     monkeypatch) -> None:
+    """FLA's chunk_o picks its tiles when imported: the harness notes, per chunk_o module,
+    whether a compile-only driver was active then (the audit fails the tiles otherwise)."""
+    import sys
+
+    from infermatrix.harness import triton_smem
+
+    for package in ("fla_under", "fla_outside"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "chunk_o.py").write_text("BKV_LIST = [32, 64]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(triton_smem, "IMPORTED_UNDER_DRIVER", {})
+    triton_smem.watch_chunk_o_imports()
+    triton_smem.watch_chunk_o_imports()  # once only
+    assert sum(isinstance(f, triton_smem.ChunkOImportWatch) for f in sys.meta_path) == 1
+    import fla_outside.chunk_o  # noqa: F401  (no driver open)
+
+    monkeypatch.setattr(triton_smem, "DRIVER_ACTIVE", [1])
+    import fla_under.chunk_o  # noqa: F401
+    assert triton_smem.IMPORTED_UNDER_DRIVER == {"fla_outside.chunk_o": False,
+                                                 "fla_under.chunk_o": True}
+    for name in ("fla_under", "fla_under.chunk_o", "fla_outside", "fla_outside.chunk_o"):
+        sys.modules.pop(name, None)

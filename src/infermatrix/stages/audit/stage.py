@@ -128,7 +128,8 @@ def timed_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: 
         check = check_triton_smem(
             image_ref, docker, cell.engine, spec.attention_backend, targets,
             (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
-            serve_args=spec.launch.args if spec.launch else (), extra_archs=extra)
+            serve_args=spec.launch.args if spec.launch else (), extra_archs=extra,
+            engine_version=cell.engine_version)
     check.data["seconds"] = round(time.monotonic() - began, 1)
     return check
 
@@ -172,7 +173,8 @@ def twin_or_own_triton_check(ctx: "Context", spec: CellSpec, image_ref: str,
                              "; no native twin (a cell of the same CUDA, torch and engine "
                              "for this machine's CPU) is audited in this state directory")
         return check
-    check = judge_triton(match.result, backend)
+    check = judge_triton(match.result, backend, engine=(spec.cell.engine,
+                                                        spec.cell.engine_version))
     names = ", ".join(f"{n} {d.get('version')}" for n, d in sorted(match.digests.items()))
     check.detail = (f"compiled in the image of its native twin {match.cell_id}, whose Python "
                     f"sources are identical ({names}: every .py file's sha256): "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from ... import proc
 from ...engine.docker import Engine
 from ...errors import StageFailure
-from ...model import loadedset, tritontwin
+from ...model import loadedset, tritonlist, tritontwin
 from ...model.coverage import (
     Arch,
 )
@@ -52,9 +52,35 @@ def triton_smem_args(engine_name: str, backend: str | None, targets: list[Arch],
     return args + [f"--serve-arg={arg}" for arg in serve_args]
 
 
-def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str = "") -> Check:
+def judge_triton(result: dict[str, Any] | None, backend: str | None, output: str = "",
+                 engine: tuple[str, str] | None = None) -> Check:
     """The harness result as a check. Kernels that could not be driven make it `skip`, except
-    when the cell's rule-chosen backend is triton: then the choice is unverified and fails."""
+    when the cell's rule-chosen backend is triton: then the choice is unverified and fails.
+    With `engine` (name, version), the compiled kernel names are held against that version's
+    expected list (data/triton_kernels.yaml): a missing kernel or a chunk_o tile choice off
+    the rule fails the check, naming it; an unexpected kernel is named."""
+    check = judge_shared_memory(result, backend, output)
+    if result is None or engine is None:
+        return check
+    return hold_kernel_list(check, tritonlist.hold(
+        tritonlist.expected_kernels(*engine), *engine, result))
+
+
+def hold_kernel_list(check: Check, verdict: tritonlist.KernelListVerdict) -> Check:
+    """The check with the kernel-list verdict in its data and detail; failed when a kernel
+    is missing or chunk_o's tiles are off the rule."""
+    check.data["kernel_list"] = verdict.as_dict()
+    text = tritonlist.verdict_text(verdict)
+    if verdict.failed:
+        reason = text if check.status == PASS else f"{check.detail}; {text}"
+        return Check(check.name, FAIL, reason, check.data)
+    check.detail = f"{check.detail}; {text}"
+    return check
+
+
+def judge_shared_memory(result: dict[str, Any] | None, backend: str | None,
+                        output: str = "") -> Check:
+    """The harness result's shared-memory verdict as a check."""
     _, source = shared_memory_limits()
     if result is None:
         return Check("triton-smem", FAIL, "the Triton shared-memory harness printed no result: "
@@ -119,15 +145,18 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
                       targets: list[Arch],
                       model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
-                      serve_args: Iterable[str] = (), extra_archs: Iterable[Arch] = ()) -> Check:
+                      serve_args: Iterable[str] = (), extra_archs: Iterable[Arch] = (),
+                      engine_version: str | None = None) -> Check:
     """The harness for `targets` (and `extra_archs`, a twin's foreign archs, compiled and
-    recorded under data["harness"] but not judged here)."""
+    recorded under data["harness"] but not judged here); with `engine_version`, the kernel
+    names are held against that version's expected list (judge_triton)."""
     from ...harness import _result as harness_result
 
     if engine_name not in ("sglang", "vllm"):
         return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
                      "known to the harness")
     extra_archs = list(extra_archs)
+    engine = (engine_name, engine_version) if engine_version else None
     args = triton_smem_args(engine_name, backend, [*targets, *extra_archs], model, serve_args)
     if args is None:
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
@@ -146,7 +175,7 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
                      "CPU", {"backend": backend, "emulated": emulated})
     own = tritontwin.restrict_to_archs(parsed, [t.sm for t in targets]) \
         if parsed is not None and extra_archs else parsed
-    check = judge_triton(own, backend, output)
+    check = judge_triton(own, backend, output, engine)
     if parsed is not None:
         check.data["harness"] = parsed
     return check
