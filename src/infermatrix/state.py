@@ -49,6 +49,10 @@ class StatePaths:
         return self.root / "cache" / "kernels"
 
     @property
+    def triton_cache(self) -> Path:  # the audit's Triton census outputs, by what they depend on
+        return self.root / "cache" / "triton"
+
+    @property
     def reports(self) -> Path:
         return self.root / "reports"
 

@@ -80,3 +80,75 @@ def test_the_chunk_o_import_watch_notes_whether_the_driver_was_active(tmp_path,
                                                  "fla_under.chunk_o": True}
     for name in ("fla_under", "fla_under.chunk_o", "fla_outside", "fla_outside.chunk_o"):
         sys.modules.pop(name, None)
+
+
+class RecordingEngineFake:
+    """A recording stand-in for the engine (wiring only; the real census runs in the real lane
+    and bench/audit_cold_warm.py): each harness container it is asked for prints `output`."""
+
+    def __init__(self, image_id: str, output: str) -> None:
+        self.image_id, self.output, self.containers = image_id, output, 0
+
+    def image_id_of(self, ref: str) -> str:
+        return self.image_id
+
+    def run_container(self, image: str, args: list[str], **kwargs: object) -> str:
+        self.containers += 1
+        return f"c{self.containers}"
+
+    def wait_container(self, container: str, timeout: float) -> None:
+        return None
+
+    def container_logs(self, container: str) -> str:
+        return self.output
+
+    def remove_container(self, container: str) -> None:
+        return None
+
+
+CENSUS = "INFERMATRIX-RESULT " + json.dumps({"status": "pass", "archs": [{
+    "arch": "sm_120", "status": "pass", "families": [{"family": "extend", "driven": True,
+    "kernels": [{"kernel": "_fwd_kernel", "shared": 73728, "limit": 101376, "num_warps": 8,
+                 "num_stages": 1}]}]}]})
+
+
+def test_a_reaudit_of_the_same_image_reads_its_census_from_the_cache(tmp_path) -> None:
+    """Issue 47: the census compiled every autotune config again on each audit (571 s for the
+    vLLM sm_120 cell in CI). Kept by image id, harness sources and arguments; judged again."""
+    cache = tmp_path / "triton"
+    engine = RecordingEngineFake("sha256:aaa", CENSUS)
+
+    def audit_once(image_id: str = "sha256:aaa", model: str = "Qwen/Qwen3.6-27B"):
+        engine.image_id = image_id
+        return audit.check_triton_smem("img", engine, "sglang", "triton", [Arch(12, 0)], model,
+                                       cache=cache)
+
+    first = audit_once()
+    assert first.status == PASS and engine.containers == 1 and "cached" not in first.data
+    again = audit_once()
+    assert engine.containers == 1, "the same image, harness and arguments compiled again"
+    assert again.status == PASS and again.data["cached"] and "from the cache" in again.detail
+    assert again.data["kernels"] == first.data["kernels"]
+    audit_once(image_id="sha256:bbb")  # another image: its own census
+    assert engine.containers == 2
+    audit_once(model=None)  # other arguments (no model shapes): its own census
+    assert engine.containers == 3
+
+
+def test_a_census_that_never_started_is_not_kept(tmp_path) -> None:
+    engine = RecordingEngineFake("sha256:aaa", "Traceback: no module named torch")
+    for _ in range(2):
+        check = audit.check_triton_smem("img", engine, "sglang", "triton", [Arch(12, 0)],
+                                        "Qwen/Qwen3.6-27B", cache=tmp_path / "triton")
+        assert check.status == FAIL
+    assert engine.containers == 2 and not list((tmp_path / "triton").glob("*"))
+
+
+def test_the_census_key_follows_image_and_arguments_and_needs_an_image_id() -> None:
+    from infermatrix.stages.audit.triton import census_key
+
+    key = census_key("sha256:aaa", ["--engine", "vllm"])
+    assert key == census_key("sha256:aaa", ["--engine", "vllm"])
+    assert key != census_key("sha256:bbb", ["--engine", "vllm"])
+    assert key != census_key("sha256:aaa", ["--engine", "sglang"])
+    assert census_key(None, ["--engine", "vllm"]) is None

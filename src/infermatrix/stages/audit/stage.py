@@ -129,7 +129,7 @@ def timed_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: 
             image_ref, docker, cell.engine, spec.attention_backend, targets,
             (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
             serve_args=spec.launch.args if spec.launch else (), extra_archs=extra,
-            engine_version=cell.engine_version)
+            engine_version=cell.engine_version, cache=ctx.state.triton_cache)
     check.data["seconds"] = round(time.monotonic() - began, 1)
     return check
 

@@ -3,6 +3,8 @@ foreign-CPU cell adopts its native twin's result."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -146,10 +148,14 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
                       model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
                       serve_args: Iterable[str] = (), extra_archs: Iterable[Arch] = (),
-                      engine_version: str | None = None) -> Check:
+                      engine_version: str | None = None, cache: Path | None = None) -> Check:
     """The harness for `targets` (and `extra_archs`, a twin's foreign archs, compiled and
     recorded under data["harness"] but not judged here); with `engine_version`, the kernel
-    names are held against that version's expected list (judge_triton)."""
+    names are held against that version's expected list (judge_triton). With `cache` (a
+    directory), the harness's output is kept by what it depends on (census_key) and a re-audit
+    of the same image with the same harness and arguments reads it back instead of compiling
+    every kernel again (issue 47: 571 s for the vLLM sm_120 cell on 2 cores); the judging
+    below runs again either way."""
     from ...harness import _result as harness_result
 
     if engine_name not in ("sglang", "vllm"):
@@ -161,14 +167,21 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
     if args is None:
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
                      + ", ".join(t.sm for t in targets) + " (rules.yaml)")
-    try:
-        output = run_triton_harness(image, args, timeout, docker)
-    except StageFailure:
-        return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
+    key = census_key(docker.image_id_of(image), args) if cache is not None else None
+    output = read_census(cache, key)
+    cached = output is not None
+    if output is None:
+        try:
+            output = run_triton_harness(image, args, timeout, docker)
+        except StageFailure:
+            return Check("triton-smem", FAIL,
+                         f"the Triton compile check ran over {timeout:.0f} s")
     if log_path is not None:
         with open(log_path, "a", encoding="utf-8") as sink:
             sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
     parsed = harness_result.parse(output)
+    if not cached and not not_started(parsed):
+        write_census(cache, key, output)
     if emulated and not_started(parsed):  # torch/Triton cannot start under qemu-user
         return Check("triton-smem", SKIP, f"not verified here: the harness cannot run {emulated} "
                      f"({proc.tail(output, 1)}); run the audit on a native host of the image's "
@@ -178,7 +191,48 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
     check = judge_triton(own, backend, output, engine)
     if parsed is not None:
         check.data["harness"] = parsed
+    if cached:
+        check.data["cached"] = key
+        check.detail += " (the census of this image, harness and arguments, read from the cache)"
     return check
+
+
+def harness_digest() -> str:
+    """sha256 over the harness's own sources (mounted into the container, so part of what the
+    census depends on besides the image)."""
+    digest = hashlib.sha256()
+    for path in sorted(HARNESS_DIR.rglob("*.py")):
+        digest.update(str(path.relative_to(HARNESS_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def census_key(image_id: str | None, args: list[str]) -> str | None:
+    """What a Triton census depends on: the image's content (its id: the engine's sources,
+    Triton, torch), the harness's sources and its arguments (archs, model shapes, backend,
+    serve flags). None without an image id: nothing to key it by, so nothing is cached."""
+    if not image_id:
+        return None
+    text = json.dumps({"image": image_id, "harness": harness_digest(), "args": args},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_census(cache: Path | None, key: str | None) -> str | None:
+    if cache is None or key is None:
+        return None
+    try:
+        return (cache / f"{key}.txt").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def write_census(cache: Path | None, key: str | None, output: str) -> None:
+    """Keep a census that ran (not one that never started: that is learnt again next time)."""
+    if cache is None or key is None:
+        return
+    from ...state import write_text_atomic
+
+    write_text_atomic(cache / f"{key}.txt", output)
 
 
 def serve_paths(image: str, docker: Engine, engine_name: str, targets: list[Arch],
