@@ -1,10 +1,11 @@
-"""Benchmark: time to a servable image of one cell (issue 47), and the forecast's error against
-it (prints figures, asserts nothing).
+"""Benchmark: time to a servable image of each selected cell (issue 47), and the forecast's
+error against it (prints figures, asserts nothing).
 
-    python bench/time_to_servable.py --select CELL --state-dir DIR [--levels static]
-        [--no-publish] [--until servable|train] [--matrix matrix.yaml] [--out FILE.json]
+    python bench/time_to_servable.py --select CELL [--select CELL ...] --state-dir DIR
+        [--levels static] [--no-publish] [--until servable|train] [--cold]
+        [--matrix matrix.yaml] [--out FILE.json]
 
-Runs the real main job (`infermatrix pipeline`) for the one cell with a fresh state directory
+Runs the real main job (`infermatrix pipeline`) for the cells, in one run, with a fresh state directory
 (it must be absent or empty: nothing recorded, nothing in its kernel cache) and watches the
 journal as the job writes it:
   - serving image built: the build stage passes (the image is usable for serving from then);
@@ -13,7 +14,10 @@ journal as the job writes it:
   - training image: the train stage is recorded (only with --until train).
 With --until servable (the default) the job is interrupted (SIGINT to its process group, as a
 Ctrl-C: its builds stop, the engine stays) as soon as the serving verdict is recorded, before
-the training-only compiles. Beside each figure: the forecast a fresh clone prints for it
+the training-only compiles. With --until train, each training kernel's compile inside the job
+is printed with the width it ran at (its record in the train stage). --cold runs the job with
+INFERMATRIX_NO_CACHE=1 (BuildKit --no-cache: no layer, kernel compile included, comes from an
+earlier build). Beside each figure: the forecast a fresh clone prints for it
 (`run_forecast(fresh=True)`, the same table as `plan --forecast`) and its error. Docker images
 and BuildKit's cache are not cleared: the lines say what was already there (warm).
 """
@@ -56,6 +60,13 @@ class Marks:
     verdict: str | None = None  # the tag stage's status and reason
     train_done: float | None = None
     train_status: str | None = None
+    # the train stage's record of each training kernel: seconds, MAX_JOBS, cache
+    train_kernels: dict[str, dict] | None = None
+
+
+@dataclass
+class Job:
+    marks: dict[str, Marks]
     exit_code: int | None = None
     interrupted: bool = False
 
@@ -106,7 +117,9 @@ def no_prune_matrix(matrix: Path, min_free_gib: float | None) -> Path:
 
 def pipeline_argv(args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, "-m", "infermatrix", "pipeline", "--matrix", args.matrix,
-            "--state-dir", str(args.state_dir), "--select", args.select]
+            "--state-dir", str(args.state_dir)]
+    for cell_id in args.select:
+        argv += ["--select", cell_id]
     if args.levels:
         argv += ["--levels", args.levels]
     if args.no_publish:
@@ -114,48 +127,64 @@ def pipeline_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def watch(job: subprocess.Popen, state: StatePaths, cell_id: str, until: str,
-          started: float) -> Marks:
-    marks = Marks()
+def note_cell(state: StatePaths, cell_id: str, marks: Marks, now: float) -> None:
+    """Record the cell's events the journal shows by now (each once)."""
+    record = journal.cell_record(state, cell_id)
+    build = record.stage("build")
+    if marks.serving_built is None and build and build.status == journal.Status.PASS:
+        marks.serving_built = now
+        print(f"[{clock(now)}] {cell_id}: serving image built", flush=True)
+    tag = record.stage("tag")
+    if marks.serving_verdict is None and tag and tag.status != journal.Status.RUNNING:
+        marks.serving_verdict = now
+        marks.verdict = f"{tag.status}" + (f": {tag.reason}" if tag.reason else "")
+        print(f"[{clock(now)}] {cell_id}: serving verdict: {marks.verdict}", flush=True)
+    if marks.serving_verdict is None and build and build.status == journal.Status.FAIL:
+        marks.serving_verdict, marks.verdict = now, f"build failed: {build.reason}"
+        print(f"[{clock(now)}] {cell_id}: {marks.verdict}", flush=True)
+    trained = record.stage("train")
+    if marks.train_done is None and trained and trained.status != journal.Status.RUNNING:
+        marks.train_done, marks.train_status = now, str(trained.status)
+        marks.train_kernels = {
+            name: {k: entry.get(k) for k in ("duration_s", "max_jobs", "cache")}
+            for name, entry in (trained.details.get("kernels") or {}).items()}
+        print(f"[{clock(now)}] {cell_id}: training image: {trained.status}"
+              f"{(': ' + trained.reason) if trained.reason else ''}", flush=True)
+
+
+def watch(job: subprocess.Popen, state: StatePaths, cell_ids: list[str], until: str,
+          started: float) -> Job:
+    outcome = Job({cell_id: Marks() for cell_id in cell_ids})
     while True:
-        record = journal.cell_record(state, cell_id)
         now = time.monotonic() - started
-        build = record.stage("build")
-        if marks.serving_built is None and build and build.status == journal.Status.PASS:
-            marks.serving_built = now
-            print(f"[{clock(now)}] serving image built", flush=True)
-        tag = record.stage("tag")
-        if marks.serving_verdict is None and tag and tag.status != journal.Status.RUNNING:
-            marks.serving_verdict = now
-            marks.verdict = f"{tag.status}" + (f": {tag.reason}" if tag.reason else "")
-            print(f"[{clock(now)}] serving verdict: {marks.verdict}", flush=True)
-        trained = record.stage("train")
-        if marks.train_done is None and trained and trained.status != journal.Status.RUNNING:
-            marks.train_done, marks.train_status = now, str(trained.status)
-            print(f"[{clock(now)}] training image: {trained.status}", flush=True)
-        failed = build is not None and build.status == journal.Status.FAIL
+        for cell_id, marks in outcome.marks.items():
+            note_cell(state, cell_id, marks, now)
         if job.poll() is not None:
-            marks.exit_code = job.returncode
-            return marks
-        if until == "servable" and (marks.serving_verdict is not None or failed):
+            outcome.exit_code = job.returncode
+            return outcome
+        if until == "servable" and all(m.serving_verdict is not None
+                                       for m in outcome.marks.values()):
             print(f"[{clock(now)}] stopping the job before its training images (SIGINT)",
                   flush=True)
             os.killpg(job.pid, signal.SIGINT)
-            marks.interrupted = True
-            marks.exit_code = job.wait()
-            return marks
+            outcome.interrupted = True
+            outcome.exit_code = job.wait()
+            return outcome
         time.sleep(POLL_S)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--select", required=True, metavar="CELL")
+    parser.add_argument("--select", required=True, metavar="CELL", action="append",
+                        help="a cell of the run (repeat for several: one job builds them all)")
     parser.add_argument("--state-dir", required=True, type=Path)
     parser.add_argument("--matrix", default=str(ROOT / "matrix.yaml"))
     parser.add_argument("--levels", default="static")
     parser.add_argument("--no-publish", action="store_true")
     parser.add_argument("--until", choices=("servable", "train"), default="servable")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON")
+    parser.add_argument("--cold", action="store_true",
+                        help="INFERMATRIX_NO_CACHE=1: BuildKit reuses no layer (kernels too)")
     parser.add_argument("--no-prune", action="store_true",
                         help="run from a copy of the matrix with build.disk.prune_when_low: "
                         "false (a shared engine: never prune others' build cache)")
@@ -175,50 +204,68 @@ def main() -> int:
 
 def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args.matrix, args.state_dir)
-    cells = ctx.specs(plan_cells(ctx, [args.select], []))
-    if [c.id for c in cells] != [args.select]:
-        raise SystemExit(f"--select {args.select} is not one planned cell: "
+    cells = ctx.specs(plan_cells(ctx, args.select, []))
+    if sorted(c.id for c in cells) != sorted(args.select):
+        raise SystemExit(f"--select {args.select} are not planned cells: "
                          f"{[c.id for c in cells]}")
-    forecast = run_forecast(ctx, cells, RunOptions(), fresh=True)
-    predicted = forecast.cells[0]
+    forecast = {c.cell_id: c for c in run_forecast(ctx, cells, RunOptions(), fresh=True).cells}
     print(f"host: {os.cpu_count()} CPU(s), "
-          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB")
-    for line in warm_lines(ctx, args.select):
-        print(f"warm: {line}")
-    print(f"forecast (fresh clone): serving image {clock(predicted.servable_s)}, training "
-          f"image {clock(predicted.train_done_s) if predicted.train_done_s else '-'} "
-          f"({predicted.kernels}; train: {predicted.train_kernels or '-'})")
+          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB; "
+          f"BuildKit cache: {'off (--cold)' if args.cold else 'as found'}")
+    for cell_id in args.select:
+        predicted = forecast[cell_id]
+        for line in warm_lines(ctx, cell_id):
+            print(f"warm ({cell_id}): {line}")
+        print(f"forecast (fresh clone) {cell_id}: serving image {clock(predicted.servable_s)}, "
+              f"training image "
+              f"{clock(predicted.train_done_s) if predicted.train_done_s else '-'} "
+              f"({predicted.kernels}; train: {predicted.train_kernels or '-'})")
     argv = pipeline_argv(args)
+    env = dict(os.environ, **({"INFERMATRIX_NO_CACHE": "1"} if args.cold else {}))
     log_path = args.state_dir.parent / f"{args.state_dir.name}.pipeline.log"
-    print(f"$ {shlex.join(argv)}  (cwd {ROOT}; output: {log_path})", flush=True)
+    print(f"$ {'INFERMATRIX_NO_CACHE=1 ' if args.cold else ''}{shlex.join(argv)}  "
+          f"(cwd {ROOT}; output: {log_path})", flush=True)
     started = time.monotonic()
     with log_path.open("w", encoding="utf-8") as log:
         job = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+                               start_new_session=True, env=env)
         try:
-            marks = watch(job, StatePaths(args.state_dir), args.select, args.until, started)
+            outcome = watch(job, StatePaths(args.state_dir), args.select, args.until, started)
         except KeyboardInterrupt:
             os.killpg(job.pid, signal.SIGINT)
             job.wait()
             raise
     total = time.monotonic() - started
-    rows = [("serving image built", predicted.servable_s, marks.serving_built),
-            ("training image", predicted.train_done_s, marks.train_done)]
-    print(f"{'figure':<24} {'forecast':>9} {'measured':>9} {'error':>7}")
-    for name, forecast_s, measured in rows:
-        print(f"{name:<24} {clock(forecast_s) if forecast_s else '-':>9} "
-              f"{clock(measured) if measured else '-':>9} {error(forecast_s, measured):>7}")
-    print(f"serving verdict (audit + smoke {args.levels} + tag) at "
-          f"{clock(marks.serving_verdict) if marks.serving_verdict else '-'}: {marks.verdict}")
-    print(f"job: exit {marks.exit_code}{' (interrupted by this bench)' if marks.interrupted else ''}"
-          f" after {clock(total)}")
+    print(f"{'cell':<40} {'figure':<24} {'forecast':>9} {'measured':>9} {'error':>7}")
+    for cell_id, marks in outcome.marks.items():
+        predicted = forecast[cell_id]
+        for name, forecast_s, measured in (
+                ("serving image built", predicted.servable_s, marks.serving_built),
+                ("training image", predicted.train_done_s, marks.train_done)):
+            print(f"{cell_id:<40} {name:<24} {clock(forecast_s) if forecast_s else '-':>9} "
+                  f"{clock(measured) if measured else '-':>9} {error(forecast_s, measured):>7}")
+        print(f"{cell_id}: serving verdict (audit + smoke {args.levels} + tag) at "
+              f"{clock(marks.serving_verdict) if marks.serving_verdict else '-'}: "
+              f"{marks.verdict}")
+        for kernel, entry in (marks.train_kernels or {}).items():
+            seconds = entry.get("duration_s")
+            print(f"{cell_id}: training kernel {kernel}: "
+                  f"{clock(seconds) if seconds else '-'} at MAX_JOBS={entry.get('max_jobs')} "
+                  f"(cache: {entry.get('cache')})")
+    print(f"job: exit {outcome.exit_code}"
+          f"{' (interrupted by this bench)' if outcome.interrupted else ''} after {clock(total)}")
     if args.out:
         args.out.write_text(json.dumps({
-            "cell": args.select, "command": argv, "host_cpus": os.cpu_count(),
-            "forecast": {"serving_built_s": predicted.servable_s,
-                         "train_done_s": predicted.train_done_s},
-            "measured": asdict(marks), "total_s": total,
-            "warm": warm_lines(ctx, args.select)}, indent=2) + "\n")
+            "cells": args.select, "command": argv, "cold": args.cold,
+            "host_cpus": os.cpu_count(),
+            "forecast": {cell_id: {"serving_built_s": forecast[cell_id].servable_s,
+                                   "train_done_s": forecast[cell_id].train_done_s}
+                         for cell_id in args.select},
+            "measured": {cell_id: asdict(m) for cell_id, m in outcome.marks.items()},
+            "exit_code": outcome.exit_code, "interrupted": outcome.interrupted,
+            "total_s": total,
+            "warm": {cell_id: warm_lines(ctx, cell_id) for cell_id in args.select}},
+            indent=2) + "\n")
     return 0
 
 

@@ -255,7 +255,8 @@ class RunOptions:
     prune_images: bool = option(
         None, "render removes images/ directories of cells no longer planned (`infermatrix "
         "render` over the whole matrix)")
-    no_cache: bool = option(None, "BuildKit --no-cache (cold-build benchmarks)")
+    no_cache: bool = option(None, "BuildKit --no-cache (cold-build benchmarks)", boolean,
+                            env="INFERMATRIX_NO_CACHE", default=False)
     compile_nonce: str = option(
         None, "a new value compiles the kernels again (BuildKit's cache aside)", str, default="")
     host_gpu: bool | None = option(
