@@ -1046,14 +1046,13 @@ def compile_plan_for_cells(ctx: Context, cells: list[CellSpec], options: RunOpti
 
 
 def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
-                echo: Echo = print, docker: Engine | None = None) -> dict[str, CellResult]:
+                echo: Echo = print, *, docker: Engine) -> dict[str, CellResult]:
     """Build every cell of `cells` (planned cells: `ctx.specs(plans)`); hold the state lock.
 
     Up to `compile.parallel_cells` cells build at once (the planner caps it so that their
     compile budgets sum under the memory available); one at a time when it is 1.
     """
     options = options or RunOptions()
-    docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     results: dict[str, CellResult] = {}
     proc.STOPPING.clear()  # a new run of this process (an earlier one may have been stopped)
     from ..engine.builders import endpoints_for
