@@ -192,6 +192,7 @@ class Containers(Images):
                                  for source, target in access.host.files]
             options["environment"] = access.environment(self.image_env(image))
         return options
+
     @contextlib.contextmanager
     def container(self, image: str, command: list[str] | None = None, *,
                   name: str | None = None, prefix: str = "infermatrix",
@@ -239,6 +240,7 @@ class Containers(Images):
         if timeout is not None and not self.reads_time_out():
             return self._wait_by_polling(container_id, timeout)
         return self._wait_by_api(container_id, timeout)
+
     def _wait_by_polling(self, container_id: str, timeout: float, every_s: float = 1.0) -> int:
         deadline = time.monotonic() + timeout
         while True:

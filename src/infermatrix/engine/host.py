@@ -122,7 +122,6 @@ class Host:
     _sdk: Any = None
 
     def __init__(self, endpoint: Endpoint | None = None) -> None:
-        self._sdk: Any = None
         self.endpoint = endpoint  # None: DOCKER_HOST / the current context / the socket
 
     def sdk(self) -> Any:  # docker.DockerClient
