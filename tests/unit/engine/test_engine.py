@@ -1,4 +1,4 @@
-"""engine/docker.py's pure helpers, no Docker (against the real engine:
+"""The engine's pure helpers (engine/docker.py and its parts), no Docker (against the real engine:
 tests/docker/test_engine_docker.py)."""
 
 from __future__ import annotations
