@@ -63,6 +63,43 @@ def test_split_ref():
     assert engine.split_ref("127.0.0.1:5000/repo:t") == ("127.0.0.1:5000/repo", "t")
 
 
+def test_a_missing_object_is_no_answer_and_another_sdk_error_an_engine_error():
+    """inspect, rmi, stop and rm (_translated's missing_ok): the SDK's NotFound is "there is
+    none" (None, False, nothing to do); any other SDK error is an EngineError naming the
+    command. FAKE SDK clients whose every API call raises: no Docker."""
+    import docker
+    import pytest
+
+    from infermatrix.errors import EngineError
+
+    class Api:
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def __getattr__(self, name: str):
+            def call(*args, **kwargs):
+                raise self.error
+            return call
+
+    def engine_raising(error: Exception) -> engine.Engine:
+        made = engine.Engine()
+        made._sdk = type("Sdk", (), {"api": Api(error)})()
+        return made
+
+    missing = engine_raising(docker.errors.ImageNotFound("no such image"))
+    assert missing.inspect_image("x:1") is None and missing.image_id_of("x:1") is None
+    assert missing.remove_image("x:1") is False
+    missing.stop_container("c0ffee")
+    missing.remove_container("c0ffee")
+    broken = engine_raising(docker.errors.APIError("the daemon said no"))
+    for call, command in ((lambda: broken.inspect_image("x:1"), "docker image inspect x:1"),
+                          (lambda: broken.remove_image("x:1"), "docker rmi x:1"),
+                          (lambda: broken.stop_container("c0ffee"), "docker stop c0ffee"),
+                          (lambda: broken.remove_container("c0ffee"), "docker rm c0ffee")):
+        with pytest.raises(EngineError, match=f"^{command}: .*the daemon said no"):
+            call()
+
+
 # ---- the real engine ----------------------------------------------------------------------------
 
 
