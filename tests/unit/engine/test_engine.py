@@ -100,6 +100,56 @@ def test_a_missing_object_is_no_answer_and_another_sdk_error_an_engine_error():
             call()
 
 
+def test_files_are_read_from_a_created_container_that_is_always_removed(tmp_path):
+    """copy_from_image and exported_filesystem: a container created (never started, owned by
+    infermatrix), read, and removed afterwards, an error included. FAKE SDK client: no Docker."""
+    import io
+    import tarfile
+
+    import docker
+    import pytest
+
+    class Api:
+        def __init__(self) -> None:
+            self.created: list[dict] = []
+            self.removed: list[str] = []
+
+        def create_container(self, image, command=None, labels=None):
+            self.created.append({"image": image, "command": command, "labels": labels})
+            return {"Id": "c0ffee" * 8}
+
+        def get_archive(self, container, path):
+            if path != "/etc/os-release":
+                raise docker.errors.NotFound(f"no {path}")
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as archive:
+                data = b"ID=debian\n"
+                info = tarfile.TarInfo("os-release")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+            return iter([buffer.getvalue()]), {}
+
+        def export(self, container):
+            return iter([b"tar bytes"])
+
+        def remove_container(self, container, force=False, v=False):
+            self.removed.append(container)
+
+    api = Api()
+    made = engine.Engine()
+    made._sdk = type("Sdk", (), {"api": api})()
+    copied = made.copy_from_image("x:1", ["/etc/os-release", "/missing"], tmp_path)
+    assert copied == {"/etc/os-release": tmp_path / "os-release"}
+    assert (tmp_path / "os-release").read_text() == "ID=debian\n"
+    with made.exported_filesystem("x:1") as stream:
+        assert list(stream) == [b"tar bytes"]
+    with pytest.raises(RuntimeError), made.exported_filesystem("x:1"):
+        raise RuntimeError("the reader failed")
+    assert api.removed == ["c0ffee" * 8] * 3
+    assert all(c == {"image": "x:1", "command": ["/bin/true"],
+                     "labels": {"io.infermatrix.owner": "infermatrix"}} for c in api.created)
+
+
 # ---- the real engine ----------------------------------------------------------------------------
 
 
