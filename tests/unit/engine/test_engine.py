@@ -150,6 +150,24 @@ def test_files_are_read_from_a_created_container_that_is_always_removed(tmp_path
                      "labels": {"io.infermatrix.owner": "infermatrix"}} for c in api.created)
 
 
+def test_the_data_root_is_read_once_and_only_of_an_engine_on_this_machine(tmp_path,
+                                                                            monkeypatch):
+    """local_data_root: `docker info`'s DockerRootDir of a unix:// engine, read once; a remote
+    engine's is None without asking it. FAKE SDK clients: no Docker."""
+    class Sdk:
+        asked = 0
+
+        def info(self):
+            Sdk.asked += 1
+            return {"DockerRootDir": str(tmp_path)}
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/docker.sock")
+    here, remote = engine.Engine(), engine.Engine(engine.parse_builder("b=ssh://root@gpu-host"))
+    here._sdk = remote._sdk = Sdk()
+    assert here.local_data_root() == tmp_path and here.local_data_root() == tmp_path
+    assert remote.local_data_root() is None and Sdk.asked == 1
+
+
 # ---- the real engine ----------------------------------------------------------------------------
 
 
