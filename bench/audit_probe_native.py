@@ -32,7 +32,8 @@ from infermatrix.state import StatePaths  # noqa: E402
 def default_image() -> str:
     with tempfile.TemporaryDirectory() as state:
         return base.build_base(load_matrix(ROOT / "tests" / "real" / "matrix.yaml"), "bookworm",
-                               StatePaths.at(Path(state)), platform="linux/arm64").ref
+                               StatePaths.at(Path(state)), platform="linux/arm64",
+                               docker=Engine()).ref
 
 
 def timed(image: str, digests: list[str], native: audit.NativePython | None

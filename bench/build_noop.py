@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from infermatrix.stages import base, render  # noqa: E402
 from infermatrix.options import RunOptions  # noqa: E402
 from infermatrix.stages.build import build_cells  # noqa: E402
+from infermatrix.engine.docker import Engine  # noqa: E402
 from infermatrix.context import Context, setup_command_log  # noqa: E402
 from infermatrix.stages.plan import plan_matrix  # noqa: E402
 
@@ -36,15 +37,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-build-noop-") as state_dir:
         ctx = Context.load(args.matrix, state_dir)
         setup_command_log(ctx.state)
+        docker = Engine()  # DOCKER_HOST / the current context
         plans = [p for p in plan_matrix(ctx, select=args.select or DEFAULT_SELECT) if p.planned]
-        base.build_base(ctx.matrix, ctx.matrix.bases["default"], ctx.state)
+        base.build_base(ctx.matrix, ctx.matrix.bases["default"], ctx.state, docker=docker)
         render.render_cells(ctx, plans)
         quiet = RunOptions(no_cache=args.no_cache)
         started = time.monotonic()
-        cold = build_cells(ctx, ctx.specs(plans), quiet, echo=lambda _line: None)
+        cold = build_cells(ctx, ctx.specs(plans), quiet, echo=lambda _line: None, docker=docker)
         cold_s = time.monotonic() - started
         started = time.monotonic()
-        rerun = build_cells(ctx, ctx.specs(plans), RunOptions(), echo=lambda _line: None)
+        rerun = build_cells(ctx, ctx.specs(plans), RunOptions(), echo=lambda _line: None,
+                            docker=docker)
         rerun_s = time.monotonic() - started
         builds = sum(1 for ln in ctx.state.commands_log.read_text().splitlines()
                      if "--progress=plain" in ln)

@@ -124,7 +124,7 @@ def main() -> int:
         ctx = Context.load(args.matrix, state_dir)
         setup_command_log(ctx.state)
         plan = next(p for p in plan_matrix(ctx) if p.planned and p.id.endswith(args.cell))
-        base.build_base(ctx.matrix, ctx.matrix.bases["default"], ctx.state)
+        base.build_base(ctx.matrix, ctx.matrix.bases["default"], ctx.state, docker=DOCKER)
         render.render_cells(ctx, [plan])
         spec = ctx.matrix.build["kernels"][KERNEL]
         planned = build.compile_plan_for(ctx, [[KERNEL]], RunOptions())

@@ -63,9 +63,11 @@ def test_ctx(shared_state_dir: Path):
 @pytest.fixture(scope="session")
 def built_base(docker_available, test_ctx) -> str:
     """The test matrix's debootstrap base image reference (built once, then reused)."""
+    from infermatrix.engine.docker import Engine
     from infermatrix.stages import base
 
-    result = base.build_base(test_ctx.matrix, test_ctx.matrix.bases["default"], test_ctx.state)
+    result = base.build_base(test_ctx.matrix, test_ctx.matrix.bases["default"], test_ctx.state,
+                             docker=Engine())
     return result.ref
 
 

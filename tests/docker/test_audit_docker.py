@@ -95,7 +95,8 @@ def images(built_base: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 def test_fixture_built_for_sm120_covers_sm120_and_sm121(test_ctx, images) -> None:
     plan = plan_for("sm_120")
-    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120"], ["sm_120", "sm_121"])
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120"], ["sm_120", "sm_121"],
+                              docker=DOCKER)
     kernels = result.check("kernels")
     assert kernels is not None and kernels.status == PASS, kernels
     [obj] = result.objects
@@ -117,7 +118,7 @@ def test_fixture_built_for_sm120_covers_sm120_and_sm121(test_ctx, images) -> Non
 def test_fixture_built_only_as_sm120a_fails_for_sm121_and_names_the_object(test_ctx,
                                                                            images) -> None:
     plan = plan_for("sm_121")
-    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120a"])
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120a"], docker=DOCKER)
     assert result.targets == [Arch(12, 1)]
     assert not result.passed
     assert result.check("kernels").status == FAIL
@@ -129,17 +130,19 @@ def test_fixture_built_only_as_sm120a_fails_for_sm121_and_names_the_object(test_
     assert record["details"]["uncovered"] == [f"{OBJECT} (sm_121)"]
     # the same object on its own arch is covered (an `a` cubin runs on exactly its CC)
     again = audit.audit_cell(test_ctx, test_ctx.spec(plan), images["120a"], ["sm_120"],
-                             record=False)
+                             record=False, docker=DOCKER)
     assert again.check("kernels").status == PASS
 
 
 def test_cuobjdump_results_are_cached_by_content(test_ctx, images) -> None:
     cache = test_ctx.state.root / "cache" / "cuobjdump"
-    audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")), images["120"], record=False)
+    audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")), images["120"], record=False,
+                     docker=DOCKER)
     entries = sorted(cache.glob("*.json"))
     assert len(entries) >= 1
     before = {p: p.stat().st_mtime_ns for p in entries}
-    audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")), images["120"], record=False)
+    audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")), images["120"], record=False,
+                     docker=DOCKER)
     assert {p: p.stat().st_mtime_ns for p in sorted(cache.glob("*.json"))} == before
 
 
@@ -191,7 +194,8 @@ def real_cells(test_ctx, built_base) -> dict[str, tuple[CellPlan, str]]:
     plans = plan_matrix(test_ctx, select=[GOOD_CELL, ARCH_SPECIFIC_CELL],
                         source=recorded_metadata)
     render.render_cells(test_ctx, plans)
-    results = build.build_cells(test_ctx, test_ctx.specs(plans), RunOptions(wait=True))
+    results = build.build_cells(test_ctx, test_ctx.specs(plans), RunOptions(wait=True),
+                                docker=DOCKER)
     for result in results.values():
         assert result.status == "pass", result.summary()
     return {p.id: (p, results[p.id].image_id) for p in plans}
@@ -202,7 +206,8 @@ def real_cells(test_ctx, built_base) -> dict[str, tuple[CellPlan, str]]:
 def test_real_cell_compiled_for_sm120_passes_every_check_for_sm120_and_sm121(test_ctx,
                                                                             real_cells) -> None:
     plan, image = real_cells[GOOD_CELL]
-    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), image, ["sm_120", "sm_121"])
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), image, ["sm_120", "sm_121"],
+                              docker=DOCKER)
     assert result.passed, result.reason
     assert {c.name: c.status for c in result.checks} == {
         "kernels": PASS, "cuda-major": PASS, "torch-cuda": PASS, "pins": PASS,
@@ -217,7 +222,7 @@ def test_real_cell_compiled_for_sm120_passes_every_check_for_sm120_and_sm121(tes
 @pytest.mark.network
 def test_real_cell_with_only_an_sm120a_cubin_fails_for_sm121(test_ctx, real_cells) -> None:
     plan, image = real_cells[ARCH_SPECIFIC_CELL]
-    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), image)
+    result = audit.audit_cell(test_ctx, test_ctx.spec(plan), image, docker=DOCKER)
     assert not result.passed
     assert result.uncovered == [f"{OBJECT} (sm_121)"]
     assert [c.name for c in result.checks if c.status == FAIL] == ["kernels"]
@@ -229,7 +234,7 @@ def test_real_cell_with_only_an_sm120a_cubin_fails_for_sm121(test_ctx, real_cell
 
 def test_missing_image_fails_the_audit_with_a_reason(test_ctx, docker_available) -> None:
     result = audit.audit_cell(test_ctx, test_ctx.spec(plan_for("sm_120")),
-                              "infermatrix-audit-test:no-such-tag", record=False)
+                              "infermatrix-audit-test:no-such-tag", record=False, docker=DOCKER)
     assert not result.passed
     [probe] = result.checks
     assert probe.name == "probe" and "no-such-tag" in probe.detail
@@ -253,7 +258,8 @@ def arm64_image(tmp_path_factory: pytest.TempPathFactory, docker_available) -> s
 
     workdir = tmp_path_factory.mktemp("arm64-probe")
     ref = base.build_base(load_matrix(REAL_MATRIX), "bookworm",
-                          StatePaths.at(workdir / "state"), platform="linux/arm64").ref
+                          StatePaths.at(workdir / "state"), platform="linux/arm64",
+                          docker=DOCKER).ref
     if engine.host_platform() == "linux/arm64":
         pytest.skip("this host runs arm64 images natively: nothing is emulated")
     site = workdir / "ctx" / "site"

@@ -27,5 +27,5 @@ def test_built_base_has_python_and_its_labels(built_base, test_ctx, tmp_path):
     assert "/usr/bin/python3" in copied
     assert (tmp_path / "debian_version").read_text().startswith("12.")
     # Building again finds the tag: nothing is done.
-    again = base.build_base(test_ctx.matrix, "bookworm", test_ctx.state)
+    again = base.build_base(test_ctx.matrix, "bookworm", test_ctx.state, docker=DOCKER)
     assert not again.built and again.ref == built_base

@@ -143,7 +143,7 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
     setup_command_log(mini_ctx.state)
     echoed: list[str] = []
     results = build_cells(mini_ctx, _cells(mini_ctx, "mini", "broken"),
-                          RunOptions(), echo=echoed.append)
+                          RunOptions(), echo=echoed.append, docker=DOCKER)
     mini1, mini2 = _cell(mini_ctx, "mini1.0"), _cell(mini_ctx, "mini2.0")
     broken = _cell(mini_ctx, "broken1.0")
     assert results[mini1].status == results[mini2].status == "pass"
@@ -190,7 +190,8 @@ def test_first_run_builds_reuses_the_kernel_and_reports_the_failure(mini_ctx):
 
 def test_rerun_does_no_work(mini_ctx):
     before = len(_build_commands(mini_ctx))
-    results = build_cells(mini_ctx, _cells(mini_ctx, "mini"), RunOptions(), echo=lambda _: None)
+    results = build_cells(mini_ctx, _cells(mini_ctx, "mini"), RunOptions(), echo=lambda _: None,
+                          docker=DOCKER)
     assert all(r.status == "pass" and r.reused for r in results.values())
     assert len(_build_commands(mini_ctx)) == before
 
@@ -200,7 +201,8 @@ def test_changed_context_rebuilds_only_that_cell(mini_ctx):
     extra = mini_ctx.images_dir / mini2 / "notes.txt"
     extra.write_text("a new file in the build context\n")
     try:
-        results = build_cells(mini_ctx, _cells(mini_ctx, "mini"), RunOptions(), echo=lambda _: None)
+        results = build_cells(mini_ctx, _cells(mini_ctx, "mini"), RunOptions(), echo=lambda _: None,
+                              docker=DOCKER)
         assert not results[mini2].reused and results[mini2].status == "pass"
         assert results[_cell(mini_ctx, "mini1.0")].reused
     finally:
@@ -210,7 +212,7 @@ def test_changed_context_rebuilds_only_that_cell(mini_ctx):
 def test_per_cell_timeout(mini_ctx):
     slow = _cell(mini_ctx, "slow1.0")
     results = build_cells(mini_ctx, _cells(mini_ctx, "slow"),
-                          RunOptions(timeout_min=3 / 60), echo=lambda _: None)
+                          RunOptions(timeout_min=3 / 60), echo=lambda _: None, docker=DOCKER)
     assert results[slow].status == "fail" and results[slow].reason == "timed out"
     assert journal.load(mini_ctx.state, slow)["stages"]["build"]["status"] == "fail"
 
@@ -218,7 +220,7 @@ def test_per_cell_timeout(mini_ctx):
 def test_fail_fast_stops_after_the_first_failure(mini_ctx):
     plans = sorted(_plans(mini_ctx, "broken", "slow"), key=lambda p: p.cell.engine)
     results = build_cells(mini_ctx, mini_ctx.specs(plans), RunOptions(fail_fast=True),
-                          echo=lambda _: None)
+                          echo=lambda _: None, docker=DOCKER)
     assert list(results) == [_cell(mini_ctx, "broken1.0")]
 
 
@@ -238,7 +240,8 @@ def test_not_rendered_cell_fails_with_the_fix(mini_ctx, tmp_path):
     hidden = moved.with_name(moved.name + ".hidden")
     moved.rename(hidden)
     try:
-        results = build_cells(ctx, ctx.specs(plans[:1]), RunOptions(), echo=lambda _: None)
+        results = build_cells(ctx, ctx.specs(plans[:1]), RunOptions(), echo=lambda _: None,
+                              docker=DOCKER)
     finally:
         hidden.rename(moved)
     assert results[plans[0].id].status == "fail"
@@ -320,7 +323,7 @@ def test_parallel_cells_share_one_kernel_compile(mini_ctx, tmp_path):
     ctx = Context.load(mini_ctx.matrix.path, tmp_path / "state")
     ctx.matrix.data.setdefault("build", {})["max_parallel_cells"] = 2
     echoed: list[str] = []
-    results = build_cells(ctx, _cells(ctx, "mini"), RunOptions(), echo=echoed.append)
+    results = build_cells(ctx, _cells(ctx, "mini"), RunOptions(), echo=echoed.append, docker=DOCKER)
     assert "2 cell(s) compiling at once" in echoed[0]
     assert all(r.status == "pass" and not r.reused for r in results.values())
     caches = sorted(r.kernels["minik"]["cache"] for r in results.values())
@@ -342,7 +345,7 @@ def test_second_run_with_wait_runs_after_the_first(mini_ctx):
     started = time.monotonic()
     threading.Timer(2, released.set).start()
     results = build_cells(mini_ctx, _cells(mini_ctx, "mini"),
-                          RunOptions(wait=True), echo=lambda _: None)
+                          RunOptions(wait=True), echo=lambda _: None, docker=DOCKER)
     holder.join()
     assert time.monotonic() - started >= 1.5  # it waited for the holder
     assert all(r.status == "pass" for r in results.values())

@@ -68,7 +68,7 @@ def matrix_build(built_base, test_ctx):
     wanted = [p for p in plans if p.cell.engine == "vllm-cpu"
               or any(p.id.endswith(s) for s in KERNEL_CELLS)]
     render.render_cells(test_ctx, wanted)
-    results = build_cells(test_ctx, test_ctx.specs(wanted), RunOptions())
+    results = build_cells(test_ctx, test_ctx.specs(wanted), RunOptions(), docker=DOCKER)
     return plans, wanted, results
 
 
@@ -144,7 +144,7 @@ def test_the_compile_shows_ninjas_files_and_records_their_times(matrix_build, te
         import uuid
 
         result = build_cells(fresh, fresh.specs([plan]), RunOptions(compile_nonce=uuid.uuid4().hex),
-                             echo=lambda _: None)
+                             echo=lambda _: None, docker=DOCKER)
         assert result[cell].status == "pass", result[cell].summary()
         real = [(fresh, cell, result[cell])]
     for ctx, cell, result in real:
@@ -168,7 +168,8 @@ def test_rerun_does_no_work(matrix_build, test_ctx):
     plans, wanted, _results = matrix_build
     broken = _id(plans, "broken-fixture1.0-sm120")
     good = [p for p in wanted if p.id != broken]
-    again = build_cells(test_ctx, test_ctx.specs(good), RunOptions(), echo=lambda _: None)
+    again = build_cells(test_ctx, test_ctx.specs(good), RunOptions(), echo=lambda _: None,
+                        docker=DOCKER)
     assert all(r.status == "pass" and r.reused for r in again.values()), \
         [r.summary() for r in again.values()]
 
@@ -193,7 +194,8 @@ def test_verify_repro_kernels_recompiles_the_fixture_and_explains_every_differen
     cell = _id(plans, "kernel-fixture1.0-sm120")
     assert results[cell].status == "pass"
     plan = next(p for p in plans if p.id == cell)
-    [report] = repro.verify_kernels(test_ctx, test_ctx.spec(plan), against_cache=True)
+    [report] = repro.verify_kernels(test_ctx, test_ctx.spec(plan), against_cache=True,
+                                    docker=DOCKER)
     assert report.kernel == "cudakern" and report.members > 3
     assert report.sources[0].startswith("kernel cache ")
     assert report.identical or report.explained, report.summary()

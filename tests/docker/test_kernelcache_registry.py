@@ -98,7 +98,8 @@ def build_in(ctx: Context):
     setup_command_log(ctx.state)
     plans = plan_matrix(ctx)
     echoed: list[str] = []
-    result = build_cells(ctx, ctx.specs(plans), RunOptions(), echo=echoed.append)[plans[0].id]
+    result = build_cells(ctx, ctx.specs(plans), RunOptions(), echo=echoed.append,
+                         docker=DOCKER)[plans[0].id]
     assert result.status == "pass", result.summary()
     record = journal.load(ctx.state, plans[0].id)["stages"]["build"]["details"]["kernels"]
     return result, record["minik"], ctx.state.commands_log.read_text(), echoed

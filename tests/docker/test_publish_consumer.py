@@ -50,14 +50,14 @@ def tagged_cpu_plan(ctx: Context):
     tag the CPU cell in the session's shared state."""
     (plan,) = plan_matrix(ctx, select=[CPU_ID], source=recorded_metadata)
     render.render_cells(ctx, [plan])
-    built = build.build_cells(ctx, ctx.specs([plan]), RunOptions(wait=True))[CPU_ID]
+    built = build.build_cells(ctx, ctx.specs([plan]), RunOptions(wait=True), docker=DOCKER)[CPU_ID]
     assert built.status == "pass", built.reason
     record = journal.load(ctx.state, CPU_ID)
     smoked = record.get("stages", {}).get("smoke", {})
     if smoked.get("status") != "pass" or \
             (smoked.get("details") or {}).get("image_id") != record["image_id"]:
-        assert smoke.smoke_cell(ctx, ctx.spec(plan)).status == "pass"
-    decision = tag_cell(ctx, plan.cell, f"im20-consumer-{uuid.uuid4().hex[:6]}")
+        assert smoke.smoke_cell(ctx, ctx.spec(plan), docker=DOCKER).status == "pass"
+    decision = tag_cell(ctx, plan.cell, f"im20-consumer-{uuid.uuid4().hex[:6]}", docker=DOCKER)
     assert decision.allowed, decision.reason
     return plan
 

@@ -163,7 +163,8 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
     mark_tagged(ctx.state, CPU_CELL, images["cpu"], status="fail")  # smoke failed: not tagged
     lock_path = tmp_path / "images.lock"
 
-    result = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    result = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None,
+                             docker=DOCKER)
 
     assert result.pushed == [GPU_CELL] and result.ok
     assert tags_of(registry, repo) == [GPU_CELL]  # the failed cell left no tag
@@ -186,7 +187,8 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
         remote.digest
     before = lock_path.read_text()
 
-    again = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    again = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None,
+                            docker=DOCKER)
 
     assert again.pushed == [] and again.unchanged == [GPU_CELL]
     assert lock_path.read_text() == before  # same digest, same time: the lock does not churn
@@ -221,7 +223,8 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     repo = unique_repo("immutable")
     first = make_context(tmp_path / "first", registry, repo)
     mark_tagged(first.state, GPU_CELL, images["gpu-a"])
-    publish.publish(first, lock_path=tmp_path / "images.lock", creds=good(), say=lambda _: None)
+    publish.publish(first, lock_path=tmp_path / "images.lock", creds=good(), say=lambda _: None,
+                    docker=DOCKER)
     held = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert held is not None
     # The same cell rebuilt into another image, tested and tagged in another state directory.
@@ -243,7 +246,7 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     assert journal.load(rebuilt.state, GPU_CELL)["stages"]["publish"]["status"] == "fail"
 
     moved = publish.publish(rebuilt, lock_path=tmp_path / "images.lock", creds=good(),
-                            allow_retag=True, say=lambda _: None)
+                            allow_retag=True, say=lambda _: None, docker=DOCKER)
 
     assert moved.pushed == [GPU_CELL]
     assert registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good()).config_digest == \
@@ -257,7 +260,7 @@ def test_a_cell_rebuilt_since_its_tag_is_not_published(tmp_path, registry, image
     journal.update(ctx.state, GPU_CELL, image_id=images["gpu-b"])  # build ran again after tag
 
     result = publish.publish(ctx, lock_path=tmp_path / "images.lock", creds=good(),
-                             say=lambda _: None)
+                             say=lambda _: None, docker=DOCKER)
 
     assert GPU_CELL in result.failed and "rebuilt since it was tagged" in result.failed[GPU_CELL]
     assert tags_of(registry, repo) == []
@@ -270,7 +273,8 @@ def test_aliases_follow_the_newest_cell_after_the_immutable_tags(tmp_path, regis
     mark_tagged(ctx.state, GPU_CELL_2, images["gpu2"])
     lock_path = tmp_path / "images.lock"
 
-    result = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    result = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None,
+                             docker=DOCKER)
 
     assert sorted(result.pushed) == sorted([GPU_CELL, GPU_CELL_2])
     assert result.aliases == {"kernel-fixture-sm120-latest": "pushed"}
@@ -287,12 +291,12 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
     entry = publish.read_images_lock(lock_path)["images"][CPU_CELL]
     DOCKER.remove_image(images["cpu"], force=True)  # ours: every tag goes, the layers too
     assert DOCKER.inspect_image(images["cpu"]) is None
 
-    info = pull.pull_entry(entry, good())  # only the registry can bring it back now
+    info = pull.pull_entry(entry, good(), docker=DOCKER)  # only the registry can bring it back now
 
     assert info["Id"] == images["cpu"]
     assert entry["reference"] in info["RepoDigests"]
@@ -317,12 +321,12 @@ def test_pull_refuses_an_image_that_does_not_match_the_lock(tmp_path, registry, 
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
     entry = publish.read_images_lock(lock_path)["images"][CPU_CELL]
     entry["labels"]["io.infermatrix.torch"] = "2.12.0"  # a lock edited by hand
 
     with pytest.raises(publish.StageFailure, match="io.infermatrix.torch"):
-        pull.pull_entry(entry, good())
+        pull.pull_entry(entry, good(), docker=DOCKER)
 
 
 def test_images_lock_round_trips_after_a_real_publish(tmp_path, registry, images):
@@ -331,7 +335,7 @@ def test_images_lock_round_trips_after_a_real_publish(tmp_path, registry, images
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     mark_tagged(ctx.state, GPU_CELL, images["gpu-a"])
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
 
     lock = publish.read_images_lock(lock_path)
     publish.write_images_lock(tmp_path / "again.lock", lock)
@@ -380,7 +384,7 @@ def test_anonymous_push_to_an_authenticated_registry_is_refused(tmp_path, regist
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
 
     with pytest.raises(registry_api.RegistryAuthError, match="anonymous"):
-        publish.publish(ctx, lock_path=tmp_path / "images.lock", say=lambda _: None)
+        publish.publish(ctx, lock_path=tmp_path / "images.lock", say=lambda _: None, docker=DOCKER)
     assert repo not in catalog(registry)
 
 
@@ -398,13 +402,14 @@ def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, image
     assert ctx.matrix.tag_policy["allow_static_only"] is True  # the test matrix's policy
     mark_smoked(ctx.state, GPU_CELL, images["gpu-a"])
     local_repo = f"infermatrix-test-static-{uuid.uuid4().hex[:6]}"
-    decision = tagging.tag_cell(ctx, publish.cell_from_labels(labels_for(GPU_CELL)), local_repo)
+    decision = tagging.tag_cell(ctx, publish.cell_from_labels(labels_for(GPU_CELL)), local_repo,
+                                docker=DOCKER)
     assert decision.allowed and decision.kind == tagging.STATIC_ONLY, decision.reason
     derived = journal.load(ctx.state, GPU_CELL)["stages"]["tag"]["details"]["tagged_image_id"]
     images[f"derived-{repo}"] = derived  # removed with the others at the end
 
     result = publish.publish(ctx, lock_path=tmp_path / "images.lock", creds=good(),
-                             say=lambda _: None)
+                             say=lambda _: None, docker=DOCKER)
 
     assert result.pushed == [GPU_CELL]
     remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
@@ -424,7 +429,7 @@ def published_lock(tmp_path: Path, registry: str, cell_id: str, image_id: str) -
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, cell_id, image_id)
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None)
+    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
     return lock_path
 
 

@@ -26,7 +26,7 @@ def test_cli_fills_missing_image_sizes_from_docker(built_base, tmp_path):
         TAGGED: {"image_id": info["Id"], "stages": {"build": {"status": "pass"}}},
         RENDERED: {"image_id": None, "stages": {}},
         VERIFIED: {"image_id": info["Id"], "image_size_bytes": 123, "stages": {}}})
-    assert fill_image_sizes(records) == 1
+    assert fill_image_sizes(records, engine.Engine()) == 1
     assert records[TAGGED].extra["image_size_bytes"] == info["Size"] > 0
     assert records[VERIFIED].extra["image_size_bytes"] == 123  # a recorded size wins
     assert cell(build_report(records, []), TAGGED).image_size == info["Size"]

@@ -113,7 +113,7 @@ COPY --from=compile-k /wheels/ /wheels/
 def test_without_the_repro_block_the_differences_are_listed(tmp_path, built_base):
     ctx = _light_cell(tmp_path, built_base, fixed=False)
     [plan] = plan_matrix(ctx, [CPU_CELL])
-    report = repro.verify_repro(ctx, ctx.spec(plan))
+    report = repro.verify_repro(ctx, ctx.spec(plan), docker=engine.Engine())
     assert not report.identical
     categories = report.by_category()
     assert categories.get("python bytecode (.pyc)", 0) > 0  # pip/ensurepip/import timestamps

@@ -49,7 +49,8 @@ def built_plan(ctx: Context, cell_id: str):
     """Plan (recorded index answers), render and build one cell of the test matrix."""
     (plan,) = plan_matrix(ctx, select=[cell_id], source=recorded_metadata)
     render.render_cells(ctx, [plan])
-    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(wait=True))[cell_id]
+    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(wait=True),
+                               docker=DOCKER)[cell_id]
     assert result.status == "pass", result.reason
     return plan
 
@@ -62,7 +63,7 @@ def cpu_plan(docker_available, built_base, test_ctx):
 @pytest.fixture(scope="module")
 def cpu_smoked(cpu_plan, test_ctx):
     """Every level of the vllm-cpu cell, once, in the shared state: (result, journal record)."""
-    result = smoke.smoke_cell(test_ctx, test_ctx.spec(cpu_plan))
+    result = smoke.smoke_cell(test_ctx, test_ctx.spec(cpu_plan), docker=DOCKER)
     return result, journal.load(test_ctx.state, CPU_ID)
 
 
@@ -135,12 +136,12 @@ def test_vllm_cpu_cell_passes_static_and_model_and_is_tagged(cpu_plan, cpu_smoke
     repository = f"infermatrix-smoketest-{uuid.uuid4().hex[:8]}"
     ref = f"{repository}:{CPU_ID}"
     scratch_refs.append(ref)
-    decision = tag_cell(test_ctx, cpu_plan.cell, repository)
+    decision = tag_cell(test_ctx, cpu_plan.cell, repository, docker=DOCKER)
     assert decision.allowed and decision.kind == TESTED, decision.reason
     assert DOCKER.image_id_of(ref) == record["image_id"]  # the exact image that was tested
     tag = journal.load(test_ctx.state, CPU_ID)["stages"]["tag"]
     assert tag["status"] == "pass" and tag["details"]["image_id"] == record["image_id"]
-    assert tag_cell(test_ctx, cpu_plan.cell, repository).allowed  # idempotent
+    assert tag_cell(test_ctx, cpu_plan.cell, repository, docker=DOCKER).allowed  # idempotent
     assert journal.load(test_ctx.state, CPU_ID)["stages"]["tag"]["details"]["unchanged"]
 
 
@@ -153,7 +154,7 @@ def test_a_tag_naming_another_image_is_not_moved(cpu_plan, cpu_smoked, built_bas
     ref = f"{repository}:{CPU_ID}"
     scratch_refs.append(ref)
     DOCKER.tag_image(built_base, ref)  # the name is taken by another image
-    decision = tag_cell(ctx, cpu_plan.cell, repository)
+    decision = tag_cell(ctx, cpu_plan.cell, repository, docker=DOCKER)
     assert not decision.allowed and "tags are not moved" in decision.reason
     assert DOCKER.image_id_of(ref) == DOCKER.image_id_of(built_base)
     assert journal.load(ctx.state, CPU_ID)["stages"]["tag"]["status"] == "fail"
@@ -162,7 +163,8 @@ def test_a_tag_naming_another_image_is_not_moved(cpu_plan, cpu_smoked, built_bas
 def test_broken_shape_fixture_fails_model_with_the_engine_log_and_is_not_tagged(
         cpu_plan, test_ctx, tmp_path):
     ctx = isolated(test_ctx, tmp_path, CPU_ID)
-    smoke.smoke_cell(ctx, ctx.spec(cpu_plan), RunOptions(levels=["model"], fixture="broken"))
+    smoke.smoke_cell(ctx, ctx.spec(cpu_plan), RunOptions(levels=["model"], fixture="broken"),
+                     docker=DOCKER)
     stage = journal.load(ctx.state, CPU_ID)["stages"]["smoke"]
     model = stage["details"]["levels"]["model"]
     assert stage["status"] == "fail"
@@ -172,7 +174,7 @@ def test_broken_shape_fixture_fails_model_with_the_engine_log_and_is_not_tagged(
     # the engine's own words (vLLM's CPU gated-delta-net kernel refuses head_dim 16)
     assert "head_dim" in model["engine_log_tail"]
     assert not smoke_containers(CPU_ID)
-    decision = tag_cell(ctx, cpu_plan.cell, "infermatrix-smoketest-never")
+    decision = tag_cell(ctx, cpu_plan.cell, "infermatrix-smoketest-never", docker=DOCKER)
     assert not decision.allowed and decision.reason.startswith("failed: model")
     assert DOCKER.image_id_of(f"infermatrix-smoketest-never:{CPU_ID}") is None
 
@@ -181,14 +183,14 @@ def test_launched_without_the_reasoning_parser_fails_thinking_on(cpu_plan, test_
     ctx = isolated(test_ctx, tmp_path, CPU_ID)
     settings = dataclasses.replace(cpu_plan.settings, engine_args=["--enforce-eager"])
     plan = dataclasses.replace(cpu_plan, settings=settings)
-    smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["model"]))
+    smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["model"]), docker=DOCKER)
     model = journal.load(ctx.state, CPU_ID)["stages"]["smoke"]["details"]["levels"]["model"]
     checks = {c["check"]: c for c in model["checks"]}
     assert model["status"] == "fail"
     assert checks["thinking_on"]["status"] == "fail"
     assert "reasoning parser" in checks["thinking_on"]["reason"]
     assert model["engine_log_tail"].strip()
-    assert not tag_cell(ctx, plan.cell, "infermatrix-smoketest-never").allowed
+    assert not tag_cell(ctx, plan.cell, "infermatrix-smoketest-never", docker=DOCKER).allowed
 
 
 def test_cuda_cell_on_a_gpu_less_host_skips_gpu_and_is_not_tagged(cuda_plan, test_ctx,
@@ -196,7 +198,7 @@ def test_cuda_cell_on_a_gpu_less_host_skips_gpu_and_is_not_tagged(cuda_plan, tes
     """host_gpu=False: what a host without a GPU gets, on any host (no skip on a GPU host)."""
     ctx = isolated(test_ctx, tmp_path, CUDA_ID, tag_policy={
         "require": ["static", "gpu", "model"], "allow_static_only": False})
-    smoke.smoke_cell(ctx, ctx.spec(cuda_plan), RunOptions(host_gpu=False))
+    smoke.smoke_cell(ctx, ctx.spec(cuda_plan), RunOptions(host_gpu=False), docker=DOCKER)
     levels = journal.load(ctx.state, CUDA_ID)["stages"]["smoke"]["details"]["levels"]
     assert levels["gpu"]["status"] == "skip" and levels["gpu"]["reason"] == "no GPU on this host"
     assert levels["gpu"]["needs_gpu"] is True
@@ -205,7 +207,7 @@ def test_cuda_cell_on_a_gpu_less_host_skips_gpu_and_is_not_tagged(cuda_plan, tes
     assert cudakern["distribution"] == "cudakern" and cudakern["status"] == "pass"
     assert [e["status"] for e in cudakern["extensions"]] == ["pass"]  # libcudakern.so loads
 
-    decision = tag_cell(ctx, cuda_plan.cell, "infermatrix-smoketest-never")
+    decision = tag_cell(ctx, cuda_plan.cell, "infermatrix-smoketest-never", docker=DOCKER)
     assert not decision.allowed
     assert decision.skipped["gpu"] == "no GPU on this host"
     assert journal.load(ctx.state, CUDA_ID)["stages"]["tag"]["status"] == "skip"
@@ -300,6 +302,6 @@ def test_cpu_lane_records_the_servers_mapped_objects_and_the_audit_uses_them(cpu
     assert model["loaded_set"]["status"] == "pass", model["loaded_set"]
     assert any(isa[0] in note for note in model["loaded_set"]["notes"])
     result = audit.audit_cell(test_ctx, test_ctx.spec(cpu_plan), record["image_id"],
-                              record=False)
+                              record=False, docker=DOCKER)
     check = result.check("loaded-set")
     assert check.status == "pass" and check.data["mapped"] == len(mapped["objects"])

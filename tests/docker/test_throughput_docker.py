@@ -41,7 +41,7 @@ def measured(docker_available, test_ctx, tmp_path_factory):
                                                         "smoke": settings})
     ctx = Context(matrix=matrix, state=state)
     (plan,) = plan_matrix(ctx, select=[CPU_ID], source=recorded_metadata)
-    smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["throughput"]))
+    smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["throughput"]), docker=DOCKER)
     return ctx, journal.load(state, CPU_ID)
 
 

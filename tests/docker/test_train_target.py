@@ -59,8 +59,8 @@ def two_targets(built_base, tmp_path_factory):
     plans = plan_cells(ctx, [TRAIN_CELL])
     render.render_cells(ctx, plans)
     cells = ctx.specs(plans)
-    built = build_cells(ctx, cells, RunOptions())[TRAIN_CELL]
-    trained = train.train_cells(ctx, cells, RunOptions())[TRAIN_CELL]
+    built = build_cells(ctx, cells, RunOptions(), docker=DOCKER)[TRAIN_CELL]
+    trained = train.train_cells(ctx, cells, RunOptions(), docker=DOCKER)[TRAIN_CELL]
     yield ctx, cells, built, trained
     for ref in (local_ref(TRAIN_CELL), train_ref(TRAIN_CELL)):
         DOCKER.remove_image(ref, force=True)
@@ -94,5 +94,5 @@ def test_the_train_target_adds_the_kernel_on_top_of_the_serving_image(two_target
 
 def test_a_rerun_reuses_the_training_image(two_targets):
     ctx, cells, _, trained = two_targets
-    again = train.train_cells(ctx, cells, RunOptions())[TRAIN_CELL]
+    again = train.train_cells(ctx, cells, RunOptions(), docker=DOCKER)[TRAIN_CELL]
     assert again.status == "pass" and again.reused and again.image_id == trained.image_id

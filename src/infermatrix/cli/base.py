@@ -31,11 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from ..stages import base
     from ..context import Context, setup_command_log
+    from ..engine.docker import Engine
     from ..errors import UsageError
 
     ctx = Context.load(args.matrix, args.state_dir, args.offline)
     setup_command_log(ctx.state, args.verbose)
     names = args.names or base.debootstrap_bases(ctx.matrix)
+    docker = Engine()  # this machine's: DOCKER_HOST / the current context
     for name in names:
         base.recipe_for(ctx.matrix, name)  # validate every name before building any
     for platform in args.platforms or []:
@@ -46,7 +48,7 @@ def run_build(args: argparse.Namespace) -> int:
         for platform in args.platforms or [None]:
             result = base.build_base(ctx.matrix, name, ctx.state, force=args.force,
                                      timeout=args.timeout_min * 60, platform=platform,
-                                     echo=lambda line: print(line, flush=True))
+                                     echo=lambda line: print(line, flush=True), docker=docker)
             what = "built" if result.built else "present"
             print(f"{name}{f' ({platform})' if platform else ''}: {result.ref} {what} "
                   f"({result.image_id[:19]}, {result.duration_s:.1f} s)")

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 from ..errors import StageFailure, UsageError
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock, select_entries
 from ..consumer.pull import docker_run_line, pull_entry
+from ..engine.docker import Engine
 from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
 from ..state import run_lock
@@ -120,6 +121,7 @@ def run_pull(args: argparse.Namespace) -> int:
     lock = read_images_lock(args.lock)
     entries = select_entries(lock, args.cell)
     consumer_state(args.lock)
+    docker = Engine()  # DOCKER_HOST / the current context
     verify = None if args.no_pull else \
         sign.verify_options(args.key, args.skip_verify, args.require_levels)
     for entry in entries:
@@ -131,7 +133,7 @@ def run_pull(args: argparse.Namespace) -> int:
         else:  # the signed statement, checked against this cell and images.lock, or --skip-verify
             creds = registries.credentials_for(entry["repository"])
             acted = sign.verified_entry(entry["cell"], entry, verify, creds)
-            info = pull_entry(acted, creds, host_check=host_checker(args))
+            info = pull_entry(acted, creds, host_check=host_checker(args), docker=docker)
             said = "the signed statement" if acted.get("verified_by") else \
                 "images.lock (NOT VERIFIED)"
             print(f"# pulled {acted['reference']} (image {info['Id']}, labels match {said})")

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..engine.docker import Engine
 from ..errors import ConfigError, InfermatrixError, UsageError
 from ..model.cell import CellPlan
 from ..stages.report import (build_report, fill_image_sizes, load_journal, load_plan_file,
@@ -94,7 +95,7 @@ def run_merge(args: argparse.Namespace, state: StatePaths) -> int:
     merged = merge_dirs(args.merge)
     plans = resolve_plans(args, state)
     if not args.no_docker:
-        fill_image_sizes(merged.records)
+        fill_image_sizes(merged.records, Engine())
     logs = {cell: StatePaths.at(root) for cell, root in merged.sources.items()}
     report = build_report(merged.records, plans, logs)
     out = Path(args.out) if args.out else state.reports
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     plans = resolve_plans(args, state)
     records = load_journal(state)
     if not args.no_docker:
-        fill_image_sizes(records)
+        fill_image_sizes(records, Engine())
     report = build_report(records, plans, state)
     out = Path(args.out) if args.out else state.reports
     files = write_report(report, out)

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..engine import registry as registries
+from ..engine.docker import Engine
 from ..errors import UsageError
 from ..stages import sign
 from .publish import consumer_state, verify_flags
@@ -80,7 +81,7 @@ def run_verify(args: argparse.Namespace) -> int:
         raise UsageError(f"--soak-s {args.soak_s:g}: give a positive number of seconds")
     verdict = verify_entry(entry, args.model_dir.absolute(), out.with_suffix(".log"), levels,
                            args.expect, not args.no_answer_check, unified=unified,
-                           soak_s=args.soak_s)
+                           soak_s=args.soak_s, docker=Engine())  # DOCKER_HOST / the context
     verdict["signature"] = {"verified_by": entry.get("verified_by"),
                             "note": None if entry.get("verified_by") else
                             f"NOT VERIFIED ({sign.SKIP_FLAG})"}

@@ -51,11 +51,10 @@ HostChecker = Callable[[dict[str, Any], dict[str, str]], None]
 
 def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | None = None,
                host_check: HostChecker | None = None, verify: Any = None,
-               say: Callable[[str], None] = print, docker: Engine | None = None
-               ) -> dict[str, Any]:
-    """Pull a locked cell by digest into `docker` (default DOCKER_HOST / the current context)
-    with publish's credentials (`registries.credentials_for`); `entry` is what the consumer
-    acts on (sign.verified_entry: the signed statement, or images.lock's entry unverified).
+               say: Callable[[str], None] = print, *, docker: Engine) -> dict[str, Any]:
+    """Pull a locked cell by digest into `docker` with publish's credentials
+    (`registries.credentials_for`); `entry` is what the consumer acts on
+    (sign.verified_entry: the signed statement, or images.lock's entry unverified).
     Before any layer moves: the registry's config of the digest holds the entry's image id
     and labels, and `host_check(entry, labels)` passes (it raises when this host cannot run
     it). `verify` (sign.VerifyOptions): verify `entry` here first (for a caller that has not)."""
@@ -72,7 +71,7 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
     if host_check is not None:
         host_check(entry, labels)
     with Heartbeat(f"pull of {entry['reference']}"):
-        info = registries.pull_by_digest(docker or Engine(), entry["repository"],
+        info = registries.pull_by_digest(docker, entry["repository"],
                                          entry["digest"], creds)
     problems = verify_pulled(entry, info)
     if problems:

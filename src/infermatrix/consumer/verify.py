@@ -164,12 +164,10 @@ def verify_workload(entry: dict[str, Any], harness: Harness, model_dir: Path, gp
 def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
                  levels: list[str] | None = None, expect: str | None = "Paris",
                  answer_check: bool = True, gpu_here: bool | None = None,
-                 gpus: Any = True, unified: Sizing | None = None,
-                 docker: Engine | None = None, soak_s: float | None = None) -> dict[str, Any]:
-    """The verdict of this host for one images.lock entry (levels run in order, in `docker`,
-    default DOCKER_HOST / the current context); `unified`: the engine's memory on a
-    unified-memory GPU host (unified_sizing)."""
-    docker = docker or Engine()
+                 gpus: Any = True, unified: Sizing | None = None, *,
+                 docker: Engine, soak_s: float | None = None) -> dict[str, Any]:
+    """The verdict of this host for one images.lock entry (levels run in order, in `docker`);
+    `unified`: the engine's memory on a unified-memory GPU host (unified_sizing)."""
     image_id = image_of(entry, docker)
     gpu_here = smoke.host_has_gpu() if gpu_here is None else gpu_here
     log_path.parent.mkdir(parents=True, exist_ok=True)

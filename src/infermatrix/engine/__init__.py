@@ -1,1 +1,1 @@
-"""Adapters: the Docker engine (docker.py, the only importer of the SDK) and registries (registry.py)."""
+"""Adapters: Docker engines (docker.py's Engine; only this package imports the SDK), registries."""

@@ -143,7 +143,7 @@ def assign(cells: list[CellSpec], builders: list[Builder], previous: dict[str, s
     return refused
 
 
-_FROM = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$",
+_FROM = re.compile(r"^[ \t]*FROM[ \t]+(?:--platform=\S+[ \t]+)?(\S+)(?:[ \t]+AS[ \t]+(\S+))?",
                    re.IGNORECASE | re.MULTILINE)
 
 
@@ -154,8 +154,8 @@ def base_refs(dockerfile_text: str) -> list[str]:
     refs: list[str] = []
     for match in _FROM.finditer(dockerfile_text):
         ref, alias = match.group(1), match.group(2)
-        if (ref.lower() not in stages and ref != "scratch" and ref not in refs
-                and "$" not in ref):
+        if ref.lower() != "scratch" and ref.lower() not in stages and "$" not in ref \
+                and ref not in refs:
             refs.append(ref)
         if alias:
             stages.add(alias.lower())

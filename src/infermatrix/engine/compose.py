@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import proc
 from ..errors import UsageError
-from .docker import candidate_clients
+from .builds import candidate_clients
 
 INSTALL_HINT = ("no Compose here: install Debian's `docker-compose` package (apt-get install "
                 "docker-compose) or the Compose v2 plugin (`docker compose`)")

@@ -176,11 +176,10 @@ class RemoteManifest:
     config_digest: str | None  # the image id for a single-platform manifest; None for an index
 
 
-def registry_is_secure(host: str, docker: "engine.Engine | None" = None) -> bool:
-    """Whether the daemon (`docker`, default this machine's: the HTTP API calls are made from
-    here) talks TLS to this registry (it treats 127.0.0.0/8 as insecure)."""
-    docker = docker or engine.Engine()
-    configs = (docker.sdk().info().get("RegistryConfig") or {}).get("IndexConfigs") or {}
+def registry_is_secure(host: str) -> bool:
+    """Whether this machine's daemon (the HTTP API calls are made from here) talks TLS to this
+    registry (it treats 127.0.0.0/8 as insecure)."""
+    configs = (engine.Engine().sdk().info().get("RegistryConfig") or {}).get("IndexConfigs") or {}
     if host in configs:
         return bool(configs[host].get("Secure", True))
     name = host.rsplit(":", 1)[0] if not host.startswith("[") else host

@@ -301,12 +301,10 @@ def _base_lock(recipe: BaseRecipe) -> Iterator[None]:
 
 def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = False,
                timeout: float = 1800, platform: str | None = None,
-               echo: Callable[[str], None] | None = None, docker: Engine | None = None
-               ) -> BaseResult:
-    """Make the base image in `docker` (default: this machine's engine, DOCKER_HOST / the
-    current context; debootstrap runs here) for `platform`, default this host's, unless its
-    content-derived tag exists already; `echo` gets a line a minute while debootstrap runs."""
-    docker = docker or Engine()
+               echo: Callable[[str], None] | None = None, *, docker: Engine) -> BaseResult:
+    """Make the base image in `docker` (this machine's engine: debootstrap runs here) for
+    `platform`, default this host's, unless its content-derived tag exists already; `echo`
+    gets a line a minute while debootstrap runs."""
     recipe = recipe_for(matrix, base_name, architecture=architecture_of(platform))
     if not can_run_foreign(recipe.architecture) and not docker.image_id_of(recipe.ref):
         raise MissingTool(

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from ..model import compileplan, compileprogress
 from ..engine import docker as engine
+from ..engine.builders import base_refs
 from ..engine.docker import Engine
 from .. import journal, proc
 from ..kernels import kernelcache, kernelregistry
@@ -187,24 +188,6 @@ def input_hash(directory: Path, build_args: dict[str, str],
     return "sha256:" + digest.hexdigest()
 
 
-_FROM = re.compile(r"^[ \t]*FROM[ \t]+(?:--platform=\S+[ \t]+)?(\S+)(?:[ \t]+AS[ \t]+(\S+))?",
-                   re.IGNORECASE | re.MULTILINE)
-
-
-def base_refs(dockerfile_text: str) -> list[str]:
-    """The images a Dockerfile builds FROM (not `scratch`, not one of its own stages)."""
-    stages: set[str] = set()
-    refs: list[str] = []
-    for match in _FROM.finditer(dockerfile_text):
-        ref, alias = match.group(1), match.group(2)
-        if ref.lower() != "scratch" and ref.lower() not in stages and "$" not in ref \
-                and ref not in refs:
-            refs.append(ref)
-        if alias:
-            stages.add(alias.lower())
-    return refs
-
-
 def base_images(dockerfile_text: str, docker: Engine) -> dict[str, dict[str, Any]]:
     """FROM reference -> {"id", "digest"} of the image `docker` holds under it now (None
     where it holds none: BuildKit pulls it): what the build is made from, recorded in the
@@ -342,22 +325,17 @@ def compile_plan_for(ctx: Context, kernels_needed: list[list[Any]], options: Run
     settings = ctx.matrix.build
     needs = [kernel_need(settings.get("kernels", {}), item)
              for cell in kernels_needed for item in cell]
-    if builder is not None:
-        return compileplan.plan_for_needs(
-            builder.facts.memory, max(1, builder.facts.cpus), needs,
-            memory_source=f"builder {builder.name}: docker info MemTotal",
-            history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
-            safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
-            max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
-            cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
-            max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
-    return compileplan.plan_from_reading(
-        reading or compileplan.read_host(), needs,
-        history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
-        safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
+    history = compileplan.read_history(compileplan.history_path(ctx.state.root))
+    sizing: dict[str, Any] = dict(
+        history=history, safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
         max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
         cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
         max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
+    if builder is not None:
+        return compileplan.plan_for_needs(
+            builder.facts.memory, max(1, builder.facts.cpus), needs,
+            memory_source=f"builder {builder.name}: docker info MemTotal", **sizing)
+    return compileplan.plan_from_reading(reading or compileplan.read_host(), needs, **sizing)
 
 
 def kernel_need(specs: dict[str, dict[str, Any]], item: Any) -> compileplan.Need:
@@ -1046,14 +1024,13 @@ def compile_plan_for_cells(ctx: Context, cells: list[CellSpec], options: RunOpti
 
 
 def build_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
-                echo: Echo = print, docker: Engine | None = None) -> dict[str, CellResult]:
+                echo: Echo = print, *, docker: Engine) -> dict[str, CellResult]:
     """Build every cell of `cells` (planned cells: `ctx.specs(plans)`); hold the state lock.
 
     Up to `compile.parallel_cells` cells build at once (the planner caps it so that their
     compile budgets sum under the memory available); one at a time when it is 1.
     """
     options = options or RunOptions()
-    docker = docker or Engine()  # this machine's engine (DOCKER_HOST / the current context)
     results: dict[str, CellResult] = {}
     proc.STOPPING.clear()  # a new run of this process (an earlier one may have been stopped)
     from ..engine.builders import endpoints_for

@@ -352,11 +352,11 @@ class Publisher:
 def publish(ctx: Context, selection: Selection | None = None, registry: str | None = None,
             allow_retag: bool = False, lock_path: Path | None = None,
             creds: registries.RegistryCredentials | None = None,
-            say: Callable[[str], None] = print, docker: Engine | None = None,
+            say: Callable[[str], None] = print, *, docker: Engine,
             cells: list[CellSpec] | None = None) -> PublishResult:
-    """Push every tagged cell from `docker` (default DOCKER_HOST / the current context);
-    refused or failed cells are reported, the others go on. `cells`: the run's CellSpecs
-    (images.lock's serve command comes from them); planned here when not given.
+    """Push every tagged cell from `docker`; refused or failed cells are reported, the others
+    go on. `cells`: the run's CellSpecs (images.lock's serve command comes from them); planned
+    here when not given.
 
     A refused credential, an unreachable registry or a TLS failure stops the run at once."""
     selection = selection or Selection()
@@ -381,7 +381,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     say(f"signing: {signer.describe()}" if signer else
         "signing: none (no INFERMATRIX_COSIGN_KEY / _KEY_FILE): published UNSIGNED; pull and "
         "deploy refuse an unsigned digest unless given --skip-verify")
-    publisher = Publisher(ctx, repository, creds, lock_path, docker or Engine(), allow_retag,
+    publisher = Publisher(ctx, repository, creds, lock_path, docker, allow_retag,
                           say, signer, {c.id: c for c in cells or []})
     publisher.result.failed.update(tag_failures)
     for cand in candidates:

@@ -674,16 +674,13 @@ def load_journal(state: StatePaths) -> dict[str, CellRecord]:
     return load_records(state)
 
 
-def fill_image_sizes(records: Mapping[str, CellRecord], docker: "Engine | None" = None) -> int:
-    """Set `image_size_bytes` (in memory) from `docker` (default DOCKER_HOST / the current
-    context) for built cells whose journal has no size; without a Docker engine, nothing.
-    Returns how many were filled."""
+def fill_image_sizes(records: Mapping[str, CellRecord], docker: Engine) -> int:
+    """Set `image_size_bytes` (in memory) from `docker` for built cells whose journal has no
+    size; without a Docker engine, nothing. Returns how many were filled."""
     wanting = {cid: r.image_id for cid, r in records.items()
                if r.image_id and not image_size(r, stage_results(r))}
     if not wanting:
         return 0
-    from ..engine.docker import Engine
-    docker = docker or Engine()
     if not docker.available():
         return 0
     filled = 0

@@ -428,13 +428,12 @@ def _context_with_kernels(ctx: Context, cell: CellSpec, tmp: Path, build_args: d
 
 def build_twice(ctx: Context, cell: CellSpec, log_path: Path,
                 build_args: dict[str, str] | None = None,
-                secrets: dict[str, Path] | None = None, options: RunOptions | None = None,
-                docker: Engine | None = None) -> tuple[list[str], list[float], dict]:
+                secrets: dict[str, Path] | None = None, options: RunOptions | None = None, *,
+                docker: Engine) -> tuple[list[str], list[float], dict]:
     """Two complete no-cache builds of a rendered cell (kernels included) on `docker`; their
     image ids. Build args and secrets as `build` sizes them under `options` (--max-jobs,
     --ca-bundle)."""
     options = options or RunOptions()
-    docker = docker or Engine()
     dockerfile = build.cell_dir(ctx, cell.id) / "Dockerfile"
     if not dockerfile.is_file():
         raise StageFailure(f"{cell.id}: not rendered ({dockerfile} is missing); run "
@@ -473,12 +472,10 @@ def compare_images(first: str, second: str, docker: Engine
 
 
 def verify_repro(ctx: Context, cell: CellSpec, keep: bool = False,
-                 options: RunOptions | None = None, docker: Engine | None = None
-                 ) -> ReproReport:
+                 options: RunOptions | None = None, *, docker: Engine) -> ReproReport:
     """Build twice without cache, compare files, config and digests, list the inputs; record
     the result (journal field `repro` and <state>/reports/repro-<cell>.json); remove the two
     images unless `keep`."""
-    docker = docker or Engine()
     log_path = ctx.state.cell_log(cell.id, "repro")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"# infermatrix verify-repro {cell.id}\n", encoding="utf-8")
@@ -661,7 +658,7 @@ def compile_kernel_again(ctx: Context, cell: CellSpec, name: str, out: Path,
 
 
 def verify_kernels(ctx: Context, cell: CellSpec, against_cache: bool = False,
-                   options: RunOptions | None = None, docker: Engine | None = None
+                   options: RunOptions | None = None, *, docker: Engine
                    ) -> list[KernelReproReport]:
     """Compile each kernel stage of the cell (its compile step again, on the cached toolchain:
     compile_kernel_again) and compare the wheels member by member with a second such compile,
@@ -675,7 +672,6 @@ def verify_kernels(ctx: Context, cell: CellSpec, against_cache: bool = False,
     if not stages:
         raise StageFailure(f"{cell.id} compiles no kernel (no kernel-* stage)")
     options = options or RunOptions()
-    docker = docker or Engine()
     build_args = build.compile_plan_for(ctx, [stages], options).build_args()
     secrets = build.secrets_for(options)
     keys = build.kernel_keys_for(ctx, cell, text)

@@ -919,13 +919,12 @@ def bring_image(source: "engine.Engine", target: "engine.Engine", image_id: str,
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def smoke_cell(ctx: Context, spec: CellSpec, options: RunOptions | None = None,
-               docker: Engine | None = None) -> SmokeResult:
-    """Run the requested levels on the cell's built image, in `docker` (default: DOCKER_HOST /
-    the current context); record them in the journal. With `options.smoke_on` the levels run
-    on that engine, the image moved there from `docker` first."""
+def smoke_cell(ctx: Context, spec: CellSpec, options: RunOptions | None = None, *,
+               docker: Engine) -> SmokeResult:
+    """Run the requested levels on the cell's built image, in `docker`; record them in the
+    journal. With `options.smoke_on` the levels run on that engine, the image moved there
+    from `docker` first."""
     options = options or RunOptions()
-    docker = docker or Engine()
     if options.fixture not in FIXTURE_VARIANTS:
         raise UsageError(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
@@ -1025,13 +1024,12 @@ def workload_summary(levels: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def smoke_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
-                on_result: Callable[[SmokeResult], None] | None = None,
-                docker: Engine | None = None) -> list[SmokeResult]:
+                on_result: Callable[[SmokeResult], None] | None = None, *,
+                docker: Engine) -> list[SmokeResult]:
     """Smoke each cell in turn (one engine server at a time: vLLM on CPU takes a core)."""
     results = []
-    docker = docker or Engine()
     for spec in cells:
-        result = smoke_cell(ctx, spec, options, docker)
+        result = smoke_cell(ctx, spec, options, docker=docker)
         results.append(result)
         if on_result:
             on_result(result)

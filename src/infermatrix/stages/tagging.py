@@ -243,9 +243,8 @@ def raise_moved(ref: str, current: str, wanted: str) -> None:
 
 
 def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
-             docker: Engine | None = None) -> TagDecision:
-    """Decide, apply (in `docker`, default DOCKER_HOST / the current context) and record the
-    tag stage of one cell."""
+             *, docker: Engine) -> TagDecision:
+    """Decide, apply (in `docker`) and record the tag stage of one cell."""
     record = journal.cell_record(ctx.state, cell.id)
     policy = {**DEFAULT_POLICY, **(ctx.matrix.tag_policy or {})}
     decision = decide_tag(record, policy, cell)
@@ -255,7 +254,7 @@ def tag_cell(ctx: Context, cell: Cell, repository: str | None = None,
         return decision
     ref = tag_ref(ctx, cell, repository)
     try:
-        applied = apply_tag(decision, ref, docker or Engine())
+        applied = apply_tag(decision, ref, docker)
     except StageFailure as exc:
         decision.allowed, decision.reason, decision.failed = False, str(exc), True
         journal.record_stage(ctx.state, cell.id, "tag", journal.Status.FAIL, reason=str(exc),

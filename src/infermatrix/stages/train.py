@@ -287,12 +287,10 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
 # --------------------------------------------------------------------------------------------
 
 def train_cells(ctx: Context, cells: list[CellSpec], options: RunOptions | None = None,
-                echo: build.Echo = print, docker: Engine | None = None
-                ) -> dict[str, TrainResult]:
+                echo: build.Echo = print, *, docker: Engine) -> dict[str, TrainResult]:
     """The training images of `cells` (those with training-only kernels and a built serving
     image), one after another: each compile takes the host's width (the compile gate)."""
     options = options or RunOptions()
-    docker = docker or Engine()
     chosen = candidates(ctx, cells)
     results: dict[str, TrainResult] = {}
     if not chosen:

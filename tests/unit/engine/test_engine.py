@@ -1,4 +1,4 @@
-"""engine/docker.py's pure helpers, no Docker (against the real engine:
+"""The engine's pure helpers (engine/docker.py and its parts), no Docker (against the real engine:
 tests/docker/test_engine_docker.py)."""
 
 from __future__ import annotations
@@ -61,6 +61,111 @@ def test_split_ref():
     assert engine.split_ref("infermatrix-local/cell:build") == ("infermatrix-local/cell", "build")
     assert engine.split_ref("127.0.0.1:5000/repo") == ("127.0.0.1:5000/repo", "latest")
     assert engine.split_ref("127.0.0.1:5000/repo:t") == ("127.0.0.1:5000/repo", "t")
+
+
+def test_a_missing_object_is_no_answer_and_another_sdk_error_an_engine_error():
+    """inspect, rmi, stop and rm (_translated's missing_ok): the SDK's NotFound is "there is
+    none" (None, False, nothing to do); any other SDK error is an EngineError naming the
+    command. FAKE SDK clients whose every API call raises: no Docker."""
+    import docker
+    import pytest
+
+    from infermatrix.errors import EngineError
+
+    class Api:
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def __getattr__(self, name: str):
+            def call(*args, **kwargs):
+                raise self.error
+            return call
+
+    def engine_raising(error: Exception) -> engine.Engine:
+        made = engine.Engine()
+        made._sdk = type("Sdk", (), {"api": Api(error)})()
+        return made
+
+    missing = engine_raising(docker.errors.ImageNotFound("no such image"))
+    assert missing.inspect_image("x:1") is None and missing.image_id_of("x:1") is None
+    assert missing.remove_image("x:1") is False
+    missing.stop_container("c0ffee")
+    missing.remove_container("c0ffee")
+    broken = engine_raising(docker.errors.APIError("the daemon said no"))
+    for call, command in ((lambda: broken.inspect_image("x:1"), "docker image inspect x:1"),
+                          (lambda: broken.remove_image("x:1"), "docker rmi x:1"),
+                          (lambda: broken.stop_container("c0ffee"), "docker stop c0ffee"),
+                          (lambda: broken.remove_container("c0ffee"), "docker rm c0ffee")):
+        with pytest.raises(EngineError, match=f"^{command}: .*the daemon said no"):
+            call()
+
+
+def test_files_are_read_from_a_created_container_that_is_always_removed(tmp_path):
+    """copy_from_image and exported_filesystem: a container created (never started, owned by
+    infermatrix), read, and removed afterwards, an error included. FAKE SDK client: no Docker."""
+    import io
+    import tarfile
+
+    import docker
+    import pytest
+
+    class Api:
+        def __init__(self) -> None:
+            self.created: list[dict] = []
+            self.removed: list[str] = []
+
+        def create_container(self, image, command=None, labels=None):
+            self.created.append({"image": image, "command": command, "labels": labels})
+            return {"Id": "c0ffee" * 8}
+
+        def get_archive(self, container, path):
+            if path != "/etc/os-release":
+                raise docker.errors.NotFound(f"no {path}")
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as archive:
+                data = b"ID=debian\n"
+                info = tarfile.TarInfo("os-release")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+            return iter([buffer.getvalue()]), {}
+
+        def export(self, container):
+            return iter([b"tar bytes"])
+
+        def remove_container(self, container, force=False, v=False):
+            self.removed.append(container)
+
+    api = Api()
+    made = engine.Engine()
+    made._sdk = type("Sdk", (), {"api": api})()
+    copied = made.copy_from_image("x:1", ["/etc/os-release", "/missing"], tmp_path)
+    assert copied == {"/etc/os-release": tmp_path / "os-release"}
+    assert (tmp_path / "os-release").read_text() == "ID=debian\n"
+    with made.exported_filesystem("x:1") as stream:
+        assert list(stream) == [b"tar bytes"]
+    with pytest.raises(RuntimeError), made.exported_filesystem("x:1"):
+        raise RuntimeError("the reader failed")
+    assert api.removed == ["c0ffee" * 8] * 3
+    assert all(c == {"image": "x:1", "command": ["/bin/true"],
+                     "labels": {"io.infermatrix.owner": "infermatrix"}} for c in api.created)
+
+
+def test_the_data_root_is_read_once_and_only_of_an_engine_on_this_machine(tmp_path,
+                                                                            monkeypatch):
+    """local_data_root: `docker info`'s DockerRootDir of a unix:// engine, read once; a remote
+    engine's is None without asking it. FAKE SDK clients: no Docker."""
+    class Sdk:
+        asked = 0
+
+        def info(self):
+            Sdk.asked += 1
+            return {"DockerRootDir": str(tmp_path)}
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/docker.sock")
+    here, remote = engine.Engine(), engine.Engine(engine.parse_builder("b=ssh://root@gpu-host"))
+    here._sdk = remote._sdk = Sdk()
+    assert here.local_data_root() == tmp_path and here.local_data_root() == tmp_path
+    assert remote.local_data_root() is None and Sdk.asked == 1
 
 
 # ---- the real engine ----------------------------------------------------------------------------

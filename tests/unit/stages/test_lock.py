@@ -210,12 +210,15 @@ def _rendered(ctx, cell_id: str, lock_label: str) -> None:
 
 
 def test_a_build_without_a_committed_lock_is_refused(ctx):
-    """Through build.build_cells: the refusal comes before any Docker call, so no engine here."""
+    """Through build.build_cells: the refusal comes before any Docker call (a recording engine
+    that is never called)."""
     from infermatrix.stages import build
+    from tests.support.recording_engine import RecordingEngine
 
     plan = _plan(SGLANG)
     _rendered(ctx, plan.id, "none")  # rendered while the cell had no lock: no hashes
-    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(), echo=lambda _: None)[plan.id]
+    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(), echo=lambda _: None,
+                               docker=RecordingEngine())[plan.id]
     assert result.status == "fail" and f"lock --select {plan.id}" in result.reason
     record = journal.load(ctx.state, plan.id)
     assert record["stages"]["build"]["status"] == "fail" and record["image_id"] is None
@@ -224,7 +227,8 @@ def test_a_build_without_a_committed_lock_is_refused(ctx):
     path = lock.lock_path(ctx, plan.id)
     path.parent.mkdir(parents=True)
     path.write_text(lock.header(_inputs(cell_id=plan.id)) + LOCK_A)
-    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(), echo=lambda _: None)[plan.id]
+    result = build.build_cells(ctx, ctx.specs([plan]), RunOptions(), echo=lambda _: None,
+                               docker=RecordingEngine())[plan.id]
     assert result.status == "fail" and "rendered from another lock" in result.reason
     assert f"infermatrix render --select {plan.id}" in result.reason
     # Rendered from this very lock: nothing left to refuse.

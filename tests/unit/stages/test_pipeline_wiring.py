@@ -370,7 +370,7 @@ def test_a_cell_that_fails_at_tag_fails_the_pipeline(ctx):
     assert by_step["smoke"].passed == [CPU] and by_step["tag"].failed == [CPU]
     assert code == 1
     ctx.matrix.data["publish"]["registry"] = "127.0.0.1:9/never-reached"
-    result = publish.publish(ctx, say=lambda line: None)
+    result = publish.publish(ctx, say=lambda line: None, docker=fake)
     assert not result.pushed and CPU in result.failed and not result.ok
 
 

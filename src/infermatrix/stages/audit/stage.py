@@ -43,13 +43,11 @@ if TYPE_CHECKING:
 
 def audit_cell(ctx: "Context", spec: CellSpec, image_ref: str,
                targets: Iterable[Arch | str] | None = None, *, record: bool = True,
-               twin_archs: Iterable[str] = (), docker: Engine | None = None) -> AuditResult:
-    """Audit one built image of `docker` (default DOCKER_HOST / the current context) against
-    its cell (the run's CellSpec); record it in the journal (stage `audit`). `twin_archs`:
-    archs of foreign-CPU cells this native cell is the twin of (tritontwin): its Triton check
-    compiles for them too, for those cells to adopt."""
+               twin_archs: Iterable[str] = (), docker: Engine) -> AuditResult:
+    """Audit one built image of `docker` against its cell (the run's CellSpec); record it in
+    the journal (stage `audit`). `twin_archs`: archs of foreign-CPU cells this native cell is
+    the twin of (tritontwin): its Triton check compiles for them too, for those cells to adopt."""
     started = time.monotonic()
-    docker = docker or Engine()
     cell = spec.cell
     arch_targets = [Arch.parse(t).device if isinstance(t, str) else t.device
                     for t in targets] if targets else default_targets(cell)
