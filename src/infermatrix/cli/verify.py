@@ -11,9 +11,8 @@ from ..errors import UsageError
 from ..stages import sign
 from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
-from ..consumer.verify import (ALL_VERIFY_LEVELS, VERIFY_LEVELS, default_verdict_path,
-                               unified_sizing, verify_entry,
-                               write_verdict)
+from ..consumer.verify import default_verdict_path, unified_sizing, verify_entry, write_verdict
+from ..levels import ALL_VERIFY_LEVELS, VERIFY_LEVELS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

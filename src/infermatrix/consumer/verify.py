@@ -19,21 +19,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..engine.docker import Engine
 from ..errors import UsageError
 from ..harness import probe as harness_probe
+from ..levels import BY_NAME, VERIFY_LEVELS
 from ..model.spec import CONTAINER_MODEL
 from ..model.unifiedmem import GIB, Sizing, size_from_meminfo, with_fraction
 from ..stages import smoke
 from .pull import serve_command
 from ..stages.smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
 
-VERIFY_LEVELS = ("gpu", "model")  # the default
-ALL_VERIFY_LEVELS = ("gpu", "model", "workload")
-DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0, "workload": 3600.0}
+MODEL_TIMEOUT_S = BY_NAME["model"].timeout_s  # a server's health wait
 VERIFY_ELSEWHERE = "run `infermatrix verify` on a {platform} host"
 
 
@@ -58,8 +58,20 @@ def host_facts(docker: Engine) -> dict[str, Any]:
             "engine": docker.label()}
 
 
-def verify_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
-               timeout_s: float) -> LevelResult:
+@dataclass(frozen=True)
+class VerifyRun:
+    """What each level's function (levels.py: Level.verify names it) is given."""
+    entry: dict[str, Any]  # the verified images.lock entry
+    harness: Harness
+    model_dir: Path
+    gpu_here: bool
+    settings: harness_probe.ProbeSettings  # real_model: the answer is checked
+    unified: Sizing | None = None
+    soak_s: float | None = None
+
+
+def verify_gpu(v: VerifyRun) -> LevelResult:
+    entry, harness, gpu_here, timeout_s = v.entry, v.harness, v.gpu_here, BY_NAME["gpu"].timeout_s
     if not entry["run"].get("gpu"):
         return LevelResult("gpu", "skip", "a CPU cell: the gpu level does not apply",
                            details={"applicable": False})
@@ -84,10 +96,10 @@ def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:
     return size_from_meminfo(meminfo, entry["arch"], entry["labels"]["io.infermatrix.engine"])
 
 
-def verify_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
-                 settings: harness_probe.ProbeSettings,
-                 unified: Sizing | None = None) -> LevelResult:
-    run = entry["run"]
+def verify_model(v: VerifyRun) -> LevelResult:
+    entry, harness, model_dir, settings, unified = v.entry, v.harness, v.model_dir, v.settings, \
+        v.unified
+    run, gpu_here = entry["run"], v.gpu_here
     if run.get("gpu") and not gpu_here:
         return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
     if harness.emulated:
@@ -104,15 +116,15 @@ def verify_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_h
                                        entry["cell"])
 
 
-def verify_workload(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
-                    real_model: bool, unified: Sizing | None = None,
-                    soak_s: float | None = None) -> LevelResult:
+def verify_workload(v: VerifyRun) -> LevelResult:
     """The workload level on this host: the signed serve command on `model_dir`, one server
     on loopback, driven by stages/workload.py; its figure against the published one."""
     from ..stages import workload
     from ..engine import docker as engine
 
-    run = entry["run"]
+    entry, harness, model_dir, gpu_here, unified, soak_s = v.entry, v.harness, v.model_dir, \
+        v.gpu_here, v.unified, v.soak_s
+    run, real_model = entry["run"], v.settings.real_model
     if run.get("gpu") and not gpu_here:
         return LevelResult("workload", "skip", NO_GPU, details={"needs_gpu": True})
     if harness.emulated:
@@ -142,7 +154,7 @@ def verify_workload(entry: dict[str, Any], harness: Harness, model_dir: Path, gp
                                   or "/health")
         try:
             details["health_wait_s"] = wait_all_healthy(
-                [endpoint], DEFAULT_TIMEOUTS["model"], alive=smoke.container_gone(
+                [endpoint], MODEL_TIMEOUT_S, alive=smoke.container_gone(
                     harness.docker, cid))
             details.update(workload.measure(endpoint, settings,
                                             alive=smoke.container_gone(harness.docker, cid)))
@@ -178,14 +190,10 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
     settings = harness_probe.ProbeSettings(
         expect=expect if answer_check else None, real_model=answer_check,
         health_path=entry["run"].get("health") or "/health",
-        health_timeout_s=DEFAULT_TIMEOUTS["model"])
-    runners = {
-        "gpu": lambda: verify_gpu(entry, harness, gpu_here, DEFAULT_TIMEOUTS["gpu"]),
-        "model": lambda: verify_model(entry, harness, model_dir, gpu_here, settings, unified),
-        "workload": lambda: verify_workload(entry, harness, model_dir, gpu_here, answer_check,
-                                            unified, soak_s),
-    }
-    results = {name: smoke.timed_level(name, runners[name]) for name in levels or VERIFY_LEVELS}
+        health_timeout_s=MODEL_TIMEOUT_S)
+    v = VerifyRun(entry, harness, model_dir, gpu_here, settings, unified, soak_s)
+    results = {name: smoke.timed_level(name, lambda: globals()[str(BY_NAME[name].verify)](v))
+               for name in levels or VERIFY_LEVELS}
     status = smoke.overall_status([r.status for r in results.values()])
     return {"cell": entry["cell"], "reference": entry["reference"], "image_id": image_id,
             "status": status, "host": host_facts(docker), "model_dir": str(model_dir),

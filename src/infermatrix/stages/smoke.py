@@ -50,7 +50,7 @@ from ..context import Context
 from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
-from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS
+from .. import levels as level_table
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
 from ..model.spec import CellSpec
 from ..options import RunOptions
@@ -63,9 +63,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LEVELS = SMOKE_LEVELS
-DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0, "throughput": 1800.0,
-                    "workload": 3600.0}
 HARNESS_IN_IMAGE = "/opt/infermatrix/harness"
 HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent
 CONTAINER_PORT = DEFAULT_PORT
@@ -148,11 +145,11 @@ def smoke_settings(ctx: Context) -> dict[str, Any]:
 
 
 def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
-    levels = requested or smoke_settings(ctx).get("levels") or list(DEFAULT_SMOKE_LEVELS)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if unknown:
-        raise UsageError(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(LEVELS)})")
-    return [lv for lv in LEVELS if lv in levels]  # always in order: static, gpu, model, ...
+    levels = requested or smoke_settings(ctx).get("levels") or list(level_table.DEFAULT_LEVELS)
+    try:
+        return level_table.in_order(levels)  # always in the table's order
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def gpu_setting(ctx: Context) -> "GpuSetting":
@@ -165,7 +162,8 @@ def gpu_setting(ctx: Context) -> "GpuSetting":
 
 
 def level_timeout(ctx: Context, level: str) -> float:
-    return float(smoke_settings(ctx).get("timeouts", {}).get(level, DEFAULT_TIMEOUTS[level]))
+    return float(smoke_settings(ctx).get("timeouts", {}).get(
+        level, level_table.BY_NAME[level].timeout_s))
 
 
 def kernel_distributions(ctx: Context, spec: CellSpec) -> list[str]:
@@ -386,7 +384,8 @@ def static_verdict(audit_status: str, audit_reason: str | None,
     return "pass", None
 
 
-def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float) -> LevelResult:
+def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
+               gpu_here: bool = False, options: RunOptions | None = None) -> LevelResult:
     """The audit (the audit step's record of this image, else run now) and the imports in a
     container of the image; under emulation the audit's native probe still runs, the imports
     do not (cannot_run_emulated)."""
@@ -445,7 +444,7 @@ def run_audit(ctx: Context, spec: CellSpec, image_id: str, details: dict[str, An
 
 
 def run_gpu(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
-            gpu_here: bool) -> LevelResult:
+            gpu_here: bool, options: RunOptions | None = None) -> LevelResult:
     if not spec.cell.is_gpu:
         return LevelResult("gpu", "skip", "arch cpu: the gpu level does not apply",
                            details={"applicable": False})
@@ -871,6 +870,10 @@ def image_under_test(ctx: Context, cell_id: str, docker: Engine, given: str | No
     return image_id
 
 
+# a level's runner (infermatrix/levels.py: Level.runner names it)
+LevelRunner = Callable[[Context, CellSpec, Harness, float, bool, RunOptions], LevelResult]
+
+
 def timed_level(level: str, fn: Callable[[], LevelResult]) -> LevelResult:
     started = time.monotonic()
     try:
@@ -957,26 +960,17 @@ def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: lis
     result = SmokeResult(spec.id, image_id)
     with sigterm_as_interrupt():
         harness = Harness.for_image(here, image_id, log_path, gpu_setting(ctx))
-        runners: dict[str, Callable[[], LevelResult]] = {
-            "static": lambda: run_static(ctx, spec, harness, level_timeout(ctx, "static")),
-            "gpu": lambda: run_gpu(ctx, spec, harness, level_timeout(ctx, "gpu"), gpu_here),
-            "model": lambda: run_model(ctx, spec, harness, level_timeout(ctx, "model"),
-                                       gpu_here, options),
-            "throughput": lambda: run_throughput(ctx, spec, harness,
-                                                 level_timeout(ctx, "throughput"), gpu_here,
-                                                 options),
-            "workload": lambda: run_workload(ctx, spec, harness, level_timeout(ctx, "workload"),
-                                             gpu_here, options),
-        }
         for level in levels:
-            result.levels[level] = timed_level(level, runners[level])
+            runner: LevelRunner = globals()[level_table.BY_NAME[level].runner]
+            result.levels[level] = timed_level(level, lambda: runner(
+                ctx, spec, harness, level_timeout(ctx, level), gpu_here, options))
     all_levels = {**kept, **{n: lv.as_dict() for n, lv in result.levels.items()}}
     status = overall_status([lv["status"] for lv in all_levels.values()])
     details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
                "harness": harness.where, "emulated": harness.emulated,
                "tokens_per_s": tokens_per_s(all_levels),
-               "throughput": throughput_summary(all_levels),
-               "workload": workload_summary(all_levels),
+               **{name: globals()[str(level_table.BY_NAME[name].summary)](all_levels)
+                  for name in level_table.SUMMARISED},
                "engine": here.label(), "engine_host": engine_host(here),
                "image_moved": moved, "gpu_facts": gpu_facts(all_levels),
                "image_source": f"--image {options.image}" if options.image else "build"}
