@@ -27,6 +27,7 @@ from ..engine.docker import Engine
 from ..errors import UsageError
 from ..harness import probe as harness_probe
 from ..levels import BY_NAME, VERIFY_LEVELS
+from ..model.engines import harness_name
 from ..model.spec import CONTAINER_MODEL
 from ..model.unifiedmem import GIB, Sizing, size_from_meminfo, with_fraction
 from ..stages import smoke
@@ -79,8 +80,7 @@ def verify_gpu(v: VerifyRun) -> LevelResult:
         return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
     if harness.emulated:
         return smoke.emulated_skip("gpu", harness.emulated, VERIFY_ELSEWHERE)
-    engine_name = (entry.get("labels") or {}).get("io.infermatrix.engine", "none")
-    engine_name = engine_name if engine_name in ("vllm", "sglang") else "none"
+    engine_name = harness_name((entry.get("labels") or {}).get("io.infermatrix.engine", ""))
     code, parsed, output = harness.run("gpu_check", ["--arch", entry["arch"], "--engine",
                                                      engine_name], timeout_s, gpu=True)
     status, reason, details = smoke.harness_level("gpu", code, parsed, output, timeout_s)

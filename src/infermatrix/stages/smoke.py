@@ -51,6 +51,7 @@ from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from .. import levels as level_table
+from ..model.engines import harness_name
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
 from ..model.spec import CellSpec
 from ..options import RunOptions
@@ -454,9 +455,9 @@ def run_gpu(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
         return emulated_skip("gpu", harness.emulated)
     kernels = [s.split("==")[0] for s in kernel_distributions(ctx, spec)]
     # the engine named by the cell: in its image a missing triton or GDN op fails the level
-    engine = spec.cell.engine if spec.cell.engine in ("vllm", "sglang") else "none"
     code, parsed, output = harness.run("gpu_check", ["--arch", spec.cell.arch, "--engine",
-                                                     engine, "--kernels", *kernels],
+                                                     harness_name(spec.cell.engine),
+                                                     "--kernels", *kernels],
                                        timeout_s, gpu=True)
     status, reason, details = harness_level("gpu", code, parsed, output, timeout_s)
     return LevelResult("gpu", status, reason, details=details)

@@ -12,6 +12,7 @@ from ... import proc
 from ...engine.docker import Engine
 from ...errors import StageFailure
 from ...model import loadedset, tritonlist, tritontwin
+from ...model.engines import harness_name
 from ...model.coverage import (
     Arch,
 )
@@ -158,7 +159,7 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
     below runs again either way."""
     from ...harness import _result as harness_result
 
-    if engine_name not in ("sglang", "vllm"):
+    if harness_name(engine_name) == "none":
         return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
                      "known to the harness")
     extra_archs = list(extra_archs)
