@@ -71,18 +71,26 @@ class VerifyRun:
     soak_s: float | None = None
 
 
+def refusal(v: VerifyRun, level: str) -> LevelResult | None:
+    """A level's skip when a GPU cell meets no GPU here, or the image's programs would run
+    emulated; None when it can run."""
+    if v.entry["run"].get("gpu") and not v.gpu_here:
+        return LevelResult(level, "skip", NO_GPU, details={"needs_gpu": True})
+    if v.harness.emulated:
+        return smoke.emulated_skip(level, v.harness.emulated, VERIFY_ELSEWHERE)
+    return None
+
+
 def verify_gpu(v: VerifyRun) -> LevelResult:
-    entry, harness, gpu_here, timeout_s = v.entry, v.harness, v.gpu_here, BY_NAME["gpu"].timeout_s
-    if not entry["run"].get("gpu"):
+    if not v.entry["run"].get("gpu"):
         return LevelResult("gpu", "skip", "a CPU cell: the gpu level does not apply",
                            details={"applicable": False})
-    if not gpu_here:
-        return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
-    if harness.emulated:
-        return smoke.emulated_skip("gpu", harness.emulated, VERIFY_ELSEWHERE)
-    engine_name = harness_name((entry.get("labels") or {}).get("io.infermatrix.engine", ""))
-    code, parsed, output = harness.run("gpu_check", ["--arch", entry["arch"], "--engine",
-                                                     engine_name], timeout_s, gpu=True)
+    refused, timeout_s = refusal(v, "gpu"), BY_NAME["gpu"].timeout_s
+    if refused:
+        return refused
+    engine_name = harness_name((v.entry.get("labels") or {}).get("io.infermatrix.engine", ""))
+    code, parsed, output = v.harness.run("gpu_check", ["--arch", v.entry["arch"], "--engine",
+                                                       engine_name], timeout_s, gpu=True)
     status, reason, details = smoke.harness_level("gpu", code, parsed, output, timeout_s)
     return LevelResult("gpu", status, reason, details=details)
 
@@ -96,71 +104,49 @@ def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:
     return size_from_meminfo(meminfo, entry["arch"], entry["labels"]["io.infermatrix.engine"])
 
 
+def entry_launch(v: VerifyRun) -> LaunchSpec:
+    """The serve command images.lock recorded, on `model_dir`; on a unified-memory GPU host
+    with the engine's share of the host's memory (unified_sizing), not a GPU's."""
+    run = v.entry["run"]
+    launch = LaunchSpec(serve_command(v.entry, CONTAINER_PORT, v.model_dir),
+                        dict(run.get("env") or {}), run.get("shm_size") or "1g",
+                        v.settings.health_path, bool(run.get("gpu")))
+    if v.unified is not None:
+        launch.command = with_fraction(launch.command, v.unified)
+        launch.shm_size, launch.mem_limit = v.unified.shm_size, f"{v.unified.budget // GIB}g"
+    return launch
+
+
 def verify_model(v: VerifyRun) -> LevelResult:
-    entry, harness, model_dir, settings, unified = v.entry, v.harness, v.model_dir, v.settings, \
-        v.unified
-    run, gpu_here = entry["run"], v.gpu_here
-    if run.get("gpu") and not gpu_here:
-        return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
-    if harness.emulated:
-        return smoke.emulated_skip("model", harness.emulated, VERIFY_ELSEWHERE)
-    command = serve_command(entry, CONTAINER_PORT, model_dir)
-    spec = LaunchSpec(command, dict(run.get("env") or {}), run.get("shm_size") or "1g",
-                      settings.health_path, bool(run.get("gpu")))
-    if unified is not None:  # the engine's share of the host's memory, not a GPU's
-        spec.command = with_fraction(spec.command, unified)
-        spec.shm_size, spec.mem_limit = unified.shm_size, f"{unified.budget // GIB}g"
-    details: dict[str, Any] = {"model_source": str(model_dir), "command": spec.command,
-                               "answer_checked": settings.real_model}
-    return smoke.serve_image_and_probe(harness, spec, model_dir, settings, details,
-                                       entry["cell"])
+    refused = refusal(v, "model")
+    if refused:
+        return refused
+    launch = entry_launch(v)
+    details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command,
+                               "answer_checked": v.settings.real_model}
+    return smoke.serve_image_and_probe(v.harness, launch, v.model_dir, v.settings, details,
+                                       v.entry["cell"])
 
 
 def verify_workload(v: VerifyRun) -> LevelResult:
     """The workload level on this host: the signed serve command on `model_dir`, one server
     on loopback, driven by stages/workload.py; its figure against the published one."""
     from ..stages import workload
-    from ..engine import docker as engine
 
-    entry, harness, model_dir, gpu_here, unified, soak_s = v.entry, v.harness, v.model_dir, \
-        v.gpu_here, v.unified, v.soak_s
-    run, real_model = entry["run"], v.settings.real_model
-    if run.get("gpu") and not gpu_here:
-        return LevelResult("workload", "skip", NO_GPU, details={"needs_gpu": True})
-    if harness.emulated:
-        return smoke.emulated_skip("workload", harness.emulated, VERIFY_ELSEWHERE)
-    if not harness.docker.is_local():
+    refused = refusal(v, "workload")
+    if refused:
+        return refused
+    if not v.harness.docker.is_local():
         return LevelResult("workload", "skip", "not verified here: the load runs on this "
                            "machine and the server's port stays on the engine's host",
                            details={"not_verified": True})
-    command = serve_command(entry, CONTAINER_PORT, model_dir)
-    if unified is not None:
-        command = with_fraction(command, unified)
+    entry, launch = v.entry, entry_launch(v)
     settings = workload.WorkloadSettings.from_matrix(
-        {"soak_s": soak_s, "cpu": {"soak_s": soak_s}} if soak_s else None,
-        cpu=not run.get("gpu"), model_dir=model_dir, real_model=real_model)
-    details: dict[str, Any] = {"model_source": str(model_dir), "command": command}
-    with smoke.container(harness.docker, harness.image_id, command=command,
-                         env=dict(run.get("env") or {}), shm_size=run.get("shm_size") or "1g",
-                         mounts=[engine.Mount(str(model_dir), CONTAINER_MODEL, read_only=True)],
-                         ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
-                         gpus=harness.gpus if run.get("gpu") else False,
-                         labels={smoke.SMOKE_LABEL: entry["cell"]}) as cid:
-        host, port = smoke.published_port(harness.docker, cid)
-        from ..stages.generate import ServerEndpoint
-        from ..stages.throughput import wait_all_healthy
-
-        endpoint = ServerEndpoint("server", f"http://{host}:{port}", run.get("health")
-                                  or "/health")
-        try:
-            details["health_wait_s"] = wait_all_healthy(
-                [endpoint], MODEL_TIMEOUT_S, alive=smoke.container_gone(
-                    harness.docker, cid))
-            details.update(workload.measure(endpoint, settings,
-                                            alive=smoke.container_gone(harness.docker, cid)))
-        finally:
-            log = harness.docker.container_logs(cid)
-    smoke.append_log(harness.log_path, f"workload server: {' '.join(command)}", log)
+        {"soak_s": v.soak_s, "cpu": {"soak_s": v.soak_s}} if v.soak_s else None,
+        cpu=not launch.gpu, model_dir=v.model_dir, real_model=v.settings.real_model)
+    details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command}
+    log = smoke.serve_and_measure(v.harness, launch, v.model_dir, settings, entry["cell"],
+                                  details, MODEL_TIMEOUT_S)
     backend = (entry.get("labels") or {}).get("io.infermatrix.attention_backend") or None
     details["backends"] = workload.judge_backends(log, backend)
     published = ((entry.get("smoke") or {}).get("workload") or {}).get("tokens_per_s_per_gpu")

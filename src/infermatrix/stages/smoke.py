@@ -61,6 +61,7 @@ from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuSetting
     from .generate import ServerEndpoint
+    from .workload import WorkloadSettings
 
 log = logging.getLogger(__name__)
 
@@ -526,22 +527,12 @@ def published_port(docker: Engine, container_id: str, deadline_s: float = 10.0
 
 def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
               gpu_here: bool, options: RunOptions) -> LevelResult:
-    launch = launch_spec(ctx, spec)
-    if launch is None:
-        return LevelResult("model", "skip", f"engine {spec.cell.engine} defines no server "
-                           f"(no `health` in engines.{spec.cell.engine})",
-                           details={"applicable": False})
-    if launch.gpu and not gpu_here:
-        return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
     started = time.monotonic()
-    host_model = model_source(ctx, options)
+    start = serving_refusal(ctx, spec, harness, gpu_here, options, "model")
+    if isinstance(start, LevelResult):
+        return start
+    launch, host_model = start.launch, start.host_model
     real_model = host_model is not None  # a fixture's probe checks structure, not meaning
-    unverified = correctness_unverifiable(ctx, spec, real_model)
-    if unverified:
-        return LevelResult("model", "skip", unverified,
-                           details={"not_verified": True, "needs_weights": not real_model})
-    if harness.emulated:
-        return emulated_skip("model", harness.emulated)
     details: dict[str, Any] = {"model_source": str(host_model) if real_model
                                else f"fixture ({options.fixture})"}
     if host_model is None:
@@ -668,29 +659,31 @@ def observe_loaded_set(ctx: Context, spec: CellSpec, docker: Engine, container_i
 
 
 @dataclass(frozen=True)
-class LoadLevelStart:
-    """What a load level (throughput, workload) needs once none of its refusals applies."""
+class ServingStart:
+    """What a serving level (model, throughput, workload) needs once no refusal applies."""
     launch: LaunchSpec
     host_model: Path | None
 
 
-def load_level_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
-                       options: RunOptions, level: str,
-                       ports: str) -> LevelResult | LoadLevelStart:
-    """The refusals the load levels share, in order: no server, no GPU here, a remote engine
-    (the load runs here, `ports` stay on its host), no weights to judge correctness, emulation."""
+def serving_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
+                    options: RunOptions, level: str,
+                    ports: str | None = None) -> LevelResult | ServingStart:
+    """The refusals the serving levels share, in order: no server, no GPU here, a remote engine
+    for a load level (the load runs here, `ports` stay on its host), no weights to judge
+    correctness, emulation."""
     launch = launch_spec(ctx, spec)
     if launch is None:
-        return LevelResult(level, "skip", f"engine {spec.cell.engine} defines no server",
+        return LevelResult(level, "skip", f"engine {spec.cell.engine} defines no server "
+                           f"(no `health` in engines.{spec.cell.engine})",
                            details={"applicable": False})
     if launch.gpu and not gpu_here:
         return LevelResult(level, "skip", NO_GPU, details={"needs_gpu": True})
-    docker = harness.docker
-    if not docker.is_local():
+    if ports and not harness.docker.is_local():
+        where = harness.docker.label()
         return LevelResult(level, "skip", f"{NOT_VERIFIED} here: the load runs on this "
-                           f"machine and {ports} on {docker.label()}'s host; "
+                           f"machine and {ports} on {where}'s host; "
                            f"run `infermatrix smoke CELL --levels {level}` there",
-                           details={"not_verified": True, "engine": docker.label()})
+                           details={"not_verified": True, "engine": where})
     host_model = model_source(ctx, options)
     unverified = correctness_unverifiable(ctx, spec, host_model is not None)
     if unverified:
@@ -698,7 +691,7 @@ def load_level_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here:
                            details={"not_verified": True, "needs_weights": host_model is None})
     if harness.emulated:
         return emulated_skip(level, harness.emulated)
-    return LoadLevelStart(launch, host_model)
+    return ServingStart(launch, host_model)
 
 
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
@@ -707,8 +700,8 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     from . import throughput
 
     started = time.monotonic()
-    start = load_level_refusal(ctx, spec, harness, gpu_here, options, "throughput",
-                               "the replicas' ports stay")
+    start = serving_refusal(ctx, spec, harness, gpu_here, options, "throughput",
+                            "the replicas' ports stay")
     if isinstance(start, LevelResult):
         return start
     launch, host_model, docker = start.launch, start.host_model, harness.docker
@@ -725,7 +718,7 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     details["command"] = launch.command
     remaining = max(60.0, timeout_s - (time.monotonic() - started))
     with contextlib.ExitStack() as replicas:
-        ids = [replicas.enter_context(replica_container(spec, harness, launch, host_model, i,
+        ids = [replicas.enter_context(replica_container(spec.id, harness, launch, host_model, i,
                                                         settings.replicas))
                for i in range(settings.replicas)]
         endpoints = [replica_endpoint(docker, cid, i, launch.health) for i, cid in enumerate(ids)]
@@ -749,13 +742,13 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
                  gpu_here: bool, options: RunOptions) -> LevelResult:
     """The job's shape against one server of the image (stages/workload.py): the trained
     fixture on the CPU lane, real weights where a GPU is."""
-    from . import throughput, workload
+    from . import workload
 
-    start = load_level_refusal(ctx, spec, harness, gpu_here, options, "workload",
-                               "the server's port stays")
+    start = serving_refusal(ctx, spec, harness, gpu_here, options, "workload",
+                            "the server's port stays")
     if isinstance(start, LevelResult):
         return start
-    launch, host_model, docker = start.launch, start.host_model, harness.docker
+    launch, host_model = start.launch, start.host_model
     started = time.monotonic()
     details: dict[str, Any] = {"model_source": str(host_model) if host_model
                                else "fixture (trained)"}
@@ -772,18 +765,8 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
             "fixture"))
     launch = with_mtp(ctx, spec, launch, host_model, details)
     details["command"] = launch.command
-    with replica_container(spec, harness, launch, host_model, 0, 1) as cid:
-        endpoint = replica_endpoint(docker, cid, 0, launch.health)
-        try:
-            details["health_wait_s"] = throughput.wait_all_healthy(
-                [endpoint], max(60.0, timeout_s - (time.monotonic() - started)),
-                alive=container_gone(docker, cid))
-            with Heartbeat(f"{spec.id}: the workload level (sweep, soak, needle)"):
-                details.update(workload.measure(endpoint, settings,
-                                                alive=container_gone(docker, cid)))
-        finally:
-            log = docker.container_logs(cid)
-    append_log(harness.log_path, f"workload server: {' '.join(launch.command)}", log)
+    log = serve_and_measure(harness, launch, host_model, settings, spec.id, details,
+                            max(60.0, timeout_s - (time.monotonic() - started)))
     details["backends"] = workload.judge_backends(
         log, spec.attention_backend,
         audited_gdn_choice(journal.cell_record(ctx.state, spec.id), spec.cell.arch))
@@ -798,6 +781,28 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     if status == "fail":
         details["engine_log_tail"] = last_lines(log, 40)
     return LevelResult("workload", status, reason, details=details)
+
+
+def serve_and_measure(harness: Harness, launch: LaunchSpec, host_model: Path,
+                      settings: "WorkloadSettings", label: str, details: dict[str, Any],
+                      health_wait_s: float) -> str:
+    """One server of `harness.image_id` on loopback under the workload level's load
+    (stages/workload.py: its figures go into `details`); the server's log. Needs no matrix:
+    `infermatrix verify` runs it from images.lock alone."""
+    from . import throughput, workload
+
+    docker = harness.docker
+    with replica_container(label, harness, launch, host_model, 0, 1) as cid:
+        endpoint, alive = replica_endpoint(docker, cid, 0, launch.health), container_gone(docker, cid)
+        try:
+            details["health_wait_s"] = throughput.wait_all_healthy([endpoint], health_wait_s,
+                                                                   alive=alive)
+            with Heartbeat(f"{label}: the workload level (sweep, soak, needle)"):
+                details.update(workload.measure(endpoint, settings, alive=alive))
+        finally:
+            log = docker.container_logs(cid)
+    append_log(harness.log_path, f"workload server: {' '.join(launch.command)}", log)
+    return log
 
 
 def audited_gdn_choice(record: journal.CellRecord, arch: str) -> str | None:
@@ -824,19 +829,19 @@ def published_workload_figure(ctx: Context, spec: CellSpec) -> float | None:
     return float(figure) if isinstance(figure, (int, float)) else None
 
 
-def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host_model: Path,
+def replica_container(label: str, harness: Harness, launch: LaunchSpec, host_model: Path,
                       index: int, count: int) -> contextlib.AbstractContextManager[str]:
     """Replica `index` of the throughput level; on a GPU host, pinned to GPU `index`."""
     env = dict(launch.env)
     if launch.gpu and count > 1:
         env["CUDA_VISIBLE_DEVICES"] = str(index)  # every GPU is requested; one is used
     return container(harness.docker, harness.image_id, command=launch.command, env=env,
-                     shm_size=launch.shm_size,
+                     shm_size=launch.shm_size, mem_limit=launch.mem_limit,
                      mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
                      ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
                      gpus=harness.gpus if launch.gpu else False,
-                     labels={SMOKE_LABEL: spec.id},
-                     name=f"infermatrix-smoke-{spec.id}-{os.getpid()}-r{index}")
+                     labels={SMOKE_LABEL: label},
+                     name=f"infermatrix-smoke-{label}-{os.getpid()}-r{index}")
 
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
