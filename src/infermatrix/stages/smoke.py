@@ -528,26 +528,17 @@ def published_port(docker: Engine, container_id: str, deadline_s: float = 10.0
 def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
               gpu_here: bool, options: RunOptions) -> LevelResult:
     started = time.monotonic()
-    start = serving_refusal(ctx, spec, harness, gpu_here, options, "model")
+    start = serving_start(ctx, spec, harness, gpu_here, options, "model", timeout_s,
+                          options.fixture)
     if isinstance(start, LevelResult):
         return start
-    launch, host_model = start.launch, start.host_model
-    real_model = host_model is not None  # a fixture's probe checks structure, not meaning
-    details: dict[str, Any] = {"model_source": str(host_model) if real_model
-                               else f"fixture ({options.fixture})"}
-    if host_model is None:
-        made = prepare_fixture(ctx, spec, harness, options.fixture, timeout_s)
-        if isinstance(made, LevelResult):
-            return made
-        host_model = made
-        details["fixture_s"] = round(time.monotonic() - started, 2)
     remaining = max(30.0, timeout_s - (time.monotonic() - started))
-    settings = probe_settings(ctx, real_model, health_timeout_s=remaining,
-                              health_path=launch.health)
-    launch = with_mtp(ctx, spec, launch, host_model, details)
-    details["command"] = launch.command
-    details["env"] = launch.env
-    return serve_and_probe(ctx, spec, harness, launch, host_model, settings, details)
+    # a fixture's probe checks structure, not meaning
+    settings = probe_settings(ctx, start.real_model, health_timeout_s=remaining,
+                              health_path=start.launch.health)
+    start.details["env"] = start.launch.env
+    return serve_and_probe(ctx, spec, harness, start.launch, start.host_model, settings,
+                           start.details)
 
 
 def serve_and_probe(ctx: Context, spec: CellSpec, harness: Harness, launch: LaunchSpec,
@@ -660,17 +651,20 @@ def observe_loaded_set(ctx: Context, spec: CellSpec, docker: Engine, container_i
 
 @dataclass(frozen=True)
 class ServingStart:
-    """What a serving level (model, throughput, workload) needs once no refusal applies."""
-    launch: LaunchSpec
-    host_model: Path | None
+    """What a serving level (model, throughput, workload) serves once no refusal applies."""
+    launch: LaunchSpec  # with the MTP flags where the weights have the head
+    host_model: Path  # the real weights, else the fixture made for it
+    real_model: bool
+    details: dict[str, Any]  # the level's: model source, fixture seconds, command, MTP
 
 
-def serving_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
-                    options: RunOptions, level: str,
-                    ports: str | None = None) -> LevelResult | ServingStart:
+def serving_start(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
+                  options: RunOptions, level: str, timeout_s: float, fixture: str,
+                  ports: str | None = None) -> LevelResult | ServingStart:
     """The refusals the serving levels share, in order: no server, no GPU here, a remote engine
     for a load level (the load runs here, `ports` stay on its host), no weights to judge
-    correctness, emulation."""
+    correctness, emulation; then the model: the real weights, else the `fixture` variant (the
+    model level makes it anew, a load level reuses the one this image made)."""
     launch = launch_spec(ctx, spec)
     if launch is None:
         return LevelResult(level, "skip", f"engine {spec.cell.engine} defines no server "
@@ -691,7 +685,19 @@ def serving_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bo
                            details={"not_verified": True, "needs_weights": host_model is None})
     if harness.emulated:
         return emulated_skip(level, harness.emulated)
-    return ServingStart(launch, host_model)
+    started = time.monotonic()
+    details: dict[str, Any] = {"model_source": str(host_model) if host_model
+                               else f"fixture ({fixture})"}
+    if host_model is None:
+        made = prepare_fixture(ctx, spec, harness, fixture, timeout_s, level=level,
+                               reuse=level != "model")
+        if isinstance(made, LevelResult):
+            return made
+        host_model, details["fixture_s"] = made, round(time.monotonic() - started, 2)
+    launch = with_mtp(ctx, spec, launch, host_model, details)
+    details["command"] = launch.command
+    return ServingStart(launch, host_model, not details["model_source"].startswith("fixture"),
+                        details)
 
 
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
@@ -700,22 +706,13 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     from . import throughput
 
     started = time.monotonic()
-    start = serving_refusal(ctx, spec, harness, gpu_here, options, "throughput",
-                            "the replicas' ports stay")
+    start = serving_start(ctx, spec, harness, gpu_here, options, "throughput", timeout_s,
+                          "normal", "the replicas' ports stay")
     if isinstance(start, LevelResult):
         return start
-    launch, host_model, docker = start.launch, start.host_model, harness.docker
+    launch, host_model, details, docker = start.launch, start.host_model, start.details, \
+        harness.docker
     settings = throughput.LoadSettings.from_matrix(smoke_settings(ctx).get("throughput"))
-    details: dict[str, Any] = {"model_source": str(host_model) if host_model
-                               else "fixture (normal)", "command": launch.command}
-    if host_model is None:
-        made = prepare_fixture(ctx, spec, harness, "normal", timeout_s, level="throughput",
-                               reuse=True)
-        if isinstance(made, LevelResult):
-            return made
-        host_model = made
-    launch = with_mtp(ctx, spec, launch, host_model, details)
-    details["command"] = launch.command
     remaining = max(60.0, timeout_s - (time.monotonic() - started))
     with contextlib.ExitStack() as replicas:
         ids = [replicas.enter_context(replica_container(spec.id, harness, launch, host_model, i,
@@ -744,28 +741,16 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     fixture on the CPU lane, real weights where a GPU is."""
     from . import workload
 
-    start = serving_refusal(ctx, spec, harness, gpu_here, options, "workload",
-                            "the server's port stays")
+    started = time.monotonic()
+    start = serving_start(ctx, spec, harness, gpu_here, options, "workload", timeout_s,
+                          "trained", "the server's port stays")
     if isinstance(start, LevelResult):
         return start
-    launch, host_model = start.launch, start.host_model
-    started = time.monotonic()
-    details: dict[str, Any] = {"model_source": str(host_model) if host_model
-                               else "fixture (trained)"}
-    if host_model is None:
-        made = prepare_fixture(ctx, spec, harness, "trained", timeout_s, level="workload",
-                               reuse=True)
-        if isinstance(made, LevelResult):
-            return made
-        host_model = made
-        details["fixture_s"] = round(time.monotonic() - started, 1)
+    details = start.details
     settings = workload.WorkloadSettings.from_matrix(
-        smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu, model_dir=host_model,
-        real_model=options.model_path is not None or not details["model_source"].startswith(
-            "fixture"))
-    launch = with_mtp(ctx, spec, launch, host_model, details)
-    details["command"] = launch.command
-    log = serve_and_measure(harness, launch, host_model, settings, spec.id, details,
+        smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu,
+        model_dir=start.host_model, real_model=start.real_model)
+    log = serve_and_measure(harness, start.launch, start.host_model, settings, spec.id, details,
                             max(60.0, timeout_s - (time.monotonic() - started)))
     details["backends"] = workload.judge_backends(
         log, spec.attention_backend,
