@@ -27,7 +27,6 @@ from ..engine.docker import Engine
 from ..errors import UsageError
 from ..harness import probe as harness_probe
 from ..levels import BY_NAME, VERIFY_LEVELS
-from ..model.engines import harness_name
 from ..model.spec import CONTAINER_MODEL
 from ..model.unifiedmem import GIB, Sizing, size_from_meminfo, with_fraction
 from ..stages import smoke
@@ -82,17 +81,8 @@ def refusal(v: VerifyRun, level: str) -> LevelResult | None:
 
 
 def verify_gpu(v: VerifyRun) -> LevelResult:
-    if not v.entry["run"].get("gpu"):
-        return LevelResult("gpu", "skip", "a CPU cell: the gpu level does not apply",
-                           details={"applicable": False})
-    refused, timeout_s = refusal(v, "gpu"), BY_NAME["gpu"].timeout_s
-    if refused:
-        return refused
-    engine_name = harness_name((v.entry.get("labels") or {}).get("io.infermatrix.engine", ""))
-    code, parsed, output = v.harness.run("gpu_check", ["--arch", v.entry["arch"], "--engine",
-                                                       engine_name], timeout_s, gpu=True)
-    status, reason, details = smoke.harness_level("gpu", code, parsed, output, timeout_s)
-    return LevelResult("gpu", status, reason, details=details)
+    return smoke.gpu_level(v.harness, v.entry["arch"], (v.entry.get("labels") or {}).get(
+        "io.infermatrix.engine", ""), [], BY_NAME["gpu"].timeout_s, v.gpu_here, VERIFY_ELSEWHERE)
 
 
 def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:

@@ -51,6 +51,7 @@ from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from .. import levels as level_table
+from ..model.cell import CPU
 from ..model.engines import harness_name
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
 from ..model.spec import CellSpec
@@ -447,19 +448,24 @@ def run_audit(ctx: Context, spec: CellSpec, image_id: str, details: dict[str, An
 
 def run_gpu(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
             gpu_here: bool, options: RunOptions | None = None) -> LevelResult:
-    if not spec.cell.is_gpu:
+    kernels = [s.split("==")[0] for s in kernel_distributions(ctx, spec)]
+    return gpu_level(harness, spec.cell.arch, spec.cell.engine, kernels, timeout_s, gpu_here)
+
+
+def gpu_level(harness: Harness, arch: str, engine_name: str, kernels: list[str],
+              timeout_s: float, gpu_here: bool, elsewhere: str = SMOKE_ELSEWHERE) -> LevelResult:
+    """harness.gpu_check in a container given the GPUs (smoke's and verify's gpu level); the
+    engine the image claims: in its image a missing triton or GDN op fails the level."""
+    if arch == CPU:
         return LevelResult("gpu", "skip", "arch cpu: the gpu level does not apply",
                            details={"applicable": False})
     if not gpu_here:
         return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
     if harness.emulated:
-        return emulated_skip("gpu", harness.emulated)
-    kernels = [s.split("==")[0] for s in kernel_distributions(ctx, spec)]
-    # the engine named by the cell: in its image a missing triton or GDN op fails the level
-    code, parsed, output = harness.run("gpu_check", ["--arch", spec.cell.arch, "--engine",
-                                                     harness_name(spec.cell.engine),
-                                                     "--kernels", *kernels],
-                                       timeout_s, gpu=True)
+        return emulated_skip("gpu", harness.emulated, elsewhere)
+    code, parsed, output = harness.run("gpu_check", ["--arch", arch, "--engine",
+                                                     harness_name(engine_name),
+                                                     "--kernels", *kernels], timeout_s, gpu=True)
     status, reason, details = harness_level("gpu", code, parsed, output, timeout_s)
     return LevelResult("gpu", status, reason, details=details)
 
