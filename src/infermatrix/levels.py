@@ -58,9 +58,11 @@ VERIFY_LEVELS = names_where("verify_default")
 ALL_VERIFY_LEVELS = names_where("verify")
 
 
-def in_order(names: list[str]) -> list[str]:
-    """`names` in the table's (run) order; a name not in the table is a ValueError."""
-    unknown = [name for name in names if name not in BY_NAME]
+def parse(text: str, allowed: tuple[str, ...] = NAMES) -> list[str]:
+    """A comma-separated subset of `allowed` (`--levels`), in the table's (run) order."""
+    levels = [lv.strip() for lv in str(text).split(",") if lv.strip()]
+    unknown = [lv for lv in levels if lv not in allowed] or ([] if levels else [str(text)])
     if unknown:
-        raise ValueError(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(NAMES)})")
-    return [name for name in NAMES if name in names]
+        raise ValueError(f"unknown smoke level {unknown[0]!r}: expected a comma-separated "
+                         f"subset of {','.join(allowed)}")
+    return [name for name in NAMES if name in levels]

@@ -40,10 +40,7 @@ positive_float = at_least(float, 0, above=True)
 non_negative_float = at_least(float, 0)
 
 
-def level_list(text: str) -> list[str]:
-    levels = [lv.strip() for lv in str(text).split(",") if lv.strip()]
-    level_table.in_order(levels or [str(text)])  # an unknown level (or none): its ValueError
-    return levels
+level_list = level_table.parse
 
 
 def engine_endpoint(text: str) -> str:
@@ -184,8 +181,8 @@ class RunOptions:
         "figure)", positive_int, env="INFERMATRIX_NVCC_THREADS", metavar="N")
     levels: list[str] | None = option(
         "--levels", f"smoke levels, comma-separated subset of {','.join(level_table.NAMES)} "
-        f"(default: {','.join(level_table.DEFAULT_LEVELS)})", level_list, env="INFERMATRIX_LEVELS",
-        matrix=("smoke", "levels"), metavar="LIST")
+        f"(default: {','.join(level_table.DEFAULT_LEVELS)})", level_list,
+        env="INFERMATRIX_LEVELS", matrix=("smoke", "levels"), metavar="LIST")
     smoke_on: str | None = option(
         "--smoke-on", "run the smoke levels on this Docker engine (where the GPUs are): "
         "[NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a builder of build.builders or "

@@ -78,4 +78,6 @@ def test_the_default_tag_policy_and_the_matrix_check_read_the_table():
 
 
 def test_levels_run_in_the_tables_order():
-    assert level_table.in_order(list(reversed(level_table.NAMES))) == list(level_table.NAMES)
+    assert level_table.parse(",".join(reversed(level_table.NAMES))) == list(level_table.NAMES)
+    with pytest.raises(ValueError, match="subset of gpu,model,workload"):
+        level_table.parse("static", level_table.ALL_VERIFY_LEVELS)
