@@ -1,10 +1,7 @@
-"""The smoke level table (issue 49: one home per building block): one row per level, in the
-order they run. Every user of a level reads it: `--levels` (options.level_list and its help),
-the smoke stage's dispatch (stages/smoke.py: `runner`), the default tag policy and its
-static-only rule (stages/tagging.py), the report's order and charts, `infermatrix verify`
-(consumer/verify.py) and the matrix check (config.load_schema: the level names' enum).
-Adding a level is a row here and its runner in stages/smoke.py (docs/architecture.md).
-"""
+"""The smoke level table (issue 49: one home per building block), one row per level in the
+order they run. Its users: `--levels` and its help (options), smoke's dispatch and defaults
+(stages/smoke.py), the tag policy (stages/tagging.py), the report, `infermatrix verify`
+(consumer/verify.py) and the matrix check (config.load_schema: the names' enum)."""
 
 from __future__ import annotations
 
@@ -20,16 +17,15 @@ class Level:
     required: bool = False  # in the default tag policy (tag_policy.require)
     gpu_cells_only: bool = False  # does not apply to a CPU cell (never required there)
     static_only_waives: bool = False  # skipped for want of a GPU: a static-only tag may stand
-    # its headline figures' function in stages/smoke.py (the smoke details' key of its name:
-    # the report, images.lock, the signed test result read them); the report shows such a
-    # level's total only in the levels table, its many figures are its own chart
+    # its headline figures' function in stages/smoke.py, kept in the smoke details under its
+    # name; the report's levels table shows its total only, its figures are its own chart
     summary: str | None = None
     verify: str | None = None  # its function in consumer/verify.py (`infermatrix verify`)
     verify_default: bool = False  # run by a plain `infermatrix verify`
 
 
-# `throughput` (N replicas under a closed-loop load) and `workload` (the job's shape: sweep,
-# soak, needle, backends used; stages/workload.py) run only when asked for.
+# throughput (N replicas under a closed-loop load) and workload (the job's shape: sweep, soak,
+# needle, backends used) run only when asked for
 LEVELS: tuple[Level, ...] = (
     Level("static", "run_static", 600.0, default=True, required=True),
     Level("gpu", "run_gpu", 600.0, default=True, required=True, gpu_cells_only=True,
@@ -45,17 +41,13 @@ NAMES = tuple(BY_NAME)
 
 
 def names_where(column: str) -> tuple[str, ...]:
-    """The levels whose `column` is true, in order."""
     return tuple(lv.name for lv in LEVELS if getattr(lv, column))
 
 
-DEFAULT_LEVELS = names_where("default")
-REQUIRED_LEVELS = names_where("required")
-GPU_CELLS_ONLY = names_where("gpu_cells_only")
+DEFAULT_LEVELS, REQUIRED_LEVELS = names_where("default"), names_where("required")
+GPU_CELLS_ONLY, SUMMARISED = names_where("gpu_cells_only"), names_where("summary")
 STATIC_ONLY_WAIVES = names_where("static_only_waives")
-SUMMARISED = names_where("summary")
-VERIFY_LEVELS = names_where("verify_default")
-ALL_VERIFY_LEVELS = names_where("verify")
+VERIFY_LEVELS, ALL_VERIFY_LEVELS = names_where("verify_default"), names_where("verify")
 
 
 def parse(text: str, allowed: tuple[str, ...] = NAMES) -> list[str]:

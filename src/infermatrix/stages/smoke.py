@@ -1,25 +1,9 @@
 """`infermatrix smoke`: tiered tests of a built image, in containers of that exact image.
 
-Levels, each with a timeout (matrix `smoke.timeouts`) and a result pass / fail / skip + reason:
-  static  the audit (audit.audit_cell) and `harness.static_check`: every engine and kernel
-          package imports, versions equal the cell's pins;
-  gpu     `harness.gpu_check` with the GPUs requested through the SDK's device requests:
-          the device's capability is the cell's arch, torch/Triton/kernel-package kernels agree
-          with a torch reference. Skipped on a host without a GPU ("no GPU on this host") and
-          on CPU cells (not applicable);
-  model   the engine server started with the cell's launch command (engines.<e>.serve + the
-          model card's flags + per-arch flags/env), the model mounted read-only from a host
-          path or a fixture generated in the image by `harness.make_fixture_model`; then
-          `harness.probe` over the OpenAI-compatible API. The fixture (random weights) is for
-          the CPU lane: a GPU cell needs real weights and an expected answer, else the level
-          is a skip "not verified" (never a pass). The server's container is always
-          stopped and removed (finally, SIGINT and SIGTERM included); on failure the engine's
-          log tail is kept in the result.
-  throughput  (only when asked for) N replicas of the engine server (smoke.throughput.replicas,
-          default 2), each on its own published loopback port, driven by stages/throughput.py's
-          bounded closed-loop load: output tokens/s in total and per replica, TTFT and
-          inter-token latency p50/p95, errors, scaling 1..N. Same model source and skips as
-          the model level; the containers never outlive the level.
+The levels are the rows of the level table (infermatrix/levels.py), each run by its runner
+here (run_<level>: its docstring says what it checks) with a timeout (matrix `smoke.timeouts`)
+and a result pass / fail / skip + reason. Every container is stopped and removed (finally,
+SIGINT and SIGTERM included); a failed serving level keeps the engine's log tail.
 An image whose programs run under QEMU on the engine (Engine.emulation_of: the GB10 cell's
 linux/arm64 image on an x86_64 host) runs none of them: `import torch` crashes there, so the
 static level keeps only the audit (its probe runs natively) and every program-running part is
@@ -390,8 +374,9 @@ def static_verdict(audit_status: str, audit_reason: str | None,
 def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                gpu_here: bool = False, options: RunOptions | None = None) -> LevelResult:
     """The audit (the audit step's record of this image, else run now) and the imports in a
-    container of the image; under emulation the audit's native probe still runs, the imports
-    do not (cannot_run_emulated)."""
+    container of the image (harness.static_check: every engine and kernel package imports,
+    versions equal the cell's pins); under emulation the audit's native probe still runs, the
+    imports do not (cannot_run_emulated)."""
     details: dict[str, Any] = {}
     audit_status = run_audit(ctx, spec, harness.image_id, details, harness.docker)
     if harness.emulated:
@@ -454,8 +439,10 @@ def run_gpu(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
 
 def gpu_level(harness: Harness, arch: str, engine_name: str, kernels: list[str],
               timeout_s: float, gpu_here: bool, elsewhere: str = SMOKE_ELSEWHERE) -> LevelResult:
-    """harness.gpu_check in a container given the GPUs (smoke's and verify's gpu level); the
-    engine the image claims: in its image a missing triton or GDN op fails the level."""
+    """harness.gpu_check in a container given the GPUs (smoke's and verify's gpu level): the
+    device's capability is the arch, torch/Triton/kernel-package kernels agree with a torch
+    reference; in the image of an engine the harness knows, a missing triton or GDN op fails.
+    Skipped without a GPU here and on a CPU cell (not applicable)."""
     if arch == CPU:
         return LevelResult("gpu", "skip", "arch cpu: the gpu level does not apply",
                            details={"applicable": False})
@@ -533,6 +520,11 @@ def published_port(docker: Engine, container_id: str, deadline_s: float = 10.0
 
 def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
               gpu_here: bool, options: RunOptions) -> LevelResult:
+    """The engine server started with the cell's launch command (engines.<e>.serve, the model
+    card's flags, per-arch flags/env) on the real weights (read-only) or a fixture the image
+    makes (harness.make_fixture_model), probed over the OpenAI-compatible API (harness.probe).
+    The fixture's random weights are for the CPU lane: a GPU cell needs real weights and an
+    expected answer, else the level is a skip "not verified" (never a pass)."""
     started = time.monotonic()
     start = serving_start(ctx, spec, harness, gpu_here, options, "model", timeout_s,
                           options.fixture)
@@ -708,7 +700,9 @@ def serving_start(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool
 
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                    gpu_here: bool, options: RunOptions) -> LevelResult:
-    """N replicas of the server under the bounded load of stages/throughput.py."""
+    """N replicas of the server (smoke.throughput.replicas, default 2), each on its own
+    loopback port, under stages/throughput.py's bounded closed-loop load: output tokens/s in
+    total and per replica, TTFT and inter-token latency p50/p95, errors, scaling 1..N."""
     from . import throughput
 
     started = time.monotonic()
