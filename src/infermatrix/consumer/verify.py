@@ -135,18 +135,10 @@ def verify_workload(v: VerifyRun) -> LevelResult:
         {"soak_s": v.soak_s, "cpu": {"soak_s": v.soak_s}} if v.soak_s else None,
         cpu=not launch.gpu, model_dir=v.model_dir, real_model=v.settings.real_model)
     details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command}
-    log = smoke.serve_and_measure(v.harness, launch, v.model_dir, settings, entry["cell"],
-                                  details, MODEL_TIMEOUT_S)
     backend = (entry.get("labels") or {}).get("io.infermatrix.attention_backend") or None
-    details["backends"] = workload.judge_backends(log, backend)
-    published = ((entry.get("smoke") or {}).get("workload") or {}).get("tokens_per_s_per_gpu")
-    details["target"] = workload.target_verdict(
-        details["tokens_per_s"], entry["arch"], settings,
-        float(published) if isinstance(published, (int, float)) else None)
-    status, reason = workload.verdict(details, settings.regression_fails)
-    if status == "fail":
-        details["engine_log_tail"] = smoke.last_lines(log, 40)
-    return LevelResult("workload", status, reason, details=details)
+    return smoke.workload_level(v.harness, launch, v.model_dir, settings, entry["cell"], details,
+                                MODEL_TIMEOUT_S, entry["arch"], (backend, None),
+                                smoke.published_figure(entry))
 
 
 def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,

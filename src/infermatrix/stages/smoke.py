@@ -534,19 +534,11 @@ def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
     # a fixture's probe checks structure, not meaning
     settings = probe_settings(ctx, start.real_model, health_timeout_s=remaining,
                               health_path=start.launch.health)
-    start.details["env"] = start.launch.env
-    return serve_and_probe(ctx, spec, harness, start.launch, start.host_model, settings,
-                           start.details)
-
-
-def serve_and_probe(ctx: Context, spec: CellSpec, harness: Harness, launch: LaunchSpec,
-                    host_model: Path, settings: harness_probe.ProbeSettings,
-                    details: dict[str, Any]) -> LevelResult:
-    """The model level of a cell: serve, probe, and judge what the live server maps."""
+    details = {**start.details, "env": start.launch.env}  # then what the live server maps
     return serve_image_and_probe(
-        harness, launch, host_model, settings, details, spec.id,
+        harness, start.launch, start.host_model, settings, details, spec.id,
         observe=lambda cid: observe_loaded_set(ctx, spec, harness.docker, cid, details),
-        weights_on_engine_host=not details["model_source"].startswith("fixture"))
+        weights_on_engine_host=start.real_model)
 
 
 def serve_image_and_probe(harness: Harness, launch: LaunchSpec, host_model: Path,
@@ -750,35 +742,34 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     settings = workload.WorkloadSettings.from_matrix(
         smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu,
         model_dir=start.host_model, real_model=start.real_model)
-    log = serve_and_measure(harness, start.launch, start.host_model, settings, spec.id, details,
-                            max(60.0, timeout_s - (time.monotonic() - started)))
-    details["backends"] = workload.judge_backends(
-        log, spec.attention_backend,
-        audited_gdn_choice(journal.cell_record(ctx.state, spec.id), spec.cell.arch))
-    details["target"] = workload.target_verdict(details["tokens_per_s"], spec.cell.arch,
-                                                settings, published_workload_figure(ctx, spec))
+    result = workload_level(
+        harness, start.launch, start.host_model, settings, spec.id, details,
+        max(60.0, timeout_s - (time.monotonic() - started)), spec.cell.arch,
+        (spec.attention_backend,
+         audited_gdn_choice(journal.cell_record(ctx.state, spec.id), spec.cell.arch)),
+        published_figure(read_lock_entry(ctx, spec.id)))
     from ..model.capacity import ratios_path
 
     details["prediction"] = workload.prediction(
         spec.cell.arch, details["sweep"], details["model_source"].startswith("fixture"),
         ratios_path(ctx.state.root))
-    status, reason = workload.verdict(details, settings.regression_fails)
-    if status == "fail":
-        details["engine_log_tail"] = last_lines(log, 40)
-    return LevelResult("workload", status, reason, details=details)
+    return result
 
 
-def serve_and_measure(harness: Harness, launch: LaunchSpec, host_model: Path,
-                      settings: "WorkloadSettings", label: str, details: dict[str, Any],
-                      health_wait_s: float) -> str:
+def workload_level(harness: Harness, launch: LaunchSpec, host_model: Path,
+                   settings: "WorkloadSettings", label: str, details: dict[str, Any],
+                   health_wait_s: float, arch: str, planned: tuple[str | None, str | None],
+                   published: float | None) -> LevelResult:
     """One server of `harness.image_id` on loopback under the workload level's load
-    (stages/workload.py: its figures go into `details`); the server's log. Needs no matrix:
-    `infermatrix verify` runs it from images.lock alone."""
+    (stages/workload.py), judged: the backends its log names against the `planned` attention
+    and GDN prefill ones, its figure against the arch's target and the `published` one. Needs
+    no matrix: `infermatrix verify` runs it from images.lock alone."""
     from . import throughput, workload
 
     docker = harness.docker
     with replica_container(label, harness, launch, host_model, 0, 1) as cid:
-        endpoint, alive = replica_endpoint(docker, cid, 0, launch.health), container_gone(docker, cid)
+        endpoint, alive = replica_endpoint(docker, cid, 0, launch.health), \
+            container_gone(docker, cid)
         try:
             details["health_wait_s"] = throughput.wait_all_healthy([endpoint], health_wait_s,
                                                                    alive=alive)
@@ -787,7 +778,13 @@ def serve_and_measure(harness: Harness, launch: LaunchSpec, host_model: Path,
         finally:
             log = docker.container_logs(cid)
     append_log(harness.log_path, f"workload server: {' '.join(launch.command)}", log)
-    return log
+    details["backends"] = workload.judge_backends(log, *planned)
+    details["target"] = workload.target_verdict(details["tokens_per_s"], arch, settings,
+                                                published)
+    status, reason = workload.verdict(details, settings.regression_fails)
+    if status == "fail":
+        details["engine_log_tail"] = last_lines(log, 40)
+    return LevelResult("workload", status, reason, details=details)
 
 
 def audited_gdn_choice(record: journal.CellRecord, arch: str) -> str | None:
@@ -801,15 +798,19 @@ def audited_gdn_choice(record: journal.CellRecord, arch: str) -> str | None:
     return None
 
 
-def published_workload_figure(ctx: Context, spec: CellSpec) -> float | None:
-    """The workload tokens/s images.lock recorded for the cell's last published digest."""
+def read_lock_entry(ctx: Context, cell_id: str) -> dict[str, Any]:
+    """The cell's entry of images.lock (its last published digest), {} without one."""
     from ..imageslock import read_images_lock
 
     try:
         lock = read_images_lock(ctx.root / "images.lock")
     except Exception:  # noqa: BLE001 - no usable images.lock: nothing to compare with
-        return None
-    entry = ((lock or {}).get("images") or {}).get(spec.id) or {}
+        return {}
+    return dict(((lock or {}).get("images") or {}).get(cell_id) or {})
+
+
+def published_figure(entry: dict[str, Any]) -> float | None:
+    """The workload tokens/s per GPU an images.lock entry was published with."""
     figure = ((entry.get("smoke") or {}).get("workload") or {}).get("tokens_per_s_per_gpu")
     return float(figure) if isinstance(figure, (int, float)) else None
 
