@@ -1,16 +1,8 @@
 """`infermatrix verify`: the consumer's own check of a pulled image, on their host (issue 30).
 
 From images.lock alone (no matrix): the image is the entry's digest reference, pulled before
-(`infermatrix pull`), and its id must be the one images.lock records. Then:
-  gpu    harness.gpu_check in a container with the host's GPUs: the device is the cell's arch,
-         torch, Triton and the engine's Gated DeltaNet ops compute right (skip without a GPU,
-         n/a for a CPU cell);
-  model  the serve command images.lock recorded, on the weights of `--model-dir` (with the
-         MTP flags when the head is there), probed with thinking on and off, the answer
-         checked against `--expect` unless `--no-answer-check` (random fixture weights);
-  workload  (asked for) the job's shape against one server of the signed serve command
-         (stages/workload.py: sweep, soak, needle, backends used), its figure held to the
-         one the cell was published with (a regression on this host is flagged).
+(`infermatrix pull`), and its id must be the one images.lock records. Then the levels the
+level table gives verify (infermatrix/levels.py: `Level.verify` names each one's function here).
 The verdict (the host's facts: name, GPUs, driver; each level) is written as JSON for that host.
 """
 
@@ -33,7 +25,6 @@ from ..stages import smoke
 from .pull import serve_command
 from ..stages.smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
 
-MODEL_TIMEOUT_S = BY_NAME["model"].timeout_s  # a server's health wait
 VERIFY_ELSEWHERE = "run `infermatrix verify` on a {platform} host"
 
 
@@ -80,7 +71,7 @@ def refusal(v: VerifyRun, level: str) -> LevelResult | None:
     return None
 
 
-def verify_gpu(v: VerifyRun) -> LevelResult:
+def verify_gpu(v: VerifyRun) -> LevelResult:  # the device, torch, Triton and the GDN ops
     return smoke.gpu_level(v.harness, v.entry["arch"], (v.entry.get("labels") or {}).get(
         "io.infermatrix.engine", ""), [], BY_NAME["gpu"].timeout_s, v.gpu_here, VERIFY_ELSEWHERE)
 
@@ -108,6 +99,9 @@ def entry_launch(v: VerifyRun) -> LaunchSpec:
 
 
 def verify_model(v: VerifyRun) -> LevelResult:
+    """The serve command images.lock recorded, on the weights of `--model-dir` (with the MTP
+    flags when the head is there), probed with thinking on and off, the answer checked against
+    `--expect` unless `--no-answer-check` (random fixture weights)."""
     refused = refusal(v, "model")
     if refused:
         return refused
@@ -119,8 +113,9 @@ def verify_model(v: VerifyRun) -> LevelResult:
 
 
 def verify_workload(v: VerifyRun) -> LevelResult:
-    """The workload level on this host: the signed serve command on `model_dir`, one server
-    on loopback, driven by stages/workload.py; its figure against the published one."""
+    """The job's shape against one server of the signed serve command on `model_dir`
+    (stages/workload.py: sweep, soak, needle, backends used), its figure held to the one the
+    cell was published with (a regression on this host is flagged)."""
     from ..stages import workload
 
     refused = refusal(v, "workload")
@@ -137,7 +132,7 @@ def verify_workload(v: VerifyRun) -> LevelResult:
     details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command}
     backend = (entry.get("labels") or {}).get("io.infermatrix.attention_backend") or None
     return smoke.workload_level(v.harness, launch, v.model_dir, settings, entry["cell"], details,
-                                MODEL_TIMEOUT_S, entry["arch"], (backend, None),
+                                BY_NAME["model"].timeout_s, entry["arch"], (backend, None),
                                 smoke.published_figure(entry))
 
 
@@ -158,7 +153,7 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
     settings = harness_probe.ProbeSettings(
         expect=expect if answer_check else None, real_model=answer_check,
         health_path=entry["run"].get("health") or "/health",
-        health_timeout_s=MODEL_TIMEOUT_S)
+        health_timeout_s=BY_NAME["model"].timeout_s)
     v = VerifyRun(entry, harness, model_dir, gpu_here, settings, unified, soak_s)
     results = {name: smoke.timed_level(name, lambda: globals()[str(BY_NAME[name].verify)](v))
                for name in levels or VERIFY_LEVELS}
