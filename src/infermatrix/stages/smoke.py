@@ -132,9 +132,9 @@ def smoke_settings(ctx: Context) -> dict[str, Any]:
 
 
 def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
-    levels = requested or smoke_settings(ctx).get("levels") or list(level_table.DEFAULT_LEVELS)
-    try:
-        return level_table.parse(",".join(levels))  # always in the table's order
+    levels = requested or smoke_settings(ctx).get("levels") or level_table.DEFAULT_LEVELS
+    try:  # always in the table's order
+        return level_table.parse(",".join(levels))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
