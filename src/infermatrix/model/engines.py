@@ -14,9 +14,13 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
 
 
 @cache
+def rows() -> dict[str, dict[str, Any]]:
+    return dict(yaml.safe_load(DATA.read_text(encoding="utf-8"))["engines"])
+
+
 def row(engine: str) -> dict[str, Any]:
     """The engine's row ({} for an engine the table does not name)."""
-    return dict(yaml.safe_load(DATA.read_text(encoding="utf-8"))["engines"].get(engine) or {})
+    return rows().get(engine) or {}
 
 
 def harness_name(engine: str) -> str:

@@ -5,6 +5,7 @@ table branches on an engine's name. Pure."""
 from __future__ import annotations
 
 import ast
+import re
 
 import yaml
 
@@ -12,7 +13,7 @@ from infermatrix.model import capacity, engines, unifiedmem
 from tests.paths import REPO
 
 PACKAGE = REPO / "src" / "infermatrix"
-COLUMNS = {"harness", "memory_flag", "max_seqs_flag", "flags_of"}
+COLUMNS = {"harness", "memory_flag", "max_seqs_flag", "flags_of", "log_backends"}
 
 
 def table() -> dict[str, dict[str, str]]:
@@ -25,6 +26,9 @@ def test_every_engine_of_the_shipped_matrix_has_a_row_of_the_tables_columns():
     for name, row in table().items():
         assert set(row) <= COLUMNS, name
         assert row.get("flags_of") in (None, *table()), name
+        for kind, patterns in (row.get("log_backends") or {}).items():
+            assert kind in ("attention", "gdn") and all(re.compile(p).groups == 1
+                                                        for p in patterns), name
 
 
 def test_the_users_read_the_rows():
