@@ -40,7 +40,7 @@ def triton_smem_args(engine_name: str, backend: str | None, targets: list[Arch],
     the engine takes, so the audit follows it."""
     limits, _ = shared_memory_limits()
     traits = loadedset.model_traits(model) or {}
-    args = ["--engine", engine_name, "--backend", backend or "default"]
+    args = ["--engine", harness_name(engine_name), "--backend", backend or "default"]
     for target in targets:
         if target.sm not in limits:
             return None
