@@ -26,6 +26,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import ConfigError, ConfigErrors
+from . import levels as level_table
 from .names import CREDENTIALS_FIX, NAME_RULE, is_name, reference_problem
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,11 @@ def load_schema() -> dict[str, Any]:
     path = SCHEMA_PATH
     if not path.is_file():  # installed as a wheel: the copy shipped in the package
         path = DATA_DIR / "matrix.schema.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    levels = {"enum": list(level_table.NAMES)}  # the names come from the level table
+    schema["properties"]["smoke"]["properties"]["levels"]["items"] = levels
+    schema["properties"]["tag_policy"]["properties"]["require"]["items"] = levels
+    return schema
 
 
 class _Locator:
@@ -363,8 +368,7 @@ class Matrix:
 
     @property
     def tag_policy(self) -> dict[str, Any]:
-        return self.data.get("tag_policy", {"require": ["static", "gpu", "model"],
-                                            "allow_static_only": False})
+        return self.data.get("tag_policy", {})  # stages/tagging.py's DEFAULT_POLICY under it
 
     @property
     def publish(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import UsageError
+from . import levels as level_table
 
 
 def at_least(kind: Callable[[str], Any], floor: float, above: bool = False
@@ -39,15 +40,7 @@ positive_float = at_least(float, 0, above=True)
 non_negative_float = at_least(float, 0)
 
 
-def level_list(text: str) -> list[str]:
-    from .model.cell import SMOKE_LEVELS as LEVELS
-
-    levels = [lv.strip() for lv in str(text).split(",") if lv.strip()]
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if unknown or not levels:
-        raise ValueError(f"unknown smoke level {unknown[0] if unknown else text!r} "
-                         f"(levels: {', '.join(LEVELS)})")
-    return levels
+level_list = level_table.parse
 
 
 def engine_endpoint(text: str) -> str:
@@ -187,9 +180,9 @@ class RunOptions:
         "--nvcc-threads", "NVCC_THREADS of kernel builds (default: the compile planner's "
         "figure)", positive_int, env="INFERMATRIX_NVCC_THREADS", metavar="N")
     levels: list[str] | None = option(
-        "--levels", "smoke levels, comma-separated subset of static,gpu,model,throughput,workload "
-        "(default: static,gpu,model)", level_list, env="INFERMATRIX_LEVELS",
-        matrix=("smoke", "levels"), metavar="LIST")
+        "--levels", f"smoke levels, comma-separated subset of {','.join(level_table.NAMES)} "
+        f"(default: {','.join(level_table.DEFAULT_LEVELS)})", level_list,
+        env="INFERMATRIX_LEVELS", matrix=("smoke", "levels"), metavar="LIST")
     smoke_on: str | None = option(
         "--smoke-on", "run the smoke levels on this Docker engine (where the GPUs are): "
         "[NAME=]unix://PATH, ssh://USER@HOST, tcp://HOST:PORT, a builder of build.builders or "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from ..levels import NAMES as LEVELS
 from . import common_options, load_run, run_options, selection_options, wait_option
 
 if TYPE_CHECKING:
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    smoke = subparsers.add_parser("smoke", help="test built images: static, gpu, model (and throughput) levels")
+    smoke = subparsers.add_parser("smoke", help=f"test built images: {', '.join(LEVELS)} levels")
     common_options(smoke)
     selection_options(smoke)
     smoke.add_argument("cells", nargs="*", metavar="CELL_ID",

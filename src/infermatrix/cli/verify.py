@@ -12,9 +12,8 @@ from ..errors import UsageError
 from ..stages import sign
 from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
-from ..consumer.verify import (ALL_VERIFY_LEVELS, VERIFY_LEVELS, default_verdict_path,
-                               unified_sizing, verify_entry,
-                               write_verdict)
+from ..consumer.verify import default_verdict_path, unified_sizing, verify_entry, write_verdict
+from ..levels import ALL_VERIFY_LEVELS, VERIFY_LEVELS, parse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,11 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     from ..consumer.deploy import locked_entry
 
-    levels = [part.strip() for part in args.levels.split(",") if part.strip()]
-    unknown = [level for level in levels if level not in ALL_VERIFY_LEVELS]
-    if unknown or not levels:
-        raise UsageError(f"--levels {args.levels!r}: expected a comma-separated subset of "
-                         f"{','.join(ALL_VERIFY_LEVELS)}")
+    try:
+        levels = parse(args.levels, ALL_VERIFY_LEVELS)
+    except ValueError as exc:
+        raise UsageError(f"--levels {args.levels!r}: {exc}") from None
     if not args.lock.is_file():
         raise UsageError(f"{args.lock} does not exist: pass --lock PATH (the images.lock "
                          "you pulled from)")

@@ -1,16 +1,8 @@
 """`infermatrix verify`: the consumer's own check of a pulled image, on their host (issue 30).
 
 From images.lock alone (no matrix): the image is the entry's digest reference, pulled before
-(`infermatrix pull`), and its id must be the one images.lock records. Then:
-  gpu    harness.gpu_check in a container with the host's GPUs: the device is the cell's arch,
-         torch, Triton and the engine's Gated DeltaNet ops compute right (skip without a GPU,
-         n/a for a CPU cell);
-  model  the serve command images.lock recorded, on the weights of `--model-dir` (with the
-         MTP flags when the head is there), probed with thinking on and off, the answer
-         checked against `--expect` unless `--no-answer-check` (random fixture weights);
-  workload  (asked for) the job's shape against one server of the signed serve command
-         (stages/workload.py: sweep, soak, needle, backends used), its figure held to the
-         one the cell was published with (a regression on this host is flagged).
+(`infermatrix pull`), and its id must be the one images.lock records. Then the levels the
+level table gives verify (infermatrix/levels.py: `Level.verify` names each one's function here).
 The verdict (the host's facts: name, GPUs, driver; each level) is written as JSON for that host.
 """
 
@@ -19,21 +11,20 @@ from __future__ import annotations
 import datetime as dt
 import json
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..engine.docker import Engine
 from ..errors import UsageError
 from ..harness import probe as harness_probe
+from ..levels import BY_NAME, VERIFY_LEVELS
 from ..model.spec import CONTAINER_MODEL
 from ..model.unifiedmem import GIB, Sizing, size_from_meminfo, with_fraction
 from ..stages import smoke
 from .pull import serve_command
 from ..stages.smoke import CONTAINER_PORT, NO_GPU, Harness, LaunchSpec, LevelResult
 
-VERIFY_LEVELS = ("gpu", "model")  # the default
-ALL_VERIFY_LEVELS = ("gpu", "model", "workload")
-DEFAULT_TIMEOUTS = {"gpu": 600.0, "model": 1800.0, "workload": 3600.0}
 VERIFY_ELSEWHERE = "run `infermatrix verify` on a {platform} host"
 
 
@@ -58,21 +49,31 @@ def host_facts(docker: Engine) -> dict[str, Any]:
             "engine": docker.label()}
 
 
-def verify_gpu(entry: dict[str, Any], harness: Harness, gpu_here: bool,
-               timeout_s: float) -> LevelResult:
-    if not entry["run"].get("gpu"):
-        return LevelResult("gpu", "skip", "a CPU cell: the gpu level does not apply",
-                           details={"applicable": False})
-    if not gpu_here:
-        return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
-    if harness.emulated:
-        return smoke.emulated_skip("gpu", harness.emulated, VERIFY_ELSEWHERE)
-    engine_name = (entry.get("labels") or {}).get("io.infermatrix.engine", "none")
-    engine_name = engine_name if engine_name in ("vllm", "sglang") else "none"
-    code, parsed, output = harness.run("gpu_check", ["--arch", entry["arch"], "--engine",
-                                                     engine_name], timeout_s, gpu=True)
-    status, reason, details = smoke.harness_level("gpu", code, parsed, output, timeout_s)
-    return LevelResult("gpu", status, reason, details=details)
+@dataclass(frozen=True)
+class VerifyRun:
+    """What each level's function (levels.py: Level.verify names it) is given."""
+    entry: dict[str, Any]  # the verified images.lock entry
+    harness: Harness
+    model_dir: Path
+    gpu_here: bool
+    settings: harness_probe.ProbeSettings  # real_model: the answer is checked
+    unified: Sizing | None = None
+    soak_s: float | None = None
+
+
+def refusal(v: VerifyRun, level: str) -> LevelResult | None:
+    """A level's skip when a GPU cell meets no GPU here, or the image's programs would run
+    emulated; None when it can run."""
+    if v.entry["run"].get("gpu") and not v.gpu_here:
+        return LevelResult(level, "skip", NO_GPU, details={"needs_gpu": True})
+    if v.harness.emulated:
+        return smoke.emulated_skip(level, v.harness.emulated, VERIFY_ELSEWHERE)
+    return None
+
+
+def verify_gpu(v: VerifyRun) -> LevelResult:  # the device, torch, Triton and the GDN ops
+    return smoke.gpu_level(v.harness, v.entry["arch"], (v.entry.get("labels") or {}).get(
+        "io.infermatrix.engine", ""), [], BY_NAME["gpu"].timeout_s, v.gpu_here, VERIFY_ELSEWHERE)
 
 
 def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:
@@ -84,81 +85,55 @@ def unified_sizing(entry: dict[str, Any], meminfo: Path) -> Sizing | None:
     return size_from_meminfo(meminfo, entry["arch"], entry["labels"]["io.infermatrix.engine"])
 
 
-def verify_model(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
-                 settings: harness_probe.ProbeSettings,
-                 unified: Sizing | None = None) -> LevelResult:
-    run = entry["run"]
-    if run.get("gpu") and not gpu_here:
-        return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
-    if harness.emulated:
-        return smoke.emulated_skip("model", harness.emulated, VERIFY_ELSEWHERE)
-    command = serve_command(entry, CONTAINER_PORT, model_dir)
-    spec = LaunchSpec(command, dict(run.get("env") or {}), run.get("shm_size") or "1g",
-                      settings.health_path, bool(run.get("gpu")))
-    if unified is not None:  # the engine's share of the host's memory, not a GPU's
-        spec.command = with_fraction(spec.command, unified)
-        spec.shm_size, spec.mem_limit = unified.shm_size, f"{unified.budget // GIB}g"
-    details: dict[str, Any] = {"model_source": str(model_dir), "command": spec.command,
-                               "answer_checked": settings.real_model}
-    return smoke.serve_image_and_probe(harness, spec, model_dir, settings, details,
-                                       entry["cell"])
+def entry_launch(v: VerifyRun) -> LaunchSpec:
+    """The serve command images.lock recorded, on `model_dir`; on a unified-memory GPU host
+    with the engine's share of the host's memory (unified_sizing), not a GPU's."""
+    run = v.entry["run"]
+    launch = LaunchSpec(serve_command(v.entry, CONTAINER_PORT, v.model_dir),
+                        dict(run.get("env") or {}), run.get("shm_size") or "1g",
+                        v.settings.health_path, bool(run.get("gpu")))
+    if v.unified is not None:
+        launch.command = with_fraction(launch.command, v.unified)
+        launch.shm_size, launch.mem_limit = v.unified.shm_size, f"{v.unified.budget // GIB}g"
+    return launch
 
 
-def verify_workload(entry: dict[str, Any], harness: Harness, model_dir: Path, gpu_here: bool,
-                    real_model: bool, unified: Sizing | None = None,
-                    soak_s: float | None = None) -> LevelResult:
-    """The workload level on this host: the signed serve command on `model_dir`, one server
-    on loopback, driven by stages/workload.py; its figure against the published one."""
+def verify_model(v: VerifyRun) -> LevelResult:
+    """The serve command images.lock recorded, on the weights of `--model-dir` (with the MTP
+    flags when the head is there), probed with thinking on and off, the answer checked against
+    `--expect` unless `--no-answer-check` (random fixture weights)."""
+    refused = refusal(v, "model")
+    if refused:
+        return refused
+    launch = entry_launch(v)
+    details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command,
+                               "answer_checked": v.settings.real_model}
+    return smoke.serve_image_and_probe(v.harness, launch, v.model_dir, v.settings, details,
+                                       v.entry["cell"])
+
+
+def verify_workload(v: VerifyRun) -> LevelResult:
+    """The job's shape against one server of the signed serve command on `model_dir`
+    (stages/workload.py: sweep, soak, needle, backends used), its figure held to the one the
+    cell was published with (a regression on this host is flagged)."""
     from ..stages import workload
-    from ..engine import docker as engine
 
-    run = entry["run"]
-    if run.get("gpu") and not gpu_here:
-        return LevelResult("workload", "skip", NO_GPU, details={"needs_gpu": True})
-    if harness.emulated:
-        return smoke.emulated_skip("workload", harness.emulated, VERIFY_ELSEWHERE)
-    if not harness.docker.is_local():
+    refused = refusal(v, "workload")
+    if refused:
+        return refused
+    if not v.harness.docker.is_local():
         return LevelResult("workload", "skip", "not verified here: the load runs on this "
                            "machine and the server's port stays on the engine's host",
                            details={"not_verified": True})
-    command = serve_command(entry, CONTAINER_PORT, model_dir)
-    if unified is not None:
-        command = with_fraction(command, unified)
+    entry, launch = v.entry, entry_launch(v)
     settings = workload.WorkloadSettings.from_matrix(
-        {"soak_s": soak_s, "cpu": {"soak_s": soak_s}} if soak_s else None,
-        cpu=not run.get("gpu"), model_dir=model_dir, real_model=real_model)
-    details: dict[str, Any] = {"model_source": str(model_dir), "command": command}
-    with smoke.container(harness.docker, harness.image_id, command=command,
-                         env=dict(run.get("env") or {}), shm_size=run.get("shm_size") or "1g",
-                         mounts=[engine.Mount(str(model_dir), CONTAINER_MODEL, read_only=True)],
-                         ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
-                         gpus=harness.gpus if run.get("gpu") else False,
-                         labels={smoke.SMOKE_LABEL: entry["cell"]}) as cid:
-        host, port = smoke.published_port(harness.docker, cid)
-        from ..stages.generate import ServerEndpoint
-        from ..stages.throughput import wait_all_healthy
-
-        endpoint = ServerEndpoint("server", f"http://{host}:{port}", run.get("health")
-                                  or "/health")
-        try:
-            details["health_wait_s"] = wait_all_healthy(
-                [endpoint], DEFAULT_TIMEOUTS["model"], alive=smoke.container_gone(
-                    harness.docker, cid))
-            details.update(workload.measure(endpoint, settings,
-                                            alive=smoke.container_gone(harness.docker, cid)))
-        finally:
-            log = harness.docker.container_logs(cid)
-    smoke.append_log(harness.log_path, f"workload server: {' '.join(command)}", log)
+        {"soak_s": v.soak_s, "cpu": {"soak_s": v.soak_s}} if v.soak_s else None,
+        cpu=not launch.gpu, model_dir=v.model_dir, real_model=v.settings.real_model)
+    details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command}
     backend = (entry.get("labels") or {}).get("io.infermatrix.attention_backend") or None
-    details["backends"] = workload.judge_backends(log, backend)
-    published = ((entry.get("smoke") or {}).get("workload") or {}).get("tokens_per_s_per_gpu")
-    details["target"] = workload.target_verdict(
-        details["tokens_per_s"], entry["arch"], settings,
-        float(published) if isinstance(published, (int, float)) else None)
-    status, reason = workload.verdict(details, settings.regression_fails)
-    if status == "fail":
-        details["engine_log_tail"] = smoke.last_lines(log, 40)
-    return LevelResult("workload", status, reason, details=details)
+    return smoke.workload_level(v.harness, launch, v.model_dir, settings, entry["cell"], details,
+                                BY_NAME["model"].timeout_s, entry["arch"], (backend, None),
+                                smoke.published_figure(entry))
 
 
 def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
@@ -176,14 +151,10 @@ def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
     settings = harness_probe.ProbeSettings(
         expect=expect if answer_check else None, real_model=answer_check,
         health_path=entry["run"].get("health") or "/health",
-        health_timeout_s=DEFAULT_TIMEOUTS["model"])
-    runners = {
-        "gpu": lambda: verify_gpu(entry, harness, gpu_here, DEFAULT_TIMEOUTS["gpu"]),
-        "model": lambda: verify_model(entry, harness, model_dir, gpu_here, settings, unified),
-        "workload": lambda: verify_workload(entry, harness, model_dir, gpu_here, answer_check,
-                                            unified, soak_s),
-    }
-    results = {name: smoke.timed_level(name, runners[name]) for name in levels or VERIFY_LEVELS}
+        health_timeout_s=BY_NAME["model"].timeout_s)
+    v = VerifyRun(entry, harness, model_dir, gpu_here, settings, unified, soak_s)
+    results = {name: smoke.timed_level(name, lambda: globals()[str(BY_NAME[name].verify)](v))
+               for name in levels or VERIFY_LEVELS}
     status = smoke.overall_status([r.status for r in results.values()])
     return {"cell": entry["cell"], "reference": entry["reference"], "image_id": image_id,
             "status": status, "host": host_facts(docker), "model_dir": str(model_dir),

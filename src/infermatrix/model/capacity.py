@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 import yaml
 
 from ..errors import DamagedStateFile, UsageError
+from . import engines
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "data" / "capacity.yaml"
 RATIOS_FILE = "capacity-efficiency.json"
@@ -509,11 +510,9 @@ def max_num_seqs(gpu_key: str, profile_key: str, context_tokens: int, output_tok
     return sizing.max_sequences
 
 
-def max_seqs_flag(engine: str, data: Mapping[str, Any] | None = None) -> str | None:
-    """The engine's max-concurrent-sequences flag (`vllm`, `vllm-cpu` -> --max-num-seqs,
-    `sglang` -> --max-running-requests); None for an engine the data does not name."""
-    flags = (data or spec())["max_seqs_flags"]
-    return flags.get(engine) or flags.get(engine.split("-")[0])
+def max_seqs_flag(engine: str) -> str | None:
+    """The engine's max-concurrent-sequences flag (data/engines.yaml); None: it has none."""
+    return engines.row(engine).get("max_seqs_flag")
 
 
 def best_profile(estimates: Iterable[Estimate], target: float) -> Estimate | None:

@@ -21,13 +21,6 @@ CPU = "cpu"
 PlanStatus = Literal["planned", "pruned", "unresolved", "unverified"]
 
 
-# The smoke tiers, in the order they run (stages/smoke.py runs them; options validates --levels).
-# `throughput` (N replicas under a closed-loop load) and `workload` (the job's shape: sweep,
-# soak, needle, backends used; stages/workload.py) run only when asked for: --levels or
-# matrix smoke.levels; a plain smoke run is the first three.
-SMOKE_LEVELS = ("static", "gpu", "model", "throughput", "workload")
-DEFAULT_SMOKE_LEVELS = ("static", "gpu", "model")
-
 @dataclass(frozen=True, order=True)
 class Cell:
     cuda: str  # "12.8", "13.0", or "cpu"

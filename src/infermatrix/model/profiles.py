@@ -22,6 +22,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from packaging.specifiers import SpecifierSet
 
+from . import engines
 from .cell import Cell, Verdict
 from .coverage import Coverage, decide
 from .kernelsyms import KernelCode
@@ -48,11 +49,10 @@ class ProfileSpec:
     description: str = ""
 
     def args_for(self, engine: str) -> list[str]:
-        """The profile's flags for an engine key (`vllm-cpu` falls back to `vllm`)."""
-        flags = self.launch.get(engine)
-        if flags is None:
-            flags = self.launch.get(engine.split("-")[0], ())
-        return list(flags)
+        """The profile's flags for an engine key, else for the engine whose flags it takes
+        (data/engines.yaml flags_of: `vllm-cpu` takes `vllm`'s)."""
+        like = engines.row(engine).get("flags_of")
+        return list(self.launch.get(engine, self.launch.get(like, ()) if like else ()))
 
 
 def profile_specs(matrix_data: Mapping[str, Any]) -> list[ProfileSpec]:

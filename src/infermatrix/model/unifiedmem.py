@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import UnifiedMemoryShort
+from . import engines
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "data" / "unified_memory.yaml"
 GIB = 2**30
@@ -103,7 +104,7 @@ def size(total: int, available: int, engine: str, servers: int = 1,
     fraction = math.floor(budget / total * 100) / 100
     shm = f"{min(int(data['shm_size_gib']), budget // GIB)}g"
     return Sizing(total, available, headroom, budget, fraction, shm,
-                  data["fraction_flags"].get(engine))
+                  engines.row(engine).get("memory_flag"))
 
 
 def size_from_meminfo(meminfo: Path, arch: str, engine: str, servers: int = 1
@@ -119,7 +120,7 @@ def size_from_meminfo(meminfo: Path, arch: str, engine: str, servers: int = 1
         total, available = parse_meminfo(meminfo.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"--memory-from {meminfo}: {exc}") from None
-    return size(total, available, engine.split("-")[0], servers=servers)
+    return size(total, available, engine, servers=servers)
 
 
 def with_fraction(command: list[str], sizing: Sizing) -> list[str]:

@@ -42,6 +42,7 @@ from rich.text import Text
 
 from .. import journal
 from ..journal import CellRecord, StageRecord, load_records, records_of
+from .. import levels as level_table
 from ..model.cell import CellPlan
 from ..model.spec import CellSpec
 from ..journal import number_of as _number
@@ -405,9 +406,9 @@ def _without_throughput(details: dict[str, Any]) -> dict[str, Any]:
     """Smoke details less the throughput and workload levels' many figures (each counted once,
     on its own)."""
     levels = details.get("levels")
-    rest = {k: v for k, v in details.items() if k not in ("throughput", "workload")}
+    rest = {k: v for k, v in details.items() if k not in level_table.SUMMARISED}
     if isinstance(levels, dict):
-        rest["levels"] = {k: v for k, v in levels.items() if k not in ("throughput", "workload")}
+        rest["levels"] = {k: v for k, v in levels.items() if k not in level_table.SUMMARISED}
     return rest
 
 
@@ -510,13 +511,13 @@ def smoke_levels(stages: list[StageResult]) -> list[dict[str, Any]]:
                  for i, v in enumerate(levels)]
     else:
         return []
-    order = {"static": 0, "gpu": 1, "model": 2, "throughput": 3, "workload": 4}  # run order
-    items.sort(key=lambda item: order.get(item[0], len(order)))
+    order = level_table.NAMES  # run order; a name it lacks last
+    items.sort(key=lambda item: order.index(item[0]) if item[0] in order else len(order))
     rows = []
     for name, value in items:
         entry = value if isinstance(value, dict) else {"status": _text(value)}
         figures = tokens_figures(entry)
-        if name in ("throughput", "workload"):  # its total only; the sweep is its chart
+        if name in level_table.SUMMARISED:  # its total only; the sweep is its chart
             total = _number(entry.get("tokens_per_s"))
             figures = {"total": total} if total is not None else {}
         rows.append({"level": name, "status": _text(entry.get("status")) or "",

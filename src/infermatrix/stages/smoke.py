@@ -1,25 +1,9 @@
 """`infermatrix smoke`: tiered tests of a built image, in containers of that exact image.
 
-Levels, each with a timeout (matrix `smoke.timeouts`) and a result pass / fail / skip + reason:
-  static  the audit (audit.audit_cell) and `harness.static_check`: every engine and kernel
-          package imports, versions equal the cell's pins;
-  gpu     `harness.gpu_check` with the GPUs requested through the SDK's device requests:
-          the device's capability is the cell's arch, torch/Triton/kernel-package kernels agree
-          with a torch reference. Skipped on a host without a GPU ("no GPU on this host") and
-          on CPU cells (not applicable);
-  model   the engine server started with the cell's launch command (engines.<e>.serve + the
-          model card's flags + per-arch flags/env), the model mounted read-only from a host
-          path or a fixture generated in the image by `harness.make_fixture_model`; then
-          `harness.probe` over the OpenAI-compatible API. The fixture (random weights) is for
-          the CPU lane: a GPU cell needs real weights and an expected answer, else the level
-          is a skip "not verified" (never a pass). The server's container is always
-          stopped and removed (finally, SIGINT and SIGTERM included); on failure the engine's
-          log tail is kept in the result.
-  throughput  (only when asked for) N replicas of the engine server (smoke.throughput.replicas,
-          default 2), each on its own published loopback port, driven by stages/throughput.py's
-          bounded closed-loop load: output tokens/s in total and per replica, TTFT and
-          inter-token latency p50/p95, errors, scaling 1..N. Same model source and skips as
-          the model level; the containers never outlive the level.
+The levels are the rows of the level table (infermatrix/levels.py), each run by its runner
+here (run_<level>: its docstring says what it checks) with a timeout (matrix `smoke.timeouts`)
+and a result pass / fail / skip + reason. Every container is stopped and removed (finally,
+SIGINT and SIGTERM included); a failed serving level keeps the engine's log tail.
 An image whose programs run under QEMU on the engine (Engine.emulation_of: the GB10 cell's
 linux/arm64 image on an x86_64 host) runs none of them: `import torch` crashes there, so the
 static level keeps only the audit (its probe runs natively) and every program-running part is
@@ -50,7 +34,9 @@ from ..context import Context
 from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
-from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS
+from .. import levels as level_table
+from ..model.cell import CPU
+from ..model.engines import harness_name
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT
 from ..model.spec import CellSpec
 from ..options import RunOptions
@@ -60,12 +46,10 @@ from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuSetting
     from .generate import ServerEndpoint
+    from .workload import WorkloadSettings
 
 log = logging.getLogger(__name__)
 
-LEVELS = SMOKE_LEVELS
-DEFAULT_TIMEOUTS = {"static": 600.0, "gpu": 600.0, "model": 1800.0, "throughput": 1800.0,
-                    "workload": 3600.0}
 HARNESS_IN_IMAGE = "/opt/infermatrix/harness"
 HARNESS_ON_HOST = Path(harness_result.__file__).resolve().parent
 CONTAINER_PORT = DEFAULT_PORT
@@ -148,11 +132,11 @@ def smoke_settings(ctx: Context) -> dict[str, Any]:
 
 
 def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
-    levels = requested or smoke_settings(ctx).get("levels") or list(DEFAULT_SMOKE_LEVELS)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if unknown:
-        raise UsageError(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(LEVELS)})")
-    return [lv for lv in LEVELS if lv in levels]  # always in order: static, gpu, model, ...
+    levels = requested or smoke_settings(ctx).get("levels") or level_table.DEFAULT_LEVELS
+    try:  # always in the table's order
+        return level_table.parse(",".join(levels))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def gpu_setting(ctx: Context) -> "GpuSetting":
@@ -165,7 +149,8 @@ def gpu_setting(ctx: Context) -> "GpuSetting":
 
 
 def level_timeout(ctx: Context, level: str) -> float:
-    return float(smoke_settings(ctx).get("timeouts", {}).get(level, DEFAULT_TIMEOUTS[level]))
+    return float(smoke_settings(ctx).get("timeouts", {}).get(
+        level, level_table.BY_NAME[level].timeout_s))
 
 
 def kernel_distributions(ctx: Context, spec: CellSpec) -> list[str]:
@@ -386,10 +371,12 @@ def static_verdict(audit_status: str, audit_reason: str | None,
     return "pass", None
 
 
-def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float) -> LevelResult:
+def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
+               gpu_here: bool = False, options: RunOptions | None = None) -> LevelResult:
     """The audit (the audit step's record of this image, else run now) and the imports in a
-    container of the image; under emulation the audit's native probe still runs, the imports
-    do not (cannot_run_emulated)."""
+    container of the image (harness.static_check: every engine and kernel package imports,
+    versions equal the cell's pins); under emulation the audit's native probe still runs, the
+    imports do not (cannot_run_emulated)."""
     details: dict[str, Any] = {}
     audit_status = run_audit(ctx, spec, harness.image_id, details, harness.docker)
     if harness.emulated:
@@ -445,20 +432,27 @@ def run_audit(ctx: Context, spec: CellSpec, image_id: str, details: dict[str, An
 
 
 def run_gpu(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
-            gpu_here: bool) -> LevelResult:
-    if not spec.cell.is_gpu:
+            gpu_here: bool, options: RunOptions | None = None) -> LevelResult:
+    kernels = [s.split("==")[0] for s in kernel_distributions(ctx, spec)]
+    return gpu_level(harness, spec.cell.arch, spec.cell.engine, kernels, timeout_s, gpu_here)
+
+
+def gpu_level(harness: Harness, arch: str, engine_name: str, kernels: list[str],
+              timeout_s: float, gpu_here: bool, elsewhere: str = SMOKE_ELSEWHERE) -> LevelResult:
+    """harness.gpu_check in a container given the GPUs (smoke's and verify's gpu level): the
+    device's capability is the arch, torch/Triton/kernel-package kernels agree with a torch
+    reference; in the image of an engine the harness knows, a missing triton or GDN op fails.
+    Skipped without a GPU here and on a CPU cell (not applicable)."""
+    if arch == CPU:
         return LevelResult("gpu", "skip", "arch cpu: the gpu level does not apply",
                            details={"applicable": False})
     if not gpu_here:
         return LevelResult("gpu", "skip", NO_GPU, details={"needs_gpu": True})
     if harness.emulated:
-        return emulated_skip("gpu", harness.emulated)
-    kernels = [s.split("==")[0] for s in kernel_distributions(ctx, spec)]
-    # the engine named by the cell: in its image a missing triton or GDN op fails the level
-    engine = spec.cell.engine if spec.cell.engine in ("vllm", "sglang") else "none"
-    code, parsed, output = harness.run("gpu_check", ["--arch", spec.cell.arch, "--engine",
-                                                     engine, "--kernels", *kernels],
-                                       timeout_s, gpu=True)
+        return emulated_skip("gpu", harness.emulated, elsewhere)
+    code, parsed, output = harness.run("gpu_check", ["--arch", arch, "--engine",
+                                                     harness_name(engine_name),
+                                                     "--kernels", *kernels], timeout_s, gpu=True)
     status, reason, details = harness_level("gpu", code, parsed, output, timeout_s)
     return LevelResult("gpu", status, reason, details=details)
 
@@ -526,47 +520,25 @@ def published_port(docker: Engine, container_id: str, deadline_s: float = 10.0
 
 def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
               gpu_here: bool, options: RunOptions) -> LevelResult:
-    launch = launch_spec(ctx, spec)
-    if launch is None:
-        return LevelResult("model", "skip", f"engine {spec.cell.engine} defines no server "
-                           f"(no `health` in engines.{spec.cell.engine})",
-                           details={"applicable": False})
-    if launch.gpu and not gpu_here:
-        return LevelResult("model", "skip", NO_GPU, details={"needs_gpu": True})
+    """The engine server started with the cell's launch command (engines.<e>.serve, the model
+    card's flags, per-arch flags/env) on the real weights (read-only) or a fixture the image
+    makes (harness.make_fixture_model), probed over the OpenAI-compatible API (harness.probe).
+    The fixture's random weights are for the CPU lane: a GPU cell needs real weights and an
+    expected answer, else the level is a skip "not verified" (never a pass)."""
     started = time.monotonic()
-    host_model = model_source(ctx, options)
-    real_model = host_model is not None  # a fixture's probe checks structure, not meaning
-    unverified = correctness_unverifiable(ctx, spec, real_model)
-    if unverified:
-        return LevelResult("model", "skip", unverified,
-                           details={"not_verified": True, "needs_weights": not real_model})
-    if harness.emulated:
-        return emulated_skip("model", harness.emulated)
-    details: dict[str, Any] = {"model_source": str(host_model) if real_model
-                               else f"fixture ({options.fixture})"}
-    if host_model is None:
-        made = prepare_fixture(ctx, spec, harness, options.fixture, timeout_s)
-        if isinstance(made, LevelResult):
-            return made
-        host_model = made
-        details["fixture_s"] = round(time.monotonic() - started, 2)
+    start = serving_start(ctx, spec, harness, gpu_here, options, "model", timeout_s,
+                          options.fixture)
+    if isinstance(start, LevelResult):
+        return start
     remaining = max(30.0, timeout_s - (time.monotonic() - started))
-    settings = probe_settings(ctx, real_model, health_timeout_s=remaining,
-                              health_path=launch.health)
-    launch = with_mtp(ctx, spec, launch, host_model, details)
-    details["command"] = launch.command
-    details["env"] = launch.env
-    return serve_and_probe(ctx, spec, harness, launch, host_model, settings, details)
-
-
-def serve_and_probe(ctx: Context, spec: CellSpec, harness: Harness, launch: LaunchSpec,
-                    host_model: Path, settings: harness_probe.ProbeSettings,
-                    details: dict[str, Any]) -> LevelResult:
-    """The model level of a cell: serve, probe, and judge what the live server maps."""
+    # a fixture's probe checks structure, not meaning
+    settings = probe_settings(ctx, start.real_model, health_timeout_s=remaining,
+                              health_path=start.launch.health)
+    details = {**start.details, "env": start.launch.env}  # then what the live server maps
     return serve_image_and_probe(
-        harness, launch, host_model, settings, details, spec.id,
+        harness, start.launch, start.host_model, settings, details, spec.id,
         observe=lambda cid: observe_loaded_set(ctx, spec, harness.docker, cid, details),
-        weights_on_engine_host=not details["model_source"].startswith("fixture"))
+        weights_on_engine_host=start.real_model)
 
 
 def serve_image_and_probe(harness: Harness, launch: LaunchSpec, host_model: Path,
@@ -668,29 +640,34 @@ def observe_loaded_set(ctx: Context, spec: CellSpec, docker: Engine, container_i
 
 
 @dataclass(frozen=True)
-class LoadLevelStart:
-    """What a load level (throughput, workload) needs once none of its refusals applies."""
-    launch: LaunchSpec
-    host_model: Path | None
+class ServingStart:
+    """What a serving level (model, throughput, workload) serves once no refusal applies."""
+    launch: LaunchSpec  # with the MTP flags where the weights have the head
+    host_model: Path  # the real weights, else the fixture made for it
+    real_model: bool
+    details: dict[str, Any]  # the level's: model source, fixture seconds, command, MTP
 
 
-def load_level_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
-                       options: RunOptions, level: str,
-                       ports: str) -> LevelResult | LoadLevelStart:
-    """The refusals the load levels share, in order: no server, no GPU here, a remote engine
-    (the load runs here, `ports` stay on its host), no weights to judge correctness, emulation."""
+def serving_start(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
+                  options: RunOptions, level: str, timeout_s: float, fixture: str,
+                  ports: str | None = None) -> LevelResult | ServingStart:
+    """The refusals the serving levels share, in order: no server, no GPU here, a remote engine
+    for a load level (the load runs here, `ports` stay on its host), no weights to judge
+    correctness, emulation; then the model: the real weights, else the `fixture` variant (the
+    model level makes it anew, a load level reuses the one this image made)."""
     launch = launch_spec(ctx, spec)
     if launch is None:
-        return LevelResult(level, "skip", f"engine {spec.cell.engine} defines no server",
+        return LevelResult(level, "skip", f"engine {spec.cell.engine} defines no server "
+                           f"(no `health` in engines.{spec.cell.engine})",
                            details={"applicable": False})
     if launch.gpu and not gpu_here:
         return LevelResult(level, "skip", NO_GPU, details={"needs_gpu": True})
-    docker = harness.docker
-    if not docker.is_local():
+    if ports and not harness.docker.is_local():
+        where = harness.docker.label()
         return LevelResult(level, "skip", f"{NOT_VERIFIED} here: the load runs on this "
-                           f"machine and {ports} on {docker.label()}'s host; "
+                           f"machine and {ports} on {where}'s host; "
                            f"run `infermatrix smoke CELL --levels {level}` there",
-                           details={"not_verified": True, "engine": docker.label()})
+                           details={"not_verified": True, "engine": where})
     host_model = model_source(ctx, options)
     unverified = correctness_unverifiable(ctx, spec, host_model is not None)
     if unverified:
@@ -698,34 +675,39 @@ def load_level_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here:
                            details={"not_verified": True, "needs_weights": host_model is None})
     if harness.emulated:
         return emulated_skip(level, harness.emulated)
-    return LoadLevelStart(launch, host_model)
+    started = time.monotonic()
+    details: dict[str, Any] = {"model_source": str(host_model) if host_model
+                               else f"fixture ({fixture})"}
+    if host_model is None:
+        made = prepare_fixture(ctx, spec, harness, fixture, timeout_s, level=level,
+                               reuse=level != "model")
+        if isinstance(made, LevelResult):
+            return made
+        host_model, details["fixture_s"] = made, round(time.monotonic() - started, 2)
+    launch = with_mtp(ctx, spec, launch, host_model, details)
+    details["command"] = launch.command
+    return ServingStart(launch, host_model, not details["model_source"].startswith("fixture"),
+                        details)
 
 
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                    gpu_here: bool, options: RunOptions) -> LevelResult:
-    """N replicas of the server under the bounded load of stages/throughput.py."""
+    """N replicas of the server (smoke.throughput.replicas, default 2), each on its own
+    loopback port, under stages/throughput.py's bounded closed-loop load: output tokens/s in
+    total and per replica, TTFT and inter-token latency p50/p95, errors, scaling 1..N."""
     from . import throughput
 
     started = time.monotonic()
-    start = load_level_refusal(ctx, spec, harness, gpu_here, options, "throughput",
-                               "the replicas' ports stay")
+    start = serving_start(ctx, spec, harness, gpu_here, options, "throughput", timeout_s,
+                          "normal", "the replicas' ports stay")
     if isinstance(start, LevelResult):
         return start
-    launch, host_model, docker = start.launch, start.host_model, harness.docker
+    launch, host_model, details, docker = start.launch, start.host_model, start.details, \
+        harness.docker
     settings = throughput.LoadSettings.from_matrix(smoke_settings(ctx).get("throughput"))
-    details: dict[str, Any] = {"model_source": str(host_model) if host_model
-                               else "fixture (normal)", "command": launch.command}
-    if host_model is None:
-        made = prepare_fixture(ctx, spec, harness, "normal", timeout_s, level="throughput",
-                               reuse=True)
-        if isinstance(made, LevelResult):
-            return made
-        host_model = made
-    launch = with_mtp(ctx, spec, launch, host_model, details)
-    details["command"] = launch.command
     remaining = max(60.0, timeout_s - (time.monotonic() - started))
     with contextlib.ExitStack() as replicas:
-        ids = [replicas.enter_context(replica_container(spec, harness, launch, host_model, i,
+        ids = [replicas.enter_context(replica_container(spec.id, harness, launch, host_model, i,
                                                         settings.replicas))
                for i in range(settings.replicas)]
         endpoints = [replica_endpoint(docker, cid, i, launch.health) for i, cid in enumerate(ids)]
@@ -749,51 +731,56 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
                  gpu_here: bool, options: RunOptions) -> LevelResult:
     """The job's shape against one server of the image (stages/workload.py): the trained
     fixture on the CPU lane, real weights where a GPU is."""
-    from . import throughput, workload
+    from . import workload
 
-    start = load_level_refusal(ctx, spec, harness, gpu_here, options, "workload",
-                               "the server's port stays")
+    started = time.monotonic()
+    start = serving_start(ctx, spec, harness, gpu_here, options, "workload", timeout_s,
+                          "trained", "the server's port stays")
     if isinstance(start, LevelResult):
         return start
-    launch, host_model, docker = start.launch, start.host_model, harness.docker
-    started = time.monotonic()
-    details: dict[str, Any] = {"model_source": str(host_model) if host_model
-                               else "fixture (trained)"}
-    if host_model is None:
-        made = prepare_fixture(ctx, spec, harness, "trained", timeout_s, level="workload",
-                               reuse=True)
-        if isinstance(made, LevelResult):
-            return made
-        host_model = made
-        details["fixture_s"] = round(time.monotonic() - started, 1)
+    details = start.details
     settings = workload.WorkloadSettings.from_matrix(
-        smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu, model_dir=host_model,
-        real_model=options.model_path is not None or not details["model_source"].startswith(
-            "fixture"))
-    launch = with_mtp(ctx, spec, launch, host_model, details)
-    details["command"] = launch.command
-    with replica_container(spec, harness, launch, host_model, 0, 1) as cid:
-        endpoint = replica_endpoint(docker, cid, 0, launch.health)
-        try:
-            details["health_wait_s"] = throughput.wait_all_healthy(
-                [endpoint], max(60.0, timeout_s - (time.monotonic() - started)),
-                alive=container_gone(docker, cid))
-            with Heartbeat(f"{spec.id}: the workload level (sweep, soak, needle)"):
-                details.update(workload.measure(endpoint, settings,
-                                                alive=container_gone(docker, cid)))
-        finally:
-            log = docker.container_logs(cid)
-    append_log(harness.log_path, f"workload server: {' '.join(launch.command)}", log)
-    details["backends"] = workload.judge_backends(
-        log, spec.attention_backend,
-        audited_gdn_choice(journal.cell_record(ctx.state, spec.id), spec.cell.arch))
-    details["target"] = workload.target_verdict(details["tokens_per_s"], spec.cell.arch,
-                                                settings, published_workload_figure(ctx, spec))
+        smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu,
+        model_dir=start.host_model, real_model=start.real_model)
+    result = workload_level(
+        harness, start.launch, start.host_model, settings, spec.id, details,
+        max(60.0, timeout_s - (time.monotonic() - started)), spec.cell.arch,
+        (spec.attention_backend,
+         audited_gdn_choice(journal.cell_record(ctx.state, spec.id), spec.cell.arch)),
+        published_figure(read_lock_entry(ctx, spec.id)))
     from ..model.capacity import ratios_path
 
     details["prediction"] = workload.prediction(
         spec.cell.arch, details["sweep"], details["model_source"].startswith("fixture"),
         ratios_path(ctx.state.root))
+    return result
+
+
+def workload_level(harness: Harness, launch: LaunchSpec, host_model: Path,
+                   settings: "WorkloadSettings", label: str, details: dict[str, Any],
+                   health_wait_s: float, arch: str, planned: tuple[str | None, str | None],
+                   published: float | None) -> LevelResult:
+    """One server of `harness.image_id` on loopback under the workload level's load
+    (stages/workload.py), judged: the backends its log names against the `planned` attention
+    and GDN prefill ones, its figure against the arch's target and the `published` one. Needs
+    no matrix: `infermatrix verify` runs it from images.lock alone."""
+    from . import throughput, workload
+
+    docker = harness.docker
+    with replica_container(label, harness, launch, host_model, 0, 1) as cid:
+        endpoint, alive = replica_endpoint(docker, cid, 0, launch.health), \
+            container_gone(docker, cid)
+        try:
+            details["health_wait_s"] = throughput.wait_all_healthy([endpoint], health_wait_s,
+                                                                   alive=alive)
+            with Heartbeat(f"{label}: the workload level (sweep, soak, needle)"):
+                details.update(workload.measure(endpoint, settings, alive=alive))
+        finally:
+            log = docker.container_logs(cid)
+    append_log(harness.log_path, f"workload server: {' '.join(launch.command)}", log)
+    details["backends"] = workload.judge_backends(log, *planned)
+    details["target"] = workload.target_verdict(details["tokens_per_s"], arch, settings,
+                                                published)
     status, reason = workload.verdict(details, settings.regression_fails)
     if status == "fail":
         details["engine_log_tail"] = last_lines(log, 40)
@@ -811,32 +798,36 @@ def audited_gdn_choice(record: journal.CellRecord, arch: str) -> str | None:
     return None
 
 
-def published_workload_figure(ctx: Context, spec: CellSpec) -> float | None:
-    """The workload tokens/s images.lock recorded for the cell's last published digest."""
+def read_lock_entry(ctx: Context, cell_id: str) -> dict[str, Any]:
+    """The cell's entry of images.lock (its last published digest), {} without one."""
     from ..imageslock import read_images_lock
 
     try:
         lock = read_images_lock(ctx.root / "images.lock")
     except Exception:  # noqa: BLE001 - no usable images.lock: nothing to compare with
-        return None
-    entry = ((lock or {}).get("images") or {}).get(spec.id) or {}
+        return {}
+    return dict(((lock or {}).get("images") or {}).get(cell_id) or {})
+
+
+def published_figure(entry: dict[str, Any]) -> float | None:
+    """The workload tokens/s per GPU an images.lock entry was published with."""
     figure = ((entry.get("smoke") or {}).get("workload") or {}).get("tokens_per_s_per_gpu")
     return float(figure) if isinstance(figure, (int, float)) else None
 
 
-def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host_model: Path,
+def replica_container(label: str, harness: Harness, launch: LaunchSpec, host_model: Path,
                       index: int, count: int) -> contextlib.AbstractContextManager[str]:
     """Replica `index` of the throughput level; on a GPU host, pinned to GPU `index`."""
     env = dict(launch.env)
     if launch.gpu and count > 1:
         env["CUDA_VISIBLE_DEVICES"] = str(index)  # every GPU is requested; one is used
     return container(harness.docker, harness.image_id, command=launch.command, env=env,
-                     shm_size=launch.shm_size,
+                     shm_size=launch.shm_size, mem_limit=launch.mem_limit,
                      mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
                      ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
                      gpus=harness.gpus if launch.gpu else False,
-                     labels={SMOKE_LABEL: spec.id},
-                     name=f"infermatrix-smoke-{spec.id}-{os.getpid()}-r{index}")
+                     labels={SMOKE_LABEL: label},
+                     name=f"infermatrix-smoke-{label}-{os.getpid()}-r{index}")
 
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
@@ -869,6 +860,10 @@ def image_under_test(ctx: Context, cell_id: str, docker: Engine, given: str | No
         raise StageFailure(f"{cell_id}: the built image {image_id} is no longer in Docker; "
                            "rebuild it")
     return image_id
+
+
+# a level's runner (infermatrix/levels.py: Level.runner names it)
+LevelRunner = Callable[[Context, CellSpec, Harness, float, bool, RunOptions], LevelResult]
 
 
 def timed_level(level: str, fn: Callable[[], LevelResult]) -> LevelResult:
@@ -956,26 +951,17 @@ def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: lis
     result = SmokeResult(spec.id, image_id)
     with sigterm_as_interrupt():
         harness = Harness.for_image(here, image_id, log_path, gpu_setting(ctx))
-        runners: dict[str, Callable[[], LevelResult]] = {
-            "static": lambda: run_static(ctx, spec, harness, level_timeout(ctx, "static")),
-            "gpu": lambda: run_gpu(ctx, spec, harness, level_timeout(ctx, "gpu"), gpu_here),
-            "model": lambda: run_model(ctx, spec, harness, level_timeout(ctx, "model"),
-                                       gpu_here, options),
-            "throughput": lambda: run_throughput(ctx, spec, harness,
-                                                 level_timeout(ctx, "throughput"), gpu_here,
-                                                 options),
-            "workload": lambda: run_workload(ctx, spec, harness, level_timeout(ctx, "workload"),
-                                             gpu_here, options),
-        }
         for level in levels:
-            result.levels[level] = timed_level(level, runners[level])
+            runner: LevelRunner = globals()[level_table.BY_NAME[level].runner]
+            result.levels[level] = timed_level(level, lambda: runner(
+                ctx, spec, harness, level_timeout(ctx, level), gpu_here, options))
     all_levels = {**kept, **{n: lv.as_dict() for n, lv in result.levels.items()}}
     status = overall_status([lv["status"] for lv in all_levels.values()])
     details = {"image_id": image_id, "levels": all_levels, "host_gpu": gpu_here,
                "harness": harness.where, "emulated": harness.emulated,
                "tokens_per_s": tokens_per_s(all_levels),
-               "throughput": throughput_summary(all_levels),
-               "workload": workload_summary(all_levels),
+               **{name: globals()[str(level_table.BY_NAME[name].summary)](all_levels)
+                  for name in level_table.SUMMARISED},
                "engine": here.label(), "engine_host": engine_host(here),
                "image_moved": moved, "gpu_facts": gpu_facts(all_levels),
                "image_source": f"--image {options.image}" if options.image else "build"}

@@ -32,6 +32,7 @@ from .. import journal
 from ..config import Matrix
 from ..context import Context
 from ..errors import ConfigError, StageFailure
+from .. import levels as level_table
 from ..model.cell import Cell
 from ..model.spec import CellSpec
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
@@ -40,8 +41,7 @@ TESTED = "tested"
 STATIC_ONLY = "static-only"
 VERIFIED_LABEL = "io.infermatrix.verified"
 TESTED_IMAGE_LABEL = "io.infermatrix.tested-image"
-DEFAULT_POLICY = {"require": ["static", "gpu", "model"], "allow_static_only": False}
-GPU_LEVELS = ("gpu", "model")
+DEFAULT_POLICY = {"require": list(level_table.REQUIRED_LEVELS), "allow_static_only": False}
 
 
 @dataclass
@@ -72,7 +72,7 @@ def required_levels(policy: dict[str, Any], cell: Cell) -> list[str]:
     required = list(policy.get("require", DEFAULT_POLICY["require"]))
     if throughput_floor(policy, cell) is not None and "throughput" not in required:
         required.append("throughput")
-    return [lv for lv in required if cell.is_gpu or lv != "gpu"]
+    return [lv for lv in required if cell.is_gpu or lv not in level_table.GPU_CELLS_ONLY]
 
 
 def below_floor(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
@@ -153,7 +153,8 @@ def static_only(cell: Cell, policy: dict[str, Any], levels: dict[str, dict[str, 
     """Required levels were skipped: a static-only tag, if the policy allows it, else none."""
     why = "; ".join(f"{n}: {r}" for n, r in skipped.items())
     not_verified = f"built, not verified (required level(s) skipped: {why})"
-    gpu_only = all(n in GPU_LEVELS and skipped_for_no_gpu(levels[n]) for n in skipped)
+    gpu_only = all(n in level_table.STATIC_ONLY_WAIVES and skipped_for_no_gpu(levels[n])
+                   for n in skipped)
     static_passed = (levels.get("static") or {}).get("status") == "pass"
     if not (policy.get("allow_static_only") and cell.is_gpu and gpu_only and static_passed):
         return TagDecision(cell.id, False, not_verified, image_id=image_id, skipped=skipped)

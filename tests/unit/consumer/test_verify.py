@@ -50,10 +50,11 @@ def test_an_unknown_cell_exits_2(lock, tmp_path, capsys):
 
 def test_an_image_for_another_cpu_is_not_run_under_emulation(tmp_path):
     """RecordingEngine (FAKE: no container may start, and none does). A consumer verifying a
-    GB10 (linux/arm64) image on an x86_64 host with a GPU: neither level starts the image's
+    GB10 (linux/arm64) image on an x86_64 host with a GPU: no level starts the image's
     programs under QEMU (`import torch` crashes there); each says where it can run."""
     from infermatrix.consumer.verify import verify_entry
     from infermatrix.engine.docker import host_platform
+    from infermatrix.levels import ALL_VERIFY_LEVELS
     from tests.support.recording_engine import RecordingEngine
 
     arch = "amd64" if host_platform() == "linux/arm64" else "arm64"
@@ -68,10 +69,11 @@ def test_an_image_for_another_cpu_is_not_run_under_emulation(tmp_path):
              "labels": {"io.infermatrix.engine": "vllm"},
              "run": {"command": ["vllm", "serve"], "gpu": True, "health": "/health"}}
     verdict = verify_entry(entry, tmp_path, tmp_path / "verify.log", gpu_here=True,
-                           docker=fake)
+                           docker=fake, levels=list(ALL_VERIFY_LEVELS))
     assert fake.named("run_container") == []
     assert verdict["emulated"] == f"linux/{arch} under QEMU on {host_platform()}"
-    for level in ("gpu", "model"):
+    assert list(verdict["levels"]) == list(ALL_VERIFY_LEVELS)  # each row's function ran
+    for level in ALL_VERIFY_LEVELS:
         got = verdict["levels"][level]
         assert got["status"] == "skip" and got["emulated"] == verdict["emulated"], got
         assert f"run `infermatrix verify` on a linux/{arch} host" in got["reason"]

@@ -12,6 +12,7 @@ from ... import proc
 from ...engine.docker import Engine
 from ...errors import StageFailure
 from ...model import loadedset, tritonlist, tritontwin
+from ...model.engines import harness_name
 from ...model.coverage import (
     Arch,
 )
@@ -39,7 +40,7 @@ def triton_smem_args(engine_name: str, backend: str | None, targets: list[Arch],
     the engine takes, so the audit follows it."""
     limits, _ = shared_memory_limits()
     traits = loadedset.model_traits(model) or {}
-    args = ["--engine", engine_name, "--backend", backend or "default"]
+    args = ["--engine", harness_name(engine_name), "--backend", backend or "default"]
     for target in targets:
         if target.sm not in limits:
             return None
@@ -158,7 +159,7 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
     below runs again either way."""
     from ...harness import _result as harness_result
 
-    if engine_name not in ("sglang", "vllm"):
+    if harness_name(engine_name) == "none":
         return Check("triton-smem", SKIP, f"engine {engine_name}: no Triton attention kernels "
                      "known to the harness")
     extra_archs = list(extra_archs)
