@@ -21,13 +21,12 @@ from typing import Any, Callable
 
 from packaging.utils import canonicalize_name
 
-from .coverage import FATBIN_MAGIC, DeviceCode, _container_entries, scan_fatbins
+from .coverage import ENTRY_PTX, DeviceCode, FatbinEntry, device_code_of, fatbin_entries
 from .kernelsyms import Decompress, KernelCode, default_decompress, kernel_code
 from .index import (SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile,
                     cached_entry, typed)
 
 _PTX_VERSION = re.compile(rb"\.version\s+(\d+)\.(\d+)")
-_ENTRY_PTX = 1
 
 
 @dataclass(frozen=True)
@@ -46,39 +45,25 @@ class ObjectCode:
         return cls(data["member"], DeviceCode.from_dict(data), data.get("ptx_isa"))
 
 
-def ptx_isa_versions(data: bytes) -> set[tuple[int, int]]:
-    """PTX ISA versions of the PTX entries of every fat binary in `data`. The `.version`
-    line opens the PTX text; in an LZ4-compressed entry it is still in the first literal run.
-    The entry header's word at offset 24 holds (major << 16 | minor) when the text is not
-    readable."""
-    found: set[tuple[int, int]] = set()
-    position = data.find(FATBIN_MAGIC)
-    while position != -1:
-        entries = _container_entries(data, position)
-        if entries is None:
-            position = data.find(FATBIN_MAGIC, position + 1)
-            continue
-        (size,) = struct.unpack_from("<Q", data, position + 8)
-        offset, end = position + 16, position + 16 + size
-        while offset + 48 <= end:
-            kind, _v, header, padded = struct.unpack_from("<HHIQ", data, offset)
-            if kind == _ENTRY_PTX:
-                match = _PTX_VERSION.search(data, offset + header, offset + header + 256)
-                if match:
-                    found.add((int(match.group(1)), int(match.group(2))))
-                else:
-                    (word,) = struct.unpack_from("<I", data, offset + 24)
-                    if 1 <= word >> 16 <= 20:
-                        found.add((word >> 16, word & 0xFFFF))
-            offset += header + padded
-        position = data.find(FATBIN_MAGIC, entries[2])
-    return found
+def _ptx_isa(data: bytes, entry: FatbinEntry) -> tuple[int, int] | None:
+    """The PTX ISA version of a PTX entry. The `.version` line opens the PTX text; in an
+    LZ4-compressed entry it is still in the first literal run. The entry header's word at
+    offset 24 holds (major << 16 | minor) when the text is not readable."""
+    start = entry.payload.start
+    match = _PTX_VERSION.search(data, start, start + 256)
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    (word,) = struct.unpack_from("<I", data, entry.offset + 24)
+    return (word >> 16, word & 0xFFFF) if 1 <= word >> 16 <= 20 else None
 
 
 def scan_object(member: str, data: bytes) -> ObjectCode:
-    isas = ptx_isa_versions(data)
+    """One object's device code and newest PTX ISA, from one walk over its fat binaries."""
+    entries = list(fatbin_entries(data))
+    isas = [isa for e in entries if e.kind == ENTRY_PTX and (isa := _ptx_isa(data, e))]
     newest = max(isas) if isas else None
-    return ObjectCode(member, scan_fatbins(data), f"{newest[0]}.{newest[1]}" if newest else None)
+    return ObjectCode(member, device_code_of(entries),
+                      f"{newest[0]}.{newest[1]}" if newest else None)
 
 
 @dataclass(frozen=True)
