@@ -15,26 +15,23 @@ Pure: the wheel reading is the caller's (stages/plan.py profile_plans), handed i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
 from packaging.specifiers import SpecifierSet
 
+from ..datafiles import DATA_DIR, read_data
 from .cell import Cell, Verdict
 from .coverage import Coverage, decide
 from .kernelsyms import KernelCode
 from .rules import _cuda_tuple, backend_runs_on
 
-PATHS_FILE = Path(__file__).resolve().parent.parent / "data" / "profiles.yaml"
+PATHS_FILE = DATA_DIR / "profiles.yaml"
 BASELINE = "bf16"
 ProfileStatus = Literal["planned", "pruned", "unverified"]
 
 
-@cache
-def load_paths(path: Path = PATHS_FILE) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+def load_paths() -> dict[str, Any]:
+    return read_data(PATHS_FILE)
 
 
 @dataclass(frozen=True)

@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ..config import DATA_DIR, Matrix
+from ..config import Matrix
+from ..datafiles import DATA_DIR, read_data
 from .cell import CPU, Cell, Verdict
 
 RULES_PATH = DATA_DIR / "rules.yaml"
 
 
-@cache
-def load_rules(path: Path = RULES_PATH) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+def load_rules() -> dict[str, Any]:
+    return read_data(RULES_PATH)
 
 
 @dataclass(frozen=True)
@@ -98,9 +95,8 @@ def torch_satisfies(cell: Cell, pins: tuple[str, ...]) -> bool:
 DRIVERS_PATH = DATA_DIR / "drivers.yaml"
 
 
-@cache
-def load_drivers(path: Path = DRIVERS_PATH) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+def load_drivers() -> dict[str, Any]:
+    return read_data(DRIVERS_PATH)
 
 
 def min_driver_of_cuda(cuda: str) -> str | None:
