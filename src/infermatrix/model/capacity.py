@@ -142,10 +142,6 @@ def gpu_names(data: Mapping[str, Any] | None = None) -> list[str]:
     return list((data or spec())["gpus"])
 
 
-def model_names(data: Mapping[str, Any] | None = None) -> list[str]:
-    return list((data or spec())["models"])
-
-
 def profile_names(data: Mapping[str, Any] | None = None) -> list[str]:
     return list((data or spec())["profiles"])
 

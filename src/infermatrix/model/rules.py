@@ -7,7 +7,6 @@ everything here runs without a network.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,10 +36,6 @@ class EngineFacts:
     wheel: str = ""  # the engine wheel the metadata was read from
     cell_torch_cuda: str | None = None  # CUDA runtime of PyPI's wheel of the cell's torch
     exact_pins: tuple[tuple[str, str], ...] = ()  # (name, version) of its `==` requirements
-
-
-_CUDA_RUNTIME = re.compile(
-    r"^(?:nvidia-cuda-runtime(?:-cu(?P<major>\d+))?|cuda-toolkit)\b.*?==\s*(?P<ver>\d+\.\d+)")
 
 
 def cuda_of_requirements(requires_dist: tuple[str, ...]) -> str:
