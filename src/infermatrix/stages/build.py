@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from ..model import compileplan, compileprogress
 from ..engine import docker as engine
+from ..engine.builders import base_refs
 from ..engine.docker import Engine
 from .. import journal, proc
 from ..kernels import kernelcache, kernelregistry
@@ -185,24 +186,6 @@ def input_hash(directory: Path, build_args: dict[str, str],
     for ref, base in sorted((bases or {}).items()):
         digest.update(f"base {ref}={base.get('id') or 'absent'}\n".encode())
     return "sha256:" + digest.hexdigest()
-
-
-_FROM = re.compile(r"^[ \t]*FROM[ \t]+(?:--platform=\S+[ \t]+)?(\S+)(?:[ \t]+AS[ \t]+(\S+))?",
-                   re.IGNORECASE | re.MULTILINE)
-
-
-def base_refs(dockerfile_text: str) -> list[str]:
-    """The images a Dockerfile builds FROM (not `scratch`, not one of its own stages)."""
-    stages: set[str] = set()
-    refs: list[str] = []
-    for match in _FROM.finditer(dockerfile_text):
-        ref, alias = match.group(1), match.group(2)
-        if ref.lower() != "scratch" and ref.lower() not in stages and "$" not in ref \
-                and ref not in refs:
-            refs.append(ref)
-        if alias:
-            stages.add(alias.lower())
-    return refs
 
 
 def base_images(dockerfile_text: str, docker: Engine) -> dict[str, dict[str, Any]]:
