@@ -325,22 +325,24 @@ def compile_plan_for(ctx: Context, kernels_needed: list[list[Any]], options: Run
     settings = ctx.matrix.build
     needs = [kernel_need(settings.get("kernels", {}), item)
              for cell in kernels_needed for item in cell]
+    shared = plan_options(ctx, options, kernels_needed)
     if builder is not None:
         return compileplan.plan_for_needs(
             builder.facts.memory, max(1, builder.facts.cpus), needs,
-            memory_source=f"builder {builder.name}: docker info MemTotal",
-            history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
-            safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
-            max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
-            cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
-            max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
-    return compileplan.plan_from_reading(
-        reading or compileplan.read_host(), needs,
-        history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
-        safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
-        max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
-        cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
-        max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
+            memory_source=f"builder {builder.name}: docker info MemTotal", **shared)
+    return compileplan.plan_from_reading(reading or compileplan.read_host(), needs, **shared)
+
+
+def plan_options(ctx: Context, options: RunOptions, kernels_needed: list[list[Any]]
+                 ) -> dict[str, Any]:
+    """What a compile plan takes besides the machine: the builds recorded in the state
+    directory, the matrix's build settings and the run's job flags."""
+    settings = ctx.matrix.build
+    return {"history": compileplan.read_history(compileplan.history_path(ctx.state.root)),
+            "safety_margin_gb": float(settings.get("safety_margin_gb", 2.0)),
+            "max_parallel_cells": int(settings.get("max_parallel_cells", 1)),
+            "cells_to_compile": max(1, sum(1 for cell in kernels_needed if cell)),
+            "max_jobs": options.max_jobs, "nvcc_threads": options.nvcc_threads}
 
 
 def kernel_need(specs: dict[str, dict[str, Any]], item: Any) -> compileplan.Need:
