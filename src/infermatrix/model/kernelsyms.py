@@ -63,6 +63,17 @@ def default_decompress() -> Decompress | None:
         return _zstd_cli if shutil.which("zstd") else None
 
 
+def _length(nibble: int, src: bytes, i: int) -> tuple[int, int]:
+    """An LZ4 length: a token nibble of 15 goes on in bytes at `i` up to one below 255.
+    Returns the length and the position after it."""
+    length, more = nibble, 255 if nibble == 15 else 0
+    while more == 255:
+        more = src[i]
+        i += 1
+        length += more
+    return length, i
+
+
 def lz4_block(src: bytes, size: int) -> bytes:
     """Decode one LZ4 block (the format of LZ4_decompress_safe: sequences of a token, literals,
     a 2-byte offset and a match) into at most `size` bytes."""
@@ -71,28 +82,14 @@ def lz4_block(src: bytes, size: int) -> bytes:
     while i < n:
         token = src[i]
         i += 1
-        literals = token >> 4
-        if literals == 15:
-            while True:
-                more = src[i]
-                i += 1
-                literals += more
-                if more != 255:
-                    break
+        literals, i = _length(token >> 4, src, i)
         out += src[i:i + literals]
         i += literals
         if i >= n or len(out) >= size:
             break
         offset = src[i] | (src[i + 1] << 8)
         i += 2
-        length = token & 15
-        if length == 15:
-            while True:
-                more = src[i]
-                i += 1
-                length += more
-                if more != 255:
-                    break
+        length, i = _length(token & 15, src, i)
         length += 4
         start = len(out) - offset
         if offset <= 0 or start < 0:
