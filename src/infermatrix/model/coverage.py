@@ -121,12 +121,9 @@ def cubin_runs_on(cubin: Arch, target: Arch) -> bool:
 
 def ptx_jits_on(ptx: Arch, target: Arch) -> bool:
     """Can the driver JIT-compile this PTX for a device of the target's compute capability?"""
-    device = target.device
-    if ptx.variant == "a":
-        return ptx.cc == device.cc
-    if ptx.variant == "f":
-        return ptx.major == device.major and ptx.minor <= device.minor
-    return ptx.cc <= device.cc
+    if ptx.variant:  # `a` and `f` PTX: where a cubin of the same target runs
+        return cubin_runs_on(ptx, target)
+    return ptx.cc <= target.device.cc
 
 
 def cubin_coverage(cubin: Arch, target: Arch) -> Coverage:
