@@ -23,6 +23,7 @@ from packaging.utils import canonicalize_name
 
 from .coverage import ENTRY_PTX, DeviceCode, FatbinEntry, device_code_of, fatbin_entries
 from .kernelsyms import Decompress, KernelCode, default_decompress, kernel_code
+from ..state import write_json_atomic
 from .index import (SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile,
                     cached_entry, typed)
 
@@ -103,8 +104,7 @@ class WheelCodeCache:
                 patterns: list[str]) -> tuple[WheelRef | None, list[ObjectCode]]:
         """The objects of `package==version`'s wheel for `machine` whose names match."""
         ref = self._ref(package, version, machine)
-        path = self.root / f"{ref.sha256 or ref.filename}.json"
-        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        path, cached = self._scan_of(ref)
         names = cached.get("names")
         archive = None
         if names is None:
@@ -118,8 +118,7 @@ class WheelCodeCache:
                 cached["members"][member] = scan_object(member, archive.read(member)).as_dict()
             found.append(ObjectCode.from_dict(cached["members"][member]))
         cached.update(names=names, wheel=ref.filename)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        write_json_atomic(path, cached)
         return ref, found
 
     def kernels(self, package: str, version: str, machine: str, member: str,
@@ -129,8 +128,7 @@ class WheelCodeCache:
         kernel (kernelsyms.py); None when the wheel has no such member. Cached with the
         object's scan, by pattern."""
         ref = self._ref(package, version, machine)
-        path = self.root / f"{ref.sha256 or ref.filename}.json"
-        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        path, cached = self._scan_of(ref)
         known = cached.setdefault("kernels", {}).setdefault(member, {})
         # an entry written before the reader decoded LZ4 counts unreadable entries without
         # their architectures: read again
@@ -144,23 +142,25 @@ class WheelCodeCache:
                                 decompress or default_decompress())
             known.update({p: k.as_dict() for p, k in found.items()})
             cached.setdefault("wheel", ref.filename)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+            write_json_atomic(path, cached)
         return ref, {p: KernelCode.from_dict(known[p]) for p in patterns}
 
     def has_member(self, package: str, version: str, machine: str,
                    member: str) -> tuple[WheelRef, bool]:
         """Does the wheel hold `member` (any file: a JIT kernel's source)? Cached by wheel."""
         ref = self._ref(package, version, machine)
-        path = self.root / f"{ref.sha256 or ref.filename}.json"
-        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        path, cached = self._scan_of(ref)
         present = cached.setdefault("present", {})
         if member not in present:
             present[member] = member in self._open(ref).namelist()
             cached.setdefault("wheel", ref.filename)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+            write_json_atomic(path, cached)
         return ref, bool(present[member])
+
+    def _scan_of(self, ref: WheelRef) -> tuple[Path, dict[str, Any]]:
+        """Where the wheel's scan is cached, and what it holds so far."""
+        path = self.root / f"{ref.sha256 or ref.filename}.json"
+        return path, cached_entry(path, _scan_entry) or {"members": {}, "names": None}
 
     def _ref(self, package: str, version: str, machine: str) -> WheelRef:
         refs = self.root / "refs" / f"{canonicalize_name(package)}-{version}-{machine}.json"
@@ -170,8 +170,7 @@ class WheelCodeCache:
         if self.offline:
             raise IndexUnavailable(f"offline: {package} {version} ({machine}) not read yet")
         ref = find_wheel(self.index, package, version, machine)
-        refs.parent.mkdir(parents=True, exist_ok=True)
-        refs.write_text(json.dumps(ref.__dict__))
+        write_json_atomic(refs, ref.__dict__)
         return ref
 
     def _open(self, ref: WheelRef) -> zipfile.ZipFile:
