@@ -53,9 +53,9 @@ class ReleaseMetadata:
     url: str  # where a user can see it
     requires_dist: tuple[str, ...]
 
-    def pins_for(self, dependency: str, machine: str = "x86_64") -> list[Requirement]:
-        """Requirements on `dependency` that apply on Linux `machine` (markers evaluated)."""
-        wanted = canonicalize_name(dependency)
+    def requirements(self, machine: str = "x86_64") -> list[Requirement]:
+        """The requirements that apply on Linux `machine` (markers evaluated; a line that is
+        not a requirement is passed over)."""
         env = {"sys_platform": "linux", "platform_system": "Linux",
                "platform_machine": machine, "extra": ""}
         found: list[Requirement] = []
@@ -64,12 +64,14 @@ class ReleaseMetadata:
                 req = Requirement(line)
             except InvalidRequirement:
                 continue
-            if canonicalize_name(req.name) != wanted:
-                continue
-            if req.marker is not None and not req.marker.evaluate(env):
-                continue
-            found.append(req)
+            if req.marker is None or req.marker.evaluate(env):
+                found.append(req)
         return found
+
+    def pins_for(self, dependency: str, machine: str = "x86_64") -> list[Requirement]:
+        """Requirements on `dependency` that apply on Linux `machine`."""
+        wanted = canonicalize_name(dependency)
+        return [r for r in self.requirements(machine) if canonicalize_name(r.name) == wanted]
 
 
 def index_url(configured: str | None = None) -> str:
