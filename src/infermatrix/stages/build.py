@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -374,6 +374,54 @@ class _Deadline:
             raise StageFailure(f"per-cell timeout of {self.seconds:.0f} s reached")
         return left
 
+    @classmethod
+    def for_cell(cls, ctx: Context, options: RunOptions) -> _Deadline:
+        """The per-cell timeout: --timeout-min, else build.timeout_minutes (180)."""
+        return cls((options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180)))
+                   * 60)
+
+
+@dataclass(frozen=True)
+class CellBuild:
+    """What the Docker builds of one cell share (its kernel stages, then its image): the cell's
+    directory, build args and secrets, its log, its deadline, the engine and the platform."""
+
+    ctx: Context
+    cell_id: str
+    directory: Path
+    build_args: dict[str, str]
+    secrets: dict[str, Path]
+    log_path: Path
+    deadline: _Deadline
+    echo: Callable[[str], None]
+    docker: Engine
+    no_cache: bool = False
+    platform: str | None = None
+    compile: compileplan.CompilePlan | None = None
+
+    def say(self, line: str) -> None:
+        """A line on screen and in the cell's build log."""
+        self.echo(f"{self.cell_id}: {line}")
+        with self.log_path.open("a", encoding="utf-8") as log:
+            log.write(f"# {line}\n")
+
+    def build_image(self, wheels: dict[str, list[kernelcache.CachedKernel]], *, tag: str,
+                    target: str | None, digest: str, what: str) -> str:
+        """Build `target` from a temporary copy of the cell's directory, the cached kernel
+        wheels staged into it (folder -> entries); the image id."""
+        with tempfile.TemporaryDirectory(prefix=f"context-{self.cell_id}-",
+                                         dir=_tmp_root(self.ctx)) as tmp:
+            context = Path(tmp) / "context"
+            shutil.copytree(self.directory, context, symlinks=True)
+            for folder, entries in wheels.items():
+                kernelcache.stage_into(entries, context / folder)
+            with watch.Heartbeat(f"{self.cell_id}: {what}", self.echo) as beat:
+                return self.docker.build_image(
+                    context, tag=tag, target=target, build_args=self.build_args,
+                    secrets=self.secrets, log_path=self.log_path,
+                    labels={INPUT_HASH_LABEL: digest}, timeout=self.deadline.remaining(),
+                    no_cache=self.no_cache, platform=self.platform, on_line=beat.on_line)
+
 
 def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
     """The image id when the journal says this exact input was built and the image is there."""
@@ -388,13 +436,8 @@ def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str |
     return image_id
 
 
-def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
-                    keys: dict[str, kernelcache.KernelKey], build_args: dict[str, str],
-                    secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                    echo: Callable[[str], None], docker: Engine, no_cache: bool = False,
-                    platform: str | None = None,
-                    shared: dict[str, dict[str, Any]] | None = None,
-                    compile: compileplan.CompilePlan | None = None
+def _ensure_kernels(job: CellBuild, keys: dict[str, kernelcache.KernelKey],
+                    shared: dict[str, dict[str, Any]] | None = None
                     ) -> tuple[list[kernelcache.CachedKernel], dict[str, dict[str, Any]]]:
     """Compile the kernels missing from the cache; return the cell's entries and a report.
     `shared`: the registry notes of `_take_shared_kernels`, by kernel name."""
@@ -402,13 +445,11 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
     shared = shared or {}
     for name, key in keys.items():
         with _key_lock(key.slug):
-            entry, cache, started = _compile_or_reuse(
-                ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
-                echo, docker, no_cache, platform, compile)
+            entry, cache, started = _compile_or_reuse(job, name, key)
         entries.append(entry)
         note = dict(shared.get(name) or {})
         if cache == "miss":
-            note.update(_push_compiled(ctx, entry, _say(echo, log_path, cell_id)))
+            note.update(_push_compiled(job.ctx, entry, job.say))
         taken = "pulled" in note
         report[name] = {"key": key.slug, "cache": kernelregistry.SOURCE if taken else cache,
                         "source": _KERNEL_SOURCE[kernelregistry.SOURCE if taken else cache],
@@ -434,30 +475,20 @@ def _int_or_none(value: Any) -> int | None:
 _KERNEL_SOURCE = {"hit": "local", "miss": "compiled", kernelregistry.SOURCE: "registry"}
 
 
-def _say(echo: Callable[[str], None], log_path: Path, cell_id: str) -> Callable[[str], None]:
-    """A line on screen and in the cell's build log."""
-    def say(line: str) -> None:
-        echo(f"{cell_id}: {line}")
-        with log_path.open("a", encoding="utf-8") as log:
-            log.write(f"# {line}\n")
-    return say
-
-
-def _take_shared_kernels(ctx: Context, cell_id: str, keys: dict[str, kernelcache.KernelKey],
-                         log_path: Path, echo: Callable[[str], None]
+def _take_shared_kernels(job: CellBuild, keys: dict[str, kernelcache.KernelKey]
                          ) -> dict[str, dict[str, Any]]:
     """Pull from `build.kernel_cache`'s registry each kernel the local cache lacks, into the
     local cache (before the emulation check: a wheel compiled elsewhere is no compile here).
     The registry notes by kernel name; empty when no registry is configured."""
-    shared = kernelregistry.shared_cache(ctx.matrix)
+    shared = kernelregistry.shared_cache(job.ctx.matrix)
     if shared is None:
         return {}
     notes = {}
     for name, key in keys.items():
         with _key_lock(key.slug):
-            if kernelcache.lookup(ctx.state, key) is None:
-                _, notes[name] = kernelregistry.pull(ctx.state, shared, key, _tmp_root(ctx),
-                                                     _say(echo, log_path, cell_id))
+            if kernelcache.lookup(job.ctx.state, key) is None:
+                _, notes[name] = kernelregistry.pull(job.ctx.state, shared, key,
+                                                     _tmp_root(job.ctx), job.say)
     return notes
 
 
@@ -481,24 +512,20 @@ def _key_lock(slug: str) -> threading.Lock:
         return _KEY_LOCKS.setdefault(slug, threading.Lock())
 
 
-def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
-                      key: kernelcache.KernelKey, build_args: dict[str, str],
-                      secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                      echo: Callable[[str], None], docker: Engine, no_cache: bool,
-                      platform: str | None, compile: compileplan.CompilePlan | None = None
+def _compile_or_reuse(job: CellBuild, name: str, key: kernelcache.KernelKey
                       ) -> tuple[kernelcache.CachedKernel, str, float]:
     """(the cache entry, "hit" or "miss", when the work started). A compile starts with the
     width the engine's other compiles under way leave, or waits for one to end (CompileGate)."""
+    ctx, cell_id, echo, build_args = job.ctx, job.cell_id, job.echo, job.build_args
     entry = kernelcache.lookup(ctx.state, key)
     started = time.monotonic()
-    if entry is None and compile is not None:
-        gate = gate_for(compile)
+    if entry is None and job.compile is not None:
+        gate = gate_for(job.compile)
         jobs = gate.acquire(compile_prior(ctx, key, build_args).files,
                             lambda line: echo(f"{cell_id}: kernel {name}: {line}"))
         try:
-            return _compile_or_reuse(ctx, cell_id, directory, name, key,
-                                     {**build_args, "MAX_JOBS": str(jobs)}, secrets, log_path,
-                                     deadline, echo, docker, no_cache, platform, None)
+            return _compile_or_reuse(replace(job, compile=None, build_args={
+                **build_args, "MAX_JOBS": str(jobs)}), name, key)
         finally:
             gate.release(jobs)
     if entry is None:
@@ -511,10 +538,11 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                                          dir=_tmp_root(ctx)) as out:
             with compileplan.JobSampler(scope=name) as sampler, \
                     watch.CompileWatch(f"{cell_id}: {name}", prior, echo) as shown:
-                docker.build_image(directory, target=f"kernel-{name}", build_args=build_args,
-                                   secrets=secrets, output_dir=Path(out), log_path=log_path,
-                                   timeout=deadline.remaining(), no_cache=no_cache,
-                                   platform=platform, on_line=shown.on_line)
+                job.docker.build_image(
+                    job.directory, target=f"kernel-{name}", build_args=build_args,
+                    secrets=job.secrets, output_dir=Path(out), log_path=job.log_path,
+                    timeout=job.deadline.remaining(), no_cache=job.no_cache,
+                    platform=job.platform, on_line=shown.on_line)
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -525,7 +553,7 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                 echo(f"{cell_id}: kernel {name} compiled: {kernelcache.describe_stats(stats)}")
             entry = kernelcache.store(ctx.state, key, wheels,
                                       details={"compiled_by": cell_id,
-                                               "builder": _builder_name(docker),
+                                               "builder": _builder_name(job.docker),
                                                **build_args,
                                                "compile_stats": sampled, "stats": stats})
         cache = "miss"
@@ -870,16 +898,16 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                               kernels=(built.details.get("kernels") if built else None) or {})
 
     started = time.monotonic()
-    timeout_min = options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))
-    deadline = _Deadline(timeout_min * 60)
+    deadline = _Deadline.for_cell(ctx, options)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"# infermatrix build {cell_id}\n# {compile.describe()}\n"
                         f"# the image is built from a temporary copy of {directory} whose "
                         f"{KERNEL_WHEELS_DIR}/ holds the cached kernel wheels\n")
     journal.record_stage(ctx.state, cell_id, "build", journal.Status.RUNNING, log=log_path,
                          details={"input_hash": digest, **who}, **who)
-    secrets = secrets_for(options)
-    platform = build_platform(cell, docker)
+    job = CellBuild(ctx, cell_id, directory, build_args, secrets_for(options), log_path,
+                    deadline, echo, docker, options.no_cache, build_platform(cell, docker),
+                    compile)
     kernels: dict[str, dict[str, Any]] = {}
     short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
@@ -887,30 +915,17 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                                builder)
     space = RUNNING.holding(docker.local_data_root(), cell_id)
     with space:  # while it builds, a cell short of disk waits for it (disk_refusal)
-        shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
-        refusal = emulated_compile_refusal(ctx, keys, platform)
+        shared = _take_shared_kernels(job, keys)
+        refusal = emulated_compile_refusal(ctx, keys, job.platform)
         if refusal:
             journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP,
                                  log=log_path, reason=refusal, details={"input_hash": digest})
             return CellResult(cell_id, "skip", reason=refusal)
         try:
-            entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args,
-                                               secrets, log_path, deadline, echo, docker,
-                                               options.no_cache, platform, shared, compile)
-            with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-",
-                                             dir=_tmp_root(ctx)) as tmp:
-                context = Path(tmp) / "context"
-                shutil.copytree(directory, context, symlinks=True)
-                kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
-                labels = {INPUT_HASH_LABEL: digest}
-                with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
-                    image_id = docker.build_image(context, tag=local_ref(cell_id),
-                                                  target=serving_target(text),
-                                                  build_args=build_args, secrets=secrets,
-                                                  log_path=log_path, labels=labels,
-                                                  timeout=deadline.remaining(),
-                                                  no_cache=options.no_cache, platform=platform,
-                                                  on_line=beat.on_line)
+            entries, kernels = _ensure_kernels(job, keys, shared)
+            image_id = job.build_image({KERNEL_WHEELS_DIR: entries}, tag=local_ref(cell_id),
+                                       target=serving_target(text), digest=digest,
+                                       what="image build")
         except CommandFailed as exc:
             reason = "timed out" if exc.returncode is None else \
                 f"build exited {exc.returncode}"
@@ -926,7 +941,7 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         duration = time.monotonic() - started
         details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                    "compile_plan": compile.as_dict(), "build_args": build_args,
-                   "secret_ids": sorted(secrets), "base_images": bases, **who}
+                   "secret_ids": sorted(job.secrets), "base_images": bases, **who}
         journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS,
                              duration_s=duration, log=log_path, details=details,
                              input_hash=digest, image_id=image_id, **who)
