@@ -6,7 +6,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ... import proc
 from ...errors import CommandFailed, MissingTool
@@ -20,9 +20,6 @@ from ...model.coverage import (
 from ...model.index import cached_entry
 from ...options import OPTIONS, from_environment
 from ...state import StatePaths, write_json_atomic
-
-if TYPE_CHECKING:
-    pass
 
 PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP  # the journal's one vocabulary
 NOT_LOADED_GROUP = "not-loaded"

@@ -10,7 +10,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from ... import proc
 from ...engine.docker import Engine
@@ -29,9 +29,6 @@ from .cache import (
     find_cuobjdump,
     list_device_code,
 )
-
-if TYPE_CHECKING:
-    pass
 
 MARKER = "@@infermatrix-audit@@"
 PROBE_PROGRAM = "harness.audit_probe"  # harness/audit_probe.py, mounted like the smoke harness

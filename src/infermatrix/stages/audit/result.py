@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from ...errors import UsageError
 from ...journal import Status
@@ -17,8 +17,6 @@ from ...model.coverage import (
 from ...model.loadedset import LoadVerdict
 from .cache import FAIL, NOT_LOADED_GROUP, PASS
 
-if TYPE_CHECKING:
-    pass
 
 @dataclass
 class Check:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from ... import proc
 from ...engine.docker import Engine
@@ -17,9 +17,6 @@ from ...model.coverage import (
 )
 from .cache import FAIL, HARNESS_DIR, HARNESS_MOUNT, PASS, SKIP
 from .result import Check
-
-if TYPE_CHECKING:
-    pass
 
 TRITON_TIMEOUT_S = 1200
 
