@@ -873,12 +873,12 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     dockerfile = directory / "Dockerfile"
     log_path = ctx.state.cell_log(cell_id, "build")
     if not dockerfile.is_file():
-        return _record_failure(ctx, cell_id, 0.0, None, f"not rendered: {dockerfile} is missing "
-                               "(run `infermatrix render` first)", None, None)
+        return _record_failure(ctx, cell_id, f"not rendered: {dockerfile} is missing (run "
+                               "`infermatrix render` first)")
     text = dockerfile.read_text(encoding="utf-8")
     problem = lock_problem(ctx, cell, text)
     if problem:
-        return _record_failure(ctx, cell_id, 0.0, None, problem, None, None)
+        return _record_failure(ctx, cell_id, problem)
     build_args = compile.build_args()
     if options.compile_nonce:
         build_args[COMPILE_NONCE_ARG] = options.compile_nonce
@@ -886,7 +886,7 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         # the serving image's kernels only: the training-only ones are the train step's
         keys = split_keys(cell, kernel_keys_for(ctx, cell, text))[0]
     except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version
-        return _record_failure(ctx, cell_id, 0.0, None, str(exc), None, None)
+        return _record_failure(ctx, cell_id, str(exc))
     bases = base_images(text, docker)  # the base this build is made from, in its engine
     digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
     if not options.force:
@@ -911,8 +911,8 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     kernels: dict[str, dict[str, Any]] = {}
     short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
-        return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
-                               builder)
+        return _record_failure(ctx, cell_id, short, log_path=log_path, digest=digest,
+                               builder=builder)
     space = RUNNING.holding(docker.local_data_root(), cell_id)
     with space:  # while it builds, a cell short of disk waits for it (disk_refusal)
         shared = _take_shared_kernels(job, keys)
@@ -932,12 +932,14 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
             if "no space left on device" in (exc.log_tail or "").lower():
                 reason += (": no space left on device (free space under Docker's data root "
                            f"and {ctx.state.root}, then rerun)")
-            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
-                                   exc.command, exc.log_tail, kernels, digest, builder)
+            return _record_failure(ctx, cell_id, reason, duration=time.monotonic() - started,
+                                   log_path=log_path, command=exc.command,
+                                   log_tail=exc.log_tail, kernels=kernels, digest=digest,
+                                   builder=builder)
         except InfermatrixError as exc:
-            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path,
-                                   str(exc), None, proc.tail(_read_log(log_path)), kernels,
-                                   digest, builder)
+            return _record_failure(ctx, cell_id, str(exc), duration=time.monotonic() - started,
+                                   log_path=log_path, log_tail=proc.tail(_read_log(log_path)),
+                                   kernels=kernels, digest=digest, builder=builder)
         duration = time.monotonic() - started
         details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                    "compile_plan": compile.as_dict(), "build_args": build_args,
@@ -985,11 +987,11 @@ def _read_log(path: Path | None) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path | None,
-                    reason: str, command: str | None, log_tail: str | None,
-                    kernels: dict[str, dict[str, Any]] | None = None,
-                    digest: str | None = None,
-                    builder: dict[str, Any] | None = None) -> CellResult:
+def _record_failure(ctx: Context, cell_id: str, reason: str, *, duration: float = 0.0,
+                    log_path: Path | None = None, command: str | None = None,
+                    log_tail: str | None = None, kernels: dict[str, dict[str, Any]] | None = None,
+                    digest: str | None = None, builder: dict[str, Any] | None = None
+                    ) -> CellResult:
     log_text = _read_log(log_path)
     errors = first_error_lines(log_text)
     stated = stated_failure(log_text)
@@ -1005,10 +1007,6 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
                       command=command, log_tail=None if stated else log_tail,
                       error_lines=[] if stated else errors, kernels=kernels or {})
 
-
-# --------------------------------------------------------------------------------------------
-# The closing summary of the main job
-# --------------------------------------------------------------------------------------------
 
 # --------------------------------------------------------------------------------------------
 # All selected cells
@@ -1090,10 +1088,10 @@ def _bases_then_build(ctx: Context, cell: CellSpec, builder: Any, local: Engine,
             ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), echo,
                          log_path)
         except InfermatrixError as exc:
-            return _record_failure(ctx, cell.id, 0.0, log_path, f"copying the base image to "
-                                   f"builder {builder.name}: {exc}".splitlines()[0],
-                                   getattr(exc, "command", None), getattr(exc, "log_tail", None),
-                                   builder=identity)
+            return _record_failure(ctx, cell.id, f"copying the base image to builder "
+                                   f"{builder.name}: {exc}".splitlines()[0], log_path=log_path,
+                                   command=getattr(exc, "command", None),
+                                   log_tail=getattr(exc, "log_tail", None), builder=identity)
     return build_cell(ctx, cell, builder.compile, options, builder.engine, builder=identity,
                       echo=echo)
 
@@ -1110,7 +1108,7 @@ def _build_on_builders(ctx: Context, planned: list[CellSpec], endpoints: list[An
     up, down = connect(endpoints, echo)
     previous = {p.id: journal.cell_record(ctx.state, p.id).builder_name or "" for p in planned}
     for cell_id, reason in assign(planned, up, previous, down).items():
-        results[cell_id] = _record_failure(ctx, cell_id, 0.0, None, reason, None, None)
+        results[cell_id] = _record_failure(ctx, cell_id, reason)
         echo(results[cell_id].summary())
     busy = [b for b in up if b.queue]
     for builder in busy:
@@ -1133,8 +1131,7 @@ def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
     identity = builder.identity()
     for cell in builder.queue:  # each on builder.engine (build_cell's `docker`)
         if builder.down:
-            result = _record_failure(ctx, cell.id, 0.0, None, builder.down, None, None,
-                                     builder=identity)
+            result = _record_failure(ctx, cell.id, builder.down, builder=identity)
         else:
             result = _bases_then_build(ctx, cell, builder, local, options, identity,
                                        ensure_bases, echo)
@@ -1142,10 +1139,10 @@ def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
                 builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
                                 "stopped answering during the run; rerun to build on the "
                                 "builders that are up")
-                result = _record_failure(ctx, cell.id, result.duration_s, result.log,
-                                         f"{builder.down} ({result.reason})",
-                                         result.command, result.log_tail, result.kernels,
-                                         builder=identity)
+                result = _record_failure(ctx, cell.id, f"{builder.down} ({result.reason})",
+                                         duration=result.duration_s, log_path=result.log,
+                                         command=result.command, log_tail=result.log_tail,
+                                         kernels=result.kernels, builder=identity)
         results[cell.id] = result
         echo(f"[{builder.name}] {result.summary()}")
         if result.status == "fail" and options.fail_fast:
