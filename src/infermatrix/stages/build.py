@@ -862,6 +862,30 @@ def lock_problem(ctx: Context, cell: CellSpec, dockerfile_text: str) -> str | No
     return None
 
 
+def _build_inputs(ctx: Context, cell: CellSpec, directory: Path,
+                  compile: compileplan.CompilePlan, options: RunOptions
+                  ) -> tuple[str, dict[str, str], dict[str, kernelcache.KernelKey]]:
+    """The cell's Dockerfile text, its build args and its serving image's kernel keys (the
+    training-only ones are the train step's). StageFailure: why it cannot be built (not
+    rendered, no lock or another one, a kernel stage naming no kernel, no lock version)."""
+    dockerfile = directory / "Dockerfile"
+    if not dockerfile.is_file():
+        raise StageFailure(f"not rendered: {dockerfile} is missing (run `infermatrix render` "
+                           "first)")
+    text = dockerfile.read_text(encoding="utf-8")
+    problem = lock_problem(ctx, cell, text)
+    if problem:
+        raise StageFailure(problem)
+    build_args = compile.build_args()
+    if options.compile_nonce:
+        build_args[COMPILE_NONCE_ARG] = options.compile_nonce
+    try:
+        keys = split_keys(cell, kernel_keys_for(ctx, cell, text))[0]
+    except (InfermatrixError, ValueError) as exc:
+        raise StageFailure(str(exc)) from exc
+    return text, build_args, keys
+
+
 def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                options: RunOptions, docker: Engine, builder: dict[str, Any] | None = None,
                echo: Echo = print) -> CellResult:
@@ -870,35 +894,20 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     cell_id = cell.id
     who: dict[str, Any] = {"builder": builder} if builder else {}
     directory = cell_dir(ctx, cell_id)
-    dockerfile = directory / "Dockerfile"
     log_path = ctx.state.cell_log(cell_id, "build")
-    if not dockerfile.is_file():
-        return _record_failure(ctx, cell_id, f"not rendered: {dockerfile} is missing (run "
-                               "`infermatrix render` first)")
-    text = dockerfile.read_text(encoding="utf-8")
-    problem = lock_problem(ctx, cell, text)
-    if problem:
-        return _record_failure(ctx, cell_id, problem)
-    build_args = compile.build_args()
-    if options.compile_nonce:
-        build_args[COMPILE_NONCE_ARG] = options.compile_nonce
     try:
-        # the serving image's kernels only: the training-only ones are the train step's
-        keys = split_keys(cell, kernel_keys_for(ctx, cell, text))[0]
-    except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version
+        text, build_args, keys = _build_inputs(ctx, cell, directory, compile, options)
+    except StageFailure as exc:
         return _record_failure(ctx, cell_id, str(exc))
     bases = base_images(text, docker)  # the base this build is made from, in its engine
     digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
-    if not options.force:
-        image_id = _unchanged(ctx, cell_id, digest, docker)
-        if image_id:
-            # What the build that made this image recorded about its kernels (cache hit/miss).
-            built = journal.cell_record(ctx.state, cell_id).stage("build")
-            return CellResult(cell_id, "pass", image_id=image_id, reused=True,
-                              kernels=(built.details.get("kernels") if built else None) or {})
+    if not options.force and (image_id := _unchanged(ctx, cell_id, digest, docker)):
+        # What the build that made this image recorded about its kernels (cache hit/miss).
+        built = journal.cell_record(ctx.state, cell_id).stage("build")
+        return CellResult(cell_id, "pass", image_id=image_id, reused=True,
+                          kernels=(built.details.get("kernels") if built else None) or {})
 
     started = time.monotonic()
-    deadline = _Deadline.for_cell(ctx, options)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"# infermatrix build {cell_id}\n# {compile.describe()}\n"
                         f"# the image is built from a temporary copy of {directory} whose "
@@ -906,15 +915,15 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     journal.record_stage(ctx.state, cell_id, "build", journal.Status.RUNNING, log=log_path,
                          details={"input_hash": digest, **who}, **who)
     job = CellBuild(ctx, cell_id, directory, build_args, secrets_for(options), log_path,
-                    deadline, echo, docker, options.no_cache, build_platform(cell, docker),
+                    _Deadline.for_cell(ctx, options), echo, docker, options.no_cache, build_platform(cell, docker),
                     compile)
     kernels: dict[str, dict[str, Any]] = {}
     short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
         return _record_failure(ctx, cell_id, short, log_path=log_path, digest=digest,
                                builder=builder)
-    space = RUNNING.holding(docker.local_data_root(), cell_id)
-    with space:  # while it builds, a cell short of disk waits for it (disk_refusal)
+    # while it builds, a cell short of disk waits for it (disk_refusal)
+    with RUNNING.holding(docker.local_data_root(), cell_id):
         shared = _take_shared_kernels(job, keys)
         refusal = emulated_compile_refusal(ctx, keys, job.platform)
         if refusal:
@@ -926,20 +935,10 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
             image_id = job.build_image({KERNEL_WHEELS_DIR: entries}, tag=local_ref(cell_id),
                                        target=serving_target(text), digest=digest,
                                        what="image build")
-        except CommandFailed as exc:
-            reason = "timed out" if exc.returncode is None else \
-                f"build exited {exc.returncode}"
-            if "no space left on device" in (exc.log_tail or "").lower():
-                reason += (": no space left on device (free space under Docker's data root "
-                           f"and {ctx.state.root}, then rerun)")
-            return _record_failure(ctx, cell_id, reason, duration=time.monotonic() - started,
-                                   log_path=log_path, command=exc.command,
-                                   log_tail=exc.log_tail, kernels=kernels, digest=digest,
-                                   builder=builder)
         except InfermatrixError as exc:
-            return _record_failure(ctx, cell_id, str(exc), duration=time.monotonic() - started,
-                                   log_path=log_path, log_tail=proc.tail(_read_log(log_path)),
-                                   kernels=kernels, digest=digest, builder=builder)
+            return _record_failure(ctx, cell_id, duration=time.monotonic() - started,
+                                   log_path=log_path, kernels=kernels, digest=digest,
+                                   builder=builder, **_failure_of(exc, ctx, log_path))
         duration = time.monotonic() - started
         details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                    "compile_plan": compile.as_dict(), "build_args": build_args,
@@ -949,6 +948,18 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                              input_hash=digest, image_id=image_id, **who)
         return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration,
                           log=log_path, kernels=kernels)
+
+
+def _failure_of(exc: InfermatrixError, ctx: Context, log_path: Path) -> dict[str, Any]:
+    """The reason, command and log tail of a build that raised `exc`: a command's exit or
+    timeout (a full disk said), else the error itself and the log's tail."""
+    if not isinstance(exc, CommandFailed):
+        return {"reason": str(exc), "log_tail": proc.tail(_read_log(log_path))}
+    reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
+    if "no space left on device" in (exc.log_tail or "").lower():
+        reason += (": no space left on device (free space under Docker's data root "
+                   f"and {ctx.state.root}, then rerun)")
+    return {"reason": reason, "command": exc.command, "log_tail": exc.log_tail}
 
 
 _ERROR_LINE = re.compile(r"(\berror\b|#error|fatal:)", re.IGNORECASE)
