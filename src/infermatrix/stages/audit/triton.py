@@ -141,8 +141,7 @@ def first_start_digest(first: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str | None,
-                      targets: list[Arch],
-                      model: str | None, log_path: Path | None = None,
+                      targets: list[Arch], model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
                       serve_args: Iterable[str] = (), extra_archs: Iterable[Arch] = (),
                       engine_version: str | None = None, cache: Path | None = None) -> Check:
@@ -164,15 +163,10 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
     if args is None:
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
                      + ", ".join(t.sm for t in targets) + " (rules.yaml)")
-    key = census_key(docker.image_id_of(image), args) if cache is not None else None
-    output = read_census(cache, key)
-    cached = output is not None
-    if output is None:
-        try:
-            output = run_triton_harness(image, args, timeout, docker)
-        except StageFailure:
-            return Check("triton-smem", FAIL,
-                         f"the Triton compile check ran over {timeout:.0f} s")
+    try:
+        output, key, cached = _census_or_run(image, args, timeout, docker, cache)
+    except StageFailure:
+        return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
     if log_path is not None:
         with open(log_path, "a", encoding="utf-8") as sink:
             sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
@@ -192,6 +186,17 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
         check.data["cached"] = key
         check.detail += " (the census of this image, harness and arguments, read from the cache)"
     return check
+
+
+def _census_or_run(image: str, args: list[str], timeout: float, docker: Engine,
+                   cache: Path | None) -> tuple[str, str | None, bool]:
+    """(the harness's output, its census key, whether it was read from the census cache):
+    read back when `cache` holds it, else run (StageFailure past `timeout`)."""
+    key = census_key(docker.image_id_of(image), args) if cache is not None else None
+    output = read_census(cache, key)
+    if output is not None:
+        return output, key, True
+    return run_triton_harness(image, args, timeout, docker), key, False
 
 
 def harness_digest() -> str:
