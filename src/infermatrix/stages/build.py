@@ -803,18 +803,8 @@ def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
         try:
             keep = lru_keep_bytes(docker.build_cache_bytes(), free, need)
         except (EngineError, CommandFailed) as exc:
-            # issue 48: a dangling build-cache record (an engine stopped mid-build) makes
-            # `docker system df` answer 500, which stopped every build here. The free space
-            # is the data root's filesystem's, read without it; the cache's size is unknown,
-            # so the prune below is the whole unused cache at once.
-            cache_problem = str(exc).splitlines()[0]
-            found = (f"`docker system df` failed ({cache_problem}); {free:.1f} GiB free under "
-                     f"{root} (statvfs of the data root's filesystem), the cell needs "
-                     f"{need:g} GiB: the build cache's size is unknown, so its least recently "
-                     f"used part cannot be chosen")
-            echo(f"  {cell_id}: {found}")
-            with log_path.open("a", encoding="utf-8") as log:
-                log.write(f"# {found}\n# what to do: {DANGLING_CACHE_FIX.format(root=root)}\n")
+            # the cache's size is unknown, so the prune below is the whole unused cache at once
+            cache_problem = _unmeasured_cache(exc, cell_id, free, need, root, log_path, echo)
             keep = None
         for step in ([keep] if keep is not None else []) + [None]:
             what = ("the least recently used build cache, keeping "
@@ -836,6 +826,22 @@ def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
             if free >= need:
                 break
     return free, need, cache_problem
+
+
+def _unmeasured_cache(exc: Exception, cell_id: str, free: float, need: float, root: Path,
+                      log_path: Path, echo: Callable[[str], None]) -> str:
+    """Say that the build cache could not be measured, and what to do; the problem's first
+    line. Issue 48: a dangling build-cache record (an engine stopped mid-build) makes `docker
+    system df` answer 500, which stopped every build here; the free space is the data root's
+    filesystem's, read without it."""
+    problem = str(exc).splitlines()[0]
+    found = (f"`docker system df` failed ({problem}); {free:.1f} GiB free under {root} "
+             f"(statvfs of the data root's filesystem), the cell needs {need:g} GiB: the build "
+             "cache's size is unknown, so its least recently used part cannot be chosen")
+    echo(f"  {cell_id}: {found}")
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"# {found}\n# what to do: {DANGLING_CACHE_FIX.format(root=root)}\n")
+    return problem
 
 
 # What a dangling build-cache record needs (`docker builder prune -af` did not clear it).
