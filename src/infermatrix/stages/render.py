@@ -141,6 +141,13 @@ class RenderedCell:
     def add_text(self, path: str, text: str, executable: bool = False) -> None:
         self.files[path] = (text.encode("utf-8"), executable)
 
+    def render(self, env: jinja2.Environment, path: str, template: str,
+               variables: dict[str, Any], executable: bool = False) -> str:
+        """Render `template` into the file `path`; the text's sha256 (for a file naming it)."""
+        text = render_template(env, template, **variables)
+        self.add_text(path, text, executable)
+        return hashlib.sha256(text.encode()).hexdigest()
+
 
 # --------------------------------------------------------------------------------------------
 # Jinja environment and template errors
@@ -648,37 +655,31 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
     if torch_lines is not None:
         # Rendered first: the toolchain names its sha256, so a changed torch pin changes the
         # toolchain text and with it every kernel's recipe hash (the kernel-cache key).
-        torch_file = render_template(env, "files/torch.lock.txt.j2", **variables)
-        out.add_text("torch.lock.txt", torch_file)
-        variables["torch_lock_sha256"] = hashlib.sha256(torch_file.encode()).hexdigest()
+        variables["torch_lock_sha256"] = out.render(env, "torch.lock.txt",
+                                                    "files/torch.lock.txt.j2", variables)
     if any(k.recipe == "flashinfer" for k in kernels):
         for name in ("fetch-sdist", "flashinfer-aot"):
-            script = render_template(env, f"files/{name}.py.j2", **variables)
-            out.add_text(name, script, executable=True)
-        variables["flashinfer_aot_sha256"] = hashlib.sha256(script.encode()).hexdigest()
+            script_sha256 = out.render(env, name, f"files/{name}.py.j2", variables,
+                                       executable=True)
+        variables["flashinfer_aot_sha256"] = script_sha256
     if lock_text is not None and any(k.recipe == "flashinfer" for k in kernels):
         # Rendered before the Dockerfile, whose FlashInfer stage names its sha256.
         variables["flashinfer_lock"] = package_lock(ctx, cell.id, lock_text, "flashinfer-python")
-        flashinfer_file = render_template(env, "files/flashinfer.lock.txt.j2", **variables)
-        out.add_text("flashinfer.lock.txt", flashinfer_file)
-        variables["flashinfer_lock_sha256"] = hashlib.sha256(flashinfer_file.encode()).hexdigest()
-    out.add_text("Dockerfile", render_template(env, ENTRY_TEMPLATE, **variables))
-    out.add_text(".dockerignore", render_template(env, "files/dockerignore.j2", **variables))
-    out.add_text("with-secrets", render_template(env, "files/with-secrets.sh.j2", **variables),
-                 executable=True)
+        variables["flashinfer_lock_sha256"] = out.render(
+            env, "flashinfer.lock.txt", "files/flashinfer.lock.txt.j2", variables)
+    out.render(env, "Dockerfile", ENTRY_TEMPLATE, variables)
+    out.render(env, ".dockerignore", "files/dockerignore.j2", variables)
+    out.render(env, "with-secrets", "files/with-secrets.sh.j2", variables, executable=True)
     if kernels:
-        out.add_text("measure", render_template(env, "files/measure.sh.j2", **variables),
-                     executable=True)
-    out.add_text("serve", render_template(env, "files/serve.sh.j2", **variables),
-                 executable=True)
+        out.render(env, "measure", "files/measure.sh.j2", variables, executable=True)
+    out.render(env, "serve", "files/serve.sh.j2", variables, executable=True)
     if install["overrides"] and lock_text is None:
-        out.add_text("overrides.txt", render_template(env, "files/overrides.txt.j2", **variables))
+        out.render(env, "overrides.txt", "files/overrides.txt.j2", variables)
     if lock_text is not None:
         # Comment-free: the header and `# via` lines name the cell, and a COPY of them would
         # give cells with the same pins their own install and compileall layers.
         variables["requirements_lock"] = lock_without_comments(lock_text)
-        out.add_text("requirements.lock.txt",
-                     render_template(env, "files/requirements.lock.txt.j2", **variables))
+        out.render(env, "requirements.lock.txt", "files/requirements.lock.txt.j2", variables)
     if kernels:
         out.files["kernel-wheels/.keep"] = (b"", False)
     if train_kernels:
