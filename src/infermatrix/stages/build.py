@@ -428,11 +428,16 @@ def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str |
     record = journal.cell_record(ctx.state, cell_id)
     if record.input_hash != digest or record.status_of("build") != journal.Status.PASS:
         return None
-    image_id = record.image_id
+    return still_held(docker, record.image_id, local_ref(cell_id))
+
+
+def still_held(docker: Engine, image_id: str | None, ref: str) -> str | None:
+    """`image_id` when the engine still holds that image, tagged `ref` (again, when the tag
+    moved); None when it is gone."""
     if not image_id or not docker.image_exists(image_id):
         return None
-    if docker.image_id_of(local_ref(cell_id)) != image_id:
-        docker.tag_image(image_id, local_ref(cell_id))
+    if docker.image_id_of(ref) != image_id:
+        docker.tag_image(image_id, ref)
     return image_id
 
 

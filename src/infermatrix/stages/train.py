@@ -159,12 +159,7 @@ def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str |
     if stage is None or stage.status != journal.Status.PASS or \
             stage.details.get("input_hash") != digest:
         return None
-    image_id = stage.details.get("image_id")
-    if not image_id or not docker.image_exists(image_id):
-        return None
-    if docker.image_id_of(build.train_ref(cell_id)) != image_id:
-        docker.tag_image(image_id, build.train_ref(cell_id))
-    return image_id
+    return build.still_held(docker, stage.details.get("image_id"), build.train_ref(cell_id))
 
 
 def serving_tag(ctx: Context, cell_id: str) -> str | None:
