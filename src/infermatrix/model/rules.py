@@ -94,8 +94,9 @@ def load_drivers() -> dict[str, Any]:
     return read_data(DRIVERS_PATH)
 
 
-def min_driver_of_cuda(cuda: str) -> str | None:
-    return load_drivers()["min_driver"].get(cuda)
+def min_driver_for(cuda: str) -> str | None:
+    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
+    return None if cuda == CPU else load_drivers()["min_driver"].get(cuda)
 
 
 def known_bad_driver(driver: str, compute_cap: str) -> dict[str, Any] | None:
@@ -128,12 +129,12 @@ def driver_floor(cell: Cell, facts: EngineFacts | None, ptx_isas: dict[str, str]
     if cell.cuda == CPU:
         return None, None
     needs: list[tuple[Version, str, str]] = []
-    runtime = min_driver_of_cuda(cell.cuda)
+    runtime = min_driver_for(cell.cuda)
     if runtime:
         needs.append((Version(runtime), runtime, f"CUDA {cell.cuda} runtime needs >= {runtime}"))
     for obj, isa in sorted((ptx_isas or {}).items()):
         cuda = cuda_of_ptx_isa(isa)
-        driver = min_driver_of_cuda(cuda) if cuda else None
+        driver = min_driver_for(cuda) if cuda else None
         if driver:
             needs.append((Version(driver), driver, f"{obj} is PTX ISA {isa} only (JIT by the "
                           f"driver: CUDA {cuda}, >= {driver})"))
