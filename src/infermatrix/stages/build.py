@@ -663,14 +663,12 @@ LOCK_LABEL = re.compile(r'io\.infermatrix\.lock="([^"]*)"')
 
 # one GPU cell: a 10-12 GiB image, its uv cache mount, the unpack (GB10: more)
 DEFAULT_MIN_FREE_GIB = 40.0
+GIB = 2**30
+PRUNE_SLACK_GIB = 1.0  # what --keep-storage's accounting (shared records) may miss
 
 
 def free_gib(path: Path) -> float:
-    return shutil.disk_usage(path).free / 2**30
-
-
-GIB = 2**30
-PRUNE_SLACK_GIB = 1.0  # what --keep-storage's accounting (shared records) may miss
+    return shutil.disk_usage(path).free / GIB
 
 
 def lru_keep_bytes(cache_bytes: int, free: float, need: float) -> int | None:
