@@ -924,8 +924,8 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     journal.record_stage(ctx.state, cell_id, "build", journal.Status.RUNNING, log=log_path,
                          details={"input_hash": digest, **who}, **who)
     job = CellBuild(ctx, cell_id, directory, build_args, secrets_for(options), log_path,
-                    _Deadline.for_cell(ctx, options), echo, docker, options.no_cache, build_platform(cell, docker),
-                    compile)
+                    _Deadline.for_cell(ctx, options), echo, docker, options.no_cache,
+                    build_platform(cell, docker), compile)
     kernels: dict[str, dict[str, Any]] = {}
     short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
