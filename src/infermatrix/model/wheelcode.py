@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from packaging.utils import canonicalize_name
 
+from ..state import write_json_atomic
 from .coverage import ENTRY_PTX, DeviceCode, FatbinEntry, device_code_of, fatbin_entries
 from .kernelsyms import Decompress, KernelCode, default_decompress, kernel_code
-from ..state import write_json_atomic
 from .index import (SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile,
                     cached_entry, typed)
 
