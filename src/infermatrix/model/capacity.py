@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple
 
-
 from ..datafiles import DATA_DIR, read_data
 from ..errors import DamagedStateFile, UsageError
 

@@ -23,7 +23,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-
 from ..datafiles import DATA_DIR, read_data
 from ..errors import GpuUnavailable
 

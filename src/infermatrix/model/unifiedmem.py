@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-
 from ..datafiles import DATA_DIR, read_data
 from ..errors import UnifiedMemoryShort
 
