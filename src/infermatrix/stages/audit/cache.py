@@ -11,12 +11,7 @@ from typing import Any
 from ... import proc
 from ...errors import CommandFailed, MissingTool
 from ...journal import Status
-from ...model.coverage import (
-    DeviceCode,
-    device_code_from_listing,
-    scan_fatbins,
-    union,
-)
+from ...model.coverage import DeviceCode, device_code_from_listing, scan_fatbins, union
 from ...model.index import cached_entry
 from ...options import OPTIONS, from_environment
 from ...state import StatePaths, write_json_atomic

@@ -15,9 +15,7 @@ from typing import Any, Iterable
 from ... import proc
 from ...engine.docker import Engine
 from ...errors import StageFailure
-from ...model.coverage import (
-    DeviceCode,
-)
+from ...model.coverage import DeviceCode
 from ...state import StatePaths
 from .cache import (
     AUDIT_MOUNT,

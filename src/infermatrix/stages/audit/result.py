@@ -8,12 +8,7 @@ from typing import Any, Iterable
 from ...errors import UsageError
 from ...journal import Status
 from ...model.cell import Cell
-from ...model.coverage import (
-    Arch,
-    Coverage,
-    Decision,
-    DeviceCode,
-)
+from ...model.coverage import Arch, Coverage, Decision, DeviceCode
 from ...model.loadedset import LoadVerdict
 from .cache import FAIL, NOT_LOADED_GROUP, PASS
 

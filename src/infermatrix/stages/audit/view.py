@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...model.coverage import (
-    Coverage,
-)
+from ...model.coverage import Coverage
 from .cache import FAIL, PASS, SKIP
 from .result import AuditedObject, AuditResult
 
