@@ -17,13 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from packaging.specifiers import SpecifierSet
-
 from ..datafiles import DATA_DIR, read_data
 from .cell import Cell, Verdict
 from .coverage import Coverage, decide
 from .kernelsyms import KernelCode
-from .rules import _cuda_tuple, backend_runs_on
+from .rules import _cuda_tuple, backend_runs_on, in_range
 
 PATHS_FILE = DATA_DIR / "profiles.yaml"
 BASELINE = "bf16"
@@ -66,7 +64,7 @@ def path_entry(engine: str, version: str, data: Mapping[str, Any] | None = None
                ) -> dict[str, Any] | None:
     """The data/profiles.yaml entry covering an engine release, or None."""
     for entry in (data or load_paths())["engines"].get(engine, []):
-        if SpecifierSet(entry["versions"]).contains(version, prereleases=True):
+        if in_range(entry, version):
             return entry
     return None
 

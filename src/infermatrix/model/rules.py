@@ -8,7 +8,7 @@ everything here runs without a network.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -23,6 +23,11 @@ RULES_PATH = DATA_DIR / "rules.yaml"
 
 def load_rules() -> dict[str, Any]:
     return read_data(RULES_PATH)
+
+
+def in_range(entry: Mapping[str, Any], version: str | Version) -> bool:
+    """Does the data entry's `versions` range hold `version` (pre-releases too)?"""
+    return SpecifierSet(entry["versions"]).contains(version, prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,6 @@ def min_driver_for(cuda: str) -> str | None:
 
 def known_bad_driver(driver: str, compute_cap: str) -> dict[str, Any] | None:
     """The data/drivers.yaml `known_bad` entry a GPU's driver falls in, else None."""
-    from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion
 
     try:
@@ -112,7 +116,7 @@ def known_bad_driver(driver: str, compute_cap: str) -> dict[str, Any] | None:
         caps = entry.get("capabilities")
         if caps and compute_cap not in caps:
             continue
-        if SpecifierSet(entry["versions"]).contains(have, prereleases=True):
+        if in_range(entry, have):
             return entry
     return None
 
@@ -230,7 +234,7 @@ def pypi_build_covers(variant: dict[str, Any], version: str) -> bool:
     entry = variant.get("pypi_build")
     if not entry:
         return False
-    return SpecifierSet(entry["versions"]).contains(version, prereleases=True)
+    return in_range(entry, version)
 
 
 def engine_variant_serves(cell: Cell, m: Matrix) -> str | None:
@@ -305,8 +309,7 @@ def flashinfer_jit_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> lis
     if version is None or not cell.is_gpu or cell.cuda == CPU:
         return []
     for entry in rule["refuses"]:
-        if cell.arch.rstrip("af") not in entry["archs"] or \
-                not SpecifierSet(entry["versions"]).contains(version, prereleases=True) or \
+        if cell.arch.rstrip("af") not in entry["archs"] or not in_range(entry, version) or \
                 _cuda_tuple(cell.cuda) >= _cuda_tuple(entry["below_nvcc"]):
             continue
         value = engine_env(cell, m, facts).get(FLASHINFER_ARCH_ENV)
@@ -330,8 +333,7 @@ def backend_runs_on(backend: str, arch: str, cell: Cell | None = None) -> bool:
     if cell is None:
         return False
     for entry in (spec.get("engines") or {}).get(cell.engine, []):
-        if plain in entry["archs"] and \
-                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+        if plain in entry["archs"] and in_range(entry, cell.engine_version):
             return True
     return False
 
@@ -346,8 +348,7 @@ def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
         return None
     gates = load_rules()["attention-backend-arch"].get("hybrid_gdn", {}).get(cell.engine, [])
     for gate in gates:
-        if cell.arch.rstrip("af") in gate["archs"] and \
-                SpecifierSet(gate["versions"]).contains(cell.engine_version, prereleases=True):
+        if cell.arch.rstrip("af") in gate["archs"] and in_range(gate, cell.engine_version):
             return list(gate["allowed"]), gate["source"]
     return None
 
@@ -356,8 +357,7 @@ def engine_default_backend(cell: Cell) -> dict[str, Any] | None:
     """The rules.yaml engine_default entry for the cell's engine, version and arch, else None."""
     entries = load_rules()["attention-backend-arch"].get("engine_default", {}).get(cell.engine, [])
     for entry in entries:
-        if cell.arch.rstrip("af") in entry["archs"] and \
-                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+        if cell.arch.rstrip("af") in entry["archs"] and in_range(entry, cell.engine_version):
             return entry
     return None
 
