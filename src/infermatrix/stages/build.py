@@ -428,16 +428,11 @@ def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str |
     record = journal.cell_record(ctx.state, cell_id)
     if record.input_hash != digest or record.status_of("build") != journal.Status.PASS:
         return None
-    return still_held(docker, record.image_id, local_ref(cell_id))
-
-
-def still_held(docker: Engine, image_id: str | None, ref: str) -> str | None:
-    """`image_id` when the engine still holds that image, tagged `ref` (again, when the tag
-    moved); None when it is gone."""
+    image_id = record.image_id
     if not image_id or not docker.image_exists(image_id):
         return None
-    if docker.image_id_of(ref) != image_id:
-        docker.tag_image(image_id, ref)
+    if docker.image_id_of(local_ref(cell_id)) != image_id:
+        docker.tag_image(image_id, local_ref(cell_id))
     return image_id
 
 
@@ -910,11 +905,13 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         return _record_failure(ctx, cell_id, str(exc))
     bases = base_images(text, docker)  # the base this build is made from, in its engine
     digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
-    if not options.force and (image_id := _unchanged(ctx, cell_id, digest, docker)):
-        # What the build that made this image recorded about its kernels (cache hit/miss).
-        built = journal.cell_record(ctx.state, cell_id).stage("build")
-        return CellResult(cell_id, "pass", image_id=image_id, reused=True,
-                          kernels=(built.details.get("kernels") if built else None) or {})
+    if not options.force:
+        image_id = _unchanged(ctx, cell_id, digest, docker)
+        if image_id:
+            # What the build that made this image recorded about its kernels (cache hit/miss).
+            built = journal.cell_record(ctx.state, cell_id).stage("build")
+            return CellResult(cell_id, "pass", image_id=image_id, reused=True,
+                              kernels=(built.details.get("kernels") if built else None) or {})
 
     started = time.monotonic()
     log_path.parent.mkdir(parents=True, exist_ok=True)

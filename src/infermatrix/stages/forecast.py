@@ -38,30 +38,33 @@ DEFAULT_IMAGE_ORIGIN = "default (issue 47: 7 min on 2 cores)"
 DEFAULT_TRAIN_IMAGE_S = 60.0
 
 
-def _seconds_without_compiles(ctx: Context, cell_id: str, stage: str) -> float | None:
-    """The cell's last passing `stage` from the journal, its kernel compiles (cache misses)
-    taken out; None when there is none or nothing is left."""
-    record = journal.cell_record(ctx.state, cell_id).stage(stage)
+def image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> tuple[float, str]:
+    """The cell's last passing build from the journal, its kernel compiles taken out (`fresh`:
+    what a fresh clone knows, the default)."""
+    if fresh:
+        return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
+    record = journal.cell_record(ctx.state, cell_id).stage("build")
     if record is None or record.status != journal.Status.PASS or not record.duration_s:
-        return None
+        return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
     kernels = record.details.get("kernels") or {}
     compiled = sum(float(k.get("duration_s") or 0) for k in kernels.values()
                    if isinstance(k, dict) and k.get("cache") == "miss")
     seconds = float(record.duration_s) - compiled
-    return seconds if seconds > 0 else None
-
-
-def image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> tuple[float, str]:
-    """The cell's last passing build from the journal, its kernel compiles taken out (`fresh`:
-    what a fresh clone knows, the default)."""
-    seconds = None if fresh else _seconds_without_compiles(ctx, cell_id, "build")
-    return (DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN) if seconds is None else (seconds, "journal")
+    if seconds <= 0:
+        return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
+    return seconds, "journal"
 
 
 def train_image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> float:
     """The cell's last passing train target from the journal, its compiles taken out."""
-    seconds = None if fresh else _seconds_without_compiles(ctx, cell_id, "train")
-    return DEFAULT_TRAIN_IMAGE_S if seconds is None else seconds
+    record = None if fresh else journal.cell_record(ctx.state, cell_id).stage("train")
+    if record is None or record.status != journal.Status.PASS or not record.duration_s:
+        return DEFAULT_TRAIN_IMAGE_S
+    kernels = record.details.get("kernels") or {}
+    compiled = sum(float(k.get("duration_s") or 0) for k in kernels.values()
+                   if isinstance(k, dict) and k.get("cache") == "miss")
+    seconds = float(record.duration_s) - compiled
+    return seconds if seconds > 0 else DEFAULT_TRAIN_IMAGE_S
 
 
 def compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey, max_jobs: int,

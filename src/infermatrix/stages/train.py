@@ -159,7 +159,12 @@ def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str |
     if stage is None or stage.status != journal.Status.PASS or \
             stage.details.get("input_hash") != digest:
         return None
-    return build.still_held(docker, stage.details.get("image_id"), build.train_ref(cell_id))
+    image_id = stage.details.get("image_id")
+    if not image_id or not docker.image_exists(image_id):
+        return None
+    if docker.image_id_of(build.train_ref(cell_id)) != image_id:
+        docker.tag_image(image_id, build.train_ref(cell_id))
+    return image_id
 
 
 def serving_tag(ctx: Context, cell_id: str) -> str | None:
@@ -231,9 +236,9 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                            tag=tag_train(ctx, cell.id, image_id, docker),
                            kernels=details.get("kernels") or {},
                            coverage=details.get("coverage") or {}, input_hash=digest)
-    job = build.CellBuild(ctx, cell.id, directory, compile.build_args(),
-                          build.secrets_for(options), log_path,
-                          build._Deadline.for_cell(ctx, options), echo, docker,
+    build_args = compile.build_args()
+    job = build.CellBuild(ctx, cell.id, directory, build_args, build.secrets_for(options),
+                          log_path, build._Deadline.for_cell(ctx, options), echo, docker,
                           options.no_cache, build.build_platform(cell, docker), compile)
     log_path.write_text(f"# infermatrix train {cell.id}\n# {compile.describe()}\n")
     # an interrupted run leaves it so (never pass); the serving record is not touched

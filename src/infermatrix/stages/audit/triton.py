@@ -12,7 +12,9 @@ from ... import proc
 from ...engine.docker import Engine
 from ...errors import StageFailure
 from ...model import loadedset, tritonlist, tritontwin
-from ...model.coverage import Arch
+from ...model.coverage import (
+    Arch,
+)
 from .cache import FAIL, HARNESS_DIR, HARNESS_MOUNT, PASS, SKIP
 from .result import Check
 
