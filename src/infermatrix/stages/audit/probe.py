@@ -78,6 +78,8 @@ def probe_args() -> list[str]:
     from ...model.coverage import FATBIN_MAGIC
 
     return ["-m", PROBE_PROGRAM, AUDIT_MOUNT, MARKER, FATBIN_MAGIC.hex()]
+
+
 NATIVE_MOUNT = f"{AUDIT_MOUNT}/native"  # this machine's Python, for an emulated image's probe
 
 
