@@ -25,13 +25,13 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .datafiles import DATA_DIR, read_data
 from .errors import ConfigError, ConfigErrors
 from . import levels as level_table
 from .names import CREDENTIALS_FIX, NAME_RULE, is_name, reference_problem
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "schema" / "matrix.schema.json"
-DATA_DIR = Path(__file__).resolve().parent / "data"
 ARCHES_PATH = DATA_DIR / "arches.yaml"
 # Byte-order marks of encodings other than UTF-8, named in the error (longest first).
 FOREIGN_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32-BE"), (b"\xff\xfe\x00\x00", "UTF-32-LE"),
@@ -320,7 +320,7 @@ def _schema_errors(data: Any, path: Path, locator: "_Locator") -> list[ConfigErr
 
 def load_arches() -> dict[str, dict[str, Any]]:
     """Known GPU arches (data/arches.yaml): sm_XX -> capability and allowed suffixes."""
-    return yaml.safe_load(ARCHES_PATH.read_text(encoding="utf-8"))["arches"]
+    return read_data(ARCHES_PATH)["arches"]
 
 
 @dataclass

@@ -240,12 +240,9 @@ def state_lock(state: StatePaths, *, shared: bool = False, wait: bool = False
             yield
         return
     state.root.mkdir(parents=True, exist_ok=True)
-    with open(state.root / READERS_LOCK, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_SH)  # only an exclusive reader check holds it, briefly
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    # only an exclusive reader check (no_readers) holds it exclusively, briefly
+    with flocked(state.root / READERS_LOCK, fcntl.LOCK_SH):
+        yield
 
 
 @contextmanager
@@ -255,8 +252,16 @@ def record_lock(state: StatePaths, name: str) -> Iterator[None]:
     lock files live in <state>/record-locks/, beside nothing they would be mistaken for."""
     lock = inside(state.root / "record-locks", f"{name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with flocked(lock):
+        yield
+
+
+@contextmanager
+def flocked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
+    """The block runs holding an flock of `path` (created when missing) in `mode`; other
+    processes asking for it wait."""
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, mode)
         try:
             yield
         finally:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..options import positive_int
 
@@ -30,24 +29,21 @@ def _tokens(text: str) -> int:
     return value
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction in (0, 1]")
-    return value
+def _number(accepts: Callable[[float], bool], hint: str) -> Callable[[str], float]:
+    """An argparse type: a number that `accepts` takes, else an error ending in `hint`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: {hint}")
+        return value
+    return parse
 
 
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a positive tokens/s")
-    return value
+_fraction = _number(lambda value: 0 < value <= 1, "give a fraction in (0, 1]")
+_rate = _number(lambda value: value > 0, "give a positive tokens/s")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

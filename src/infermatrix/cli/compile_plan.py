@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..model import compileplan
-    from ..stages.build import kernel_need
+    from ..stages.build import kernel_need, plan_options
     from ..context import Context, setup_command_log
     from ..errors import UsageError
     from ..options import resolve
@@ -55,16 +55,11 @@ def run(args: argparse.Namespace) -> int:
     needs = [n for cell in needs_per_cell for n in cell]
     reading = compileplan.read_host()
     here_memory, here_source = compileplan.effective_memory(reading)
-    settings = ctx.matrix.build
     plan = compileplan.plan_for_needs(
         memory if memory is not None else here_memory,
         args.cpus or compileplan.effective_cpus(reading), needs,
-        history=compileplan.read_history(compileplan.history_path(ctx.state.root)),
         memory_source="--memory" if memory is not None else here_source,
-        safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
-        max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
-        cells_to_compile=max(1, sum(1 for cell in needs_per_cell if cell)),
-        max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
+        **plan_options(ctx, options, needs_per_cell))
     cells = [p.id for p, cell in zip(plans, needs_per_cell) if cell]
     if args.json:
         print(json.dumps({**plan.as_dict(), "cells": cells}, indent=2, default=str))

@@ -47,8 +47,11 @@ from typing import Any
 
 try:
     from ._result import emit
+    from .triton_smem import CompileOnlyDriver, compile_only, parse_arch, pretend_cuda
 except ImportError:  # pragma: no cover - executed as a plain script
     from _result import emit  # type: ignore[no-redef]
+    from triton_smem import (CompileOnlyDriver, compile_only,  # type: ignore[no-redef]
+                             parse_arch, pretend_cuda)
 
 # What torch.cuda / Triton's driver report for each target (the device's real figures):
 # opt-in shared memory per block, SM count, name. Launchers read them to pick tiles.
@@ -58,11 +61,6 @@ DEVICES: dict[str, dict[str, Any]] = {
                "sms": 188, "memory_gib": 96},
     "sm_121": {"name": "NVIDIA GB10", "smem": 101376, "sms": 48, "memory_gib": 119},
 }
-
-
-def parse_arch(text: str) -> tuple[int, int]:
-    digits = text.lower().removeprefix("sm_").rstrip("af")
-    return int(digits[:-1]), int(digits[-1])
 
 
 class FakeProps:
@@ -179,11 +177,6 @@ def compile_only_autotune():
 def pretend_device(arch: str) -> None:
     import torch
 
-    try:
-        from .triton_smem import pretend_cuda
-    except ImportError:  # pragma: no cover
-        from triton_smem import pretend_cuda  # type: ignore[no-redef]
-
     pretend_cuda(parse_arch(arch))
     torch.cuda.get_device_properties = lambda device=None: FakeProps(arch)
     torch.cuda.get_device_name = lambda device=None: DEVICES[arch]["name"]
@@ -194,11 +187,6 @@ def run_compile_only(arch: str) -> dict[str, Any]:
 
     visible = torch.cuda.device_count()  # before the pretence: the GPUs this process could use
     from triton.runtime import driver
-
-    try:
-        from .triton_smem import CompileOnlyDriver, compile_only
-    except ImportError:  # pragma: no cover
-        from triton_smem import CompileOnlyDriver, compile_only  # type: ignore[no-redef]
 
     compiled: list[dict[str, Any]] = []
     pretend_device(arch)

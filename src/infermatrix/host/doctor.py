@@ -22,8 +22,7 @@ from ..model.compileplan import parse_limit
 from ..model.coverage import Arch, cubin_runs_on
 from ..errors import InfermatrixError
 from ..model.cell import CPU
-from ..model.rules import known_bad_driver
-from ..model.spec import min_driver_for
+from ..model.rules import known_bad_driver, min_driver_for
 
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version",
                     "--format=csv"]

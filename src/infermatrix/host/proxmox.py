@@ -63,6 +63,25 @@ def check_ctid(ctid: int) -> None:
         raise UsageError(f"--ctid {ctid}: Proxmox container ids start at 100")
 
 
+# What to do inside the container, after its .conf lines ({driver}: the host's driver version).
+INSIDE_THE_CONTAINER = [
+    "",
+    "# Inside the container, /etc/nvidia-container-runtime/config.toml: an unprivileged",
+    "# container cannot manage device cgroups (bpf_prog_query(BPF_CGROUP_DEVICE) failed:",
+    "# operation not permitted, libnvidia-container#154), so pass the devices explicitly:",
+    "[nvidia-container-cli]",
+    "no-cgroups = true",
+    "# (or: nvidia-ctk config --set nvidia-container-cli.no-cgroups=true --in-place)",
+    "",
+    "# WARNING: the container's NVIDIA userspace libraries must be exactly the host driver "
+    "version ({driver}); a mismatch fails with \"Failed to initialize NVML: Driver/library "
+    "version mismatch\". Install the same driver inside the container without its kernel "
+    "module (--no-kernel-module), and upgrade both together.",
+    "# Storage: Docker on ZFS before 2.2 falls back to vfs (full copies per layer); give "
+    "/var/lib/docker 150-200 GB on ZFS >= 2.2 or ext4/xfs.",
+]
+
+
 def lxc_config_lines(ctid: int, proc_devices: str, nodes: list[str], has_caps: bool,
                      driver: str | None, run_line: str | None = None,
                      cgroup_v1: bool = False) -> list[str]:
@@ -97,23 +116,8 @@ def lxc_config_lines(ctid: int, proc_devices: str, nodes: list[str], has_caps: b
                      "bind,optional,create=dir")
     lines.append("# Docker inside the container (unprivileged): nesting and keyctl")
     lines.append("features: keyctl=1,nesting=1")
-    lines += [
-        "",
-        "# Inside the container, /etc/nvidia-container-runtime/config.toml: an unprivileged",
-        "# container cannot manage device cgroups (bpf_prog_query(BPF_CGROUP_DEVICE) failed:",
-        "# operation not permitted, libnvidia-container#154), so pass the devices explicitly:",
-        "[nvidia-container-cli]",
-        "no-cgroups = true",
-        "# (or: nvidia-ctk config --set nvidia-container-cli.no-cgroups=true --in-place)",
-        "",
-        "# WARNING: the container's NVIDIA userspace libraries must be exactly the host driver "
-        f"version ({driver or 'see nvidia-smi on the host'}); a mismatch fails with "
-        "\"Failed to initialize NVML: Driver/library version mismatch\". Install the same "
-        "driver inside the container without its kernel module (--no-kernel-module), and "
-        "upgrade both together.",
-        "# Storage: Docker on ZFS before 2.2 falls back to vfs (full copies per layer); give "
-        "/var/lib/docker 150-200 GB on ZFS >= 2.2 or ext4/xfs.",
-    ]
+    lines += [line.format(driver=driver or "see nvidia-smi on the host")
+              for line in INSIDE_THE_CONTAINER]
     if run_line:
         lines += ["", "# The pinned image (pulled by digest), devices passed explicitly:",
                   run_line]

@@ -21,16 +21,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple
 
-import yaml
-
+from ..datafiles import DATA_DIR, read_data
 from ..errors import DamagedStateFile, UsageError
 from . import engines
 
-SPEC_PATH = Path(__file__).resolve().parent.parent / "data" / "capacity.yaml"
+SPEC_PATH = DATA_DIR / "capacity.yaml"
 RATIOS_FILE = "capacity-efficiency.json"
 GB = 1e9
 GIB = 2**30
@@ -67,9 +65,8 @@ def format_value(value: float, unit: str) -> str:
 
 # --- the data ---------------------------------------------------------------------------------
 
-@cache
 def spec() -> dict[str, Any]:
-    return yaml.safe_load(SPEC_PATH.read_text(encoding="utf-8"))
+    return read_data(SPEC_PATH)
 
 
 @dataclass(frozen=True)
@@ -143,10 +140,6 @@ def gpu_for_arch(arch: str, data: Mapping[str, Any] | None = None) -> str | None
 
 def gpu_names(data: Mapping[str, Any] | None = None) -> list[str]:
     return list((data or spec())["gpus"])
-
-
-def model_names(data: Mapping[str, Any] | None = None) -> list[str]:
-    return list((data or spec())["models"])
 
 
 def profile_names(data: Mapping[str, Any] | None = None) -> list[str]:

@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
+from ..datafiles import DATA_DIR, read_data
 
 GIB = 1024 ** 3
 # cgroup v1 reports "no limit" as a huge page-rounded number (9223372036854771712).
 UNLIMITED_THRESHOLD = 1 << 60
-MODEL_FILE = Path(__file__).resolve().parents[1] / "data" / "compile_model.yaml"
+MODEL_FILE = DATA_DIR / "compile_model.yaml"
 HISTORY_FILE = "compile-history.jsonl"
 
 
@@ -109,8 +109,8 @@ class JobFigure:
         return asdict(self)
 
 
-def load_model(path: Path = MODEL_FILE) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+def load_model() -> dict[str, Any]:
+    return read_data(MODEL_FILE)
 
 
 def _minor(cuda: str | None) -> str | None:

@@ -36,9 +36,10 @@ translation units were built for different arch lists is judged on the union.
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
 if TYPE_CHECKING:
     import mmap
@@ -120,12 +121,9 @@ def cubin_runs_on(cubin: Arch, target: Arch) -> bool:
 
 def ptx_jits_on(ptx: Arch, target: Arch) -> bool:
     """Can the driver JIT-compile this PTX for a device of the target's compute capability?"""
-    device = target.device
-    if ptx.variant == "a":
-        return ptx.cc == device.cc
-    if ptx.variant == "f":
-        return ptx.major == device.major and ptx.minor <= device.minor
-    return ptx.cc <= device.cc
+    if ptx.variant:  # `a` and `f` PTX: where a cubin of the same target runs
+        return cubin_runs_on(ptx, target)
+    return ptx.cc <= target.device.cc
 
 
 def cubin_coverage(cubin: Arch, target: Arch) -> Coverage:
@@ -258,8 +256,26 @@ def device_code_from_listing(listing: str) -> DeviceCode:
 #                 flags at byte 40 (u64: 0x100000 arch-specific `a`, 0x200000 family `f`).
 
 FATBIN_MAGIC = bytes.fromhex("50ed55ba01001000")  # magic, version 1, header size 16
-_ENTRY_PTX, _ENTRY_ELF = 1, 2
+ENTRY_PTX, ENTRY_ELF = 1, 2
 _FLAG_ARCH_SPECIFIC, _FLAG_FAMILY = 0x100000, 0x200000
+
+
+class FatbinEntry(NamedTuple):
+    """One entry of a fat binary container: its kind, architecture and flags, and where its
+    container, its header (at `offset`, `header` bytes) and padded payload lie in the data."""
+
+    container: int
+    kind: int  # ENTRY_PTX or ENTRY_ELF
+    arch: Arch
+    flags: int
+    offset: int
+    header: int
+    padded: int
+
+    @property
+    def payload(self) -> slice:
+        start = self.offset + self.header
+        return slice(start, start + self.padded)
 
 
 def _entry_arch(sm: int, flags: int) -> Arch | None:
@@ -269,49 +285,58 @@ def _entry_arch(sm: int, flags: int) -> Arch | None:
     return Arch(sm // 10, sm % 10, variant)
 
 
-def _container_entries(data: bytes | mmap.mmap, start: int) -> tuple[list[Arch], list[Arch], int] | None:
-    """(cubins, ptx, end) of the fat binary container at `start`; None if it is not one."""
-    import struct
-
+def _container_entries(data: bytes | mmap.mmap, start: int) -> tuple[list[FatbinEntry], int] | None:
+    """(entries, end) of the fat binary container at `start`; None if it is not one."""
     if start + 16 > len(data):
         return None
     (size,) = struct.unpack_from("<Q", data, start + 8)
     end = start + 16 + size
     if size == 0 or end > len(data):
         return None
-    cubins: list[Arch] = []
-    ptx: list[Arch] = []
+    entries: list[FatbinEntry] = []
     offset = start + 16
     while offset + 48 <= end:
         kind, _version, header, padded = struct.unpack_from("<HHIQ", data, offset)
         (sm,) = struct.unpack_from("<I", data, offset + 28)
         (flags,) = struct.unpack_from("<Q", data, offset + 40)
         arch = _entry_arch(sm, flags)
-        if kind not in (_ENTRY_PTX, _ENTRY_ELF) or not 48 <= header <= 1024 or arch is None \
+        if kind not in (ENTRY_PTX, ENTRY_ELF) or not 48 <= header <= 1024 or arch is None \
                 or offset + header + padded > end:
             return None  # not a container after all: random bytes that matched the magic
-        (cubins if kind == _ENTRY_ELF else ptx).append(arch)
+        entries.append(FatbinEntry(start, kind, arch, flags, offset, header, padded))
         offset += header + padded
-    return cubins, ptx, end
+    return entries, end
 
 
-def scan_fatbins(data: bytes | mmap.mmap, skip: Iterable[tuple[int, int]] = ()) -> DeviceCode:
-    """Architectures of every fat binary container in `data` (bytes or an mmap), except those
-    that start inside a `skip` range of (offset, size)."""
-    skip = list(skip)
-    cubins: set[Arch] = set()
-    ptx: set[Arch] = set()
+def fatbin_entries(data: bytes | mmap.mmap) -> Iterator[FatbinEntry]:
+    """Every entry of every fat binary container in `data` (bytes or an mmap)."""
     position = data.find(FATBIN_MAGIC)
     while position != -1:
         found = _container_entries(data, position)
         if found is None:
             position = data.find(FATBIN_MAGIC, position + 1)
             continue
-        if not any(start <= position < start + size for start, size in skip):
-            cubins.update(found[0])
-            ptx.update(found[1])
-        position = data.find(FATBIN_MAGIC, found[2])
+        entries, end = found
+        yield from entries
+        position = data.find(FATBIN_MAGIC, end)
+
+
+def device_code_of(entries: Iterable[FatbinEntry]) -> DeviceCode:
+    """The sorted, deduplicated cubin and PTX architectures of these entries."""
+    cubins: set[Arch] = set()
+    ptx: set[Arch] = set()
+    for entry in entries:
+        (cubins if entry.kind == ENTRY_ELF else ptx).add(entry.arch)
     return DeviceCode(tuple(sorted(cubins)), tuple(sorted(ptx)))
+
+
+def scan_fatbins(data: bytes | mmap.mmap, skip: Iterable[tuple[int, int]] = ()) -> DeviceCode:
+    """Architectures of every fat binary container in `data` (bytes or an mmap), except those
+    that start inside a `skip` range of (offset, size)."""
+    skip = list(skip)
+    return device_code_of(
+        entry for entry in fatbin_entries(data)
+        if not any(start <= entry.container < start + size for start, size in skip))
 
 
 def union(*codes: DeviceCode) -> DeviceCode:

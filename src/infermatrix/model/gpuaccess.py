@@ -21,18 +21,15 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
+from ..datafiles import DATA_DIR, read_data
 from ..errors import GpuUnavailable
 
 CDI_ALL_GPUS = "nvidia.com/gpu=all"
 CDI_MIN_MAJOR = 25  # Docker 25.0 added CDI device requests (--device vendor/class=name)
 
-DEVICES_SPEC = Path(__file__).resolve().parent.parent / "data" / "gpu_devices.yaml"
+DEVICES_SPEC = DATA_DIR / "gpu_devices.yaml"
 MODES = ("auto", "runtime", "cdi", "devices")
 
 FIX = ("install nvidia-container-toolkit on the engine's host and run "
@@ -176,10 +173,9 @@ def devices_shortfall(host: HostGpu | None) -> str:
 # Device nodes and driver files (pure: engine/gpudevices.py reads /dev and `ldconfig -p`)
 # --------------------------------------------------------------------------------------------
 
-@cache
 def devices_spec() -> dict[str, Any]:
     """data/gpu_devices.yaml: device nodes, driver libraries and binaries, with the source."""
-    return yaml.safe_load(DEVICES_SPEC.read_text(encoding="utf-8"))
+    return read_data(DEVICES_SPEC)
 
 
 LDCONFIG_ABI = {"x86_64": "x86-64", "aarch64": "AArch64"}

@@ -21,7 +21,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
@@ -53,9 +53,9 @@ class ReleaseMetadata:
     url: str  # where a user can see it
     requires_dist: tuple[str, ...]
 
-    def pins_for(self, dependency: str, machine: str = "x86_64") -> list[Requirement]:
-        """Requirements on `dependency` that apply on Linux `machine` (markers evaluated)."""
-        wanted = canonicalize_name(dependency)
+    def requirements(self, machine: str = "x86_64") -> list[Requirement]:
+        """The requirements that apply on Linux `machine` (markers evaluated; a line that is
+        not a requirement is passed over)."""
         env = {"sys_platform": "linux", "platform_system": "Linux",
                "platform_machine": machine, "extra": ""}
         found: list[Requirement] = []
@@ -64,12 +64,14 @@ class ReleaseMetadata:
                 req = Requirement(line)
             except InvalidRequirement:
                 continue
-            if canonicalize_name(req.name) != wanted:
-                continue
-            if req.marker is not None and not req.marker.evaluate(env):
-                continue
-            found.append(req)
+            if req.marker is None or req.marker.evaluate(env):
+                found.append(req)
         return found
+
+    def pins_for(self, dependency: str, machine: str = "x86_64") -> list[Requirement]:
+        """Requirements on `dependency` that apply on Linux `machine`."""
+        wanted = canonicalize_name(dependency)
+        return [r for r in self.requirements(machine) if canonicalize_name(r.name) == wanted]
 
 
 def index_url(configured: str | None = None) -> str:
@@ -263,18 +265,22 @@ class ReleaseList:
         return list(reversed(found))[:count]
 
 
-def _linux_wheel_versions(files: list[dict]) -> list[str]:
-    versions: set[Version] = set()
+def linux_wheels(files: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Version]]:
+    """(entry, version) of each Linux or pure-Python wheel of a PEP 691 `files` listing."""
     for entry in files:
-        name = entry.get("filename", "")
-        if not name.endswith(".whl") or entry.get("yanked"):
+        filename = str(entry.get("filename", ""))
+        if not filename.endswith(".whl"):
             continue
         try:
-            _, ver, _, tags = parse_wheel_filename(name)
-        except ValueError:
+            _, version, _, tags = parse_wheel_filename(filename)
+        except ValueError:  # InvalidWheelFilename, InvalidVersion
             continue
         if any(t.platform == "any" or "linux" in t.platform for t in tags):
-            versions.add(ver)
+            yield entry, version
+
+
+def _linux_wheel_versions(files: list[dict]) -> list[str]:
+    versions = {version for entry, version in linux_wheels(files) if not entry.get("yanked")}
     return [str(v) for v in sorted(versions)]
 
 

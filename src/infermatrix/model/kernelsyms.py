@@ -15,7 +15,7 @@ cubin of 5,337,488 B that decodes to exactly its 18.5 MB). LZ4 is decoded here (
 few seconds per entry); zstd needs the zstandard module or the zstd command. An entry that still
 cannot be read is counted, with its architecture, never guessed (profiles.py then says
 `unverified` where such an entry could be the arch's code).
-The fat binary layout is coverage.py's (entry kind, header size, payload size, SM, flags).
+The fat binary layout and its walker are coverage.py's (fatbin_entries).
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ import shutil
 import struct
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from .coverage import FATBIN_MAGIC, Arch, DeviceCode, _container_entries, _entry_arch
+from .coverage import ENTRY_ELF, ENTRY_PTX, Arch, DeviceCode, FatbinEntry, fatbin_entries
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 FLAG_LZ4, FLAG_ZSTD = 0x2000, 0x8000
 ELF_MAGIC = b"\x7fELF"
-_ENTRY_PTX, _ENTRY_ELF = 1, 2
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)")
 
 # bytes of a compressed payload -> the payload (None: cannot decompress here)
@@ -64,6 +63,17 @@ def default_decompress() -> Decompress | None:
         return _zstd_cli if shutil.which("zstd") else None
 
 
+def _length(nibble: int, src: bytes, i: int) -> tuple[int, int]:
+    """An LZ4 length: a token nibble of 15 goes on in bytes at `i` up to one below 255.
+    Returns the length and the position after it."""
+    length, more = nibble, 255 if nibble == 15 else 0
+    while more == 255:
+        more = src[i]
+        i += 1
+        length += more
+    return length, i
+
+
 def lz4_block(src: bytes, size: int) -> bytes:
     """Decode one LZ4 block (the format of LZ4_decompress_safe: sequences of a token, literals,
     a 2-byte offset and a match) into at most `size` bytes."""
@@ -72,28 +82,14 @@ def lz4_block(src: bytes, size: int) -> bytes:
     while i < n:
         token = src[i]
         i += 1
-        literals = token >> 4
-        if literals == 15:
-            while True:
-                more = src[i]
-                i += 1
-                literals += more
-                if more != 255:
-                    break
+        literals, i = _length(token >> 4, src, i)
         out += src[i:i + literals]
         i += literals
         if i >= n or len(out) >= size:
             break
         offset = src[i] | (src[i + 1] << 8)
         i += 2
-        length = token & 15
-        if length == 15:
-            while True:
-                more = src[i]
-                i += 1
-                length += more
-                if more != 255:
-                    break
+        length, i = _length(token & 15, src, i)
         length += 4
         start = len(out) - offset
         if offset <= 0 or start < 0:
@@ -174,31 +170,12 @@ def _payload(raw: bytes, flags: int, sizes: tuple[int, int],
     return raw
 
 
-def _entries(data: Any) -> Iterator[tuple[int, Arch, int, tuple[int, int], bytes]]:
-    """(kind, arch, flags, (compressed, uncompressed size), payload bytes) of every entry of
-    every fat binary container in `data`."""
-    position = data.find(FATBIN_MAGIC)
-    while position != -1:
-        found = _container_entries(data, position)
-        if found is None:
-            position = data.find(FATBIN_MAGIC, position + 1)
-            continue
-        (size,) = struct.unpack_from("<Q", data, position + 8)
-        offset, end = position + 16, position + 16 + size
-        while offset + 48 <= end:
-            kind, _v, header, padded = struct.unpack_from("<HHIQ", data, offset)
-            (sm,) = struct.unpack_from("<I", data, offset + 28)
-            (flags,) = struct.unpack_from("<Q", data, offset + 40)
-            sizes = (0, 0)
-            if header >= 64:
-                sizes = (struct.unpack_from("<Q", data, offset + 16)[0],
-                         struct.unpack_from("<Q", data, offset + 56)[0])
-            arch = _entry_arch(sm, flags)
-            if arch is not None:
-                yield kind, arch, flags, sizes, \
-                    bytes(data[offset + header:offset + header + padded])
-            offset += header + padded
-        position = data.find(FATBIN_MAGIC, found[2])
+def _sizes(data: Any, entry: FatbinEntry) -> tuple[int, int]:
+    """(compressed, uncompressed size) from an entry header of 64 bytes or more; else zeros."""
+    if entry.header < 64:
+        return (0, 0)
+    return (struct.unpack_from("<Q", data, entry.offset + 16)[0],
+            struct.unpack_from("<Q", data, entry.offset + 56)[0])
 
 
 def kernel_code(data: Any, patterns: list[str], decompress: Decompress | None = None
@@ -209,24 +186,25 @@ def kernel_code(data: Any, patterns: list[str], decompress: Decompress | None = 
     ptx: dict[str, set[Arch]] = {p: set() for p in patterns}
     counts = dict.fromkeys(patterns, 0)
     examples = dict.fromkeys(patterns, "")
-    unreadable: dict[int, set[Arch]] = {_ENTRY_ELF: set(), _ENTRY_PTX: set()}
+    unreadable: dict[int, set[Arch]] = {ENTRY_ELF: set(), ENTRY_PTX: set()}
     count = 0
-    for kind, arch, flags, sizes, raw in _entries(data):
-        payload = _payload(raw, flags, sizes, decompress)
-        if kind == _ENTRY_ELF and payload and payload[:4] == ELF_MAGIC:
+    for entry in fatbin_entries(data):
+        payload = _payload(bytes(data[entry.payload]), entry.flags, _sizes(data, entry),
+                           decompress)
+        if entry.kind == ENTRY_ELF and payload and payload[:4] == ELF_MAGIC:
             names, into = elf_function_names(payload), cubins
-        elif kind == _ENTRY_PTX and payload and b".version" in payload[:4096]:
+        elif entry.kind == ENTRY_PTX and payload and b".version" in payload[:4096]:
             names, into = ptx_entry_names(payload), ptx
         else:
             count += 1
-            unreadable.setdefault(kind, set()).add(arch)
+            unreadable.setdefault(entry.kind, set()).add(entry.arch)
             continue
         for pattern in patterns:
             hits = [n for n in names if pattern in n]
             if hits:
-                into[pattern].add(arch)
+                into[pattern].add(entry.arch)
                 counts[pattern] += len(hits)
                 examples[pattern] = examples[pattern] or hits[0][:160]
-    lost = DeviceCode(tuple(sorted(unreadable[_ENTRY_ELF])), tuple(sorted(unreadable[_ENTRY_PTX])))
+    lost = DeviceCode(tuple(sorted(unreadable[ENTRY_ELF])), tuple(sorted(unreadable[ENTRY_PTX])))
     return {p: KernelCode(p, DeviceCode(tuple(sorted(cubins[p])), tuple(sorted(ptx[p]))),
                           counts[p], examples[p], count, lost) for p in patterns}

@@ -17,22 +17,19 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..datafiles import DATA_DIR, read_data
 from .coverage import Arch
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "loaded.yaml"
+DATA = DATA_DIR / "loaded.yaml"
 LOADED, NOT_LOADED = "loaded", "not-loaded"
 UNKNOWN = "unknown"  # no entry: not known to be unloaded, so it counts as loaded
 
 
-@lru_cache(maxsize=1)
 def load_data() -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    return read_data(DATA)
 
 
 def model_traits(model: str | None, data: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "model_cards.yaml"
+from ..datafiles import DATA_DIR, read_data
+
+DATA = DATA_DIR / "model_cards.yaml"
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "repetition_penalty")
 
 
-@lru_cache(maxsize=1)
 def load_cards() -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(DATA.read_text(encoding="utf-8")) or {}
+    return read_data(DATA)
 
 
 @dataclass(frozen=True)

@@ -15,27 +15,23 @@ Pure: the wheel reading is the caller's (stages/plan.py profile_plans), handed i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
-from packaging.specifiers import SpecifierSet
 
 from . import engines
+from ..datafiles import DATA_DIR, read_data
 from .cell import Cell, Verdict
 from .coverage import Coverage, decide
 from .kernelsyms import KernelCode
-from .rules import _cuda_tuple, backend_runs_on
+from .rules import _cuda_tuple, backend_runs_on, in_range
 
-PATHS_FILE = Path(__file__).resolve().parent.parent / "data" / "profiles.yaml"
+PATHS_FILE = DATA_DIR / "profiles.yaml"
 BASELINE = "bf16"
 ProfileStatus = Literal["planned", "pruned", "unverified"]
 
 
-@cache
-def load_paths(path: Path = PATHS_FILE) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+def load_paths() -> dict[str, Any]:
+    return read_data(PATHS_FILE)
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,7 @@ def path_entry(engine: str, version: str, data: Mapping[str, Any] | None = None
                ) -> dict[str, Any] | None:
     """The data/profiles.yaml entry covering an engine release, or None."""
     for entry in (data or load_paths())["engines"].get(engine, []):
-        if SpecifierSet(entry["versions"]).contains(version, prereleases=True):
+        if in_range(entry, version):
             return entry
     return None
 
@@ -79,9 +75,11 @@ def _read_releases(engine: str, data: Mapping[str, Any] | None = None) -> str:
     return "; ".join(e["read"] for e in entries) or "none"
 
 
-def _rule(name: str, data: Mapping[str, Any] | None = None, **fields: Any) -> str:
+def _verdict(name: str, source: str, data: Mapping[str, Any] | None = None,
+             **fields: Any) -> Verdict:
+    """Rule `name`'s verdict, its data/profiles.yaml reason filled with `fields`."""
     text = (data or load_paths())["rules"][name]["reason"].format(**fields)
-    return " ".join(text.split())
+    return Verdict(name, " ".join(text.split()), source)
 
 
 # --- what the caller read from the wheels -----------------------------------------------------
@@ -111,6 +109,12 @@ class NeedVerdict:
     notes: tuple[str, ...] = ()
 
 
+def _pruned(need: str, path: dict[str, Any], rule: str, source: str,
+            data: Mapping[str, Any] | None, **fields: Any) -> NeedVerdict:
+    """`need` pruned by `rule` (its reason filled with `fields`)."""
+    return NeedVerdict(need, path, (_verdict(rule, source, data, **fields),))
+
+
 def judge_fp8_gemm(cell: Cell, gemm: Mapping[str, Any], read: GemmRead,
                    data: Mapping[str, Any] | None = None) -> NeedVerdict:
     """The FP8 GEMM path: selected only on its archs; an object's kernel must carry code that
@@ -125,30 +129,26 @@ def judge_fp8_gemm(cell: Cell, gemm: Mapping[str, Any], read: GemmRead,
                   selected=gemm["selected"], arch=cell.arch, kernel=gemm.get("kernel", ""))
     where = read.url or package
     if cell.arch.rstrip("af") not in gemm.get("archs", [cell.arch]):
-        return NeedVerdict("fp8-gemm", path, (Verdict("profile-fp8-gemm-arch", _rule(
-            "profile-fp8-gemm-arch", data, archs=", ".join(gemm["archs"]), **fields),
-            path["source"]),))
+        return _pruned("fp8-gemm", path, "profile-fp8-gemm-arch", path["source"], data,
+                       archs=", ".join(gemm["archs"]), **fields)
     if gemm["kind"] == "jit" and cell.cuda != "cpu" and \
             _cuda_tuple(cell.cuda) < _cuda_tuple(str(gemm["min_cuda"])):
-        return NeedVerdict("fp8-gemm", path, (Verdict("profile-jit-cuda", _rule(
-            "profile-jit-cuda", data, min_cuda=gemm["min_cuda"], cuda=cell.cuda, **fields),
-            path["source"]),))
+        return _pruned("fp8-gemm", path, "profile-jit-cuda", path["source"], data,
+                       min_cuda=gemm["min_cuda"], cuda=cell.cuda, **fields)
     if read.error is not None:
         return NeedVerdict("fp8-gemm", path, (), (Verdict(
             "profile-unread", f"{package} {version}: {gemm['member']} not read: {read.error}",
             where),))
     if gemm["kind"] == "jit":
         if not read.present:
-            return NeedVerdict("fp8-gemm", path, (Verdict("profile-jit-source", _rule(
-                "profile-jit-source", data, **fields), where),))
+            return _pruned("fp8-gemm", path, "profile-jit-source", where, data, **fields)
         compiler = gemm.get("compiler") or f"the image's nvcc {cell.cuda}"
         path.update(coverage="jit", by=f"{compiler} at first use")
         return NeedVerdict("fp8-gemm", path, notes=(
             f"FP8 GEMM {gemm['selected']} JIT-compiles at first use with {compiler} for "
             f"{cell.arch} (its source {gemm['member']} is in the wheel)",))
     if read.kernel is None:
-        return NeedVerdict("fp8-gemm", path, (Verdict("profile-fp8-gemm-missing", _rule(
-            "profile-fp8-gemm-missing", data, **fields), where),))
+        return _pruned("fp8-gemm", path, "profile-fp8-gemm-missing", where, data, **fields)
     decision = decide(read.kernel.code, cell.arch)
     path.update(coverage=decision.coverage.value, by=decision.as_dict()["by"],
                 kernels=read.kernel.kernels, cubins=[a.sm for a in read.kernel.code.cubins],
@@ -161,8 +161,8 @@ def judge_fp8_gemm(cell: Cell, gemm: Mapping[str, Any], read: GemmRead,
             "that could run there could not be read", where),))
     if decision.coverage is Coverage.UNCOVERED:
         have = ", ".join(path["cubins"] + path["ptx"]) or "no architecture (no such kernel)"
-        return NeedVerdict("fp8-gemm", path, (Verdict("profile-fp8-gemm-code", _rule(
-            "profile-fp8-gemm-code", data, have=have, **fields), where),))
+        return _pruned("fp8-gemm", path, "profile-fp8-gemm-code", where, data, have=have,
+                       **fields)
     notes = (decision.note,) if decision.coverage is Coverage.PTX_JIT else ()
     return NeedVerdict("fp8-gemm", path, notes=notes)
 
@@ -177,12 +177,11 @@ def judge_fp8_kv(cell: Cell, kv: Mapping[str, Any], pins: Mapping[str, str],
     fields = dict(engine=cell.engine, version=cell.engine_version, backend=backend,
                   arch=cell.arch, package=kv.get("package"))
     if not backend_runs_on(backend, cell.arch, cell):
-        return NeedVerdict("fp8-kv", path, (Verdict("profile-kv-backend-arch", _rule(
-            "profile-kv-backend-arch", data, **fields), path["source"]),))
+        return _pruned("fp8-kv", path, "profile-kv-backend-arch", path["source"], data, **fields)
     package = kv.get("package")
     if package and package not in pins:
-        return NeedVerdict("fp8-kv", path, (Verdict("profile-kv-backend-package", _rule(
-            "profile-kv-backend-package", data, **fields), path["source"]),))
+        return _pruned("fp8-kv", path, "profile-kv-backend-package", path["source"], data,
+                       **fields)
     notes = []
     if kv.get("modules") == "jit":
         arch_list = env.get("FLASHINFER_CUDA_ARCH_LIST")
@@ -230,10 +229,10 @@ def judge_profile(cell: Cell, spec: ProfileSpec, entry: Mapping[str, Any] | None
     unverified: list[Verdict] = []
     for need in spec.needs:
         if entry is None or need not in entry:
-            unverified.append(Verdict("profile-path-unread", _rule(
-                "profile-path-unread", data, need=need, engine=cell.engine,
-                version=cell.engine_version, read=_read_releases(cell.engine, data)),
-                "src/infermatrix/data/profiles.yaml"))
+            unverified.append(_verdict(
+                "profile-path-unread", "src/infermatrix/data/profiles.yaml", data, need=need,
+                engine=cell.engine, version=cell.engine_version,
+                read=_read_releases(cell.engine, data)))
             continue
         if need == "fp8-gemm":
             verdict = judge_fp8_gemm(cell, entry[need], gemm_read or GemmRead(

@@ -7,26 +7,27 @@ everything here runs without a network.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ..config import DATA_DIR, Matrix
+from ..config import Matrix
+from ..datafiles import DATA_DIR, read_data
 from .cell import CPU, Cell, Verdict
 
 RULES_PATH = DATA_DIR / "rules.yaml"
 
 
-@cache
-def load_rules(path: Path = RULES_PATH) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+def load_rules() -> dict[str, Any]:
+    return read_data(RULES_PATH)
+
+
+def in_range(entry: Mapping[str, Any], version: str | Version) -> bool:
+    """Does the data entry's `versions` range hold `version` (pre-releases too)?"""
+    return SpecifierSet(entry["versions"]).contains(version, prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,6 @@ class EngineFacts:
     wheel: str = ""  # the engine wheel the metadata was read from
     cell_torch_cuda: str | None = None  # CUDA runtime of PyPI's wheel of the cell's torch
     exact_pins: tuple[tuple[str, str], ...] = ()  # (name, version) of its `==` requirements
-
-
-_CUDA_RUNTIME = re.compile(
-    r"^(?:nvidia-cuda-runtime(?:-cu(?P<major>\d+))?|cuda-toolkit)\b.*?==\s*(?P<ver>\d+\.\d+)")
 
 
 def cuda_of_requirements(requires_dist: tuple[str, ...]) -> str:
@@ -98,18 +95,17 @@ def torch_satisfies(cell: Cell, pins: tuple[str, ...]) -> bool:
 DRIVERS_PATH = DATA_DIR / "drivers.yaml"
 
 
-@cache
-def load_drivers(path: Path = DRIVERS_PATH) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+def load_drivers() -> dict[str, Any]:
+    return read_data(DRIVERS_PATH)
 
 
-def min_driver_of_cuda(cuda: str) -> str | None:
-    return load_drivers()["min_driver"].get(cuda)
+def min_driver_for(cuda: str) -> str | None:
+    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
+    return None if cuda == CPU else load_drivers()["min_driver"].get(cuda)
 
 
 def known_bad_driver(driver: str, compute_cap: str) -> dict[str, Any] | None:
     """The data/drivers.yaml `known_bad` entry a GPU's driver falls in, else None."""
-    from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion
 
     try:
@@ -120,7 +116,7 @@ def known_bad_driver(driver: str, compute_cap: str) -> dict[str, Any] | None:
         caps = entry.get("capabilities")
         if caps and compute_cap not in caps:
             continue
-        if SpecifierSet(entry["versions"]).contains(have, prereleases=True):
+        if in_range(entry, have):
             return entry
     return None
 
@@ -137,12 +133,12 @@ def driver_floor(cell: Cell, facts: EngineFacts | None, ptx_isas: dict[str, str]
     if cell.cuda == CPU:
         return None, None
     needs: list[tuple[Version, str, str]] = []
-    runtime = min_driver_of_cuda(cell.cuda)
+    runtime = min_driver_for(cell.cuda)
     if runtime:
         needs.append((Version(runtime), runtime, f"CUDA {cell.cuda} runtime needs >= {runtime}"))
     for obj, isa in sorted((ptx_isas or {}).items()):
         cuda = cuda_of_ptx_isa(isa)
-        driver = min_driver_of_cuda(cuda) if cuda else None
+        driver = min_driver_for(cuda) if cuda else None
         if driver:
             needs.append((Version(driver), driver, f"{obj} is PTX ISA {isa} only (JIT by the "
                           f"driver: CUDA {cuda}, >= {driver})"))
@@ -238,7 +234,7 @@ def pypi_build_covers(variant: dict[str, Any], version: str) -> bool:
     entry = variant.get("pypi_build")
     if not entry:
         return False
-    return SpecifierSet(entry["versions"]).contains(version, prereleases=True)
+    return in_range(entry, version)
 
 
 def engine_variant_serves(cell: Cell, m: Matrix) -> str | None:
@@ -313,8 +309,7 @@ def flashinfer_jit_arch(cell: Cell, m: Matrix, facts: EngineFacts | None) -> lis
     if version is None or not cell.is_gpu or cell.cuda == CPU:
         return []
     for entry in rule["refuses"]:
-        if cell.arch.rstrip("af") not in entry["archs"] or \
-                not SpecifierSet(entry["versions"]).contains(version, prereleases=True) or \
+        if cell.arch.rstrip("af") not in entry["archs"] or not in_range(entry, version) or \
                 _cuda_tuple(cell.cuda) >= _cuda_tuple(entry["below_nvcc"]):
             continue
         value = engine_env(cell, m, facts).get(FLASHINFER_ARCH_ENV)
@@ -338,8 +333,7 @@ def backend_runs_on(backend: str, arch: str, cell: Cell | None = None) -> bool:
     if cell is None:
         return False
     for entry in (spec.get("engines") or {}).get(cell.engine, []):
-        if plain in entry["archs"] and \
-                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+        if plain in entry["archs"] and in_range(entry, cell.engine_version):
             return True
     return False
 
@@ -354,8 +348,7 @@ def hybrid_gdn_allowed(cell: Cell, m: Matrix) -> tuple[list[str], str] | None:
         return None
     gates = load_rules()["attention-backend-arch"].get("hybrid_gdn", {}).get(cell.engine, [])
     for gate in gates:
-        if cell.arch.rstrip("af") in gate["archs"] and \
-                SpecifierSet(gate["versions"]).contains(cell.engine_version, prereleases=True):
+        if cell.arch.rstrip("af") in gate["archs"] and in_range(gate, cell.engine_version):
             return list(gate["allowed"]), gate["source"]
     return None
 
@@ -364,8 +357,7 @@ def engine_default_backend(cell: Cell) -> dict[str, Any] | None:
     """The rules.yaml engine_default entry for the cell's engine, version and arch, else None."""
     entries = load_rules()["attention-backend-arch"].get("engine_default", {}).get(cell.engine, [])
     for entry in entries:
-        if cell.arch.rstrip("af") in entry["archs"] and \
-                SpecifierSet(entry["versions"]).contains(cell.engine_version, prereleases=True):
+        if cell.arch.rstrip("af") in entry["archs"] and in_range(entry, cell.engine_version):
             return entry
     return None
 

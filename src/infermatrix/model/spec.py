@@ -23,8 +23,8 @@ from ..config import Matrix
 from ..errors import StageFailure, UsageError
 from ..names import inside
 from ..state import read_state_text
-from .cell import CPU, Cell, CellPlan
-from .rules import load_drivers
+from .cell import Cell, CellPlan
+from .rules import min_driver_for
 
 LOCKS_DIR = "locks"
 MATCH_ENGINE = "match-engine"  # build.kernels.<k>.version: the version the lock resolves
@@ -219,21 +219,6 @@ def kernel_pins_from_lock(text: str) -> dict[str, dict[str, str]]:
             pins[canonicalize_name(name)] = {"version": version, "sdist": sdist or "",
                                              "sha256": sha or ""}
     return pins
-
-
-# --- the driver floor ------------------------------------------------------------------------
-
-def driver_table() -> dict[str, Any]:
-    """data/drivers.yaml: the minimum Linux driver of each CUDA version, with its source (one
-    loader: model/rules.py's)."""
-    return load_drivers()
-
-
-def min_driver_for(cuda: str) -> str | None:
-    """The minimum Linux driver for a CUDA version (None on the CPU lane or when unknown)."""
-    if cuda == CPU:
-        return None
-    return driver_table()["min_driver"].get(cuda)
 
 
 # --- bases -----------------------------------------------------------------------------------

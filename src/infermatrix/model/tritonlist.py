@@ -14,11 +14,11 @@ Pure: the caller gives the harness result.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Mapping
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "triton_kernels.yaml"
+from ..datafiles import DATA_DIR, read_data
+
+DATA = DATA_DIR / "triton_kernels.yaml"
 IMPORT_TIME = "import-time"
 
 
@@ -69,11 +69,8 @@ class KernelListVerdict:
                 "source": f"src/infermatrix/data/{DATA.name}"}
 
 
-@lru_cache(maxsize=1)
 def load_data() -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    return read_data(DATA)
 
 
 def tile_rule(spec: Mapping[str, Any]) -> TileRule:

@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from ..datafiles import DATA_DIR, read_data
 from ..errors import UnifiedMemoryShort
 from . import engines
 
-SPEC_PATH = Path(__file__).resolve().parent.parent / "data" / "unified_memory.yaml"
+SPEC_PATH = DATA_DIR / "unified_memory.yaml"
 GIB = 2**30
 
 
-@cache
 def spec() -> dict[str, Any]:
-    return yaml.safe_load(SPEC_PATH.read_text(encoding="utf-8"))
+    return read_data(SPEC_PATH)
 
 
 def unified_arch(arch: str, data: Mapping[str, Any] | None = None) -> dict[str, Any] | None:

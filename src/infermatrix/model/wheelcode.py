@@ -21,13 +21,13 @@ from typing import Any, Callable
 
 from packaging.utils import canonicalize_name
 
-from .coverage import FATBIN_MAGIC, DeviceCode, _container_entries, scan_fatbins
+from ..state import write_json_atomic
+from .coverage import ENTRY_PTX, DeviceCode, FatbinEntry, device_code_of, fatbin_entries
 from .kernelsyms import Decompress, KernelCode, default_decompress, kernel_code
 from .index import (SIMPLE_JSON, IndexUnavailable, _http_get, _pick_wheel, _RangeFile,
                     cached_entry, typed)
 
 _PTX_VERSION = re.compile(rb"\.version\s+(\d+)\.(\d+)")
-_ENTRY_PTX = 1
 
 
 @dataclass(frozen=True)
@@ -46,39 +46,25 @@ class ObjectCode:
         return cls(data["member"], DeviceCode.from_dict(data), data.get("ptx_isa"))
 
 
-def ptx_isa_versions(data: bytes) -> set[tuple[int, int]]:
-    """PTX ISA versions of the PTX entries of every fat binary in `data`. The `.version`
-    line opens the PTX text; in an LZ4-compressed entry it is still in the first literal run.
-    The entry header's word at offset 24 holds (major << 16 | minor) when the text is not
-    readable."""
-    found: set[tuple[int, int]] = set()
-    position = data.find(FATBIN_MAGIC)
-    while position != -1:
-        entries = _container_entries(data, position)
-        if entries is None:
-            position = data.find(FATBIN_MAGIC, position + 1)
-            continue
-        (size,) = struct.unpack_from("<Q", data, position + 8)
-        offset, end = position + 16, position + 16 + size
-        while offset + 48 <= end:
-            kind, _v, header, padded = struct.unpack_from("<HHIQ", data, offset)
-            if kind == _ENTRY_PTX:
-                match = _PTX_VERSION.search(data, offset + header, offset + header + 256)
-                if match:
-                    found.add((int(match.group(1)), int(match.group(2))))
-                else:
-                    (word,) = struct.unpack_from("<I", data, offset + 24)
-                    if 1 <= word >> 16 <= 20:
-                        found.add((word >> 16, word & 0xFFFF))
-            offset += header + padded
-        position = data.find(FATBIN_MAGIC, entries[2])
-    return found
+def _ptx_isa(data: bytes, entry: FatbinEntry) -> tuple[int, int] | None:
+    """The PTX ISA version of a PTX entry. The `.version` line opens the PTX text; in an
+    LZ4-compressed entry it is still in the first literal run. The entry header's word at
+    offset 24 holds (major << 16 | minor) when the text is not readable."""
+    start = entry.payload.start
+    match = _PTX_VERSION.search(data, start, start + 256)
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    (word,) = struct.unpack_from("<I", data, entry.offset + 24)
+    return (word >> 16, word & 0xFFFF) if 1 <= word >> 16 <= 20 else None
 
 
 def scan_object(member: str, data: bytes) -> ObjectCode:
-    isas = ptx_isa_versions(data)
+    """One object's device code and newest PTX ISA, from one walk over its fat binaries."""
+    entries = list(fatbin_entries(data))
+    isas = [isa for e in entries if e.kind == ENTRY_PTX and (isa := _ptx_isa(data, e))]
     newest = max(isas) if isas else None
-    return ObjectCode(member, scan_fatbins(data), f"{newest[0]}.{newest[1]}" if newest else None)
+    return ObjectCode(member, device_code_of(entries),
+                      f"{newest[0]}.{newest[1]}" if newest else None)
 
 
 @dataclass(frozen=True)
@@ -118,8 +104,7 @@ class WheelCodeCache:
                 patterns: list[str]) -> tuple[WheelRef | None, list[ObjectCode]]:
         """The objects of `package==version`'s wheel for `machine` whose names match."""
         ref = self._ref(package, version, machine)
-        path = self.root / f"{ref.sha256 or ref.filename}.json"
-        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        path, cached = self._scan_of(ref)
         names = cached.get("names")
         archive = None
         if names is None:
@@ -133,8 +118,7 @@ class WheelCodeCache:
                 cached["members"][member] = scan_object(member, archive.read(member)).as_dict()
             found.append(ObjectCode.from_dict(cached["members"][member]))
         cached.update(names=names, wheel=ref.filename)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        write_json_atomic(path, cached)
         return ref, found
 
     def kernels(self, package: str, version: str, machine: str, member: str,
@@ -144,8 +128,7 @@ class WheelCodeCache:
         kernel (kernelsyms.py); None when the wheel has no such member. Cached with the
         object's scan, by pattern."""
         ref = self._ref(package, version, machine)
-        path = self.root / f"{ref.sha256 or ref.filename}.json"
-        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        path, cached = self._scan_of(ref)
         known = cached.setdefault("kernels", {}).setdefault(member, {})
         # an entry written before the reader decoded LZ4 counts unreadable entries without
         # their architectures: read again
@@ -159,23 +142,25 @@ class WheelCodeCache:
                                 decompress or default_decompress())
             known.update({p: k.as_dict() for p, k in found.items()})
             cached.setdefault("wheel", ref.filename)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+            write_json_atomic(path, cached)
         return ref, {p: KernelCode.from_dict(known[p]) for p in patterns}
 
     def has_member(self, package: str, version: str, machine: str,
                    member: str) -> tuple[WheelRef, bool]:
         """Does the wheel hold `member` (any file: a JIT kernel's source)? Cached by wheel."""
         ref = self._ref(package, version, machine)
-        path = self.root / f"{ref.sha256 or ref.filename}.json"
-        cached = cached_entry(path, _scan_entry) or {"members": {}, "names": None}
+        path, cached = self._scan_of(ref)
         present = cached.setdefault("present", {})
         if member not in present:
             present[member] = member in self._open(ref).namelist()
             cached.setdefault("wheel", ref.filename)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cached, indent=1, sort_keys=True))
+            write_json_atomic(path, cached)
         return ref, bool(present[member])
+
+    def _scan_of(self, ref: WheelRef) -> tuple[Path, dict[str, Any]]:
+        """Where the wheel's scan is cached, and what it holds so far."""
+        path = self.root / f"{ref.sha256 or ref.filename}.json"
+        return path, cached_entry(path, _scan_entry) or {"members": {}, "names": None}
 
     def _ref(self, package: str, version: str, machine: str) -> WheelRef:
         refs = self.root / "refs" / f"{canonicalize_name(package)}-{version}-{machine}.json"
@@ -185,8 +170,7 @@ class WheelCodeCache:
         if self.offline:
             raise IndexUnavailable(f"offline: {package} {version} ({machine}) not read yet")
         ref = find_wheel(self.index, package, version, machine)
-        refs.parent.mkdir(parents=True, exist_ok=True)
-        refs.write_text(json.dumps(ref.__dict__))
+        write_json_atomic(refs, ref.__dict__)
         return ref
 
     def _open(self, ref: WheelRef) -> zipfile.ZipFile:

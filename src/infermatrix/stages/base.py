@@ -14,7 +14,6 @@ are recorded as image labels.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -24,10 +23,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..engine import docker as engine
 from ..engine.docker import Engine
@@ -36,7 +34,7 @@ from ..config import Matrix
 from ..errors import ConfigError, MissingTool, UsageError
 from ..model.spec import os_base
 from ..model.spec import CellSpec
-from ..state import StatePaths
+from ..state import StatePaths, flocked
 from ..watch import Heartbeat
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
@@ -286,17 +284,10 @@ class BaseResult:
     duration_s: float
 
 
-@contextmanager
-def _base_lock(recipe: BaseRecipe) -> Iterator[None]:
+def _base_lock(recipe: BaseRecipe) -> AbstractContextManager[None]:
     """One builder per recipe on this host at a time (images are engine-wide, not per state
     directory); others wait, then find the image."""
-    path = Path(tempfile.gettempdir()) / f"infermatrix-base-{recipe.digest}.lock"
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return flocked(Path(tempfile.gettempdir()) / f"infermatrix-base-{recipe.digest}.lock")
 
 
 def build_base(matrix: Matrix, base_name: str, state: StatePaths, force: bool = False,

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -325,17 +325,24 @@ def compile_plan_for(ctx: Context, kernels_needed: list[list[Any]], options: Run
     settings = ctx.matrix.build
     needs = [kernel_need(settings.get("kernels", {}), item)
              for cell in kernels_needed for item in cell]
-    history = compileplan.read_history(compileplan.history_path(ctx.state.root))
-    sizing: dict[str, Any] = dict(
-        history=history, safety_margin_gb=float(settings.get("safety_margin_gb", 2.0)),
-        max_parallel_cells=int(settings.get("max_parallel_cells", 1)),
-        cells_to_compile=max(1, sum(1 for cell in kernels_needed if cell)),
-        max_jobs=options.max_jobs, nvcc_threads=options.nvcc_threads)
+    shared = plan_options(ctx, options, kernels_needed)
     if builder is not None:
         return compileplan.plan_for_needs(
             builder.facts.memory, max(1, builder.facts.cpus), needs,
-            memory_source=f"builder {builder.name}: docker info MemTotal", **sizing)
-    return compileplan.plan_from_reading(reading or compileplan.read_host(), needs, **sizing)
+            memory_source=f"builder {builder.name}: docker info MemTotal", **shared)
+    return compileplan.plan_from_reading(reading or compileplan.read_host(), needs, **shared)
+
+
+def plan_options(ctx: Context, options: RunOptions, kernels_needed: list[list[Any]]
+                 ) -> dict[str, Any]:
+    """What a compile plan takes besides the machine: the builds recorded in the state
+    directory, the matrix's build settings and the run's job flags."""
+    settings = ctx.matrix.build
+    return {"history": compileplan.read_history(compileplan.history_path(ctx.state.root)),
+            "safety_margin_gb": float(settings.get("safety_margin_gb", 2.0)),
+            "max_parallel_cells": int(settings.get("max_parallel_cells", 1)),
+            "cells_to_compile": max(1, sum(1 for cell in kernels_needed if cell)),
+            "max_jobs": options.max_jobs, "nvcc_threads": options.nvcc_threads}
 
 
 def kernel_need(specs: dict[str, dict[str, Any]], item: Any) -> compileplan.Need:
@@ -367,6 +374,54 @@ class _Deadline:
             raise StageFailure(f"per-cell timeout of {self.seconds:.0f} s reached")
         return left
 
+    @classmethod
+    def for_cell(cls, ctx: Context, options: RunOptions) -> _Deadline:
+        """The per-cell timeout: --timeout-min, else build.timeout_minutes (180)."""
+        return cls((options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180)))
+                   * 60)
+
+
+@dataclass(frozen=True)
+class CellBuild:
+    """What the Docker builds of one cell share (its kernel stages, then its image): the cell's
+    directory, build args and secrets, its log, its deadline, the engine and the platform."""
+
+    ctx: Context
+    cell_id: str
+    directory: Path
+    build_args: dict[str, str]
+    secrets: dict[str, Path]
+    log_path: Path
+    deadline: _Deadline
+    echo: Callable[[str], None]
+    docker: Engine
+    no_cache: bool = False
+    platform: str | None = None
+    compile: compileplan.CompilePlan | None = None
+
+    def say(self, line: str) -> None:
+        """A line on screen and in the cell's build log."""
+        self.echo(f"{self.cell_id}: {line}")
+        with self.log_path.open("a", encoding="utf-8") as log:
+            log.write(f"# {line}\n")
+
+    def build_image(self, wheels: dict[str, list[kernelcache.CachedKernel]], *, tag: str,
+                    target: str | None, digest: str, what: str) -> str:
+        """Build `target` from a temporary copy of the cell's directory, the cached kernel
+        wheels staged into it (folder -> entries); the image id."""
+        with tempfile.TemporaryDirectory(prefix=f"context-{self.cell_id}-",
+                                         dir=_tmp_root(self.ctx)) as tmp:
+            context = Path(tmp) / "context"
+            shutil.copytree(self.directory, context, symlinks=True)
+            for folder, entries in wheels.items():
+                kernelcache.stage_into(entries, context / folder)
+            with watch.Heartbeat(f"{self.cell_id}: {what}", self.echo) as beat:
+                return self.docker.build_image(
+                    context, tag=tag, target=target, build_args=self.build_args,
+                    secrets=self.secrets, log_path=self.log_path,
+                    labels={INPUT_HASH_LABEL: digest}, timeout=self.deadline.remaining(),
+                    no_cache=self.no_cache, platform=self.platform, on_line=beat.on_line)
+
 
 def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
     """The image id when the journal says this exact input was built and the image is there."""
@@ -381,13 +436,8 @@ def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str |
     return image_id
 
 
-def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
-                    keys: dict[str, kernelcache.KernelKey], build_args: dict[str, str],
-                    secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                    echo: Callable[[str], None], docker: Engine, no_cache: bool = False,
-                    platform: str | None = None,
-                    shared: dict[str, dict[str, Any]] | None = None,
-                    compile: compileplan.CompilePlan | None = None
+def _ensure_kernels(job: CellBuild, keys: dict[str, kernelcache.KernelKey],
+                    shared: dict[str, dict[str, Any]] | None = None
                     ) -> tuple[list[kernelcache.CachedKernel], dict[str, dict[str, Any]]]:
     """Compile the kernels missing from the cache; return the cell's entries and a report.
     `shared`: the registry notes of `_take_shared_kernels`, by kernel name."""
@@ -395,13 +445,11 @@ def _ensure_kernels(ctx: Context, cell_id: str, directory: Path,
     shared = shared or {}
     for name, key in keys.items():
         with _key_lock(key.slug):
-            entry, cache, started = _compile_or_reuse(
-                ctx, cell_id, directory, name, key, build_args, secrets, log_path, deadline,
-                echo, docker, no_cache, platform, compile)
+            entry, cache, started = _compile_or_reuse(job, name, key)
         entries.append(entry)
         note = dict(shared.get(name) or {})
         if cache == "miss":
-            note.update(_push_compiled(ctx, entry, _say(echo, log_path, cell_id)))
+            note.update(_push_compiled(job.ctx, entry, job.say))
         taken = "pulled" in note
         report[name] = {"key": key.slug, "cache": kernelregistry.SOURCE if taken else cache,
                         "source": _KERNEL_SOURCE[kernelregistry.SOURCE if taken else cache],
@@ -427,30 +475,20 @@ def _int_or_none(value: Any) -> int | None:
 _KERNEL_SOURCE = {"hit": "local", "miss": "compiled", kernelregistry.SOURCE: "registry"}
 
 
-def _say(echo: Callable[[str], None], log_path: Path, cell_id: str) -> Callable[[str], None]:
-    """A line on screen and in the cell's build log."""
-    def say(line: str) -> None:
-        echo(f"{cell_id}: {line}")
-        with log_path.open("a", encoding="utf-8") as log:
-            log.write(f"# {line}\n")
-    return say
-
-
-def _take_shared_kernels(ctx: Context, cell_id: str, keys: dict[str, kernelcache.KernelKey],
-                         log_path: Path, echo: Callable[[str], None]
+def _take_shared_kernels(job: CellBuild, keys: dict[str, kernelcache.KernelKey]
                          ) -> dict[str, dict[str, Any]]:
     """Pull from `build.kernel_cache`'s registry each kernel the local cache lacks, into the
     local cache (before the emulation check: a wheel compiled elsewhere is no compile here).
     The registry notes by kernel name; empty when no registry is configured."""
-    shared = kernelregistry.shared_cache(ctx.matrix)
+    shared = kernelregistry.shared_cache(job.ctx.matrix)
     if shared is None:
         return {}
     notes = {}
     for name, key in keys.items():
         with _key_lock(key.slug):
-            if kernelcache.lookup(ctx.state, key) is None:
-                _, notes[name] = kernelregistry.pull(ctx.state, shared, key, _tmp_root(ctx),
-                                                     _say(echo, log_path, cell_id))
+            if kernelcache.lookup(job.ctx.state, key) is None:
+                _, notes[name] = kernelregistry.pull(job.ctx.state, shared, key,
+                                                     _tmp_root(job.ctx), job.say)
     return notes
 
 
@@ -474,24 +512,20 @@ def _key_lock(slug: str) -> threading.Lock:
         return _KEY_LOCKS.setdefault(slug, threading.Lock())
 
 
-def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
-                      key: kernelcache.KernelKey, build_args: dict[str, str],
-                      secrets: dict[str, Path], log_path: Path, deadline: _Deadline,
-                      echo: Callable[[str], None], docker: Engine, no_cache: bool,
-                      platform: str | None, compile: compileplan.CompilePlan | None = None
+def _compile_or_reuse(job: CellBuild, name: str, key: kernelcache.KernelKey
                       ) -> tuple[kernelcache.CachedKernel, str, float]:
     """(the cache entry, "hit" or "miss", when the work started). A compile starts with the
     width the engine's other compiles under way leave, or waits for one to end (CompileGate)."""
+    ctx, cell_id, echo, build_args = job.ctx, job.cell_id, job.echo, job.build_args
     entry = kernelcache.lookup(ctx.state, key)
     started = time.monotonic()
-    if entry is None and compile is not None:
-        gate = gate_for(compile)
+    if entry is None and job.compile is not None:
+        gate = gate_for(job.compile)
         jobs = gate.acquire(compile_prior(ctx, key, build_args).files,
                             lambda line: echo(f"{cell_id}: kernel {name}: {line}"))
         try:
-            return _compile_or_reuse(ctx, cell_id, directory, name, key,
-                                     {**build_args, "MAX_JOBS": str(jobs)}, secrets, log_path,
-                                     deadline, echo, docker, no_cache, platform, None)
+            return _compile_or_reuse(replace(job, compile=None, build_args={
+                **build_args, "MAX_JOBS": str(jobs)}), name, key)
         finally:
             gate.release(jobs)
     if entry is None:
@@ -504,10 +538,11 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                                          dir=_tmp_root(ctx)) as out:
             with compileplan.JobSampler(scope=name) as sampler, \
                     watch.CompileWatch(f"{cell_id}: {name}", prior, echo) as shown:
-                docker.build_image(directory, target=f"kernel-{name}", build_args=build_args,
-                                   secrets=secrets, output_dir=Path(out), log_path=log_path,
-                                   timeout=deadline.remaining(), no_cache=no_cache,
-                                   platform=platform, on_line=shown.on_line)
+                job.docker.build_image(
+                    job.directory, target=f"kernel-{name}", build_args=build_args,
+                    secrets=job.secrets, output_dir=Path(out), log_path=job.log_path,
+                    timeout=job.deadline.remaining(), no_cache=job.no_cache,
+                    platform=job.platform, on_line=shown.on_line)
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
@@ -518,7 +553,7 @@ def _compile_or_reuse(ctx: Context, cell_id: str, directory: Path, name: str,
                 echo(f"{cell_id}: kernel {name} compiled: {kernelcache.describe_stats(stats)}")
             entry = kernelcache.store(ctx.state, key, wheels,
                                       details={"compiled_by": cell_id,
-                                               "builder": _builder_name(docker),
+                                               "builder": _builder_name(job.docker),
                                                **build_args,
                                                "compile_stats": sampled, "stats": stats})
         cache = "miss"
@@ -623,14 +658,12 @@ LOCK_LABEL = re.compile(r'io\.infermatrix\.lock="([^"]*)"')
 
 # one GPU cell: a 10-12 GiB image, its uv cache mount, the unpack (GB10: more)
 DEFAULT_MIN_FREE_GIB = 40.0
+GIB = 2**30
+PRUNE_SLACK_GIB = 1.0  # what --keep-storage's accounting (shared records) may miss
 
 
 def free_gib(path: Path) -> float:
-    return shutil.disk_usage(path).free / 2**30
-
-
-GIB = 2**30
-PRUNE_SLACK_GIB = 1.0  # what --keep-storage's accounting (shared records) may miss
+    return shutil.disk_usage(path).free / GIB
 
 
 def lru_keep_bytes(cache_bytes: int, free: float, need: float) -> int | None:
@@ -768,18 +801,8 @@ def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
         try:
             keep = lru_keep_bytes(docker.build_cache_bytes(), free, need)
         except (EngineError, CommandFailed) as exc:
-            # issue 48: a dangling build-cache record (an engine stopped mid-build) makes
-            # `docker system df` answer 500, which stopped every build here. The free space
-            # is the data root's filesystem's, read without it; the cache's size is unknown,
-            # so the prune below is the whole unused cache at once.
-            cache_problem = str(exc).splitlines()[0]
-            found = (f"`docker system df` failed ({cache_problem}); {free:.1f} GiB free under "
-                     f"{root} (statvfs of the data root's filesystem), the cell needs "
-                     f"{need:g} GiB: the build cache's size is unknown, so its least recently "
-                     f"used part cannot be chosen")
-            echo(f"  {cell_id}: {found}")
-            with log_path.open("a", encoding="utf-8") as log:
-                log.write(f"# {found}\n# what to do: {DANGLING_CACHE_FIX.format(root=root)}\n")
+            # the cache's size is unknown, so the prune below is the whole unused cache at once
+            cache_problem = _unmeasured_cache(exc, cell_id, free, need, root, log_path, echo)
             keep = None
         for step in ([keep] if keep is not None else []) + [None]:
             what = ("the least recently used build cache, keeping "
@@ -801,6 +824,22 @@ def _free_after_prune(ctx: Context, cell_id: str, log_path: Path,
             if free >= need:
                 break
     return free, need, cache_problem
+
+
+def _unmeasured_cache(exc: Exception, cell_id: str, free: float, need: float, root: Path,
+                      log_path: Path, echo: Callable[[str], None]) -> str:
+    """Say that the build cache could not be measured, and what to do; the problem's first
+    line. Issue 48: a dangling build-cache record (an engine stopped mid-build) makes `docker
+    system df` answer 500, which stopped every build here; the free space is the data root's
+    filesystem's, read without it."""
+    problem = str(exc).splitlines()[0]
+    found = (f"`docker system df` failed ({problem}); {free:.1f} GiB free under {root} "
+             f"(statvfs of the data root's filesystem), the cell needs {need:g} GiB: the build "
+             "cache's size is unknown, so its least recently used part cannot be chosen")
+    echo(f"  {cell_id}: {found}")
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"# {found}\n# what to do: {DANGLING_CACHE_FIX.format(root=root)}\n")
+    return problem
 
 
 # What a dangling build-cache record needs (`docker builder prune -af` did not clear it).
@@ -827,6 +866,30 @@ def lock_problem(ctx: Context, cell: CellSpec, dockerfile_text: str) -> str | No
     return None
 
 
+def _build_inputs(ctx: Context, cell: CellSpec, directory: Path,
+                  compile: compileplan.CompilePlan, options: RunOptions
+                  ) -> tuple[str, dict[str, str], dict[str, kernelcache.KernelKey]]:
+    """The cell's Dockerfile text, its build args and its serving image's kernel keys (the
+    training-only ones are the train step's). StageFailure: why it cannot be built (not
+    rendered, no lock or another one, a kernel stage naming no kernel, no lock version)."""
+    dockerfile = directory / "Dockerfile"
+    if not dockerfile.is_file():
+        raise StageFailure(f"not rendered: {dockerfile} is missing (run `infermatrix render` "
+                           "first)")
+    text = dockerfile.read_text(encoding="utf-8")
+    problem = lock_problem(ctx, cell, text)
+    if problem:
+        raise StageFailure(problem)
+    build_args = compile.build_args()
+    if options.compile_nonce:
+        build_args[COMPILE_NONCE_ARG] = options.compile_nonce
+    try:
+        keys = split_keys(cell, kernel_keys_for(ctx, cell, text))[0]
+    except (InfermatrixError, ValueError) as exc:
+        raise StageFailure(str(exc)) from exc
+    return text, build_args, keys
+
+
 def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                options: RunOptions, docker: Engine, builder: dict[str, Any] | None = None,
                echo: Echo = print) -> CellResult:
@@ -835,23 +898,11 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     cell_id = cell.id
     who: dict[str, Any] = {"builder": builder} if builder else {}
     directory = cell_dir(ctx, cell_id)
-    dockerfile = directory / "Dockerfile"
     log_path = ctx.state.cell_log(cell_id, "build")
-    if not dockerfile.is_file():
-        return _record_failure(ctx, cell_id, 0.0, None, f"not rendered: {dockerfile} is missing "
-                               "(run `infermatrix render` first)", None, None)
-    text = dockerfile.read_text(encoding="utf-8")
-    problem = lock_problem(ctx, cell, text)
-    if problem:
-        return _record_failure(ctx, cell_id, 0.0, None, problem, None, None)
-    build_args = compile.build_args()
-    if options.compile_nonce:
-        build_args[COMPILE_NONCE_ARG] = options.compile_nonce
     try:
-        # the serving image's kernels only: the training-only ones are the train step's
-        keys = split_keys(cell, kernel_keys_for(ctx, cell, text))[0]
-    except (InfermatrixError, ValueError) as exc:  # a stage naming no kernel, no lock version
-        return _record_failure(ctx, cell_id, 0.0, None, str(exc), None, None)
+        text, build_args, keys = _build_inputs(ctx, cell, directory, compile, options)
+    except StageFailure as exc:
+        return _record_failure(ctx, cell_id, str(exc))
     bases = base_images(text, docker)  # the base this build is made from, in its engine
     digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
     if not options.force:
@@ -863,68 +914,58 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                               kernels=(built.details.get("kernels") if built else None) or {})
 
     started = time.monotonic()
-    timeout_min = options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))
-    deadline = _Deadline(timeout_min * 60)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"# infermatrix build {cell_id}\n# {compile.describe()}\n"
                         f"# the image is built from a temporary copy of {directory} whose "
                         f"{KERNEL_WHEELS_DIR}/ holds the cached kernel wheels\n")
     journal.record_stage(ctx.state, cell_id, "build", journal.Status.RUNNING, log=log_path,
                          details={"input_hash": digest, **who}, **who)
-    secrets = secrets_for(options)
-    platform = build_platform(cell, docker)
+    job = CellBuild(ctx, cell_id, directory, build_args, secrets_for(options), log_path,
+                    _Deadline.for_cell(ctx, options), echo, docker, options.no_cache,
+                    build_platform(cell, docker), compile)
     kernels: dict[str, dict[str, Any]] = {}
     short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
-        return _record_failure(ctx, cell_id, 0.0, log_path, short, None, None, {}, digest,
-                               builder)
-    space = RUNNING.holding(docker.local_data_root(), cell_id)
-    with space:  # while it builds, a cell short of disk waits for it (disk_refusal)
-        shared = _take_shared_kernels(ctx, cell_id, keys, log_path, echo)
-        refusal = emulated_compile_refusal(ctx, keys, platform)
+        return _record_failure(ctx, cell_id, short, log_path=log_path, digest=digest,
+                               builder=builder)
+    # while it builds, a cell short of disk waits for it (disk_refusal)
+    with RUNNING.holding(docker.local_data_root(), cell_id):
+        shared = _take_shared_kernels(job, keys)
+        refusal = emulated_compile_refusal(ctx, keys, job.platform)
         if refusal:
             journal.record_stage(ctx.state, cell_id, "build", journal.Status.SKIP,
                                  log=log_path, reason=refusal, details={"input_hash": digest})
             return CellResult(cell_id, "skip", reason=refusal)
         try:
-            entries, kernels = _ensure_kernels(ctx, cell_id, directory, keys, build_args,
-                                               secrets, log_path, deadline, echo, docker,
-                                               options.no_cache, platform, shared, compile)
-            with tempfile.TemporaryDirectory(prefix=f"context-{cell_id}-",
-                                             dir=_tmp_root(ctx)) as tmp:
-                context = Path(tmp) / "context"
-                shutil.copytree(directory, context, symlinks=True)
-                kernelcache.stage_into(entries, context / KERNEL_WHEELS_DIR)
-                labels = {INPUT_HASH_LABEL: digest}
-                with watch.Heartbeat(f"{cell_id}: image build", echo) as beat:
-                    image_id = docker.build_image(context, tag=local_ref(cell_id),
-                                                  target=serving_target(text),
-                                                  build_args=build_args, secrets=secrets,
-                                                  log_path=log_path, labels=labels,
-                                                  timeout=deadline.remaining(),
-                                                  no_cache=options.no_cache, platform=platform,
-                                                  on_line=beat.on_line)
-        except CommandFailed as exc:
-            reason = "timed out" if exc.returncode is None else \
-                f"build exited {exc.returncode}"
-            if "no space left on device" in (exc.log_tail or "").lower():
-                reason += (": no space left on device (free space under Docker's data root "
-                           f"and {ctx.state.root}, then rerun)")
-            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path, reason,
-                                   exc.command, exc.log_tail, kernels, digest, builder)
+            entries, kernels = _ensure_kernels(job, keys, shared)
+            image_id = job.build_image({KERNEL_WHEELS_DIR: entries}, tag=local_ref(cell_id),
+                                       target=serving_target(text), digest=digest,
+                                       what="image build")
         except InfermatrixError as exc:
-            return _record_failure(ctx, cell_id, time.monotonic() - started, log_path,
-                                   str(exc), None, proc.tail(_read_log(log_path)), kernels,
-                                   digest, builder)
+            return _record_failure(ctx, cell_id, duration=time.monotonic() - started,
+                                   log_path=log_path, kernels=kernels, digest=digest,
+                                   builder=builder, **_failure_of(exc, ctx, log_path))
         duration = time.monotonic() - started
         details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                    "compile_plan": compile.as_dict(), "build_args": build_args,
-                   "secret_ids": sorted(secrets), "base_images": bases, **who}
+                   "secret_ids": sorted(job.secrets), "base_images": bases, **who}
         journal.record_stage(ctx.state, cell_id, "build", journal.Status.PASS,
                              duration_s=duration, log=log_path, details=details,
                              input_hash=digest, image_id=image_id, **who)
         return CellResult(cell_id, "pass", image_id=image_id, duration_s=duration,
                           log=log_path, kernels=kernels)
+
+
+def _failure_of(exc: InfermatrixError, ctx: Context, log_path: Path) -> dict[str, Any]:
+    """The reason, command and log tail of a build that raised `exc`: a command's exit or
+    timeout (a full disk said), else the error itself and the log's tail."""
+    if not isinstance(exc, CommandFailed):
+        return {"reason": str(exc), "log_tail": proc.tail(_read_log(log_path))}
+    reason = "timed out" if exc.returncode is None else f"build exited {exc.returncode}"
+    if "no space left on device" in (exc.log_tail or "").lower():
+        reason += (": no space left on device (free space under Docker's data root "
+                   f"and {ctx.state.root}, then rerun)")
+    return {"reason": reason, "command": exc.command, "log_tail": exc.log_tail}
 
 
 _ERROR_LINE = re.compile(r"(\berror\b|#error|fatal:)", re.IGNORECASE)
@@ -963,11 +1004,11 @@ def _read_log(path: Path | None) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path | None,
-                    reason: str, command: str | None, log_tail: str | None,
-                    kernels: dict[str, dict[str, Any]] | None = None,
-                    digest: str | None = None,
-                    builder: dict[str, Any] | None = None) -> CellResult:
+def _record_failure(ctx: Context, cell_id: str, reason: str, *, duration: float = 0.0,
+                    log_path: Path | None = None, command: str | None = None,
+                    log_tail: str | None = None, kernels: dict[str, dict[str, Any]] | None = None,
+                    digest: str | None = None, builder: dict[str, Any] | None = None
+                    ) -> CellResult:
     log_text = _read_log(log_path)
     errors = first_error_lines(log_text)
     stated = stated_failure(log_text)
@@ -983,10 +1024,6 @@ def _record_failure(ctx: Context, cell_id: str, duration: float, log_path: Path 
                       command=command, log_tail=None if stated else log_tail,
                       error_lines=[] if stated else errors, kernels=kernels or {})
 
-
-# --------------------------------------------------------------------------------------------
-# The closing summary of the main job
-# --------------------------------------------------------------------------------------------
 
 # --------------------------------------------------------------------------------------------
 # All selected cells
@@ -1067,10 +1104,10 @@ def _bases_then_build(ctx: Context, cell: CellSpec, builder: Any, local: Engine,
             ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), echo,
                          log_path)
         except InfermatrixError as exc:
-            return _record_failure(ctx, cell.id, 0.0, log_path, f"copying the base image to "
-                                   f"builder {builder.name}: {exc}".splitlines()[0],
-                                   getattr(exc, "command", None), getattr(exc, "log_tail", None),
-                                   builder=identity)
+            return _record_failure(ctx, cell.id, f"copying the base image to builder "
+                                   f"{builder.name}: {exc}".splitlines()[0], log_path=log_path,
+                                   command=getattr(exc, "command", None),
+                                   log_tail=getattr(exc, "log_tail", None), builder=identity)
     return build_cell(ctx, cell, builder.compile, options, builder.engine, builder=identity,
                       echo=echo)
 
@@ -1087,7 +1124,7 @@ def _build_on_builders(ctx: Context, planned: list[CellSpec], endpoints: list[An
     up, down = connect(endpoints, echo)
     previous = {p.id: journal.cell_record(ctx.state, p.id).builder_name or "" for p in planned}
     for cell_id, reason in assign(planned, up, previous, down).items():
-        results[cell_id] = _record_failure(ctx, cell_id, 0.0, None, reason, None, None)
+        results[cell_id] = _record_failure(ctx, cell_id, reason)
         echo(results[cell_id].summary())
     busy = [b for b in up if b.queue]
     for builder in busy:
@@ -1110,8 +1147,7 @@ def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
     identity = builder.identity()
     for cell in builder.queue:  # each on builder.engine (build_cell's `docker`)
         if builder.down:
-            result = _record_failure(ctx, cell.id, 0.0, None, builder.down, None, None,
-                                     builder=identity)
+            result = _record_failure(ctx, cell.id, builder.down, builder=identity)
         else:
             result = _bases_then_build(ctx, cell, builder, local, options, identity,
                                        ensure_bases, echo)
@@ -1119,10 +1155,10 @@ def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
                 builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
                                 "stopped answering during the run; rerun to build on the "
                                 "builders that are up")
-                result = _record_failure(ctx, cell.id, result.duration_s, result.log,
-                                         f"{builder.down} ({result.reason})",
-                                         result.command, result.log_tail, result.kernels,
-                                         builder=identity)
+                result = _record_failure(ctx, cell.id, f"{builder.down} ({result.reason})",
+                                         duration=result.duration_s, log_path=result.log,
+                                         command=result.command, log_tail=result.log_tail,
+                                         kernels=result.kernels, builder=identity)
         results[cell.id] = result
         echo(f"[{builder.name}] {result.summary()}")
         if result.status == "fail" and options.fail_fast:

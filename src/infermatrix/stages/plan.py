@@ -290,16 +290,8 @@ class FactGatherer:
 
 
 def _exact_pins(meta: ReleaseMetadata, machine: str) -> tuple[tuple[str, str], ...]:
-    env = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": machine,
-           "extra": ""}
     pins = []
-    for line in meta.requires_dist:
-        try:
-            req = Requirement(line)
-        except ValueError:
-            continue
-        if req.marker is not None and not req.marker.evaluate(env):
-            continue
+    for req in meta.requirements(machine):
         version = exact_pin((str(req),)) if req.specifier else None
         if version:
             pins.append((canonicalize_name(req.name), version))

@@ -33,8 +33,8 @@ from ..model.cell import CPU, Cell
 from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection
 from ..state import StatePaths
-from ..model.spec import CONTAINER_MODEL, CellSpec, driver_table
-from ..model.spec import min_driver_for
+from ..model.rules import load_drivers, min_driver_for
+from ..model.spec import CONTAINER_MODEL, CellSpec
 from ..watch import Heartbeat
 from ..imageslock import (  # noqa: F401
     IMAGES_LOCK_HEADER, IMAGES_LOCK_NAME, IMAGES_LOCK_VERSION, dump_images_lock,
@@ -151,7 +151,7 @@ def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_
         "arch": cell.arch, "cuda": cell.cuda,
         # the image's driver floor (plan: CUDA runtime, PTX ISA of PTX-only objects)
         "min_driver": (labels or {}).get("io.infermatrix.driver.floor") or min_driver_for(cell.cuda),
-        "min_driver_source": None if cell.cuda == CPU else driver_table()["source"],
+        "min_driver_source": None if cell.cuda == CPU else load_drivers()["source"],
         "versions": versions_from_labels(labels), "labels": infermatrix_labels(labels),
         "verified": tag_details.get("kind", "tested"),  # or static-only (tagging.py)
         "tested_image_id": tag_details.get("image_id", image_id),

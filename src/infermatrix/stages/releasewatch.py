@@ -18,10 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from packaging.utils import parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
-from ..model.index import SIMPLE_JSON, IndexUnavailable, _http_get
+from ..model.index import SIMPLE_JSON, IndexUnavailable, _http_get, linux_wheels
 
 DEFAULT_SETTLE_DAYS = 7
 
@@ -53,16 +52,7 @@ class WatchLine:
 def releases_of(name: str, files: Iterable[dict[str, Any]]) -> list[Release]:
     """The releases with a Linux (or pure-Python) wheel, oldest first, from PEP 691 `files`."""
     seen: dict[Version, dict[str, Any]] = {}
-    for entry in files:
-        filename = str(entry.get("filename", ""))
-        if not filename.endswith(".whl"):
-            continue
-        try:
-            _, version, _, tags = parse_wheel_filename(filename)
-        except (ValueError, InvalidVersion):
-            continue
-        if not any(t.platform == "any" or "linux" in t.platform for t in tags):
-            continue
+    for entry, version in linux_wheels(files):
         row = seen.setdefault(version, {"uploaded": None, "yanked": True, "reason": ""})
         uploaded = entry.get("upload-time")
         if uploaded and (row["uploaded"] is None or uploaded < row["uploaded"]):

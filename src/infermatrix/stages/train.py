@@ -18,15 +18,13 @@ and records the journal stage `train`. A cell without training-only kernels gets
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import journal, watch
+from .. import journal
 from ..context import Context
 from ..engine.docker import Engine
 from ..errors import CommandFailed, InfermatrixError, StageFailure
@@ -239,38 +237,24 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                            kernels=details.get("kernels") or {},
                            coverage=details.get("coverage") or {}, input_hash=digest)
     build_args = compile.build_args()
-    secrets = build.secrets_for(options)
-    platform = build.build_platform(cell, docker)
-    deadline = build._Deadline(
-        (options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))) * 60)
+    job = build.CellBuild(ctx, cell.id, directory, build_args, build.secrets_for(options),
+                          log_path, build._Deadline.for_cell(ctx, options), echo, docker,
+                          options.no_cache, build.build_platform(cell, docker), compile)
     log_path.write_text(f"# infermatrix train {cell.id}\n# {compile.describe()}\n")
     # an interrupted run leaves it so (never pass); the serving record is not touched
     journal.record_stage(ctx.state, cell.id, "train", journal.Status.RUNNING, log=log_path,
                          details={"input_hash": digest, "local_tag": build.train_ref(cell.id)})
-    refusal = build.emulated_compile_refusal(ctx, train_keys, platform)
+    refusal = build.emulated_compile_refusal(ctx, train_keys, job.platform)
     if refusal:
         raise StageFailure(refusal)
     with build.RUNNING.holding(docker.local_data_root(), cell.id):
-        serving, _ = build._ensure_kernels(ctx, cell.id, directory, serving_keys, build_args,
-                                           secrets, log_path, deadline, echo, docker,
-                                           options.no_cache, platform, None, compile)
-        shared = build._take_shared_kernels(ctx, cell.id, train_keys, log_path, echo)
-        training, kernels = build._ensure_kernels(ctx, cell.id, directory, train_keys,
-                                                  build_args, secrets, log_path, deadline,
-                                                  echo, docker, options.no_cache, platform,
-                                                  shared, compile)
-        with tempfile.TemporaryDirectory(prefix=f"context-{cell.id}-",
-                                         dir=build._tmp_root(ctx)) as tmp:
-            context = Path(tmp) / "context"
-            shutil.copytree(directory, context, symlinks=True)
-            kernelcache.stage_into(serving, context / build.KERNEL_WHEELS_DIR)
-            kernelcache.stage_into(training, context / build.TRAIN_WHEELS_DIR)
-            with watch.Heartbeat(f"{cell.id}: train image build", echo) as beat:
-                image_id = docker.build_image(
-                    context, tag=build.train_ref(cell.id), target=build.TRAIN_TARGET,
-                    build_args=build_args, secrets=secrets, log_path=log_path,
-                    labels={build.INPUT_HASH_LABEL: digest}, timeout=deadline.remaining(),
-                    no_cache=options.no_cache, platform=platform, on_line=beat.on_line)
+        serving, _ = build._ensure_kernels(job, serving_keys)
+        shared = build._take_shared_kernels(job, train_keys)
+        training, kernels = build._ensure_kernels(job, train_keys, shared)
+        image_id = job.build_image(
+            {build.KERNEL_WHEELS_DIR: serving, build.TRAIN_WHEELS_DIR: training},
+            tag=build.train_ref(cell.id), target=build.TRAIN_TARGET, digest=digest,
+            what="train image build")
     coverage = check_coverage(ctx, cell, image_id, training, docker, log_path)
     duration = time.monotonic() - started
     if not coverage["passed"]:

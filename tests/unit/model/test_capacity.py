@@ -317,3 +317,16 @@ def test_the_cpu_lane_is_bound_by_its_step_overhead_not_its_bandwidth():
     assert ceiling.step_seconds == pytest.approx(0.0078 + bytes_s)
     assert ceiling.tokens_per_s == pytest.approx(8 / (0.0078 + bytes_s))
     assert 960 < ceiling.tokens_per_s < 990
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--efficiency", "1.5", "give a fraction in (0, 1]"),
+    ("--efficiency", "x", "is not a number"),
+    ("--target", "0", "give a positive tokens/s"),
+    ("--context", "-1", "a token count is not negative"),
+])
+def test_capacity_command_refuses_numbers_out_of_range(flag, value, needle, capsys):
+    argv = ["capacity", "--gpu", "gb10", "--context", "8k", "--output-tokens", "8k"]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, flag, value])
+    assert exited.value.code == 2 and needle in capsys.readouterr().err

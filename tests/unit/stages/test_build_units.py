@@ -163,3 +163,22 @@ def test_emulated_compile_uses_the_measured_native_time_and_the_cache(tmp_path):
     assert reason and "flashinfer ~0.8 h (5 min natively, measured here" in reason
     kernelcache.store(ctx.state, arm, [wheel])  # in the cache: nothing to compile
     assert build.emulated_compile_refusal(ctx, {"flashinfer": arm}, "linux/arm64") is None
+
+
+def test_a_failed_build_is_said_by_its_exit_a_full_disk_or_its_error(tmp_path):
+    from types import SimpleNamespace
+
+    from infermatrix.errors import CommandFailed, StageFailure
+
+    ctx = SimpleNamespace(state=SimpleNamespace(root=tmp_path / "state"))
+    log = tmp_path / "build.log"
+    log.write_text("step 1\nerror: the cause\n")
+    full = CommandFailed("docker build .", 1, "write: no space left on device")
+    assert build._failure_of(full, ctx, log) == {
+        "reason": "build exited 1: no space left on device (free space under Docker's data "
+                  f"root and {tmp_path / 'state'}, then rerun)",
+        "command": "docker build .", "log_tail": "write: no space left on device"}
+    assert build._failure_of(CommandFailed("docker build .", None, ""), ctx, log)["reason"] \
+        == "timed out"
+    other = build._failure_of(StageFailure("stage kernel-k left no wheel"), ctx, log)
+    assert other["reason"] == "stage kernel-k left no wheel" and "the cause" in other["log_tail"]

@@ -85,7 +85,7 @@ def test_minimum_drivers_come_from_the_data_file():
     assert publish.min_driver_for("12.8") == "570.26"
     assert publish.min_driver_for("13.0") == "580.65.06"
     assert publish.min_driver_for("cpu") is None
-    assert publish.driver_table()["source"].startswith("https://docs.nvidia.com/")
+    assert publish.load_drivers()["source"].startswith("https://docs.nvidia.com/")
 
 
 def test_only_cells_whose_tag_stage_passed_are_candidates(tmp_path):

@@ -31,23 +31,13 @@ from __future__ import annotations
 
 # The package's parts, each a concept; what is used outside the package is here too (`audit.X`).
 from .cache import (  # noqa: F401
-    _CUDA_SONAME,
-    _CUDA_WHEEL,
-    AUDIT_MOUNT,
-    CACHE_VERSION,
-    CUOBJDUMP_DIST,
     CUOBJDUMP_ENV,
     FAIL,
     HARNESS_DIR,
-    HARNESS_MOUNT,
-    NOT_LOADED_GROUP,
     PASS,
     PROBE_TIMEOUT_S,
     SKIP,
     DeviceCodeCache,
-    _cuobjdump_from_wheel,
-    _device_code,
-    cuobjdump_version,
     embedded_fatbins,
     find_cuobjdump,
     list_device_code,
@@ -74,15 +64,11 @@ from .observe import (  # noqa: F401
 )
 from .probe import (  # noqa: F401
     MARKER,
-    NATIVE_MOUNT,
     PROBE_PROGRAM,
     ImageFacts,
     NativePython,
-    _log_probe,
     _run_probe,
     copy_rounds,
-    device_code_of,
-    host_tool_mounts,
     native_python,
     parse_probe_output,
     probe_args,
@@ -92,33 +78,22 @@ from .result import (  # noqa: F401
     AuditedObject,
     AuditResult,
     Check,
-    default_targets,
     object_groups,
     parse_targets,
-    uncovered_key,
 )
 from .stage import (  # noqa: F401
     audit_cell,
     images_to_audit,
-    start_triton_check,
     step,
-    timed_triton_check,
-    twin_or_own_triton_check,
 )
 from .triton import (  # noqa: F401
-    TRITON_TIMEOUT_S,
     check_triton_smem,
-    first_start_digest,
     judge_triton,
     not_started,
-    run_triton_harness,
     serve_paths,
     shared_memory_limits,
-    triton_digest,
     triton_smem_args,
 )
 from .view import (  # noqa: F401
-    _STYLE,
-    _best_rank,
     render,
 )

@@ -6,23 +6,15 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ... import proc
 from ...errors import CommandFailed, MissingTool
 from ...journal import Status
-from ...model.coverage import (
-    DeviceCode,
-    device_code_from_listing,
-    scan_fatbins,
-    union,
-)
+from ...model.coverage import DeviceCode, device_code_from_listing, scan_fatbins, union
 from ...model.index import cached_entry
 from ...options import OPTIONS, from_environment
 from ...state import StatePaths, write_json_atomic
-
-if TYPE_CHECKING:
-    pass
 
 PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP  # the journal's one vocabulary
 NOT_LOADED_GROUP = "not-loaded"

@@ -12,11 +12,7 @@ from ...engine.docker import Engine
 from ...model import loadedset
 from ...model.cell import Cell
 from ...model.spec import CellSpec
-from ...model.coverage import (
-    Arch,
-    DeviceCode,
-    decide,
-)
+from ...model.coverage import Arch, DeviceCode, decide
 from .cache import _CUDA_SONAME, _CUDA_WHEEL, FAIL, NOT_LOADED_GROUP, PASS, SKIP
 from .probe import ImageFacts
 from .result import AuditedObject, Check, object_groups

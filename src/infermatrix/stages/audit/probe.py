@@ -10,14 +10,12 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from ... import proc
 from ...engine.docker import Engine
 from ...errors import StageFailure
-from ...model.coverage import (
-    DeviceCode,
-)
+from ...model.coverage import DeviceCode
 from ...state import StatePaths
 from .cache import (
     AUDIT_MOUNT,
@@ -29,9 +27,6 @@ from .cache import (
     find_cuobjdump,
     list_device_code,
 )
-
-if TYPE_CHECKING:
-    pass
 
 MARKER = "@@infermatrix-audit@@"
 PROBE_PROGRAM = "harness.audit_probe"  # harness/audit_probe.py, mounted like the smoke harness
@@ -83,6 +78,8 @@ def probe_args() -> list[str]:
     from ...model.coverage import FATBIN_MAGIC
 
     return ["-m", PROBE_PROGRAM, AUDIT_MOUNT, MARKER, FATBIN_MAGIC.hex()]
+
+
 NATIVE_MOUNT = f"{AUDIT_MOUNT}/native"  # this machine's Python, for an emulated image's probe
 
 

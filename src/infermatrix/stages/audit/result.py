@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from ...errors import UsageError
 from ...journal import Status
 from ...model.cell import Cell
-from ...model.coverage import (
-    Arch,
-    Coverage,
-    Decision,
-    DeviceCode,
-)
+from ...model.coverage import Arch, Coverage, Decision, DeviceCode
 from ...model.loadedset import LoadVerdict
 from .cache import FAIL, NOT_LOADED_GROUP, PASS
 
-if TYPE_CHECKING:
-    pass
 
 @dataclass
 class Check:

@@ -13,9 +13,7 @@ from ...errors import StageFailure, UsageError
 from ...model import tritontwin
 from ...model.cell import CellPlan
 from ...model.spec import CellSpec
-from ...model.coverage import (
-    Arch,
-)
+from ...model.coverage import Arch
 from ...watch import Heartbeat
 from .cache import FAIL, SKIP
 from .checks import (

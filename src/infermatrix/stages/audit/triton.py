@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from ... import proc
 from ...engine.docker import Engine
@@ -18,9 +18,6 @@ from ...model.coverage import (
 )
 from .cache import FAIL, HARNESS_DIR, HARNESS_MOUNT, PASS, SKIP
 from .result import Check
-
-if TYPE_CHECKING:
-    pass
 
 TRITON_TIMEOUT_S = 1200
 
@@ -145,8 +142,7 @@ def first_start_digest(first: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str | None,
-                      targets: list[Arch],
-                      model: str | None, log_path: Path | None = None,
+                      targets: list[Arch], model: str | None, log_path: Path | None = None,
                       timeout: float = TRITON_TIMEOUT_S, emulated: str | None = None,
                       serve_args: Iterable[str] = (), extra_archs: Iterable[Arch] = (),
                       engine_version: str | None = None, cache: Path | None = None) -> Check:
@@ -168,15 +164,10 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
     if args is None:
         return Check("triton-smem", SKIP, "no shared-memory limit recorded for "
                      + ", ".join(t.sm for t in targets) + " (rules.yaml)")
-    key = census_key(docker.image_id_of(image), args) if cache is not None else None
-    output = read_census(cache, key)
-    cached = output is not None
-    if output is None:
-        try:
-            output = run_triton_harness(image, args, timeout, docker)
-        except StageFailure:
-            return Check("triton-smem", FAIL,
-                         f"the Triton compile check ran over {timeout:.0f} s")
+    try:
+        output, key, cached = _census_or_run(image, args, timeout, docker, cache)
+    except StageFailure:
+        return Check("triton-smem", FAIL, f"the Triton compile check ran over {timeout:.0f} s")
     if log_path is not None:
         with open(log_path, "a", encoding="utf-8") as sink:
             sink.write(f"# harness.triton_smem {' '.join(args)}\n{output}\n")
@@ -196,6 +187,17 @@ def check_triton_smem(image: str, docker: Engine, engine_name: str, backend: str
         check.data["cached"] = key
         check.detail += " (the census of this image, harness and arguments, read from the cache)"
     return check
+
+
+def _census_or_run(image: str, args: list[str], timeout: float, docker: Engine,
+                   cache: Path | None) -> tuple[str, str | None, bool]:
+    """(the harness's output, its census key, whether it was read from the census cache):
+    read back when `cache` holds it, else run (StageFailure past `timeout`)."""
+    key = census_key(docker.image_id_of(image), args) if cache is not None else None
+    output = read_census(cache, key)
+    if output is not None:
+        return output, key, True
+    return run_triton_harness(image, args, timeout, docker), key, False
 
 
 def harness_digest() -> str:

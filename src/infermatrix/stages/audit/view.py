@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...model.coverage import (
-    Coverage,
-)
+from ...model.coverage import Coverage
 from .cache import FAIL, PASS, SKIP
 from .result import AuditedObject, AuditResult
-
-if TYPE_CHECKING:
-    pass
 
 _STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", "exact": "green",
           "compatible": "green", "family": "green", "ptx-jit": "yellow", "uncovered": "bold red"}
