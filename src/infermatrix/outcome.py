@@ -1,0 +1,253 @@
+"""The typed details of a cell's stage outcome (issue 49: one outcome type).
+
+A stage's per-cell result is the journal's `StageRecord`: status, reason, duration, log and
+its details; the details of the stages that others read back (build, audit, smoke, tag,
+publish, train) are the small dataclasses here, each a `Details`: `from_json` reads any
+recorded form (a journal from another version, a hand-written one, a damaged one: a value
+of the wrong type is the field's empty value, never an exception) and `to_json` writes the
+journal's form back, keys it does not know kept as they were (`extra`). The readers (report,
+tag, publish, attest, views) read fields, not `.get(...) or {}` chains on dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from dataclasses import dataclass, field, fields
+from typing import Any, Self, Union, get_args, get_origin, get_type_hints
+
+
+def text_of(value: Any) -> str | None:
+    """A recorded value as text (JSON for anything that is not a string)."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def number_of(value: Any) -> float | None:
+    """A recorded value as a number, or None (a bool is not a number here)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _read(kind: Any, value: Any) -> Any:
+    """`value` as the field type `kind`; a value of another type is the type's empty value."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin in (Union, types.UnionType):  # X | None
+        return None if value is None else _read(next(a for a in args if a is not type(None)),
+                                                value)
+    if _is_details(kind):
+        return kind.from_json(value)
+    if origin is dict:
+        pairs = value.items() if isinstance(value, dict) else ()
+        return {str(k): _read(args[1], v) for k, v in pairs}
+    if origin is list:
+        items = value if isinstance(value, list) else []
+        return [_read(args[0], v) for v in items if _fits(args[0], v)]
+    if kind is str:
+        return text_of(value)
+    if kind is float:
+        return number_of(value)
+    if kind is bool:
+        return value if isinstance(value, bool) else None
+    return value  # Any
+
+
+def _optional(kind: Any) -> bool:
+    return kind is Any or type(None) in get_args(kind)
+
+
+def _is_details(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, Details)
+
+
+def _fits(kind: Any, value: Any) -> bool:
+    """Whether a list item is of the item type (others are left out)."""
+    if kind is Any:
+        return True
+    origin = get_origin(kind)
+    wanted = dict if origin is dict or _is_details(kind) else origin or kind
+    return isinstance(value, wanted)
+
+
+def _write(value: Any) -> Any:
+    if isinstance(value, Details):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: _write(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_write(v) for v in value]
+    return value
+
+
+@dataclass
+class Details:
+    """What a stage recorded about a cell, typed; `extra`: every key no field names."""
+
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        data = data if isinstance(data, dict) else {}
+        known = _known(cls)
+        values = {name: _read(kind, data[name]) for name, kind in known.items() if name in data}
+        # a null or a wrong type where the field is never None: the field's default
+        values = {k: v for k, v in values.items() if v is not None or _optional(known[k])}
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{name: _write(getattr(self, name)) for name in _known(type(self))},
+                **self.extra}
+
+
+_KNOWN: dict[type, dict[str, Any]] = {}
+
+
+def _known(cls: type) -> dict[str, Any]:
+    """A details class's fields (but `extra`) and their types."""
+    if cls not in _KNOWN:
+        hints = get_type_hints(cls)
+        _KNOWN[cls] = {f.name: hints[f.name] for f in fields(cls) if f.name != "extra"}
+    return _KNOWN[cls]
+
+
+@dataclass
+class Check(Details):
+    """An audit check (kernels, cuda-major, torch-cuda, pins, pip-check, engine-floor, ...)."""
+
+    name: str = ""
+    status: str = ""
+    detail: str = ""
+
+
+@dataclass
+class BuildDetails(Details):
+    input_hash: str | None = None
+    tag: str | None = None
+    kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
+    build_args: dict[str, Any] = field(default_factory=dict)
+    secret_ids: list[str] = field(default_factory=list)
+    base_images: dict[str, Any] | None = None  # None: built before builds recorded them
+    command: str | None = None  # a failed build's
+    log_tail: str | None = None
+    error_lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AuditDetails(Details):
+    """AuditResult.as_dict(): the checks, a coverage row per object, the objects by target."""
+
+    cell: str | None = None
+    image: str | None = None
+    status: str | None = None
+    checks: list[Check] = field(default_factory=list)
+    coverage: list[dict[str, Any]] = field(default_factory=list)  # one row per object
+    uncovered: list[str] = field(default_factory=list)
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # by target
+    versions: dict[str, str] = field(default_factory=dict)
+    duration_s: float | None = None
+
+
+@dataclass
+class Level(Details):
+    """A smoke level's result (static, gpu, model, throughput, workload)."""
+
+    status: str | None = None
+    reason: str | None = None
+    duration_s: float | None = None
+    # the model level's {"single": .., "concurrent": ..} (a plain figure in older records);
+    # the throughput and workload levels' total
+    tokens_per_s: Any = None
+    per_replica_tokens_per_s: float | None = None  # the throughput level's
+    applicable: bool | None = None  # False: the level does not apply to the cell
+    needs_gpu: bool | None = None
+    # the throughput level's load points and replica scaling
+    replicas: Any = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+    scaling: list[dict[str, Any]] = field(default_factory=list)
+    scaling_ratio: float | None = None
+    errors: Any = None
+    # the workload level's sweep (its points), soak, needle, backends seen, target, prediction
+    sweep: dict[str, Any] = field(default_factory=dict)
+    soak: dict[str, Any] = field(default_factory=dict)
+    needle: dict[str, Any] = field(default_factory=dict)
+    backends: dict[str, Any] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
+    prediction: dict[str, Any] = field(default_factory=dict)
+
+    def figures(self) -> dict[str, float]:
+        """The level's tokens/s figures by name ({"single": .., "concurrent": ..})."""
+        if isinstance(self.tokens_per_s, dict):
+            found = {str(k): number_of(v) for k, v in self.tokens_per_s.items()}
+            return {k: v for k, v in found.items() if v is not None}
+        number = number_of(self.tokens_per_s)
+        return {} if number is None else {"tokens_per_s": number}
+
+
+@dataclass
+class SmokeDetails(Details):
+    image_id: str | None = None
+    levels: dict[str, Level] = field(default_factory=dict)
+    host_gpu: Any = None
+    tokens_per_s: Any = None  # the model level's
+    workload: dict[str, Any] | None = None  # the workload level's headline figures
+
+
+@dataclass
+class TagDetails(Details):
+    ref: str | None = None
+    image_id: str | None = None  # the tested image
+    tagged_image_id: str | None = None  # it, or a static-only image derived from it
+    kind: str | None = None  # tagging.TESTED or tagging.STATIC_ONLY
+    policy: dict[str, Any] | None = None
+    decision: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Signing(Details):
+    """images.lock's `signing` of a published cell."""
+
+    signed: bool | None = None
+    key: str | None = None
+    verdict: str | None = None
+    mode: str | None = None
+    signature: dict[str, Any] = field(default_factory=dict)
+    attestations: dict[str, Any] = field(default_factory=dict)
+    sbom_file: str | None = None
+
+
+@dataclass
+class LockEntry(Details):
+    """A published cell's images.lock entry, as publish recorded it."""
+
+    reference: str | None = None
+    digest: str | None = None
+    signing: Signing = field(default_factory=Signing)
+
+
+@dataclass
+class PublishDetails(Details):
+    tag: str | None = None
+    digest: str | None = None
+    reference: str | None = None
+    action: str | None = None  # pushed | unchanged
+    lock_entry: LockEntry | None = None  # what `report --merge` puts in a merged images.lock
+
+
+@dataclass
+class TrainDetails(Details):
+    input_hash: str | None = None
+    image_id: str | None = None
+    ref: str | None = None
+
+
+# The typed details of each stage that has them.
+DETAILS: dict[str, type[Details]] = {
+    "build": BuildDetails, "audit": AuditDetails, "smoke": SmokeDetails, "tag": TagDetails,
+    "publish": PublishDetails, "train": TrainDetails}
