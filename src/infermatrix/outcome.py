@@ -181,6 +181,10 @@ class Level(Details):
     target: dict[str, Any] = field(default_factory=dict)
     prediction: dict[str, Any] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """What images.lock and the signed test result keep of a level."""
+        return {"status": self.status, "reason": self.reason, "duration_s": self.duration_s}
+
     def figures(self) -> dict[str, float]:
         """The level's tokens/s figures by name ({"single": .., "concurrent": ..})."""
         if isinstance(self.tokens_per_s, dict):
