@@ -46,7 +46,7 @@ def _read(kind: Any, value: Any) -> Any:
         return kind.from_json(value)
     if origin is dict:
         pairs = value.items() if isinstance(value, dict) else ()
-        return {str(k): _read(args[1], v) for k, v in pairs}
+        return {str(k): _read(args[1], v) for k, v in pairs if _fits(args[1], v)}
     if origin is list:
         items = value if isinstance(value, list) else []
         return [_read(args[0], v) for v in items if _fits(args[0], v)]
@@ -68,7 +68,7 @@ def _is_details(kind: Any) -> bool:
 
 
 def _fits(kind: Any, value: Any) -> bool:
-    """Whether a list item is of the item type (others are left out)."""
+    """Whether a list item or a mapping's value is of its type (others are left out)."""
     if kind is Any:
         return True
     origin = get_origin(kind)
@@ -246,9 +246,14 @@ class PublishDetails(Details):
 
 @dataclass
 class TrainDetails(Details):
-    input_hash: str | None = None
+    """The training image (the train target, after the serving image)."""
+
     image_id: str | None = None
-    ref: str | None = None
+    tag: str | None = None  # `<serving tag>-train`, where the serving image was tagged
+    local_tag: str | None = None
+    input_hash: str | None = None
+    kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
+    coverage: dict[str, Any] = field(default_factory=dict)
 
 
 # The typed details of each stage that has them.

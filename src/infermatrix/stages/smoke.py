@@ -414,7 +414,7 @@ def recorded_audit(record: journal.CellRecord, image_id: str, docker: Engine
     audit, built = record.stage("audit"), record.stage("build")
     if audit is None or audit.status not in (journal.Status.PASS, journal.Status.FAIL):
         return None
-    image = audit.details.get("image")
+    image = record.audit.image
     if not image or (audit.finished or "") < (built.finished or "" if built else ""):
         return None
     if image != image_id and docker.image_id_of(image) != image_id:
@@ -803,12 +803,10 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
 def audited_gdn_choice(record: journal.CellRecord, arch: str) -> str | None:
     """The GDN prefill backend the audit read the engine choosing for `arch` (its Triton
     check runs the engine's own _resolve_gdn_prefill_backend), or None when it made none."""
-    for check in record.details_of("audit").get("checks") or []:
-        if isinstance(check, dict) and check.get("name") == "triton-smem":
-            path = ((check.get("paths") or {}).get(arch) or {}).get("gdn_prefill") or {}
-            chosen = path.get("chosen") if isinstance(path, dict) else None
-            return chosen if isinstance(chosen, str) else None
-    return None
+    check = next((c for c in record.audit.checks if c.name == "triton-smem"), None)
+    path = ((check.extra.get("paths") or {}).get(arch) or {}).get("gdn_prefill") if check else {}
+    chosen = path.get("chosen") if isinstance(path, dict) else None
+    return chosen if isinstance(chosen, str) else None
 
 
 def published_workload_figure(ctx: Context, spec: CellSpec) -> float | None:
