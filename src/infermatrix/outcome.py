@@ -39,9 +39,11 @@ def number_of(value: Any) -> float | None:
 def _read(kind: Any, value: Any) -> Any:
     """`value` as the field type `kind`; a value of another type is the type's empty value."""
     origin, args = get_origin(kind), get_args(kind)
-    if origin in (Union, types.UnionType):  # X | None
-        return None if value is None else _read(next(a for a in args if a is not type(None)),
-                                                value)
+    if origin in (Union, types.UnionType):  # X | None: None for a mapping of another type
+        inner = next(a for a in args if a is not type(None))
+        wrong = (get_origin(inner) in (dict, list) or _is_details(inner)) and \
+            not _fits(inner, value)
+        return None if value is None or wrong else _read(inner, value)
     if _is_details(kind):
         return kind.from_json(value)
     if origin is dict:
@@ -230,6 +232,7 @@ class Signing(Details):
 class LockEntry(Details):
     """A published cell's images.lock entry, as publish recorded it."""
 
+    cell: str | None = None
     reference: str | None = None
     digest: str | None = None
     signing: Signing = field(default_factory=Signing)
