@@ -880,9 +880,8 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         image_id = _unchanged(ctx, cell_id, digest, docker)
         if image_id:
             # What the build that made this image recorded about its kernels (cache hit/miss).
-            built = journal.cell_record(ctx.state, cell_id).stage("build")
             return CellResult(cell_id, "pass", image_id=image_id, reused=True,
-                              kernels=(built.details.get("kernels") if built else None) or {})
+                              kernels=journal.cell_record(ctx.state, cell_id).build.kernels)
 
     started = time.monotonic()
     timeout_min = options.timeout_min or float(ctx.matrix.build.get("timeout_minutes", 180))
