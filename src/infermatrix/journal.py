@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from .names import inside
 from .outcome import (AuditDetails, BuildDetails, Details, PublishDetails, SmokeDetails,
@@ -77,6 +77,16 @@ class StageRecord:
                 "log": self.log, "reason": self.reason, "details": self.details}
 
 
+D = TypeVar("D", bound=Details)
+
+
+def _typed(name: str, kind: type[D]) -> "cached_property[D]":
+    """A record's property: the details of stage `name`, read once as `kind`."""
+    def read(record: "CellRecord") -> D:
+        return kind.from_json(record.details_of(name))
+    return cached_property(read)
+
+
 @dataclass
 class CellRecord:
     """One cell's journal record, typed; `extra` keeps top-level fields other stages added."""
@@ -124,29 +134,12 @@ class CellRecord:
         return stage.details if stage else {}
 
     # Each stage's details, typed (empty when the stage has no record).
-    @cached_property
-    def build(self) -> BuildDetails:
-        return BuildDetails.from_json(self.details_of("build"))
-
-    @cached_property
-    def audit(self) -> AuditDetails:
-        return AuditDetails.from_json(self.details_of("audit"))
-
-    @cached_property
-    def smoke(self) -> SmokeDetails:
-        return SmokeDetails.from_json(self.details_of("smoke"))
-
-    @cached_property
-    def tag(self) -> TagDetails:
-        return TagDetails.from_json(self.details_of("tag"))
-
-    @cached_property
-    def publish(self) -> PublishDetails:
-        return PublishDetails.from_json(self.details_of("publish"))
-
-    @cached_property
-    def train(self) -> TrainDetails:
-        return TrainDetails.from_json(self.details_of("train"))
+    build = _typed("build", BuildDetails)
+    audit = _typed("audit", AuditDetails)
+    smoke = _typed("smoke", SmokeDetails)
+    tag = _typed("tag", TagDetails)
+    publish = _typed("publish", PublishDetails)
+    train = _typed("train", TrainDetails)
 
     @property
     def builder(self) -> dict[str, Any]:

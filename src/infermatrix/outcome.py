@@ -1,12 +1,8 @@
-"""The typed details of a cell's stage outcome (issue 49: one outcome type).
-
-A stage's per-cell result is the journal's `StageRecord`: status, reason, duration, log and
-its details; the details of the stages that others read back (build, audit, smoke, tag,
-publish, train) are the small dataclasses here, each a `Details`: `from_json` reads any
-recorded form (a journal from another version, a hand-written one, a damaged one: a value
-of the wrong type is the field's empty value, never an exception) and `to_json` writes the
-journal's form back, keys it does not know kept as they were (`extra`). The readers (report,
-tag, publish, attest, views) read fields, not `.get(...) or {}` chains on dicts.
+"""The typed details of a cell's stage outcome (issue 49): the journal's `StageRecord` holds
+status, reason, duration and log; the details others read back are a `Details` each (build,
+audit, smoke, tag, publish, train). `from_json` reads any recorded form (a value of another
+type is the field's empty value, never an exception), `to_json` writes it back; keys no field
+names are kept in `extra`. Readers read fields, not `.get(...) or {}` chains.
 """
 
 from __future__ import annotations

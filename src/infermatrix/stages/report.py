@@ -217,11 +217,6 @@ def safe_url(value: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Journal record → stage results, outcome, facts.
 
-def stage_results(record: CellRecord) -> list[StageResult]:
-    """Stage results in pipeline order, then any stage this code does not know."""
-    return record.ordered_stages()
-
-
 AFTER_SERVING = frozenset({"train"})  # stages on another image than the serving one
 
 
@@ -457,7 +452,7 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
     recorded, if any (a journal-only cell)."""
     record = record or CellRecord(cell_id)
     plan, plan_status = (plan, plan.status) if plan is not None else recorded_plan(record)
-    stages = stage_results(record)
+    stages = record.ordered_stages()
     outcome, failed = outcome_of(plan_status, stages)
     axes = plan.cell.axes() if plan else dict(UNKNOWN_AXES)
     reasons = [v.as_dict() for v in plan.verdicts] if plan else []
