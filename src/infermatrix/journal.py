@@ -50,7 +50,7 @@ def _status(value: Any) -> Status:
 @dataclass
 class StageRecord:
     """A stage's outcome for a cell: status, reason, duration, log and details; the details of
-    the stages others read are typed (outcome.DETAILS), read with `CellRecord.build`, ..."""
+    the stages others read are typed (outcome.py), read with `CellRecord.build`, ..."""
 
     name: str
     status: Status

@@ -126,15 +126,11 @@ class Check(Details):
 
 @dataclass
 class BuildDetails(Details):
-    input_hash: str | None = None
-    tag: str | None = None
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
     build_args: dict[str, Any] = field(default_factory=dict)
     secret_ids: list[str] = field(default_factory=list)
     base_images: dict[str, Any] | None = None  # None: built before builds recorded them
-    command: str | None = None  # a failed build's
-    log_tail: str | None = None
-    error_lines: list[str] = field(default_factory=list)
+    log_tail: str | None = None  # a failed build's
 
 
 @dataclass
@@ -208,7 +204,6 @@ class TagDetails(Details):
     tagged_image_id: str | None = None  # it, or a static-only image derived from it
     kind: str | None = None  # tagging.TESTED or tagging.STATIC_ONLY
     policy: dict[str, Any] | None = None
-    decision: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -229,8 +224,6 @@ class LockEntry(Details):
     """A published cell's images.lock entry, as publish recorded it."""
 
     cell: str | None = None
-    reference: str | None = None
-    digest: str | None = None
     signing: Signing = field(default_factory=Signing)
 
 
@@ -239,7 +232,6 @@ class PublishDetails(Details):
     tag: str | None = None
     digest: str | None = None
     reference: str | None = None
-    action: str | None = None  # pushed | unchanged
     lock_entry: LockEntry | None = None  # what `report --merge` puts in a merged images.lock
 
 
@@ -254,8 +246,3 @@ class TrainDetails(Details):
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
     coverage: dict[str, Any] = field(default_factory=dict)
 
-
-# The typed details of each stage that has them.
-DETAILS: dict[str, type[Details]] = {
-    "build": BuildDetails, "audit": AuditDetails, "smoke": SmokeDetails, "tag": TagDetails,
-    "publish": PublishDetails, "train": TrainDetails}

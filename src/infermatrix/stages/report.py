@@ -416,23 +416,19 @@ def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def stage_log_tail(stage: StageResult, cell_id: str, state: StatePaths | None) -> str | None:
-    """The tail of a stage's log: from its details, its log file (or the conventional path
-    under the state directory when the journal came from another machine), else its reason."""
-    details = _mapping(stage.details)
-    tail: Any = details.get("log_tail") or details.get("tail")
-    if isinstance(tail, list):
-        tail = "\n".join(str(line) for line in tail)
-    if not isinstance(tail, str) or not tail:
+def stage_log_tail(stage: StageResult, record: CellRecord, cell_id: str,
+                   state: StatePaths | None) -> str | None:
+    """The tail of a stage's log: the tail a failed build recorded, its log file (or the
+    conventional path under the state directory when the journal came from another machine),
+    else its reason."""
+    tail = record.build.log_tail if stage.name == "build" else None
+    if not tail:
         paths = [Path(stage.log)] if stage.log else []
         if state is not None:
             paths.append(state.cell_log(cell_id, stage.name))
         tail = next((t for t in (read_tail(p) for p in paths) if t), None)
-    if not tail:
-        tail = stage.reason
-    if not tail:
-        return None
-    return redact(tail[-LOG_TAIL_CHARS:])
+    tail = tail or stage.reason
+    return redact(tail[-LOG_TAIL_CHARS:]) if tail else None
 
 
 def recorded_plan(record: CellRecord) -> tuple[CellPlan | None, str]:
@@ -484,7 +480,8 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
         uncovered=uncovered, smoke_levels=smoke_levels(smoke), throughput=chart, workload=work,
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
         audit_checks=audit_checks(record.audit),
-        log_tail=stage_log_tail(failed_stage, cell_id, state) if failed_stage else None,
+        log_tail=stage_log_tail(failed_stage, record, cell_id, state) if failed_stage
+        else None,
         in_plan=plan is not None, problems=list(record.problems), signing=signing_status(record))
 
 
