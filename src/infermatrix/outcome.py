@@ -89,6 +89,9 @@ class Details:
     """What a stage recorded about a cell, typed; `extra`: every key no field names."""
 
     extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
+    # the keys it was read from: `to_json` writes back those (and any field set since), not
+    # every field (a record keeps its shape); None: made here, every field is written
+    _keys: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> Self:
@@ -97,21 +100,29 @@ class Details:
         values = {name: _read(kind, data[name]) for name, kind in known.items() if name in data}
         # a null or a wrong type where the field is never None: the field's default
         values = {k: v for k, v in values.items() if v is not None or _optional(known[k])}
-        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+        typed = cls(**values, extra={k: v for k, v in data.items() if k not in known})
+        typed._keys = frozenset(data)
+        return typed
 
     def to_json(self) -> dict[str, Any]:
-        return {**{name: _write(getattr(self, name)) for name in _known(type(self))},
-                **self.extra}
+        return {**{name: _write(value) for name in _known(type(self))
+                   if not _empty(value := getattr(self, name))
+                   or self._keys is None or name in self._keys}, **self.extra}
+
+
+def _empty(value: Any) -> bool:
+    return value in (None, {}, []) or isinstance(value, Details) and value == type(value)()
 
 
 _KNOWN: dict[type, dict[str, Any]] = {}
 
 
 def _known(cls: type) -> dict[str, Any]:
-    """A details class's fields (but `extra`) and their types."""
+    """A details class's fields (but `extra` and `_keys`) and their types."""
     if cls not in _KNOWN:
         hints = get_type_hints(cls)
-        _KNOWN[cls] = {f.name: hints[f.name] for f in fields(cls) if f.name != "extra"}
+        _KNOWN[cls] = {f.name: hints[f.name] for f in fields(cls)
+                       if f.name not in ("extra", "_keys")}
     return _KNOWN[cls]
 
 
@@ -224,7 +235,7 @@ class LockEntry(Details):
     """A published cell's images.lock entry, as publish recorded it."""
 
     cell: str | None = None
-    signing: Signing = field(default_factory=Signing)
+    signing: Signing | None = None  # None: published unsigned
 
 
 @dataclass

@@ -44,7 +44,7 @@ from .. import journal
 from ..journal import CellRecord, StageRecord, load_records, records_of
 from ..model.cell import CellPlan
 from ..model.spec import CellSpec
-from ..outcome import AuditDetails, Level, LockEntry, SmokeDetails
+from ..outcome import AuditDetails, Level, LockEntry, Signing, SmokeDetails
 from ..outcome import number_of as _number
 from ..outcome import text_of as _text
 from ..errors import InfermatrixError, StageFailure
@@ -491,7 +491,7 @@ def signing_status(record: CellRecord) -> dict[str, Any] | None:
     the SBOM file publish wrote under the state directory) or unsigned."""
     if record.status_of("publish") != "pass":
         return None
-    signing = (record.publish.lock_entry or LockEntry()).signing
+    signing = (record.publish.lock_entry or LockEntry()).signing or Signing()
     if not signing.signed:
         return {"status": "unsigned", "text": "published unsigned (pull and deploy refuse it "
                 "without --skip-verify)", "sbom": None, "attestations": {}, "key": None,
