@@ -883,12 +883,10 @@ def timed_level(level: str, fn: Callable[[], LevelResult]) -> LevelResult:
 
 def previous_levels(record: journal.CellRecord, image_id: str) -> dict[str, Any]:
     """Levels of an earlier smoke run of the same image (kept when a run redoes only some)."""
-    smoke = record.stage("smoke")
-    details = record.details_of("smoke")
-    if smoke is None or smoke.status == journal.Status.RUNNING \
-            or details.get("image_id") != image_id:
+    if record.status_of("smoke") in (None, journal.Status.RUNNING) \
+            or record.smoke.image_id != image_id:
         return {}
-    return dict(details.get("levels") or {})
+    return {name: level.to_json() for name, level in record.smoke.levels.items()}
 
 
 def smoke_endpoint(ctx: Context, text: str | None) -> "engine.Endpoint | None":
