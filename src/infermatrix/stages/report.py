@@ -7,9 +7,9 @@ throughput, the failing log tail). A cell goes Cell → CellPlan → CellReport,
 plan dict. Plans come from storage at two edges only, each read back once with
 `CellPlan.from_dict`: the plan a journal-only cell recorded (`CellRecord.recorded_plan`) and a
 plan JSON file (`load_plan_file`, `infermatrix plan --json` output). Journals are partial by
-nature (interrupted runs, stages that never ran, details of any shape written by other
-stages), so every reader here tolerates missing keys and unexpected types; a report never
-crashes on a journal.
+nature (interrupted runs, stages that never ran, records of other versions): the stages'
+details are read typed (`CellRecord.build`, `.audit`, `.smoke`, ...; outcome.py), a missing
+key or a value of another type an empty field, so a report never crashes on a journal.
 
 Outputs (`write_report`): `report.html` (one self-contained file, Jinja template in
 templates/report/, autoescaped, no external assets), `report.md` (a pull-request comment or a
