@@ -13,14 +13,16 @@ in this order.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from .names import inside
+from .outcome import (AuditDetails, BuildDetails, Details, PublishDetails, SmokeDetails,
+                      TagDetails, TrainDetails, number_of, text_of)
 from .state import (DamagedStateFile, StatePaths, notice, read_state_json, record_lock,
                     write_json_atomic)
 
@@ -45,27 +47,11 @@ def _status(value: Any) -> Status:
         return Status.UNKNOWN
 
 
-def text_of(value: Any) -> str | None:
-    """A recorded value as text (JSON for anything that is not a string)."""
-    if value is None:
-        return None
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-def number_of(value: Any) -> float | None:
-    """A recorded value as a number, or None (a bool is not a number here)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        return float(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-
-
 @dataclass
 class StageRecord:
+    """A stage's outcome for a cell: status, reason, duration, log and details; the details of
+    the stages others read are typed (outcome.py), read with `CellRecord.build`, ..."""
+
     name: str
     status: Status
     finished: str | None = None
@@ -89,6 +75,16 @@ class StageRecord:
         return {"status": str(self.status), "finished": self.finished,
                 "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
                 "log": self.log, "reason": self.reason, "details": self.details}
+
+
+D = TypeVar("D", bound=Details)
+
+
+def _typed(name: str, kind: type[D]) -> "cached_property[D]":
+    """A record's property: the details of stage `name`, read once as `kind`."""
+    def read(record: "CellRecord") -> D:
+        return kind.from_json(record.details_of(name))
+    return cached_property(read)
 
 
 @dataclass
@@ -136,6 +132,14 @@ class CellRecord:
         """The stage's details; empty when the stage has no record."""
         stage = self.stages.get(name)
         return stage.details if stage else {}
+
+    # Each stage's details, typed (empty when the stage has no record).
+    build = _typed("build", BuildDetails)
+    audit = _typed("audit", AuditDetails)
+    smoke = _typed("smoke", SmokeDetails)
+    tag = _typed("tag", TagDetails)
+    publish = _typed("publish", PublishDetails)
+    train = _typed("train", TrainDetails)
 
     @property
     def builder(self) -> dict[str, Any]:
@@ -252,14 +256,15 @@ def update(state: StatePaths, cell_id: str, **fields: Any) -> dict[str, Any]:
 
 def record_stage(state: StatePaths, cell_id: str, stage: str, status: Status, *,
                  duration_s: float | None = None, log: Path | str | None = None,
-                 reason: str | None = None, details: dict[str, Any] | None = None,
+                 reason: str | None = None, details: Details | dict[str, Any] | None = None,
                  **fields: Any) -> dict[str, Any]:
     """Record a stage result for a cell (and optional top-level fields) in one atomic write."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}")
     entry = StageRecord(stage, Status(status), finished=_now(), duration_s=duration_s,
                         log=None if log is None else str(log), reason=reason,
-                        details=details or {})
+                        details=details.to_json() if isinstance(details, Details) else
+                        details or {})
     # a reader (audit) may record beside a run
     with record_lock(state, record_path(state, cell_id).name):
         record = load(state, cell_id)

@@ -14,6 +14,8 @@ from typing import Any
 
 from rich.markup import escape
 
+from ..outcome import AuditDetails
+
 NOT_LOADED = "not-loaded"
 
 
@@ -37,33 +39,28 @@ def print_lines(lines: Iterable[Line], console: Any) -> None:
 
 # ---- the audit -------------------------------------------------------------------------------
 
-def audit_lines(details: dict[str, Any]) -> list[Line]:
+def audit_lines(details: AuditDetails | dict[str, Any]) -> list[Line]:
     """One audit (AuditResult.as_dict()): a header, the failing checks in full, one line of the
     others, then per target one line of counts and one short line per object that is not
     plainly covered: failing ones first (red), then PTX-JIT, then not loaded, each with a short
     reason key."""
-    status = str(details.get("status", "?")).upper()
+    audit = details if isinstance(details, AuditDetails) else AuditDetails.from_json(details)
+    status = (audit.status or "?").upper()
     style = "bold red" if status == "FAIL" else "green"
-    image = str(details.get("image", ""))
-    objects = len(details.get("coverage") or [])
-    header = (f"audit [bold]{escape(str(details.get('cell', '?')))}[/]: [{style}]{status}[/]"
-              f"  ({escape(_short_image(image))}"
+    objects = len(audit.coverage)
+    header = (f"audit [bold]{escape(audit.cell or '?')}[/]: [{style}]{status}[/]"
+              f"  ({escape(_short_image(audit.image or ''))}"
               + (f", {objects} GPU objects" if objects else "")
-              + (f", {details['duration_s']:.0f} s" if details.get("duration_s") else "") + ")")
+              + (f", {audit.duration_s:.0f} s" if audit.duration_s else "") + ")")
     lines = [Line(header)]
-    checks = details.get("checks") or []
-    for check in checks:
-        if check.get("status") == "fail":
-            lines.append(Line(f"  [bold red]FAIL[/] {escape(check['name'])}: "
-                              f"{escape(str(check.get('detail', '')))}", wrap=True))
-    passed = [c["name"] for c in checks if c.get("status") == "pass"]
-    if passed:
-        lines.append(Line(f"  [green]pass[/]: {escape(' '.join(passed))}"))
-    for check in checks:
-        if check.get("status") == "skip":
-            lines.append(Line(f"  [yellow]skip[/] {escape(check['name'])}: "
-                              f"{escape(_first_clause(str(check.get('detail', ''))))}"))
-    for target, group in (details.get("groups") or {}).items():
+    by_status = {s: [c for c in audit.checks if c.status == s] for s in ("fail", "pass", "skip")}
+    lines += [Line(f"  [bold red]FAIL[/] {escape(c.name)}: {escape(c.detail)}", wrap=True)
+              for c in by_status["fail"]]
+    if by_status["pass"]:
+        lines.append(Line(f"  [green]pass[/]: {escape(' '.join(c.name for c in by_status['pass']))}"))
+    lines += [Line(f"  [yellow]skip[/] {escape(c.name)}: {escape(_first_clause(c.detail))}")
+              for c in by_status["skip"]]
+    for target, group in audit.groups.items():
         lines += _target_lines(target, group)
     lines.append(Line("  [dim]full reasons and sources: --verbose, --json, or the report[/]"))
     return lines

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 from ..errors import DigestConflict, StageFailure, UsageError
 from ..journal import CellRecord, load_records
+from ..outcome import PublishDetails
 from ..state import StatePaths
 from ..imageslock import IMAGES_LOCK_NAME, empty_images_lock, read_images_lock
 
@@ -71,13 +72,11 @@ def check_record_cells(state: StatePaths) -> None:
     from ..journal import load_all
 
     for cell_id, data in load_all(state).items():
-        named = data.get("cell") if isinstance(data, dict) else None
-        entry = (((data.get("stages") or {}).get("publish") or {}).get("details") or {}
-                 ).get("lock_entry") if isinstance(data, dict) else None
+        named, entry = data.get("cell"), CellRecord.from_json(cell_id, data).publish.lock_entry
         found = [(what, value) for what, value in (
             ("its record is of cell", named),
-            ("its publish lock entry is of cell",
-             entry.get("cell") if isinstance(entry, dict) else cell_id)) if value != cell_id]
+            ("its publish lock entry is of cell", entry.cell if entry else cell_id))
+            if value != cell_id]
         if found and not (named is None and data.get("problems")):
             what, value = found[0]
             raise StageFailure(f"{state.journal / (cell_id + '.json')}: {what} {value}, not "
@@ -97,20 +96,20 @@ def journal_lock_entries(records: dict[str, CellRecord]) -> dict[str, dict[str, 
         if not publish or publish.status != "pass":
             continue
         entry = publish.details.get("lock_entry") or _entry_from_details(cell_id,
-                                                                         publish.details)
+                                                                         record.publish)
         if isinstance(entry, dict) and entry.get("digest"):
             entries[cell_id] = entry
     return entries
 
 
-def _entry_from_details(cell_id: str, details: dict[str, Any]) -> dict[str, Any] | None:
+def _entry_from_details(cell_id: str, details: PublishDetails) -> dict[str, Any] | None:
     """A journal written before publish recorded its lock entry: tag, digest and reference."""
-    tag, digest = details.get("tag"), details.get("digest")
-    if not isinstance(tag, str) or ":" not in tag.rpartition("/")[2] or not digest:
+    tag, digest = details.tag, details.digest
+    if not tag or ":" not in tag.rpartition("/")[2] or not digest:
         return None
     repository, _, name = tag.rpartition(":")
     return {"cell": cell_id, "repository": repository, "tag": name, "digest": digest,
-            "reference": details.get("reference") or f"{repository}@{digest}"}
+            "reference": details.reference or f"{repository}@{digest}"}
 
 
 def _tag_of(entry: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from .. import __version__
 from ..engine.artifacts import sha256_file
 from ..journal import CellRecord, StageRecord
 from ..model.cell import Cell
+from ..outcome import Level, SmokeDetails
 from . import tagging
 
 TEST_RESULT_TYPE = "https://infermatrix.dev/attestations/test-result/v1"
@@ -63,16 +64,11 @@ def _status(stage: StageRecord | None) -> str | None:
     return str(stage.status) if stage else None
 
 
-def _level(level: dict[str, Any]) -> dict[str, Any]:
-    return {k: level.get(k) for k in ("status", "reason", "duration_s") if k in level}
-
-
-def smoke_host_facts(smoke_details: dict[str, Any]) -> dict[str, Any]:
+def smoke_host_facts(smoke: SmokeDetails) -> dict[str, Any]:
     """The smoke host as smoke recorded it: whether it had a GPU, and the device, compute
     capability and driver the gpu level saw."""
-    levels = smoke_details.get("levels") or {}
-    gpu = levels.get("gpu") or {}
-    facts: dict[str, Any] = {"gpu": bool(smoke_details.get("host_gpu"))}
+    gpu = smoke.levels.get("gpu", Level()).extra
+    facts: dict[str, Any] = {"gpu": bool(smoke.host_gpu)}
     for key in ("device", "capability", "driver_version", "driver"):
         if gpu.get(key) is not None:
             facts[key] = gpu[key]
@@ -86,10 +82,7 @@ def smoke_host_facts(smoke_details: dict[str, Any]) -> dict[str, Any]:
 def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
     """The test-result predicate of a cell from its journal record."""
     tag, smoke, audit = record.stage("tag"), record.stage("smoke"), record.stage("audit")
-    tag_details, smoke_details, audit_details = (record.details_of(name)
-                                                 for name in ("tag", "smoke", "audit"))
-    policy = tag_details.get("policy") or tagging.DEFAULT_POLICY
-    kind = tag_details.get("kind")
+    policy, kind = record.tag.policy or tagging.DEFAULT_POLICY, record.tag.kind
     if _status(tag) == "pass" and kind == tagging.TESTED:
         verdict = PASSED
     elif _status(tag) == "pass" and kind == tagging.STATIC_ONLY:
@@ -100,24 +93,20 @@ def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
         "cell": cell.id,
         "verdict": verdict,
         "kind": kind,
-        "image_id": tag_details.get("image_id") or smoke_details.get("image_id"),
-        "tagged_image_id": tag_details.get("tagged_image_id"),
+        "image_id": record.tag.image_id or record.smoke.image_id,
+        "tagged_image_id": record.tag.tagged_image_id,
         "required_levels": tagging.required_levels(policy, cell),
         "policy": policy,
-        "levels": {name: _level(level) for name, level in
-                   sorted((smoke_details.get("levels") or {}).items())
-                   if isinstance(level, dict)},
+        "levels": {name: level.summary() for name, level in sorted(record.smoke.levels.items())},
         "smoke": {"status": _status(smoke), "finished": smoke.finished if smoke else None,
-                  "image_id": smoke_details.get("image_id"),
-                  "tokens_per_s": smoke_details.get("tokens_per_s"),
+                  "image_id": record.smoke.image_id, "tokens_per_s": record.smoke.tokens_per_s,
                   # the job's shape, where the workload level ran (issue 43): its figures
-                  "workload": smoke_details.get("workload")},
+                  "workload": record.smoke.workload},
         "audit": {"status": _status(audit), "finished": audit.finished if audit else None,
                   "reason": audit.reason if audit else None,
-                  "checks": [{k: check.get(k) for k in ("name", "status", "detail")}
-                             for check in audit_details.get("checks") or []
-                             if isinstance(check, dict)]},
-        "host": smoke_host_facts(smoke_details),
+                  "checks": [{"name": c.name, "status": c.status, "detail": c.detail}
+                             for c in record.audit.checks]},
+        "host": smoke_host_facts(record.smoke),
         "tool": {"name": "infermatrix", "version": __version__},
     }
 
@@ -177,10 +166,9 @@ def recorded_bases(record: CellRecord) -> dict[str, dict[str, Any]]:
     """Base reference -> {"id", "digest"} as the build stage recorded them when it built the
     image (build.base_images); for a record without them, the base stage's references with
     `note` NOT_RECORDED and no id (an id read now could be another image's)."""
-    recorded = record.details_of("build").get("base_images")
-    if isinstance(recorded, dict):
-        return {str(ref): dict(base) if isinstance(base, dict) else {"id": base}
-                for ref, base in recorded.items()}
+    if record.build.base_images is not None:
+        return {ref: dict(base) if isinstance(base, dict) else {"id": base}
+                for ref, base in record.build.base_images.items()}
     return {str(ref): {"id": None, "digest": None, "note": NOT_RECORDED}
             for ref in record.details_of("base").get("images") or []}
 
@@ -193,8 +181,7 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
     `base_images`: base reference -> {"id", "digest"} as the build recorded them
     (recorded_bases; a bare image id is taken too); `engine_facts`: the Docker engine's
     version and platform (what built it)."""
-    build = record.stage("build")
-    details = record.details_of("build")
+    build, details = record.stage("build"), record.build
 
     def file_dep(path: Path, name: str) -> dict[str, Any]:
         return {"uri": f"file:{name}", "digest": {"sha256": sha256_file(path)}}
@@ -221,11 +208,10 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
         if notes:
             dep["annotations"] = notes
         deps.append(dep)
-    for name, kernel in sorted((details.get("kernels") or {}).items()):
-        if isinstance(kernel, dict):
-            deps.append({"uri": f"infermatrix-kernel:{name}", "name": kernel.get("key"),
-                         "annotations": {k: kernel.get(k) for k in ("cache", "source")
-                                         if kernel.get(k) is not None}})
+    for name, kernel in sorted(details.kernels.items()):
+        deps.append({"uri": f"infermatrix-kernel:{name}", "name": kernel.get("key"),
+                     "annotations": {k: kernel.get(k) for k in ("cache", "source")
+                                     if kernel.get(k) is not None}})
     builder = record.builder
     return {
         "buildDefinition": {
@@ -233,8 +219,8 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
             "externalParameters": {"cell": cell.id, "matrix": rel(matrix_path),
                                    "engine": cell.engine, "engine_version": cell.engine_version,
                                    "arch": cell.arch, "cuda": cell.cuda, "torch": cell.torch},
-            "internalParameters": {"build_args": details.get("build_args") or {},
-                                   "secret_ids": details.get("secret_ids") or [],
+            "internalParameters": {"build_args": details.build_args,
+                                   "secret_ids": details.secret_ids,
                                    "input_hash": record.input_hash},
             "resolvedDependencies": deps,
         },

@@ -909,9 +909,8 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         image_id = _unchanged(ctx, cell_id, digest, docker)
         if image_id:
             # What the build that made this image recorded about its kernels (cache hit/miss).
-            built = journal.cell_record(ctx.state, cell_id).stage("build")
             return CellResult(cell_id, "pass", image_id=image_id, reused=True,
-                              kernels=(built.details.get("kernels") if built else None) or {})
+                              kernels=journal.cell_record(ctx.state, cell_id).build.kernels)
 
     started = time.monotonic()
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -41,30 +41,28 @@ DEFAULT_TRAIN_IMAGE_S = 60.0
 def image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> tuple[float, str]:
     """The cell's last passing build from the journal, its kernel compiles taken out (`fresh`:
     what a fresh clone knows, the default)."""
-    if fresh:
-        return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
-    record = journal.cell_record(ctx.state, cell_id).stage("build")
-    if record is None or record.status != journal.Status.PASS or not record.duration_s:
-        return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
-    kernels = record.details.get("kernels") or {}
-    compiled = sum(float(k.get("duration_s") or 0) for k in kernels.values()
-                   if isinstance(k, dict) and k.get("cache") == "miss")
-    seconds = float(record.duration_s) - compiled
-    if seconds <= 0:
-        return DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN
-    return seconds, "journal"
+    seconds = None if fresh else _without_compiles(journal.cell_record(ctx.state, cell_id),
+                                                   "build")
+    return (seconds, "journal") if seconds else (DEFAULT_IMAGE_S, DEFAULT_IMAGE_ORIGIN)
 
 
 def train_image_seconds(ctx: Context, cell_id: str, fresh: bool = False) -> float:
     """The cell's last passing train target from the journal, its compiles taken out."""
-    record = None if fresh else journal.cell_record(ctx.state, cell_id).stage("train")
-    if record is None or record.status != journal.Status.PASS or not record.duration_s:
-        return DEFAULT_TRAIN_IMAGE_S
-    kernels = record.details.get("kernels") or {}
+    seconds = None if fresh else _without_compiles(journal.cell_record(ctx.state, cell_id),
+                                                   "train")
+    return seconds or DEFAULT_TRAIN_IMAGE_S
+
+
+def _without_compiles(record: journal.CellRecord, name: str) -> float | None:
+    """The seconds of the stage's last pass less its kernel compiles (None: none, or none
+    left)."""
+    stage = record.stage(name)
+    if stage is None or stage.status != journal.Status.PASS or not stage.duration_s:
+        return None
+    kernels = record.build.kernels if name == "build" else record.train.kernels
     compiled = sum(float(k.get("duration_s") or 0) for k in kernels.values()
-                   if isinstance(k, dict) and k.get("cache") == "miss")
-    seconds = float(record.duration_s) - compiled
-    return seconds if seconds > 0 else DEFAULT_TRAIN_IMAGE_S
+                   if k.get("cache") == "miss")
+    return stage.duration_s - compiled if stage.duration_s > compiled else None
 
 
 def compile_seconds(ctx: Context, name: str, key: kernelcache.KernelKey, max_jobs: int,

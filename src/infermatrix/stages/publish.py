@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..engine.docker import Engine
 from .. import journal
-from ..journal import CellRecord, StageRecord
+from ..journal import CellRecord
 from ..engine import registry as registries
 from ..config import Matrix
 from ..context import Context
@@ -129,22 +129,19 @@ def run_spec(matrix: Matrix, spec: CellSpec) -> dict[str, Any]:
     return run
 
 
-def smoke_summary(smoke: StageRecord | None) -> dict[str, Any]:
+def smoke_summary(record: CellRecord) -> dict[str, Any]:
     """The smoke results worth keeping in images.lock: per level status, reason, duration."""
-    details = smoke.details if smoke else {}
-    levels = {name: {k: level.get(k) for k in ("status", "reason", "duration_s")}
-              for name, level in sorted((details.get("levels") or {}).items())
-              if isinstance(level, dict)}
+    smoke, details = record.stage("smoke"), record.smoke
     return {"status": str(smoke.status) if smoke else None,
-            "finished": smoke.finished if smoke else None, "levels": levels,
-            "host_gpu": details.get("host_gpu"), "tokens_per_s": details.get("tokens_per_s"),
-            "workload": details.get("workload")}
+            "finished": smoke.finished if smoke else None,
+            "levels": {name: level.summary() for name, level in sorted(details.levels.items())},
+            "host_gpu": details.host_gpu, "tokens_per_s": details.tokens_per_s,
+            "workload": details.workload}
 
 
 def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,
                       labels: dict[str, str], record: CellRecord, run: dict[str, Any],
                       published: str) -> dict[str, Any]:
-    tag_details = record.details_of("tag")
     return {
         "cell": cell.id, "repository": repository, "tag": tag, "digest": digest,
         "reference": f"{repository}@{digest}", "image_id": image_id, "published": published,
@@ -153,9 +150,9 @@ def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_
         "min_driver": (labels or {}).get("io.infermatrix.driver.floor") or min_driver_for(cell.cuda),
         "min_driver_source": None if cell.cuda == CPU else load_drivers()["source"],
         "versions": versions_from_labels(labels), "labels": infermatrix_labels(labels),
-        "verified": tag_details.get("kind", "tested"),  # or static-only (tagging.py)
-        "tested_image_id": tag_details.get("image_id", image_id),
-        "smoke": smoke_summary(record.stage("smoke")),
+        "verified": record.tag.kind or "tested",  # or static-only (tagging.py)
+        "tested_image_id": record.tag.image_id or image_id,
+        "smoke": smoke_summary(record),
         "run": run,
     }
 
@@ -179,12 +176,11 @@ def tested_image_id(record: CellRecord) -> str | None:
     tag = record.stage("tag")
     if tag is None or tag.status != journal.Status.PASS:
         return None
-    details = tag.details
-    tested, current = details.get("image_id"), record.image_id
+    tested, current = record.tag.image_id, record.image_id
     if tested and current and tested != current:
         raise StageFailure(f"{record.cell}: rebuilt since it was tagged (tagged {tested}, "
                            f"built {current}); run smoke and tag again")
-    return details.get("tagged_image_id") or tested or current
+    return record.tag.tagged_image_id or tested or current
 
 
 def tagged_cells(state: StatePaths, selection: Selection) -> list[Candidate]:

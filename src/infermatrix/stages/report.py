@@ -7,9 +7,9 @@ throughput, the failing log tail). A cell goes Cell → CellPlan → CellReport,
 plan dict. Plans come from storage at two edges only, each read back once with
 `CellPlan.from_dict`: the plan a journal-only cell recorded (`CellRecord.recorded_plan`) and a
 plan JSON file (`load_plan_file`, `infermatrix plan --json` output). Journals are partial by
-nature (interrupted runs, stages that never ran, details of any shape written by other
-stages), so every reader here tolerates missing keys and unexpected types; a report never
-crashes on a journal.
+nature (interrupted runs, stages that never ran, records of other versions): the stages'
+details are read typed (`CellRecord.build`, `.audit`, `.smoke`, ...; outcome.py), a missing
+key or a value of another type an empty field, so a report never crashes on a journal.
 
 Outputs (`write_report`): `report.html` (one self-contained file, Jinja template in
 templates/report/, autoescaped, no external assets), `report.md` (a pull-request comment or a
@@ -45,8 +45,9 @@ from ..journal import CellRecord, StageRecord, load_records, records_of
 from .. import levels as level_table
 from ..model.cell import CellPlan
 from ..model.spec import CellSpec
-from ..journal import number_of as _number
-from ..journal import text_of as _text
+from ..outcome import AuditDetails, Level, LockEntry, Signing, SmokeDetails
+from ..outcome import number_of as _number
+from ..outcome import text_of as _text
 from ..errors import InfermatrixError, StageFailure
 from ..state import StatePaths, write_text_beside
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
@@ -71,10 +72,6 @@ OUTCOME_ICONS = {"tagged": "✅", "verified": "🔵", "built": "🟡", "failed":
 LOG_TAIL_LINES = 40
 LOG_TAIL_CHARS = 8000
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
-_SIZE_KEYS = ("image_size_bytes", "image_size")
-_TOKENS_KEY = re.compile(r"(tok(en)?s?_?(per_?s(ec(ond)?)?|/s|_s)$)|(throughput)", re.I)
-_NAME_KEYS = ("object", "path", "file", "name", "library", "so")
-_COVERAGE_KEYS = ("coverage", "objects", "shared_objects", "kernels", "files")
 
 
 # A stage row of the report is the journal's typed stage record.
@@ -221,11 +218,6 @@ def safe_url(value: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Journal record → stage results, outcome, facts.
 
-def stage_results(record: CellRecord) -> list[StageResult]:
-    """Stage results in pipeline order, then any stage this code does not know."""
-    return record.ordered_stages()
-
-
 AFTER_SERVING = frozenset({"train"})  # stages on another image than the serving one
 
 
@@ -250,32 +242,6 @@ def outcome_of(plan_status: str, stages: list[StageResult]) -> tuple[str, str | 
     return "not-built", None
 
 
-def tokens_figures(value: Any, depth: int = 0) -> dict[str, float]:
-    """Throughput figures anywhere in smoke details: a number under a key like `tokens_per_s`,
-    or the numbers of a mapping under it (the harness records {"single": .., "concurrent": ..})."""
-    found: dict[str, float] = {}
-    if depth > 5:
-        return found
-    children: Iterable[Any] = value.values() if isinstance(value, dict) else \
-        value if isinstance(value, list) else ()
-    if isinstance(value, dict):
-        for key, child in value.items():
-            if not _TOKENS_KEY.search(str(key)):
-                continue
-            number = _number(child)
-            if number is not None:
-                found.setdefault(str(key), number)
-            elif isinstance(child, dict):
-                for sub, figure in child.items():
-                    if (number := _number(figure)) is not None:
-                        found.setdefault(str(sub), number)
-    for child in children:
-        if isinstance(child, (dict, list)):
-            for key, number in tokens_figures(child, depth + 1).items():
-                found.setdefault(key, number)
-    return found
-
-
 def _best_figure(figures: dict[str, float]) -> float | None:
     return max(figures.values()) if figures else None
 
@@ -288,72 +254,29 @@ def _figures_text(figures: dict[str, float]) -> str:
     return ", ".join(f"{key} {number:.1f}" for key, number in ranked)
 
 
-def image_size(record: CellRecord, stages: list[StageResult]) -> int | None:
-    """The image size in bytes: a top-level field of the record, or of a stage's details
-    (never searched deeper: audited objects and kernel wheels have sizes of their own)."""
-    build_first = sorted(stages, key=lambda s: s.name != "build")
-    for source in [record.extra] + [s.details for s in build_first]:
-        for key in _SIZE_KEYS:
-            number = _number(source.get(key))
-            if number is not None and number > 0:
-                return int(number)
-    return None
+def image_size(record: CellRecord) -> int | None:
+    """The image size in bytes, as `fill_image_sizes` read it from Docker (no stage records
+    one)."""
+    number = _number(record.extra.get("image_size_bytes"))
+    return int(number) if number is not None and number > 0 else None
 
 
-def versions(record: CellRecord, stages: list[StageResult]) -> dict[str, str]:
-    """Installed versions any stage recorded under `versions` (later stages win)."""
-    found: dict[str, str] = {}
-    for source in [record.extra] + [s.details for s in stages]:
-        value = _mapping(source).get("versions")
-        if isinstance(value, dict):
-            found.update({str(k): _text(v) or "" for k, v in value.items()})
-    return found
-
-
-def _coverage_source(details: Any) -> list[dict[str, Any]]:
-    details = _mapping(details)
-    for key in _COVERAGE_KEYS + tuple(details):
-        value = details.get(key)
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            return value
-        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            return [{"object": name, **row} for name, row in value.items()]
-    return []
-
-
-def _row_uncovered(row: Mapping[str, Any]) -> bool:
-    for key in ("covered", "ok", "pass"):
-        if row.get(key) is False:
-            return True
-    status = str(row.get("status") or row.get("verdict") or "").lower()
-    return status in ("fail", "failed", "uncovered", "missing", "not covered")
-
-
-def _row_name(row: Mapping[str, Any]) -> str:
-    for key in _NAME_KEYS:
-        if row.get(key):
-            return str(row[key])
-    return json.dumps(row, default=str, sort_keys=True)
-
-
-def kernel_coverage(stages: list[StageResult]) -> tuple[list[str], list[dict[str, Any]], list[str]]:
-    """(columns, rows with `_uncovered` marks, uncovered object names) from the audit details."""
-    audit = next((s for s in stages if s.name == "audit"), None)
-    if audit is None:
-        return [], [], []
-    rows = _coverage_source(audit.details)
+def kernel_coverage(audit: AuditDetails) -> tuple[list[str], list[dict[str, Any]], list[str]]:
+    """(columns, rows with `uncovered` marks, uncovered object names) from the audit's
+    coverage rows (one per object: object, package, size, cubins, ptx, a verdict per target,
+    covered, group)."""
+    rows = audit.coverage
     columns: list[str] = []
     for row in rows:
         columns += [str(k) for k in row if str(k) not in columns]
     # What the row is about first (journals may store keys sorted), then the verdict.
-    first = [k for k in _NAME_KEYS + ("package",) if k in columns]
-    last: list[str] = [k for k in ("covered", "status", "how") if k in columns]
+    first = [k for k in ("object", "package") if k in columns]
+    last = [k for k in ("covered",) if k in columns]
     columns = first + [k for k in columns if k not in first + last] + last
     marked = [{"cells": [_coverage_text(c, row.get(c)) for c in columns],
-               "uncovered": _row_uncovered(row)} for row in rows]
-    uncovered = _uncovered_names(_mapping(audit.details).get("uncovered"))
-    if not uncovered:
-        uncovered = [_row_name(r) for r in rows if _row_uncovered(r)]
+               "uncovered": row.get("covered") is False} for row in rows]
+    uncovered = audit.uncovered or [_text(r.get("object")) or "?" for r in rows
+                                    if r.get("covered") is False]
     return columns, marked, uncovered
 
 
@@ -361,17 +284,6 @@ def _coverage_text(column: str, value: Any) -> str:
     if column == "size" and _number(value) is not None:
         return human_size(_number(value))
     return _cell_text(value)
-
-
-def _uncovered_names(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [str(k) for k in value]
-    if isinstance(value, list):
-        return [item if isinstance(item, str) else _row_name(_mapping(item)) or str(item)
-                for item in value]
-    return []
 
 
 def _cell_text(value: Any) -> str:
@@ -386,40 +298,18 @@ def _cell_text(value: Any) -> str:
     return str(value)
 
 
-def audit_checks(stages: list[StageResult]) -> list[dict[str, str]]:
+def audit_checks(audit: AuditDetails) -> list[dict[str, str]]:
     """The audit's checks (kernels, cuda-major, torch-cuda, pins, pip-check, engine-floor)."""
-    audit = next((s for s in stages if s.name == "audit"), None)
-    checks = _mapping(audit.details if audit else None).get("checks")
-    if not isinstance(checks, list):
-        return []
-    return [{"name": _text(c.get("name")) or "", "status": _text(c.get("status")) or "",
-             "detail": redact(_text(c.get("detail")) or "")}
-            for c in checks if isinstance(c, dict)]
+    return [{"name": c.name, "status": c.status, "detail": redact(c.detail)}
+            for c in audit.checks]
 
 
-def _smoke_details(stages: list[StageResult]) -> dict[str, Any]:
-    smoke = next((s for s in stages if s.name == "smoke"), None)
-    return _mapping(smoke.details) if smoke else {}
-
-
-def _without_throughput(details: dict[str, Any]) -> dict[str, Any]:
-    """Smoke details less the throughput and workload levels' many figures (each counted once,
-    on its own)."""
-    levels = details.get("levels")
-    rest = {k: v for k, v in details.items() if k not in level_table.SUMMARISED}
-    if isinstance(levels, dict):
-        rest["levels"] = {k: v for k, v in levels.items() if k not in level_table.SUMMARISED}
-    return rest
-
-
-def workload_view(stages: list[StageResult]) -> dict[str, Any] | None:
+def workload_view(level: Level | None) -> dict[str, Any] | None:
     """The workload level as the report shows it: the sweep as bar rows, soak, needle,
     backends seen, the target and the last published figure."""
-    levels = _mapping(_smoke_details(stages).get("levels"))
-    level = _mapping(levels.get("workload"))
-    sweep = _mapping(level.get("sweep"))
-    points = [p for p in sweep.get("points") or [] if isinstance(p, dict)]
-    if not points:
+    points = [p for p in (level.sweep.get("points") if level else None) or []
+              if isinstance(p, dict)]
+    if level is None or not points:
         return None
     top = max([_number(p.get("tokens_per_s")) or 0.0 for p in points] or [0.0])
 
@@ -433,14 +323,12 @@ def workload_view(stages: list[StageResult]) -> dict[str, Any] | None:
              "itl": pair(p, "itl_ms"),
              "problems": f"{p.get('errors', 0)} / {p.get('truncated', 0)} / "
                          f"{p.get('empty', 0)} / {p.get('malformed', 0)}"} for p in points]
-    soak, needle = _mapping(level.get("soak")), _mapping(level.get("needle"))
-    backends, target = _mapping(level.get("backends")), _mapping(level.get("target"))
-    predicted = _mapping(level.get("prediction"))
-    seen = _mapping(backends.get("seen"))
-    return {"status": _text(level.get("status")) or "", "reason": _text(level.get("reason")),
-            "tokens_per_s": _number(level.get("tokens_per_s")), "rows": rows,
-            "capacity": sweep.get("capacity"), "capacity_source": _text(sweep.get(
-                "capacity_source")),
+    soak, needle, target, predicted = level.soak, level.needle, level.target, level.prediction
+    seen = _mapping(level.backends.get("seen"))
+    return {"status": level.status or "", "reason": level.reason,
+            "tokens_per_s": _number(level.tokens_per_s), "rows": rows,
+            "capacity": level.sweep.get("capacity"),
+            "capacity_source": _text(level.sweep.get("capacity_source")),
             "soak": f"{soak.get('seconds')} s at {soak.get('concurrency')} in flight, "
                     f"{soak.get('requests')} answers, {soak.get('tokens_per_s')} tokens/s, "
                     f"{soak.get('errors', 0)} errors, server "
@@ -449,7 +337,7 @@ def workload_view(stages: list[StageResult]) -> dict[str, Any] | None:
                       + (f" ({needle.get('retrieval')})" if needle.get("retrieval") else ""),
             "backends": "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in seen.items())
                         or "none named in the server's log",
-            "backends_status": _text(backends.get("status")) or "",
+            "backends_status": _text(level.backends.get("status")) or "",
             "target": target.get("target_tokens_per_s"),
             "previous": target.get("previous_tokens_per_s"),
             "regression": _text(target.get("regression")),
@@ -466,15 +354,12 @@ def _pct(value: Any, top: float) -> float:
     return round(100.0 * number / top, 1) if number and top > 0 else 0.0
 
 
-def throughput_chart(stages: list[StageResult]) -> dict[str, Any] | None:
+def throughput_chart(level: Level | None) -> dict[str, Any] | None:
     """The throughput level's sweep and scaling as bar rows (width: % of the best figure)."""
-    levels = _mapping(_smoke_details(stages).get("levels"))
-    level = _mapping(levels.get("throughput"))
-    points = [p for p in level.get("points") or [] if isinstance(p, dict)]
-    if not points:
+    points = [p for p in level.points if isinstance(p, dict)] if level else []
+    if level is None or not points:
         return None
-    scaling = [s for s in level.get("scaling") or [] if isinstance(s, dict)]
-    top = max([_number(p.get("tokens_per_s")) or 0.0 for p in points + scaling] or [0.0])
+    top = max([_number(p.get("tokens_per_s")) or 0.0 for p in points + level.scaling] or [0.0])
 
     def latency(p: dict[str, Any], key: str) -> str:
         figures = _mapping(p.get(key))
@@ -489,43 +374,34 @@ def throughput_chart(stages: list[StageResult]) -> dict[str, Any] | None:
              "errors": p.get("errors", 0)} for p in points]
     scale = [{"label": f"{s.get('replicas')} replica(s)",
               "tokens_per_s": _number(s.get("tokens_per_s")), "pct": _pct(s.get("tokens_per_s"), top)}
-             for s in scaling]
-    return {"status": _text(level.get("status")) or "", "replicas": level.get("replicas"),
-            "tokens_per_s": _number(level.get("tokens_per_s")),
-            "per_replica_tokens_per_s": _number(level.get("per_replica_tokens_per_s")),
-            "scaling_ratio": _number(level.get("scaling_ratio")),
-            "errors": level.get("errors", 0), "rows": rows, "scaling": scale}
+             for s in level.scaling]
+    return {"status": level.status or "", "replicas": level.replicas,
+            "tokens_per_s": _number(level.tokens_per_s),
+            "per_replica_tokens_per_s": level.per_replica_tokens_per_s,
+            "scaling_ratio": level.scaling_ratio,
+            "errors": level.errors or 0, "rows": rows, "scaling": scale}
 
 
-def smoke_levels(stages: list[StageResult]) -> list[dict[str, Any]]:
-    """One row per smoke level (static, gpu, model): status, duration, tokens/s, note."""
-    smoke = next((s for s in stages if s.name == "smoke"), None)
-    if smoke is None:
-        return []
-    details = _mapping(smoke.details)
-    levels = details.get("levels", details.get("results"))
-    if isinstance(levels, dict):
-        items = [(str(k), v) for k, v in levels.items()]
-    elif isinstance(levels, list):
-        items = [(str(_mapping(v).get("level") or _mapping(v).get("name") or i), v)
-                 for i, v in enumerate(levels)]
-    else:
-        return []
-    order = level_table.NAMES  # run order; a name it lacks last
-    items.sort(key=lambda item: order.index(item[0]) if item[0] in order else len(order))
+def level_figures(name: str, level: Level) -> dict[str, float]:
+    """A level's tokens/s figures: the model level's by name; the throughput and workload
+    levels' total only (their sweeps are their charts)."""
+    if name not in level_table.SUMMARISED:
+        return level.figures()
+    total = _number(level.tokens_per_s)
+    return {} if total is None else {name: total}
+
+
+def smoke_levels(smoke: SmokeDetails) -> list[dict[str, Any]]:
+    """One row per smoke level (static, gpu, model, ...): status, duration, tokens/s, note."""
     rows = []
-    for name, value in items:
-        entry = value if isinstance(value, dict) else {"status": _text(value)}
-        figures = tokens_figures(entry)
-        if name in level_table.SUMMARISED:  # its total only; the sweep is its chart
-            total = _number(entry.get("tokens_per_s"))
-            figures = {"total": total} if total is not None else {}
-        rows.append({"level": name, "status": _text(entry.get("status")) or "",
-                     "duration_s": _number(entry.get("duration_s")),
-                     "tokens_per_s": _best_figure(figures),
-                     "tokens_text": _figures_text(figures),
-                     "note": _text(entry.get("reason") or entry.get("note")
-                                   or entry.get("error")) or ""})
+    order = level_table.NAMES  # run order; a name it lacks last
+    for name, level in sorted(smoke.levels.items(),
+                              key=lambda item: order.index(item[0]) if item[0] in order
+                              else len(order)):
+        figures = level_figures(name, level)
+        rows.append({"level": name, "status": level.status or "",
+                     "duration_s": level.duration_s, "tokens_per_s": _best_figure(figures),
+                     "tokens_text": _figures_text(figures), "note": level.reason or ""})
     return rows
 
 
@@ -540,23 +416,19 @@ def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def stage_log_tail(stage: StageResult, cell_id: str, state: StatePaths | None) -> str | None:
-    """The tail of a stage's log: from its details, its log file (or the conventional path
-    under the state directory when the journal came from another machine), else its reason."""
-    details = _mapping(stage.details)
-    tail: Any = details.get("log_tail") or details.get("tail")
-    if isinstance(tail, list):
-        tail = "\n".join(str(line) for line in tail)
-    if not isinstance(tail, str) or not tail:
+def stage_log_tail(stage: StageResult, record: CellRecord, cell_id: str,
+                   state: StatePaths | None) -> str | None:
+    """The tail of a stage's log: the tail a failed build recorded, its log file (or the
+    conventional path under the state directory when the journal came from another machine),
+    else its reason."""
+    tail = record.build.log_tail if stage.name == "build" else None
+    if not tail:
         paths = [Path(stage.log)] if stage.log else []
         if state is not None:
             paths.append(state.cell_log(cell_id, stage.name))
         tail = next((t for t in (read_tail(p) for p in paths) if t), None)
-    if not tail:
-        tail = stage.reason
-    if not tail:
-        return None
-    return redact(tail[-LOG_TAIL_CHARS:])
+    tail = tail or stage.reason
+    return redact(tail[-LOG_TAIL_CHARS:]) if tail else None
 
 
 def recorded_plan(record: CellRecord) -> tuple[CellPlan | None, str]:
@@ -576,7 +448,7 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
     recorded, if any (a journal-only cell)."""
     record = record or CellRecord(cell_id)
     plan, plan_status = (plan, plan.status) if plan is not None else recorded_plan(record)
-    stages = stage_results(record)
+    stages = record.ordered_stages()
     outcome, failed = outcome_of(plan_status, stages)
     axes = plan.cell.axes() if plan else dict(UNKNOWN_AXES)
     reasons = [v.as_dict() for v in plan.verdicts] if plan else []
@@ -591,51 +463,46 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
             reasons = [{"rule": "plan", "reason": plan_stage.reason, "source": ""}]
     failed_stage = next((s for s in stages if s.name == failed), None)
     running = next((s for s in stages if s.status == "running"), None)
-    columns, rows, uncovered = kernel_coverage(stages)
-    levels = smoke_levels(stages)
-    smoke = next((s for s in stages if s.name == "smoke"), None)
-    figures = tokens_figures(_without_throughput(_mapping(smoke.details))) if smoke else {}
-    chart = throughput_chart(stages)
-    if chart and chart["tokens_per_s"] is not None:
-        figures["throughput"] = chart["tokens_per_s"]
-    work = workload_view(stages)
-    if work and work["tokens_per_s"] is not None:
-        figures["workload"] = work["tokens_per_s"]
+    columns, rows, uncovered = kernel_coverage(record.audit)
+    smoke = record.smoke
+    figures = smoke.levels["model"].figures() if "model" in smoke.levels else {}
+    chart = throughput_chart(smoke.levels.get("throughput"))
+    work = workload_view(smoke.levels.get("workload"))
+    for name, view in (("throughput", chart), ("workload", work)):
+        if view and view["tokens_per_s"] is not None:
+            figures[name] = view["tokens_per_s"]
     return CellReport(
         id=cell_id, axes=axes, plan_status=plan_status, outcome=outcome, failed_stage=failed,
         interrupted_stage=running.name if running else None, reasons=reasons,
         settings=plan.settings.as_dict() if plan and plan.settings else {}, stages=stages,
-        image_id=record.image_id, image_size=image_size(record, stages),
-        versions=versions(record, stages), coverage_columns=columns, coverage_rows=rows,
-        uncovered=uncovered, smoke_levels=levels, throughput=chart, workload=work,
+        image_id=record.image_id, image_size=image_size(record),
+        versions=dict(record.audit.versions), coverage_columns=columns, coverage_rows=rows,
+        uncovered=uncovered, smoke_levels=smoke_levels(smoke), throughput=chart, workload=work,
         tokens_per_s=_best_figure(figures), tokens_text=_figures_text(figures),
-        audit_checks=audit_checks(stages),
-        log_tail=stage_log_tail(failed_stage, cell_id, state) if failed_stage else None,
-        in_plan=plan is not None, problems=list(record.problems), signing=signing_status(stages))
+        audit_checks=audit_checks(record.audit),
+        log_tail=stage_log_tail(failed_stage, record, cell_id, state) if failed_stage
+        else None,
+        in_plan=plan is not None, problems=list(record.problems), signing=signing_status(record))
 
 
-def signing_status(stages: list[StageResult]) -> dict[str, Any] | None:
+def signing_status(record: CellRecord) -> dict[str, Any] | None:
     """A published cell's signing, from the images.lock entry publish recorded (None when it
     was not published): signed (key fingerprint, verdict, signature and attestation digests,
     the SBOM file publish wrote under the state directory) or unsigned."""
-    publish = next((s for s in stages if s.name == "publish"), None)
-    if publish is None or publish.status != "pass":
+    if record.status_of("publish") != "pass":
         return None
-    entry = _mapping(_mapping(publish.details).get("lock_entry"))
-    signing = _mapping(entry.get("signing"))
-    if not signing.get("signed"):
+    signing = (record.publish.lock_entry or LockEntry()).signing or Signing()
+    if not signing.signed:
         return {"status": "unsigned", "text": "published unsigned (pull and deploy refuse it "
                 "without --skip-verify)", "sbom": None, "attestations": {}, "key": None,
                 "signature": None}
-    key = _text(signing.get("key")) or "keyless"
-    attestations = {str(k): _text(v) for k, v in _mapping(signing.get("attestations")).items()}
-    sbom_file = _text(signing.get("sbom_file"))
+    key = signing.key or "keyless"
+    sbom = signing.sbom_file
     return {"status": "signed",
-            "text": f"signed, key {key[:23]}…, verdict {_text(signing.get('verdict'))!r}, "
-                    f"{_text(signing.get('mode'))}",
-            "key": key, "signature": _text(_mapping(signing.get("signature")).get("digest")),
-            "attestations": attestations,
-            "sbom": f"../{sbom_file}" if sbom_file and ".." not in sbom_file else None}
+            "text": f"signed, key {key[:23]}…, verdict {signing.verdict!r}, {signing.mode}",
+            "key": key, "signature": _text(signing.signature.get("digest")),
+            "attestations": {str(k): _text(v) for k, v in signing.attestations.items()},
+            "sbom": f"../{sbom}" if sbom and ".." not in sbom else None}
 
 
 def build_report(journal: Mapping[str, Any], plans: Iterable[CellPlan] | None,
@@ -679,7 +546,7 @@ def fill_image_sizes(records: Mapping[str, CellRecord], docker: Engine) -> int:
     """Set `image_size_bytes` (in memory) from `docker` for built cells whose journal has no
     size; without a Docker engine, nothing. Returns how many were filled."""
     wanting = {cid: r.image_id for cid, r in records.items()
-               if r.image_id and not image_size(r, stage_results(r))}
+               if r.image_id and not image_size(r)}
     if not wanting:
         return 0
     if not docker.available():

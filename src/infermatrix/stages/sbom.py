@@ -193,12 +193,9 @@ def kernel_wheels(ctx: Context, record: CellRecord, lock_text: str | None) -> li
     from ..model.spec import kernel_pins_from_lock
     from packaging.utils import canonicalize_name
 
-    details = record.details_of("build")
     pins = kernel_pins_from_lock(lock_text or "") if lock_text else {}
     found = []
-    for name, kernel in sorted((details.get("kernels") or {}).items()):
-        if not isinstance(kernel, dict):
-            continue
+    for name, kernel in sorted(record.build.kernels.items()):
         entry_path = ctx.state.kernels / str(kernel.get("key", "")) / "entry.json"
         entry: dict[str, Any] = {}
         if kernel.get("key") and entry_path.is_file():

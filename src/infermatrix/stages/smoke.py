@@ -401,7 +401,7 @@ def recorded_audit(record: journal.CellRecord, image_id: str, docker: Engine
     audit, built = record.stage("audit"), record.stage("build")
     if audit is None or audit.status not in (journal.Status.PASS, journal.Status.FAIL):
         return None
-    image = audit.details.get("image")
+    image = record.audit.image
     if not image or (audit.finished or "") < (built.finished or "" if built else ""):
         return None
     if image != image_id and docker.image_id_of(image) != image_id:
@@ -790,12 +790,10 @@ def workload_level(harness: Harness, launch: LaunchSpec, host_model: Path,
 def audited_gdn_choice(record: journal.CellRecord, arch: str) -> str | None:
     """The GDN prefill backend the audit read the engine choosing for `arch` (its Triton
     check runs the engine's own _resolve_gdn_prefill_backend), or None when it made none."""
-    for check in record.details_of("audit").get("checks") or []:
-        if isinstance(check, dict) and check.get("name") == "triton-smem":
-            path = ((check.get("paths") or {}).get(arch) or {}).get("gdn_prefill") or {}
-            chosen = path.get("chosen") if isinstance(path, dict) else None
-            return chosen if isinstance(chosen, str) else None
-    return None
+    check = next((c for c in record.audit.checks if c.name == "triton-smem"), None)
+    path = ((check.extra.get("paths") or {}).get(arch) or {}).get("gdn_prefill") if check else {}
+    chosen = path.get("chosen") if isinstance(path, dict) else None
+    return chosen if isinstance(chosen, str) else None
 
 
 def read_lock_entry(ctx: Context, cell_id: str) -> dict[str, Any]:
@@ -880,12 +878,10 @@ def timed_level(level: str, fn: Callable[[], LevelResult]) -> LevelResult:
 
 def previous_levels(record: journal.CellRecord, image_id: str) -> dict[str, Any]:
     """Levels of an earlier smoke run of the same image (kept when a run redoes only some)."""
-    smoke = record.stage("smoke")
-    details = record.details_of("smoke")
-    if smoke is None or smoke.status == journal.Status.RUNNING \
-            or details.get("image_id") != image_id:
+    if record.status_of("smoke") in (None, journal.Status.RUNNING) \
+            or record.smoke.image_id != image_id:
         return {}
-    return dict(details.get("levels") or {})
+    return {name: level.to_json() for name, level in record.smoke.levels.items()}
 
 
 def smoke_endpoint(ctx: Context, text: str | None) -> "engine.Endpoint | None":

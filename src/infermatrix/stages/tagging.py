@@ -35,6 +35,7 @@ from ..errors import ConfigError, StageFailure
 from .. import levels as level_table
 from ..model.cell import Cell
 from ..model.spec import CellSpec
+from ..outcome import Level
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 TESTED = "tested"
@@ -75,14 +76,13 @@ def required_levels(policy: dict[str, Any], cell: Cell) -> list[str]:
     return [lv for lv in required if cell.is_gpu or lv not in level_table.GPU_CELLS_ONLY]
 
 
-def below_floor(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
-                cell: Cell) -> str | None:
+def below_floor(levels: dict[str, Level], policy: dict[str, Any], cell: Cell) -> str | None:
     """Why the measured throughput is under the policy's floor, or None."""
     floor = throughput_floor(policy, cell)
-    level = levels.get("throughput") or {}
-    if floor is None or level.get("status") != "pass":
+    level = levels.get("throughput", Level())
+    if floor is None or level.status != "pass":
         return None
-    measured = float(level.get("per_replica_tokens_per_s") or 0.0)
+    measured = level.per_replica_tokens_per_s or 0.0
     if measured >= floor:
         return None
     unit = "GPU" if cell.is_gpu else "CPU replica"
@@ -90,23 +90,23 @@ def below_floor(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
             f"tag_policy.throughput ({floor:g})")
 
 
-def skipped_for_no_gpu(level: dict[str, Any]) -> bool:
-    return level.get("status") == "skip" and bool(level.get("needs_gpu"))
+def skipped_for_no_gpu(level: Level) -> bool:
+    return level.status == "skip" and bool(level.needs_gpu)
 
 
-def required_outcomes(levels: dict[str, dict[str, Any]], policy: dict[str, Any],
+def required_outcomes(levels: dict[str, Level], policy: dict[str, Any],
                       cell: Cell) -> tuple[list[str], dict[str, str]]:
     """(required levels that did not run, required levels skipped -> why)."""
     missing, skipped = [], {}
     for name in required_levels(policy, cell):
         level = levels.get(name)
-        if level is not None and level.get("applicable") is False:
+        if level is not None and level.applicable is False:
             continue  # e.g. model on an engine that serves nothing: recorded as not applicable
         if level is None:
             missing.append(name)
-        elif level.get("status") == "skip":
-            skipped[name] = level.get("reason") or "skipped"
-        elif level.get("status") not in ("pass", "fail"):
+        elif level.status == "skip":
+            skipped[name] = level.reason or "skipped"
+        elif level.status not in ("pass", "fail"):
             missing.append(name)
     return missing, skipped
 
@@ -122,8 +122,7 @@ def decide_tag(record: journal.CellRecord, policy: dict[str, Any], cell: Cell) -
     smoke = record.stage("smoke")
     if smoke is None or smoke.status == journal.Status.RUNNING:
         return refuse("not smoke-tested (no finished smoke run)", image_id=image_id)
-    details = smoke.details
-    tested = details.get("image_id")
+    tested = record.smoke.image_id
     if tested != image_id:
         return refuse(f"the image was rebuilt after the smoke test (tested {tested}, built "
                       f"{image_id}): run smoke again", image_id=image_id)
@@ -131,9 +130,9 @@ def decide_tag(record: journal.CellRecord, policy: dict[str, Any], cell: Cell) -
     if audit is not None and audit.status == journal.Status.FAIL:  # e.g. `infermatrix audit` run on its own after smoke
         return refuse(f"the audit failed: {audit.reason or 'see the audit stage'}",
                       image_id=image_id)
-    levels: dict[str, dict[str, Any]] = details.get("levels") or {}
+    levels = record.smoke.levels
     missing, skipped = required_outcomes(levels, policy, cell)
-    failed = {name: lv.get("reason") for name, lv in levels.items() if lv.get("status") == "fail"}
+    failed = {name: lv.reason for name, lv in levels.items() if lv.status == "fail"}
     if failed:
         return refuse("failed: " + "; ".join(f"{n}: {r}" for n, r in failed.items()),
                       image_id=image_id, skipped=skipped)
@@ -148,14 +147,13 @@ def decide_tag(record: journal.CellRecord, policy: dict[str, Any], cell: Cell) -
     return static_only(cell, policy, levels, skipped, image_id)
 
 
-def static_only(cell: Cell, policy: dict[str, Any], levels: dict[str, dict[str, Any]],
+def static_only(cell: Cell, policy: dict[str, Any], levels: dict[str, Level],
                 skipped: dict[str, str], image_id: str) -> TagDecision:
     """Required levels were skipped: a static-only tag, if the policy allows it, else none."""
     why = "; ".join(f"{n}: {r}" for n, r in skipped.items())
     not_verified = f"built, not verified (required level(s) skipped: {why})"
-    gpu_only = all(n in level_table.STATIC_ONLY_WAIVES and skipped_for_no_gpu(levels[n])
-                   for n in skipped)
-    static_passed = (levels.get("static") or {}).get("status") == "pass"
+    gpu_only = all(n in level_table.STATIC_ONLY_WAIVES and skipped_for_no_gpu(levels[n]) for n in skipped)
+    static_passed = levels.get("static", Level()).status == "pass"
     if not (policy.get("allow_static_only") and cell.is_gpu and gpu_only and static_passed):
         return TagDecision(cell.id, False, not_verified, image_id=image_id, skipped=skipped)
     return TagDecision(cell.id, True, f"static only: {not_verified}", STATIC_ONLY, image_id,

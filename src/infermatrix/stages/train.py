@@ -33,6 +33,7 @@ from ..model import compileplan
 from ..model.coverage import Coverage, DeviceCode, decide
 from ..model.spec import CellSpec
 from ..options import RunOptions
+from ..outcome import TrainDetails
 from ..state import run_lock
 from . import build
 from .steps import Run, StepRecord, builder_groups, echo, step_record
@@ -155,12 +156,10 @@ def train_hash(serving_hash: str, train_keys: dict[str, kernelcache.KernelKey]) 
 
 def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
     """The image id when the journal's train stage built this exact input and it is there."""
-    stage = journal.cell_record(ctx.state, cell_id).stage("train")
-    if stage is None or stage.status != journal.Status.PASS or \
-            stage.details.get("input_hash") != digest:
-        return None
-    image_id = stage.details.get("image_id")
-    if not image_id or not docker.image_exists(image_id):
+    record = journal.cell_record(ctx.state, cell_id)
+    image_id = record.train.image_id
+    if record.status_of("train") != journal.Status.PASS or record.train.input_hash != digest \
+            or not image_id or not docker.image_exists(image_id):
         return None
     if docker.image_id_of(build.train_ref(cell_id)) != image_id:
         docker.tag_image(image_id, build.train_ref(cell_id))
@@ -169,10 +168,8 @@ def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str |
 
 def serving_tag(ctx: Context, cell_id: str) -> str | None:
     """The tag the tag step put on the serving image, if it did."""
-    stage = journal.cell_record(ctx.state, cell_id).stage("tag")
-    if stage is None or stage.status != journal.Status.PASS:
-        return None
-    return stage.details.get("ref") or None
+    record = journal.cell_record(ctx.state, cell_id)
+    return (record.tag.ref or None) if record.status_of("tag") == journal.Status.PASS else None
 
 
 def tag_train(ctx: Context, cell_id: str, image_id: str, docker: Engine) -> str | None:
@@ -211,10 +208,9 @@ def build_train_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompileP
     status = journal.Status.PASS if result.status == "pass" else journal.Status.FAIL
     journal.record_stage(ctx.state, cell.id, "train", status, duration_s=result.duration_s,
                          log=log_path, reason=result.reason,
-                         details={"image_id": result.image_id, "tag": result.tag,
-                                  "local_tag": build.train_ref(cell.id),
-                                  "input_hash": result.input_hash,
-                                  "kernels": result.kernels, "coverage": result.coverage})
+                         details=TrainDetails(result.image_id, result.tag,
+                                              build.train_ref(cell.id), result.input_hash,
+                                              result.kernels, result.coverage))
     return result
 
 
@@ -230,12 +226,10 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     serving_hash = journal.cell_record(ctx.state, cell.id).input_hash or ""
     digest = train_hash(serving_hash, train_keys)
     if not options.force and (image_id := _unchanged(ctx, cell.id, digest, docker)):
-        stage = journal.cell_record(ctx.state, cell.id).stage("train")
-        details = stage.details if stage else {}
+        details = journal.cell_record(ctx.state, cell.id).train
         return TrainResult(cell.id, "pass", image_id=image_id, reused=True,
                            tag=tag_train(ctx, cell.id, image_id, docker),
-                           kernels=details.get("kernels") or {},
-                           coverage=details.get("coverage") or {}, input_hash=digest)
+                           kernels=details.kernels, coverage=details.coverage, input_hash=digest)
     build_args = compile.build_args()
     job = build.CellBuild(ctx, cell.id, directory, build_args, build.secrets_for(options),
                           log_path, build._Deadline.for_cell(ctx, options), echo, docker,

@@ -304,9 +304,9 @@ def audited_objects(facts: ImageFacts, codes: dict[str, DeviceCode], targets: li
 def recorded_mapped(ctx: "Context", cell_id: str, image: str, docker: Engine
                     ) -> dict[str, Any] | None:
     """The objects the `model` smoke level saw the server map, for this very image."""
-    details = journal.cell_record(ctx.state, cell_id).details_of("smoke")
-    mapped = ((details.get("levels") or {}).get("model") or {}).get("mapped")
-    if not mapped or details.get("image_id") not in (image, _image_id(image, docker)):
+    smoke = journal.cell_record(ctx.state, cell_id).smoke
+    mapped = smoke.levels["model"].extra.get("mapped") if "model" in smoke.levels else None
+    if not mapped or smoke.image_id not in (image, _image_id(image, docker)):
         return None
     return mapped
 

@@ -71,7 +71,7 @@ def judge_server_maps(ctx: "Context", cell: Cell, mapped: dict[str, Any]) -> dic
     facts = ImageFacts("", [], mapped.get("distributions", {}), [], None, {})
     load_ctx = loaded_set_context(ctx.matrix.data, facts, cell.cuda if cell.is_gpu else None,
                                   (ctx.matrix.model or {}).get("name"))
-    rows = journal.cell_record(ctx.state, cell.id).details_of("audit").get("coverage", [])
+    rows = journal.cell_record(ctx.state, cell.id).audit.coverage
     judged = loadedset.judge_mapped(mapped.get("objects", []), default_targets(cell), load_ctx,
                                     rows)
     return judged.as_dict()
