@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..engine import registry as registries
 from ..errors import UsageError
-from ..stages import sign
+from ..supplychain import sign
 from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..consumer.verify import (ALL_VERIFY_LEVELS, VERIFY_LEVELS, default_verdict_path,

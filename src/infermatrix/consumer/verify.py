@@ -135,8 +135,8 @@ def verify_workload(entry: dict[str, Any], harness: Harness, model_dir: Path, gp
                          gpus=harness.gpus if run.get("gpu") else False,
                          labels={smoke.SMOKE_LABEL: entry["cell"]}) as cid:
         host, port = smoke.published_port(harness.docker, cid)
-        from ..stages.generate import ServerEndpoint
-        from ..stages.throughput import wait_all_healthy
+        from ..job.generate import ServerEndpoint
+        from ..job.throughput import wait_all_healthy
 
         endpoint = ServerEndpoint("server", f"http://{host}:{port}", run.get("health")
                                   or "/health")

@@ -304,7 +304,7 @@ class Publisher:
         signature and attestations are already on it, or None without a signing key."""
         if self.signer is None:
             return None
-        from . import sign
+        from ..supplychain import sign
         if sign.still_signed(old, entry, self.signer, self.creds):
             return old["signing"]
         return sign.sign_entry(self.ctx, self.signer, entry, cand.record, spec, self.creds,
@@ -372,7 +372,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
         from .lock import plan_cells
         wanted = {c.cell_id for c in candidates}
         cells = [ctx.spec(p) for p in plan_cells(ctx) if p.planned and p.id in wanted]
-    from . import sign
+    from ..supplychain import sign
     signer = sign.signer_from_env()  # a bad key setting stops the run before any push
     from ..engine import cosign
     cosign.use_state_dir(ctx.state.root)  # cosign's credentials: <state>/secrets, 0700

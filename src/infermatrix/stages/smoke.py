@@ -16,7 +16,7 @@ Levels, each with a timeout (matrix `smoke.timeouts`) and a result pass / fail /
           stopped and removed (finally, SIGINT and SIGTERM included); on failure the engine's
           log tail is kept in the result.
   throughput  (only when asked for) N replicas of the engine server (smoke.throughput.replicas,
-          default 2), each on its own published loopback port, driven by stages/throughput.py's
+          default 2), each on its own published loopback port, driven by job/throughput.py's
           bounded closed-loop load: output tokens/s in total and per replica, TTFT and
           inter-token latency p50/p95, errors, scaling 1..N. Same model source and skips as
           the model level; the containers never outlive the level.
@@ -59,7 +59,7 @@ from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuSetting
-    from .generate import ServerEndpoint
+    from ..job.generate import ServerEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -703,8 +703,8 @@ def load_level_refusal(ctx: Context, spec: CellSpec, harness: Harness, gpu_here:
 
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                    gpu_here: bool, options: RunOptions) -> LevelResult:
-    """N replicas of the server under the bounded load of stages/throughput.py."""
-    from . import throughput
+    """N replicas of the server under the bounded load of job/throughput.py."""
+    from ..job import throughput
 
     started = time.monotonic()
     start = load_level_refusal(ctx, spec, harness, gpu_here, options, "throughput",
@@ -749,7 +749,8 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
                  gpu_here: bool, options: RunOptions) -> LevelResult:
     """The job's shape against one server of the image (stages/workload.py): the trained
     fixture on the CPU lane, real weights where a GPU is."""
-    from . import throughput, workload
+    from ..job import throughput
+    from . import workload
 
     start = load_level_refusal(ctx, spec, harness, gpu_here, options, "workload",
                                "the server's port stays")
@@ -841,7 +842,7 @@ def replica_container(spec: CellSpec, harness: Harness, launch: LaunchSpec, host
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
                      ) -> ServerEndpoint:
-    from .generate import ServerEndpoint
+    from ..job.generate import ServerEndpoint
 
     host, port = published_port(docker, container_id)
     return ServerEndpoint(f"replica{index}", f"http://{host}:{port}", health)

@@ -1,7 +1,7 @@
 """The throughput level: a bounded, closed-loop load over N replicas, and its figures.
 
 Each point of the sweep keeps exactly `concurrency` requests in flight per replica (a slot is
-refilled when its answer ends: closed loop) through the batch client of stages/generate.py
+refilled when its answer ends: closed loop) through the batch client of job/generate.py
 (least outstanding work, health take-out), until `requests` answers or `max_s` seconds. The
 sweep: thinking on and off x the concurrencies per replica, on all N replicas; then the same
 load on 1..N replicas (scaling). Per point: output tokens/s in total and per replica, time to

@@ -35,13 +35,13 @@ from typing import Any, Iterable
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from . import build
+from ..stages import build
 from ..kernels import kernelcache
 from ..engine import docker as engine
 from ..engine.docker import Engine
 from ..options import RunOptions
 from .. import journal
-from . import lock as locks
+from ..stages import lock as locks
 from ..config import DATA_DIR
 from ..context import Context
 from ..errors import StageFailure

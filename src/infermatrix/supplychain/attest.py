@@ -1,4 +1,4 @@
-"""What publish attests about a digest (besides its SBOM, stages/sbom.py), and what pull and
+"""What publish attests about a digest (besides its SBOM, supplychain/sbom.py), and what pull and
 deploy require of it. Pure: journal records and files in, predicates and verdicts out.
 
 - The test result (`TEST_RESULT_TYPE`): the audit and smoke verdicts of the tested image id,
@@ -27,7 +27,7 @@ from .. import __version__
 from ..engine.artifacts import sha256_file
 from ..journal import CellRecord, StageRecord
 from ..model.cell import Cell
-from . import tagging
+from ..model import tagpolicy
 
 TEST_RESULT_TYPE = "https://infermatrix.dev/attestations/test-result/v1"
 PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
@@ -88,11 +88,11 @@ def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
     tag, smoke, audit = record.stage("tag"), record.stage("smoke"), record.stage("audit")
     tag_details, smoke_details, audit_details = (record.details_of(name)
                                                  for name in ("tag", "smoke", "audit"))
-    policy = tag_details.get("policy") or tagging.DEFAULT_POLICY
+    policy = tag_details.get("policy") or tagpolicy.DEFAULT_POLICY
     kind = tag_details.get("kind")
-    if _status(tag) == "pass" and kind == tagging.TESTED:
+    if _status(tag) == "pass" and kind == tagpolicy.TESTED:
         verdict = PASSED
-    elif _status(tag) == "pass" and kind == tagging.STATIC_ONLY:
+    elif _status(tag) == "pass" and kind == tagpolicy.STATIC_ONLY:
         verdict = NOT_VERIFIED
     else:
         verdict = NOT_TAGGED
@@ -102,7 +102,7 @@ def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
         "kind": kind,
         "image_id": tag_details.get("image_id") or smoke_details.get("image_id"),
         "tagged_image_id": tag_details.get("tagged_image_id"),
-        "required_levels": tagging.required_levels(policy, cell),
+        "required_levels": tagpolicy.required_levels(policy, cell),
         "policy": policy,
         "levels": {name: _level(level) for name, level in
                    sorted((smoke_details.get("levels") or {}).items())

@@ -11,7 +11,7 @@ The seeds' job (hundreds of thousands of completions over one server per GPU) ne
     resumes: ids already in the output are not asked again, a torn last line is dropped, and
     an answer that comes back twice (the original and its retry) is written once.
 Replies are streamed (`stream_options.include_usage`), so the same client measures time to
-first token and inter-token latency for the throughput level (stages/throughput.py).
+first token and inter-token latency for the throughput level (job/throughput.py).
 HTTP over the standard library only (urllib, threads); no Docker here.
 """
 
