@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 import yaml
 
-from ..errors import DamagedStateFile, UsageError
+from ..errors import DamagedStateFile, UnknownChoice, UsageError
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "data" / "capacity.yaml"
 RATIOS_FILE = "capacity-efficiency.json"
@@ -124,8 +124,8 @@ class Profile:
 
 def _choose(kind: str, key: str, table: Mapping[str, Any], option: str) -> Mapping[str, Any]:
     if key not in table:
-        raise UsageError(f"unknown {kind} {key!r}: choose one of {', '.join(table)} "
-                         f"({option}; data/capacity.yaml)")
+        raise UnknownChoice(f"unknown {kind} {key!r}: choose one of {', '.join(table)} "
+                            f"({option}; data/capacity.yaml)")
     return table[key]
 
 

@@ -28,7 +28,7 @@ from ..journal import CellRecord, StageRecord
 from ..engine import registry as registries
 from ..config import Matrix
 from ..context import Context
-from ..errors import StageFailure, UsageError
+from ..errors import ImageGone, StageFailure, UsageError
 from ..model.cell import CPU, Cell
 from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection
@@ -253,7 +253,8 @@ class Publisher:
             raise StageFailure(cand.problem or f"{cand.cell_id}: no tested image id")
         info = self.docker.inspect_image(cand.image_id)
         if info is None:
-            raise StageFailure(f"the tested image {cand.image_id} is no longer in Docker")
+            raise ImageGone(f"the tested image {cand.image_id} is no longer in Docker",
+                            fix="build, smoke and tag the cell again")
         labels = (info.get("Config") or {}).get("Labels") or {}
         cell = cell_from_labels(labels)
         if cell.id != cand.cell_id or labels.get("io.infermatrix.cell", cell.id) != cell.id:

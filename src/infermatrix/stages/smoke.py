@@ -47,7 +47,8 @@ from ..engine import docker as engine
 from ..engine.docker import Engine
 from .. import journal
 from ..context import Context
-from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
+from ..errors import (ImageGone, InfermatrixError, Interrupted, MissingPrerequisite, StageFailure,
+                      UnknownChoice, UsageError)
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from ..model.cell import DEFAULT_SMOKE_LEVELS, SMOKE_LEVELS
@@ -151,7 +152,7 @@ def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
     levels = requested or smoke_settings(ctx).get("levels") or list(DEFAULT_SMOKE_LEVELS)
     unknown = [lv for lv in levels if lv not in LEVELS]
     if unknown:
-        raise UsageError(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(LEVELS)})")
+        raise UnknownChoice(f"unknown smoke level {unknown[0]!r} (levels: {', '.join(LEVELS)})")
     return [lv for lv in LEVELS if lv in levels]  # always in order: static, gpu, model, ...
 
 
@@ -864,11 +865,12 @@ def image_under_test(ctx: Context, cell_id: str, docker: Engine, given: str | No
     record = journal.cell_record(ctx.state, cell_id)
     image_id = record.image_id
     if not image_id or record.status_of("build") != journal.Status.PASS:
-        raise UsageError(f"{cell_id}: no passed build in the journal ({ctx.state.journal}); "
-                         f"run `infermatrix build --select {cell_id}` first")
+        raise MissingPrerequisite(f"{cell_id}: no passed build in the journal "
+                                  f"({ctx.state.journal})",
+                                  fix=f"run `infermatrix build --select {cell_id}` first")
     if docker.image_id_of(image_id) is None:
-        raise StageFailure(f"{cell_id}: the built image {image_id} is no longer in Docker; "
-                           "rebuild it")
+        raise ImageGone(f"{cell_id}: the built image {image_id} is no longer in Docker",
+                        fix=f"rebuild it: `infermatrix build --select {cell_id}`")
     return image_id
 
 
@@ -928,7 +930,7 @@ def smoke_cell(ctx: Context, spec: CellSpec, options: RunOptions | None = None,
     options = options or RunOptions()
     docker = docker or Engine()
     if options.fixture not in FIXTURE_VARIANTS:
-        raise UsageError(f"unknown fixture variant {options.fixture!r} "
+        raise UnknownChoice(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
     levels = levels_to_run(ctx, options.levels)
     image_id = image_under_test(ctx, spec.id, docker, options.image)
