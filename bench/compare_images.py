@@ -1,4 +1,4 @@
-"""Compare two built images file by file, as verify-repro does (stages/repro.py), without
+"""Compare two built images file by file, as verify-repro does (reproducibility/repro.py), without
 building them: e.g. a cell built from the old templates against the same cell from the new.
 
     python bench/compare_images.py IMAGE_A IMAGE_B [--json OUT] [--max-list N]
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infermatrix.engine.docker import Engine  # noqa: E402
-from infermatrix.stages import repro  # noqa: E402
+from infermatrix.reproducibility import repro  # noqa: E402
 
 
 def main() -> int:

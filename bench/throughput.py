@@ -6,7 +6,7 @@
 With --deployment, a running `infermatrix deploy` deployment (its replicas on loopback). Without
 it, the CPU lane here: `infermatrix deploy --cpu-lane 2` of the test matrix's vllm-cpu cell,
 started and stopped through Compose (tests/support/deploy_support.py: the cell's image, the tiny fixture
-model). The load is stages/throughput.py's closed loop: `concurrency` requests in flight per
+model). The load is job/throughput.py's closed loop: `concurrency` requests in flight per
 replica, `requests` answers per replica, on 1 replica and then on all of them.
 
 On this machine both replicas share its 2 cores, so the ratio measures the client and the
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from infermatrix.context import Context, setup_command_log  # noqa: E402
-from infermatrix.stages import generate, throughput  # noqa: E402
+from infermatrix.job import generate, throughput  # noqa: E402
 
 TEST_MATRIX = ROOT / "tests" / "matrix" / "matrix.yaml"
 

@@ -24,11 +24,18 @@ the `fix=` field, never into the message text (tests/unit/toplevel/test_errors_c
 | 1 | SignatureError | a signature or attestation is missing, foreign or tampered | - |
 | 1 | DigestConflict | two report fragments pin one tag to different digests | - |
 | 1 | UnifiedMemoryShort | too little unified memory is available to start an engine | - |
+| 1 | ImageGone | an image the journal or images.lock names is no longer in the engine | - |
+| 1 | KernelStageEmpty | a kernel's build stage ended without its wheel | - |
+| 1 | ServerNotReady | a server or replica did not answer its health check in time | - |
+| 1 | ModelNotServed | the server lists no model, or not the one asked for | pass --model |
 | 2 | UsageError | bad arguments or input; nothing written | - |
 | 2 | ConfigError | a mistake in a configuration file, with file and line | - |
 | 2 | ConfigErrors | every mistake found in one file, reported together | - |
 | 2 | DamagedStateFile | a state file that cannot be read as its kind | - |
 | 2 | UnsafeName | a name or path that could escape its root or reach a Dockerfile | - |
+| 2 | InputFileError | a line of an input file (prompts, results, compose) that cannot be read | - |
+| 2 | UnknownChoice | a name that is none of its table's (a level, base, GPU, selector) | - |
+| 2 | MissingPrerequisite | a step needs what an earlier step makes (lock, render, build) | - |
 | 3 | MissingTool | a program infermatrix needs is not installed on this host | - |
 | 4 | EngineUnavailable | the Docker engine cannot be reached | start dockerd |
 | 5 | RegistryUnreachable | no connection to the registry | - |
@@ -118,6 +125,22 @@ class DamagedStateFile(ConfigError):
 
 class UnsafeName(UsageError):
     """A name or path that could escape its root or reach a Dockerfile line: exit code 2."""
+
+
+class InputFileError(ConfigError):
+    """A line of an input file that cannot be read (the prompts, a results file, a deployment's
+    compose.yaml or record), located by file and line: exit code 2, nothing written."""
+
+
+class UnknownChoice(UsageError):
+    """A name that is none of its table's (a smoke level, a base, a GPU class, a fixture
+    variant, a selector matching no cell): exit code 2; the message lists the choices."""
+
+
+class MissingPrerequisite(UsageError):
+    """A step asked for before the step that makes its input (a lock file, a rendered
+    Dockerfile, a built image, a pulled image): exit code 2, nothing written; the fix is the
+    command that makes it."""
 
 
 class MissingTool(UsageError):
@@ -219,6 +242,27 @@ class UnifiedMemoryShort(StageFailure):
     code 1."""
 
 
+class ImageGone(StageFailure):
+    """An image the journal or images.lock names (built, tested, pulled) is no longer in the
+    engine, or is another image now: exit code 1; the fix rebuilds or pulls it."""
+
+
+class KernelStageEmpty(StageFailure):
+    """A kernel's build stage (kernel-<name>) ended without leaving its wheel in /wheels/:
+    exit code 1."""
+
+
+class ServerNotReady(StageFailure):
+    """A server or replica exited, or did not answer its health check in time: exit code 1,
+    naming the replicas that did not."""
+
+
+class ModelNotServed(StageFailure):
+    """The server's /v1/models lists no model, or not the one asked for: exit code 1."""
+
+    default_fix = "pass --model with a name the server's /v1/models lists"
+
+
 # --- 128 + the signal's number --------------------------------------------------------------
 
 class Interrupted(KeyboardInterrupt):
@@ -238,6 +282,8 @@ class Interrupted(KeyboardInterrupt):
 CATALOGUE: tuple[type[BaseException], ...] = (
     InfermatrixError, StageFailure, CommandFailed, EngineError, GpuUnavailable, RegistryError,
     RegistryAuthError, RegistryNotFound, RegistryTLSError, DigestMismatch, SignatureError,
-    DigestConflict, UnifiedMemoryShort, UsageError, ConfigError, ConfigErrors, DamagedStateFile,
-    UnsafeName, MissingTool, EngineUnavailable, RegistryUnreachable, Interrupted,
+    DigestConflict, UnifiedMemoryShort, ImageGone, KernelStageEmpty, ServerNotReady,
+    ModelNotServed, UsageError, ConfigError, ConfigErrors, DamagedStateFile, UnsafeName,
+    InputFileError, UnknownChoice, MissingPrerequisite, MissingTool, EngineUnavailable,
+    RegistryUnreachable, Interrupted,
 )

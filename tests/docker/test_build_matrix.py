@@ -188,7 +188,7 @@ def test_verify_repro_kernels_recompiles_the_fixture_and_explains_every_differen
     toolchain), compared member by member with the wheel the build stored in the kernel cache:
     identical, or every differing object is explained (its device code equal, identical after
     `strip --strip-unneeded`)."""
-    from infermatrix.stages import repro
+    from infermatrix.reproducibility import repro
 
     plans, _, results = matrix_build
     cell = _id(plans, "kernel-fixture1.0-sm120")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from infermatrix.engine import compose
-from infermatrix.stages import generate
+from infermatrix.job import generate
 from tests.support.deploy_support import cpu_lane
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]

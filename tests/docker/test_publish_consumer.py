@@ -23,7 +23,8 @@ import pytest
 from infermatrix.options import RunOptions
 from infermatrix.engine import cosign
 from infermatrix.model import spec
-from infermatrix.stages import build, publish, render, sbom, smoke
+from infermatrix.stages import build, publish, render, smoke
+from infermatrix.supplychain import sbom
 from infermatrix.engine import docker as engine
 from infermatrix import journal
 from infermatrix.engine import registry as registry_api

@@ -1,6 +1,6 @@
 """verify-repro on real builds: differences listed without the repro block, two no-cache builds
 identical with it, a kernel compile rerun alone on the cached toolchain (the file-by-file
-comparison's unit tests: tests/unit/stages/test_repro.py)."""
+comparison's unit tests: tests/unit/reproducibility/test_repro.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.engine import docker as engine
 from infermatrix.options import RunOptions
-from infermatrix.stages import repro
+from infermatrix.reproducibility import repro
 from infermatrix.stages.plan import plan_matrix
 from tests.paths import REPO
 

@@ -1,4 +1,4 @@
-"""`infermatrix sbom` on a built image (the SBOM's unit tests: tests/unit/stages/test_sbom.py)."""
+"""`infermatrix sbom` on a built image (the SBOM's unit tests: tests/unit/supplychain/test_sbom.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import yaml
 
 from infermatrix import journal
 from infermatrix.cli import main
-from infermatrix.stages import sbom
-from tests.unit.stages.test_sbom import CPU, CPU_LOCK, STATUS, TEST_MATRIX
+from infermatrix.supplychain import sbom
+from tests.unit.supplychain.test_sbom import CPU, CPU_LOCK, STATUS, TEST_MATRIX
 
 
 @pytest.mark.docker

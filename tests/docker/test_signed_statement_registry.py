@@ -33,7 +33,8 @@ import yaml
 
 from infermatrix.cli import main
 from infermatrix.engine import cosign
-from infermatrix.stages import attest, publish
+from infermatrix.stages import publish
+from infermatrix.supplychain import attest
 from tests.docker.test_publish_registry import CPU_CELL, GPU_CELL
 from tests.docker.test_signing_registry import (  # noqa: F401 (fixtures)
     DOCKER, KEY_PASSWORD, OCI_MANIFEST, context_dir, env, http, images, keys, make_keys,

@@ -33,7 +33,8 @@ from infermatrix.cli import main
 from infermatrix.engine import cosign
 from infermatrix.engine import docker as engine
 from infermatrix.engine import registry as registry_api
-from infermatrix.stages import attest, publish, sbom
+from infermatrix.stages import publish
+from infermatrix.supplychain import attest, sbom
 from tests.support.registry_support import start_registry
 from tests.docker.test_publish_registry import CPU_CELL, GPU_CELL, TEST_MATRIX, labels_for
 

@@ -22,7 +22,8 @@ from infermatrix import journal
 from infermatrix.context import Context
 from infermatrix.engine import docker as engine
 from infermatrix.options import RunOptions
-from infermatrix.stages import generate, smoke
+from infermatrix.stages import smoke
+from infermatrix.job import generate
 from infermatrix.stages.plan import plan_matrix
 from infermatrix.stages.report import build_report, render_html, render_markdown
 from infermatrix.state import StatePaths

@@ -24,7 +24,8 @@ from infermatrix.context import Context
 from infermatrix.engine import compose
 from infermatrix.engine import docker as engine
 from infermatrix.model.cell import Cell
-from infermatrix.stages import build, generate, publish, smoke, throughput
+from infermatrix.stages import build, publish, smoke
+from infermatrix.job import generate, throughput
 from tests.support.spec_support import run_of
 
 # This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.

@@ -14,7 +14,7 @@ from ..consumer import deploy
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..stages.publish import cell_from_labels
 from ..model.spec import Launch
-from ..stages import sign
+from ..supplychain import sign
 from ..engine import cosign, registry as registries
 from . import common_options, load_context
 from .publish import verify_flags

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import Interrupted, UsageError
-from ..stages import generate
+from ..job import generate
 
 
 def register(sub: argparse._SubParsersAction) -> None:

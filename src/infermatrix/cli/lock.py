@@ -141,7 +141,7 @@ def _as_json(run: LockRun) -> dict[str, Any]:
 
 
 def run_verify_repro(args: argparse.Namespace) -> int:
-    from ..stages import repro
+    from ..reproducibility import repro
 
     repro_run = load_run(args, extra_select=[args.cell])
     ctx = repro_run.ctx

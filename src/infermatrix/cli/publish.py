@@ -18,7 +18,7 @@ from ..engine.docker import Engine
 from ..engine.registry import REGISTRY_PASSWORD_ENV, REGISTRY_USER_ENV
 from ..model.selectors import Selection
 from ..state import run_lock
-from ..stages import sign
+from ..supplychain import sign
 from . import common_options, load_run, run_options, selection_options
 
 
@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def verify_flags(parser: argparse.ArgumentParser) -> None:
-    """pull's and deploy's verification flags (stages/sign.py)."""
+    """pull's and deploy's verification flags (supplychain/sign.py)."""
     parser.add_argument("--key", metavar="PUB", type=Path, default=None,
                         help="the publisher's cosign public key to verify the signature and "
                         "attestations against (default: $INFERMATRIX_COSIGN_PUBLIC_KEY)")

@@ -1,5 +1,5 @@
 """`infermatrix sbom CELL|IMAGE`: the CycloneDX SBOM of a built image, published or not (the
-document publish attests: stages/sbom.py)."""
+document publish attests: supplychain/sbom.py)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import StageFailure, UsageError
     from ..model.cell import Cell
     from ..model.spec import lock_path, read_lock_text
-    from ..stages import sbom
+    from ..supplychain import sbom
     from ..stages.publish import cell_from_labels
-    from ..stages.sign import write_sbom_file
+    from ..supplychain.sign import write_sbom_file
 
     ctx = load_context(args)
     records = journal.load_records(ctx.state)

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..engine import registry as registries
 from ..engine.docker import Engine
 from ..errors import UsageError
-from ..stages import sign
+from ..supplychain import sign
 from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..consumer.verify import default_verdict_path, unified_sizing, verify_entry, write_verdict

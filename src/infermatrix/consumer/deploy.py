@@ -65,7 +65,7 @@ class Deployment:
 
 # --- sizing: each server's concurrent sequences and its predicted throughput (issue 46) -------
 
-SIZING_NAME = "deployment.json"  # stages/generate.py DEPLOYMENT_RECORD reads it
+SIZING_NAME = "deployment.json"  # job/generate.py DEPLOYMENT_RECORD reads it
 DEFAULT_CONTEXT_TOKENS = 8192  # a prompt's tokens the sizing plans for (capacity.PLAN_CONTEXT_TOKENS)
 DEFAULT_OUTPUT_TOKENS = 8192  # an answer's tokens (thinking included) the sizing plans for
 DEFAULT_PROFILE = "bf16"  # the serve profile (matrix.yaml profiles) every cell is tested with
@@ -120,7 +120,7 @@ def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
     weights' and KV cache's bytes) at context + output tokens; and the decode ceiling it
     predicts there. `profile_args` are added to the serve command (with_max_seqs)."""
     from ..model import capacity
-    from ..stages.generate import flag_value
+    from ..job.generate import flag_value
 
     engine = (entry.get("labels") or {}).get("io.infermatrix.engine", "")
     flag = capacity.max_seqs_flag(engine) if engine else None
@@ -153,7 +153,7 @@ def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
 
 def with_max_seqs(command: list[str], sizing: ServerSizing | None) -> list[str]:
     """The command with the sizing's sequence limit, unless it sets one already."""
-    from ..stages.generate import flag_value
+    from ..job.generate import flag_value
 
     if sizing is None:
         return command
@@ -167,7 +167,7 @@ def with_max_seqs(command: list[str], sizing: ServerSizing | None) -> list[str]:
 def with_profile(command: list[str], args: tuple[str, ...] | list[str]) -> list[str]:
     """The command with a serve profile's flags (`--kv-cache-dtype fp8`); a flag the signed
     command sets already is an error, not overridden silently."""
-    from ..stages.generate import flag_value
+    from ..job.generate import flag_value
 
     flags = [a for a in args if a.startswith("--")]
     clash = [f for f in flags if flag_value(command, (f,)) is not None]

@@ -60,7 +60,7 @@ def pull_entry(entry: dict[str, Any], creds: registries.RegistryCredentials | No
     it). `verify` (sign.VerifyOptions): verify `entry` here first (for a caller that has not)."""
     creds = creds or registries.credentials_for(entry["repository"])
     if verify is not None:
-        from ..stages import sign
+        from ..supplychain import sign
         entry = sign.verified_entry(entry["cell"], entry, verify, creds, say)
     labels = remote_labels(entry, creds)
     problems = label_problems(entry, labels)

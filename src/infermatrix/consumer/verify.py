@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.docker import Engine
-from ..errors import UsageError
+from ..errors import MissingPrerequisite, UsageError
 from ..harness import probe as harness_probe
 from ..levels import BY_NAME, VERIFY_LEVELS
 from ..model.spec import CONTAINER_MODEL
@@ -32,11 +32,12 @@ def image_of(entry: dict[str, Any], docker: Engine) -> str:
     """The pulled image's id; a UsageError when it is not here or is not images.lock's."""
     found = docker.inspect_image(entry["reference"])
     if found is None:
-        raise UsageError(f"{entry['reference']} is not in engine {docker.label()}: "
-                         f"run `infermatrix pull {entry['cell']}` first")
+        raise MissingPrerequisite(f"{entry['reference']} is not in engine {docker.label()}",
+                                  fix=f"run `infermatrix pull {entry['cell']}` first")
     if entry.get("image_id") and found["Id"] != entry["image_id"]:
         raise UsageError(f"{entry['reference']} is image {found['Id']}, images.lock records "
-                         f"{entry['image_id']}: pull it again")
+                         f"{entry['image_id']}",
+                         fix=f"pull it again: `infermatrix pull {entry['cell']}`")
     return found["Id"]
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from ..datafiles import DATA_DIR, read_data
-from ..errors import DamagedStateFile, UsageError
+from ..errors import DamagedStateFile, UnknownChoice, UsageError
 from . import engines
 
 SPEC_PATH = DATA_DIR / "capacity.yaml"
@@ -122,8 +122,8 @@ class Profile:
 
 def _choose(kind: str, key: str, table: Mapping[str, Any], option: str) -> Mapping[str, Any]:
     if key not in table:
-        raise UsageError(f"unknown {kind} {key!r}: choose one of {', '.join(table)} "
-                         f"({option}; data/capacity.yaml)")
+        raise UnknownChoice(f"unknown {kind} {key!r}: choose one of {', '.join(table)} "
+                            f"({option}; data/capacity.yaml)")
     return table[key]
 
 

@@ -31,7 +31,7 @@ from ..engine import docker as engine
 from ..engine.docker import Engine
 from .. import journal, proc
 from ..config import Matrix
-from ..errors import ConfigError, MissingTool, UsageError
+from ..errors import ConfigError, MissingTool, UnknownChoice
 from ..model.spec import os_base
 from ..model.spec import CellSpec
 from ..state import StatePaths, flocked
@@ -188,7 +188,8 @@ def host_architecture() -> str:
 def definition(matrix: Matrix, base_name: str) -> dict:
     definitions = matrix.bases["definitions"]
     if base_name not in definitions:
-        raise UsageError(f"unknown base {base_name!r} (defined: {', '.join(sorted(definitions))})")
+        raise UnknownChoice(f"unknown base {base_name!r} "
+                            f"(defined: {', '.join(sorted(definitions))})")
     return definitions[base_name]
 
 

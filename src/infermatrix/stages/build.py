@@ -43,7 +43,8 @@ from ..kernels import kernelcache, kernelregistry
 from .. import watch
 from . import lock as locks
 from ..context import Context
-from ..errors import CommandFailed, EngineError, InfermatrixError, StageFailure
+from ..errors import (CommandFailed, EngineError, InfermatrixError, KernelStageEmpty,
+                      StageFailure)
 from ..model.spec import CellSpec
 from ..options import RunOptions
 from ..state import run_lock
@@ -545,7 +546,7 @@ def _compile_or_reuse(job: CellBuild, name: str, key: kernelcache.KernelKey
                     platform=job.platform, on_line=shown.on_line)
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
-                raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+                raise KernelStageEmpty(f"stage kernel-{name} left no wheel in /wheels/")
             # per job and per file, for the planner and the next compile's ETA
             sampled = _record_compile(ctx, key, sampler, build_args, shown.progress)
             stats = kernelcache.read_build_stats(Path(out)).get(name, {})  # the RUN's own figure

@@ -566,8 +566,9 @@ def require_lock(ctx: Context, cell_id: str) -> Path:
     """The committed lock of a cell: build refuses a cell without one (build.lock_problem)."""
     path = lock_path(ctx, cell_id)
     if not path.is_file():
-        raise StageFailure(f"{cell_id}: no lock file {path}; run `infermatrix lock --select "
-                           f"{cell_id}` (needs the package index) and commit it")
+        raise StageFailure(f"{cell_id}: no lock file {path}",
+                           fix=f"run `infermatrix lock --select {cell_id}` (needs the package "
+                           "index) and commit it")
     return path
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 from ..config import Matrix
 from ..context import Context
 from ..model.coverage import Coverage, decide
-from ..errors import UsageError
+from ..errors import UnknownChoice
 from ..model.index import (IndexUnavailable, MetadataCache, NotOnIndex, ReleaseList, ReleaseMetadata,
                            index_lists, release_list, url_exists)
 from ..options import from_environment, package_index
@@ -906,8 +906,9 @@ def _check_selectors(m: Matrix, cells: list[Cell], select: Iterable[str],
                           fix="check it against `infermatrix plan` ids")
     unmatched = Selection(list(select), list(skip)).unmatched(ids)
     if unmatched:
-        raise UsageError(f"selector {unmatched[0]!r} matches no cell of {m.path} "
-                         f"(ids look like {ids[0] if ids else 'n/a'})")
+        raise UnknownChoice(f"selector {unmatched[0]!r} matches no cell of {m.path} "
+                            f"(ids look like {ids[0] if ids else 'n/a'})",
+                            fix="check it against `infermatrix plan` ids")
 
 # --------------------------------------------------------------------------------------------
 # The pipeline step

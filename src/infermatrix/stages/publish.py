@@ -28,7 +28,7 @@ from ..journal import CellRecord
 from ..engine import registry as registries
 from ..config import Matrix
 from ..context import Context
-from ..errors import StageFailure, UsageError
+from ..errors import ImageGone, StageFailure, UsageError
 from ..model.cell import CPU, Cell
 from ..names import CREDENTIALS_FIX, reference_problem
 from ..model.selectors import Selection
@@ -249,7 +249,8 @@ class Publisher:
             raise StageFailure(cand.problem or f"{cand.cell_id}: no tested image id")
         info = self.docker.inspect_image(cand.image_id)
         if info is None:
-            raise StageFailure(f"the tested image {cand.image_id} is no longer in Docker")
+            raise ImageGone(f"the tested image {cand.image_id} is no longer in Docker",
+                            fix="build, smoke and tag the cell again")
         labels = (info.get("Config") or {}).get("Labels") or {}
         cell = cell_from_labels(labels)
         if cell.id != cand.cell_id or labels.get("io.infermatrix.cell", cell.id) != cell.id:
@@ -300,7 +301,7 @@ class Publisher:
         signature and attestations are already on it, or None without a signing key."""
         if self.signer is None:
             return None
-        from . import sign
+        from ..supplychain import sign
         if sign.still_signed(old, entry, self.signer, self.creds):
             return old["signing"]
         return sign.sign_entry(self.ctx, self.signer, entry, cand.record, spec, self.creds,
@@ -368,7 +369,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
         from .lock import plan_cells
         wanted = {c.cell_id for c in candidates}
         cells = [ctx.spec(p) for p in plan_cells(ctx) if p.planned and p.id in wanted]
-    from . import sign
+    from ..supplychain import sign
     signer = sign.signer_from_env()  # a bad key setting stops the run before any push
     from ..engine import cosign
     cosign.use_state_dir(ctx.state.root)  # cosign's credentials: <state>/secrets, 0700

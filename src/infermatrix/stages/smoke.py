@@ -31,7 +31,8 @@ from ..engine import docker as engine
 from ..engine.docker import Engine
 from .. import journal
 from ..context import Context
-from ..errors import InfermatrixError, Interrupted, StageFailure, UsageError
+from ..errors import (ImageGone, InfermatrixError, Interrupted, MissingPrerequisite, StageFailure,
+                      UnknownChoice, UsageError)
 from ..harness import _result as harness_result
 from ..harness import probe as harness_probe
 from .. import levels as level_table
@@ -45,7 +46,7 @@ from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
 if TYPE_CHECKING:
     from ..model.gpuaccess import GpuSetting
-    from .generate import ServerEndpoint
+    from ..job.generate import ServerEndpoint
     from .workload import WorkloadSettings
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def levels_to_run(ctx: Context, requested: list[str] | None) -> list[str]:
     try:  # always in the table's order
         return level_table.parse(",".join(levels))
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UnknownChoice(str(exc)) from None
 
 
 def gpu_setting(ctx: Context) -> "GpuSetting":
@@ -693,9 +694,9 @@ def serving_start(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
                    gpu_here: bool, options: RunOptions) -> LevelResult:
     """N replicas of the server (smoke.throughput.replicas, default 2), each on its own
-    loopback port, under stages/throughput.py's bounded closed-loop load: output tokens/s in
+    loopback port, under job/throughput.py's bounded closed-loop load: output tokens/s in
     total and per replica, TTFT and inter-token latency p50/p95, errors, scaling 1..N."""
-    from . import throughput
+    from ..job import throughput
 
     started = time.monotonic()
     start = serving_start(ctx, spec, harness, gpu_here, options, "throughput", timeout_s,
@@ -764,7 +765,8 @@ def workload_level(harness: Harness, launch: LaunchSpec, host_model: Path,
     (stages/workload.py), judged: the backends its log names against the `planned` attention
     and GDN prefill ones, its figure against the arch's target and the `published` one. Needs
     no matrix: `infermatrix verify` runs it from images.lock alone."""
-    from . import throughput, workload
+    from ..job import throughput
+    from . import workload
 
     docker = harness.docker
     with replica_container(label, harness, launch, host_model, 0, 1) as cid:
@@ -830,7 +832,7 @@ def replica_container(label: str, harness: Harness, launch: LaunchSpec, host_mod
 
 def replica_endpoint(docker: Engine, container_id: str, index: int, health: str
                      ) -> ServerEndpoint:
-    from .generate import ServerEndpoint
+    from ..job.generate import ServerEndpoint
 
     host, port = published_port(docker, container_id)
     return ServerEndpoint(f"replica{index}", f"http://{host}:{port}", health)
@@ -852,11 +854,12 @@ def image_under_test(ctx: Context, cell_id: str, docker: Engine, given: str | No
     record = journal.cell_record(ctx.state, cell_id)
     image_id = record.image_id
     if not image_id or record.status_of("build") != journal.Status.PASS:
-        raise UsageError(f"{cell_id}: no passed build in the journal ({ctx.state.journal}); "
-                         f"run `infermatrix build --select {cell_id}` first")
+        raise MissingPrerequisite(f"{cell_id}: no passed build in the journal "
+                                  f"({ctx.state.journal})",
+                                  fix=f"run `infermatrix build --select {cell_id}` first")
     if docker.image_id_of(image_id) is None:
-        raise StageFailure(f"{cell_id}: the built image {image_id} is no longer in Docker; "
-                           "rebuild it")
+        raise ImageGone(f"{cell_id}: the built image {image_id} is no longer in Docker",
+                        fix=f"rebuild it: `infermatrix build --select {cell_id}`")
     return image_id
 
 
@@ -917,7 +920,7 @@ def smoke_cell(ctx: Context, spec: CellSpec, options: RunOptions | None = None, 
     from `docker` first."""
     options = options or RunOptions()
     if options.fixture not in FIXTURE_VARIANTS:
-        raise UsageError(f"unknown fixture variant {options.fixture!r} "
+        raise UnknownChoice(f"unknown fixture variant {options.fixture!r} "
                          f"(one of {', '.join(FIXTURE_VARIANTS)})")
     levels = levels_to_run(ctx, options.levels)
     image_id = image_under_test(ctx, spec.id, docker, options.image)

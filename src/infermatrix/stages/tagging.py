@@ -36,13 +36,12 @@ from .. import levels as level_table
 from ..model.cell import Cell
 from ..model.spec import CellSpec
 from ..outcome import Level
+from ..model.tagpolicy import (DEFAULT_POLICY, STATIC_ONLY, TESTED,  # noqa: F401
+                               required_levels, throughput_floor)
 from .steps import Run, StepRecord, StepStatus, echo, step_record  # noqa: F401
 
-TESTED = "tested"
-STATIC_ONLY = "static-only"
 VERIFIED_LABEL = "io.infermatrix.verified"
 TESTED_IMAGE_LABEL = "io.infermatrix.tested-image"
-DEFAULT_POLICY = {"require": list(level_table.REQUIRED_LEVELS), "allow_static_only": False}
 
 
 @dataclass
@@ -58,22 +57,6 @@ class TagDecision:
     def as_dict(self) -> dict[str, Any]:
         return {"allowed": self.allowed, "kind": self.kind, "reason": self.reason,
                 "image_id": self.image_id, "skipped": self.skipped}
-
-
-def throughput_floor(policy: dict[str, Any], cell: Cell) -> float | None:
-    """The policy's tokens/s floor per replica for the cell's lane, or None (off)."""
-    floors = policy.get("throughput") or {}
-    value = floors.get("min_tokens_per_s_per_gpu" if cell.is_gpu else "min_tokens_per_s_cpu")
-    return None if value is None else float(value)
-
-
-def required_levels(policy: dict[str, Any], cell: Cell) -> list[str]:
-    """The policy's levels, less those that do not apply to the cell (gpu on the CPU lane),
-    plus throughput when the policy sets a floor for the cell's lane."""
-    required = list(policy.get("require", DEFAULT_POLICY["require"]))
-    if throughput_floor(policy, cell) is not None and "throughput" not in required:
-        required.append("throughput")
-    return [lv for lv in required if cell.is_gpu or lv not in level_table.GPU_CELLS_ONLY]
 
 
 def below_floor(levels: dict[str, Level], policy: dict[str, Any], cell: Cell) -> str | None:

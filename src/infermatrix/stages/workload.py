@@ -19,7 +19,7 @@ against one running server (the smoke level starts it; `infermatrix verify` too)
             and the last published figure of the same cell (regression margin).
 The same code runs on the CPU lane with scaled-down figures (CPU_SCALE): the trained tiny
 fixture, a short soak, a needle that fits its context, small concurrency.
-HTTP only (stages/generate.py's client); no Docker here.
+HTTP only (job/generate.py's client); no Docker here.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import StageFailure
+from ..job import generate
+from ..job.throughput import percentile
 from ..model import engines
-from . import generate
-from .throughput import percentile
 
 DEFAULTS: dict[str, Any] = {
     "concurrency": [1, 8, 32, 64], "requests_per_slot": 1, "max_tokens": 8192,

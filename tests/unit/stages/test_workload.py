@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 
 
-from infermatrix.stages import generate, workload
+from infermatrix.stages import workload
+
+
+from infermatrix.job import generate
 from tests.support.standin_server import FakeServer
 
 

@@ -81,15 +81,25 @@ def module_graph() -> dict[str, set[str]]:
 
 def test_the_parts_import_each_other_without_a_cycle():
     graph = part_graph()
-    assert {"cli", "stages", "model", "engine", "host"} <= set(graph)
+    assert {"cli", "stages", "model", "engine", "host", "job", "supplychain",
+            "reproducibility"} <= set(graph)
     assert cycles(graph) == []
+
+
+def test_stages_holds_the_steps_and_their_parts_only():
+    """Issue 49: what is not a step lives with its concept (the job, the supply chain,
+    reproducibility); stages/ imports the job (the smoke's throughput and workload levels run
+    it) and the supply chain (publish signs), and neither imports a step."""
+    graph = part_graph()
+    assert "stages" not in graph.get("job", set()) | graph.get("supplychain", set())
+    assert {"job", "supplychain"} <= graph["stages"]
 
 
 def test_the_modules_import_each_other_without_a_cycle():
     """No circle of modules, e.g. attest → tagging → publish → sign → attest (a helper lives in
     a module both sides can import, as tagging.render_tag and base.bytecode_hosts)."""
     graph = module_graph()
-    assert len(graph) > 100 and "infermatrix.stages.tagging" in graph["infermatrix.stages.attest"]
+    assert len(graph) > 100 and "infermatrix.model.tagpolicy" in graph["infermatrix.supplychain.attest"]
     assert {f"infermatrix.stages.{m}" for m in ("plan", "tagging", "report")} <= \
         graph["infermatrix.stages"]  # the step table's imports, inside step_modules()
     assert cycles(graph) == []

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from ... import journal
 from ...engine.docker import Engine
-from ...errors import StageFailure, UsageError
+from ...errors import MissingPrerequisite, StageFailure, UnknownChoice, UsageError
 from ...model import tritontwin
 from ...model.cell import CellPlan
 from ...model.spec import CellSpec
@@ -195,8 +195,9 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
             if image:
                 pairs.append((plan, image))
         if not pairs:
-            raise UsageError("no built cell to audit" + (f" among {', '.join(select)}" if select
-                             else ""), fix="run `infermatrix build` first, or name an image")
+            raise MissingPrerequisite("no built cell to audit" + (
+                f" among {', '.join(select)}" if select else ""),
+                fix="run `infermatrix build` first, or name an image")
         return pairs
     for ref in refs:
         if ref in by_id:
@@ -207,8 +208,8 @@ def images_to_audit(ctx: "Context", plans: list[CellPlan], refs: list[str],
                                    fix=f"infermatrix build --select {ref}")
         else:
             if not docker.image_exists(ref):
-                raise UsageError(f"{ref!r} is neither a cell of {ctx.matrix.path} nor a local "
-                                 "image")
+                raise UnknownChoice(f"{ref!r} is neither a cell of {ctx.matrix.path} nor a "
+                                    "local image")
             cell_id = docker.image_labels(ref).get("io.infermatrix.cell")
             if not cell_id or cell_id not in by_id:
                 raise UsageError(f"image {ref} has no io.infermatrix.cell label naming a cell of "

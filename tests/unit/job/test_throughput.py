@@ -9,8 +9,8 @@ import pytest
 from tests.support.journal_shape import as_record
 from infermatrix.errors import StageFailure, UsageError
 from infermatrix.model.cell import Cell
-from infermatrix.stages import generate, throughput
-from infermatrix.stages.generate import BatchResult, Completion, ServerEndpoint
+from infermatrix.job import generate, throughput
+from infermatrix.job.generate import BatchResult, Completion, ServerEndpoint
 from infermatrix.stages.report import build_report, render_html, render_markdown
 from infermatrix.stages.tagging import decide_tag
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infermatrix.stages import repro
+from infermatrix.reproducibility import repro
 from tests.support.cuda_tools import NO_NVCC, NVCC
 
 

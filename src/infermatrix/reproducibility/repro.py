@@ -35,16 +35,16 @@ from typing import Any, Iterable
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from . import build
+from ..stages import build
 from ..kernels import kernelcache
 from ..engine import docker as engine
 from ..engine.docker import Engine
 from ..options import RunOptions
 from .. import journal
-from . import lock as locks
+from ..stages import lock as locks
 from ..config import DATA_DIR
 from ..context import Context
-from ..errors import StageFailure
+from ..errors import KernelStageEmpty, StageFailure
 from ..model.spec import CellSpec
 
 REPRO_REPOSITORY = "infermatrix-repro"
@@ -420,7 +420,7 @@ def _context_with_kernels(ctx: Context, cell: CellSpec, tmp: Path, build_args: d
                            platform=build.build_platform(cell, docker))
         wheels = kernelcache.find_wheels(out)
         if not wheels:
-            raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+            raise KernelStageEmpty(f"stage kernel-{name} left no wheel in /wheels/")
         for wheel in wheels:
             shutil.copy2(wheel, wheels_dir / wheel.name)
     return context
@@ -436,8 +436,8 @@ def build_twice(ctx: Context, cell: CellSpec, log_path: Path,
     options = options or RunOptions()
     dockerfile = build.cell_dir(ctx, cell.id) / "Dockerfile"
     if not dockerfile.is_file():
-        raise StageFailure(f"{cell.id}: not rendered ({dockerfile} is missing); run "
-                           f"`infermatrix render --select {cell.id}` first")
+        raise StageFailure(f"{cell.id}: not rendered ({dockerfile} is missing)",
+                           fix=f"run `infermatrix render --select {cell.id}` first")
     stages = [name for name in build.kernel_stages(dockerfile.read_text(encoding="utf-8"))
               if name not in {k.name for k in cell.train_kernels}]  # the serving image's
     if build_args is None:
@@ -653,7 +653,7 @@ def compile_kernel_again(ctx: Context, cell: CellSpec, name: str, out: Path,
                        platform=build.build_platform(cell, docker))
     wheels = kernelcache.find_wheels(out)
     if not wheels:
-        raise StageFailure(f"stage kernel-{name} left no wheel in /wheels/")
+        raise KernelStageEmpty(f"stage kernel-{name} left no wheel in /wheels/")
     return wheels
 
 
@@ -666,7 +666,8 @@ def verify_kernels(ctx: Context, cell: CellSpec, against_cache: bool = False,
     of the cell would otherwise reuse)."""
     dockerfile = build.cell_dir(ctx, cell.id) / "Dockerfile"
     if not dockerfile.is_file():
-        raise StageFailure(f"{cell.id}: not rendered; run `infermatrix render --select {cell.id}`")
+        raise StageFailure(f"{cell.id}: not rendered",
+                           fix=f"run `infermatrix render --select {cell.id}`")
     text = dockerfile.read_text(encoding="utf-8")
     stages = build.kernel_stages(text)
     if not stages:
@@ -687,8 +688,8 @@ def verify_kernels(ctx: Context, cell: CellSpec, against_cache: bool = False,
             cached = kernelcache.lookup(ctx.state, keys[name]) if against_cache else None
             if against_cache and cached is None:
                 raise StageFailure(f"{cell.id}: the kernel cache holds no {name} for "
-                                   f"{keys[name].slug}; build the cell first or drop "
-                                   "--against-cache")
+                                   f"{keys[name].slug}",
+                                   fix="build the cell first or drop --against-cache")
             if cached is not None:
                 compiles.append(cached.wheels)
                 sources.append(f"kernel cache {keys[name].slug}")

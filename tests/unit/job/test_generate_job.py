@@ -22,7 +22,7 @@ import yaml
 
 from infermatrix.cli import main
 from infermatrix.model import modelcard
-from infermatrix.stages import generate
+from infermatrix.job import generate
 from tests.paths import REPO
 from tests.support.standin_server import FakeServer
 

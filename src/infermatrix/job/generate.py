@@ -11,7 +11,7 @@ The seeds' job (hundreds of thousands of completions over one server per GPU) ne
     resumes: ids already in the output are not asked again, a torn last line is dropped, and
     an answer that comes back twice (the original and its retry) is written once.
 Replies are streamed (`stream_options.include_usage`), so the same client measures time to
-first token and inter-token latency for the throughput level (stages/throughput.py).
+first token and inter-token latency for the throughput level (job/throughput.py).
 HTTP over the standard library only (urllib, threads); no Docker here.
 """
 
@@ -34,7 +34,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from ..errors import StageFailure, UsageError
+from ..errors import (InputFileError, MissingPrerequisite, ModelNotServed, ServerNotReady,
+                      StageFailure, UsageError)
 from ..model.modelcard import SAMPLING_KEYS, ModelDefaults, Sampling, model_defaults
 
 FALLBACK_CONCURRENCY = 4  # per replica, only when neither the deployment nor the server says
@@ -80,7 +81,7 @@ def prompt_sampling(record: dict[str, Any], where: str) -> dict[str, float | int
     found = {k: record[k] for k in SAMPLING_KEYS if k in record}
     for key, value in found.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise UsageError(f"{where}: `{key}` is a number, not {value!r}")
+            raise InputFileError(f"{where}: `{key}` is a number, not {value!r}")
     return found or None
 
 
@@ -88,21 +89,21 @@ def prompt_from_record(record: Any, where: str) -> Prompt:
     """{"id", "prompt"} or {"id", "messages"}, optional "thinking", "max_tokens" and sampling
     keys ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")."""
     if not isinstance(record, dict):
-        raise UsageError(f"{where}: a prompt is a JSON object with `id` and `prompt`")
+        raise InputFileError(f"{where}: a prompt is a JSON object with `id` and `prompt`")
     if record.get("id") in (None, ""):
-        raise UsageError(f"{where}: the prompt has no `id` (results are keyed by it)")
+        raise InputFileError(f"{where}: the prompt has no `id` (results are keyed by it)")
     if isinstance(record.get("messages"), list) and record["messages"]:
         messages = record["messages"]
     elif isinstance(record.get("prompt"), str):
         messages = [{"role": "user", "content": record["prompt"]}]
     else:
-        raise UsageError(f"{where}: give `prompt` (a string) or `messages` (a list)")
+        raise InputFileError(f"{where}: give `prompt` (a string) or `messages` (a list)")
     thinking = record.get("thinking")
     if thinking is not None and not isinstance(thinking, bool):
-        raise UsageError(f"{where}: `thinking` is true or false, not {thinking!r}")
+        raise InputFileError(f"{where}: `thinking` is true or false, not {thinking!r}")
     max_tokens = record.get("max_tokens")
     if max_tokens is not None and not positive_int(max_tokens):
-        raise UsageError(f"{where}: `max_tokens` is a positive integer, not {max_tokens!r}")
+        raise InputFileError(f"{where}: `max_tokens` is a positive integer, not {max_tokens!r}")
     return Prompt(str(record["id"]), messages, thinking, max_tokens,
                   prompt_sampling(record, where))
 
@@ -120,17 +121,18 @@ def read_prompts(path: Path) -> list[Prompt]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise UsageError(f"{where}: not UTF-8 (byte {exc.start + 1} of the line)") from None
+            raise InputFileError(f"{where}: not UTF-8 (byte {exc.start + 1} of the line)") from None
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except ValueError as exc:
-            raise UsageError(f"{where}: not JSON ({exc})") from None
+            raise InputFileError(f"{where}: not JSON ({exc})") from None
         prompt = prompt_from_record(record, where)
         if prompt.id in seen:
-            raise UsageError(f"{where}: prompt id {prompt.id!r} repeats line {seen[prompt.id]}; "
-                             "ids key the results, so each must be unique")
+            raise InputFileError(f"{where}: prompt id {prompt.id!r} repeats line "
+                                 f"{seen[prompt.id]}; ids key the results, so each must be "
+                                 "unique")
         seen[prompt.id] = number
         prompts.append(prompt)
     if not prompts:
@@ -194,15 +196,15 @@ def deployment_endpoints(directory: Path) -> list[ServerEndpoint]:
     try:
         document = yaml.safe_load(compose.read_text(encoding="utf-8")) or {}
     except OSError as exc:
-        raise UsageError(f"--deployment {directory}: no compose.yaml ({exc.strerror}); write "
-                         "one with `infermatrix deploy`") from None
+        raise MissingPrerequisite(f"--deployment {directory}: no compose.yaml ({exc.strerror})",
+                                  fix="write one with `infermatrix deploy`") from None
     except yaml.YAMLError as exc:
-        raise UsageError(f"{compose}: not YAML ({exc})") from None
+        raise InputFileError(f"{compose}: not YAML ({exc})") from None
     endpoints = []
     for name, service in (document.get("services") or {}).items():
         ports = service.get("ports") or []
         if not ports:
-            raise UsageError(f"{compose}: service {name} publishes no port")
+            raise InputFileError(f"{compose}: service {name} publishes no port")
         host, port, _ = str(ports[0]).rsplit(":", 2) if str(ports[0]).count(":") == 2 \
             else ("127.0.0.1", *str(ports[0]).split(":", 1))
         host = "127.0.0.1" if host in ("", "0.0.0.0") else host
@@ -213,7 +215,7 @@ def deployment_endpoints(directory: Path) -> list[ServerEndpoint]:
                                         service_max_seqs(service.get("command")),
                                         service_model_dir(service)))
     if not endpoints:
-        raise UsageError(f"{compose}: no services")
+        raise InputFileError(f"{compose}: no services")
     return endpoints
 
 
@@ -350,7 +352,7 @@ def served_model(endpoint: ServerEndpoint, timeout_s: float = 30.0) -> str:
         with urllib.request.urlopen(endpoint.url + "/v1/models", timeout=timeout_s) as r:
             return json.loads(r.read())["data"][0]["id"]
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
-        raise StageFailure(f"{endpoint.url}/v1/models lists no model ({exc}); pass --model")
+        raise ModelNotServed(f"{endpoint.url}/v1/models lists no model ({exc})") from None
 
 
 def get_json(url: str, timeout_s: float = 30.0) -> Any:
@@ -414,9 +416,8 @@ def read_server_facts(endpoint: ServerEndpoint, model: str | None = None) -> Ser
     entries = (models or {}).get("data") or [] if isinstance(models, dict) else []
     entry = next((m for m in entries if model is None or m.get("id") == model), None)
     if entry is None:
-        raise StageFailure(f"{endpoint.url}/v1/models lists "
-                           f"{'no model' if model is None else f'no model {model!r}'}; "
-                           "pass --model")
+        raise ModelNotServed(f"{endpoint.url}/v1/models lists "
+                             f"{'no model' if model is None else f'no model {model!r}'}")
     length = entry.get("max_model_len")
     info = get_json(endpoint.url + "/get_server_info")
     running = info.get("max_running_requests") if isinstance(info, dict) else None
@@ -460,8 +461,8 @@ def deployment_record(directory: Path | None) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a deployment record ({exc}); write it again with "
-                         "`infermatrix deploy`") from None
+        raise InputFileError(f"{path}: not a deployment record ({exc})",
+                             fix="write it again with `infermatrix deploy`") from None
     return data if isinstance(data, dict) else {}
 
 
@@ -598,8 +599,8 @@ def wait_until_any_healthy(endpoints: list[ServerEndpoint], timeout_s: float
                 return endpoint
         if time.monotonic() - started > timeout_s:
             names = ", ".join(f"{e.name} ({e.url}{e.health})" for e in endpoints)
-            raise StageFailure(f"no replica answered its health check for {timeout_s:.0f} s: "
-                               f"{names}")
+            raise ServerNotReady(f"no replica answered its health check for {timeout_s:.0f} s: "
+                                 f"{names}")
         time.sleep(1.0)
 
 
@@ -695,8 +696,8 @@ def answered_ids(out: Path) -> set[str]:
         try:
             ids.add(str(json.loads(line)["id"]))
         except (ValueError, KeyError, TypeError):
-            raise UsageError(f"{out}:{number}: not a result line of `infermatrix generate`; "
-                             "give another --out") from None
+            raise InputFileError(f"{out}:{number}: not a result line of `infermatrix generate`",
+                                 fix="give another --out") from None
     return ids
 
 
@@ -1096,8 +1097,8 @@ class Batch:
         if now - since > self.settings.wait_healthy_s:
             names = ", ".join(f"{r.name} ({r.endpoint.url}{r.endpoint.health})"
                               for r in self.replicas)
-            raise StageFailure(f"no replica answered its health check for "
-                               f"{self.settings.wait_healthy_s:.0f} s: {names}")
+            raise ServerNotReady(f"no replica answered its health check for "
+                                 f"{self.settings.wait_healthy_s:.0f} s: {names}")
         return since
 
     def _out_of_time(self, started: float) -> bool:
