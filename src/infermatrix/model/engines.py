@@ -4,18 +4,15 @@ Not engine/, the Docker adapter."""
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-import yaml
+from ..datafiles import DATA_DIR, read_data
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
+DATA = DATA_DIR / "engines.yaml"
 
 
-@cache
 def rows() -> dict[str, dict[str, Any]]:
-    return dict(yaml.safe_load(DATA.read_text(encoding="utf-8"))["engines"])
+    return dict(read_data(DATA)["engines"])
 
 
 def row(engine: str) -> dict[str, Any]:
