@@ -90,22 +90,15 @@ class Prior:
     @classmethod
     def from_model(cls, entry: dict[str, Any], max_jobs: int) -> Prior:
         """The compile model's measured entry: the heaviest units' seconds, the others at the
-        mean of the measured build; the wall time scaled to `max_jobs` from the full build of
-        the entry or of its sweep measured at the nearest width (a build at 16 jobs on 16 CPUs
-        is slower per job than one at 2 on 2: linear scaling over-forecast this host 1.8x)."""
-        wall, jobs, tus = entry.get("wall_s"), entry.get("max_jobs"), entry.get("tus")
-        if not (wall and jobs and tus):
-            return cls(origin="model", files=int(tus) + 1 if tus else None)
-        full_builds = [entry] + [p for p in entry.get("sweep") or []
-                                 if p.get("what") == "full build" and p.get("wall_s")]
-        nearest = min(full_builds, key=lambda p: abs(int(p["max_jobs"]) - max_jobs))
-        mean = float(nearest["wall_s"]) * int(nearest["max_jobs"]) / int(tus)
-        scale = mean / (float(wall) * int(jobs) / int(tus))  # the units were timed in `entry`
-        units = {unit_key(u["tu"]): float(u["s"]) * scale for u in entry.get("heaviest_tus") or []
+        mean of the measured build; the wall time scaled from its jobs to `max_jobs`."""
+        units = {unit_key(u["tu"]): float(u["s"]) for u in entry.get("heaviest_tus") or []
                  if u.get("tu") and u.get("s")}
-        return cls(total_s=mean * int(tus) / max(max_jobs, 1), weights=units,
-                   default_weight=mean, origin="model",
-                   files=int(tus) + 1)  # + the host-compiler unit
+        wall, jobs, tus = entry.get("wall_s"), entry.get("max_jobs"), entry.get("tus")
+        mean = float(wall) * int(jobs) / int(tus) if wall and jobs and tus else 1.0
+        total = mean * int(tus) / max(max_jobs, 1) if wall and jobs and tus else None
+        return cls(total_s=total, weights=units, default_weight=mean, origin="model",
+                   files=int(tus) + 1 if tus else None)  # + the host-compiler unit
+
 
 @dataclass
 class CompileProgress:

@@ -81,23 +81,6 @@ def test_the_model_prior_scales_the_measured_build_to_this_jobs_count() -> None:
     assert prior.weights == {"flash_bwd_hdim256_bf16_sm80": 162.5}
 
 
-def test_the_model_prior_scales_from_the_full_build_measured_at_the_nearest_width() -> None:
-    entry = {"wall_s": 714.6, "max_jobs": 16, "tus": 72,
-             "heaviest_tus": [{"tu": "flash_bwd_hdim256_bf16_sm80.cu", "s": 162.5}],
-             "sweep": [{"max_jobs": 24, "wall_s": 780.3, "what": "full build"},
-                       {"max_jobs": 2, "wall_s": 3174.0, "what": "full build"},
-                       {"max_jobs": 1, "wall_s": 99.0, "what": "8-TU subset"}]}
-    two = cp.Prior.from_model(entry, max_jobs=2)
-    assert two.total_s == pytest.approx(3174.0)
-    assert two.default_weight == pytest.approx(3174.0 * 2 / 72)
-    scale = (3174.0 * 2) / (714.6 * 16)
-    assert two.weights == {"flash_bwd_hdim256_bf16_sm80": pytest.approx(162.5 * scale)}
-    one = cp.Prior.from_model(entry, max_jobs=1)  # a subset is never the base
-    assert one.total_s == pytest.approx(3174.0 * 2)
-    assert cp.Prior.from_model(entry, max_jobs=20).total_s == pytest.approx(714.6 * 16 / 20)
-    assert cp.Prior.from_model(entry, max_jobs=32).total_s == pytest.approx(780.3 * 24 / 32)
-
-
 def test_a_second_ninja_run_adds_to_the_count() -> None:
     progress = cp.CompileProgress(started=0.0)
     for n in (1, 2, 3):
