@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import socket
 import ssl
 import time
 import urllib.error
@@ -88,18 +89,43 @@ def _ssl_context() -> ssl.SSLContext:
     return ctx
 
 
+# A transient failure is tried again after each of these pauses (CI lost a run to one
+# "Temporary failure in name resolution" of files.pythonhosted.org).
+RETRY_DELAYS_S = (1.0, 3.0)
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure worth trying again: the resolver's "try again" (EAI_AGAIN), a timeout, a reset
+    connection, an overloaded server (429, 502-504). Not a name that does not resolve at all
+    (EAI_NONAME: an index this machine cannot reach), nor a 404."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code in (429, 502, 503, 504)
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, socket.gaierror):
+        return reason.errno == socket.EAI_AGAIN
+    return isinstance(reason, (TimeoutError, ConnectionResetError))
+
+
+def _index_error(url: str, exc: OSError) -> Exception:
+    if isinstance(exc, urllib.error.HTTPError):
+        return NotOnIndex(f"{url}: 404") if exc.code == 404 else \
+            IndexUnavailable(f"{url}: HTTP {exc.code}")
+    return IndexUnavailable(f"{url}: {exc}")
+
+
 def _http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 30) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})
-    log.debug("GET %s %s", url, headers or "")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout, context=_ssl_context()) as resp:
-            return resp.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise NotOnIndex(f"{url}: 404") from exc
-        raise IndexUnavailable(f"{url}: HTTP {exc.code}") from exc
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        raise IndexUnavailable(f"{url}: {exc}") from exc
+    for pause in (*RETRY_DELAYS_S, None):
+        log.debug("GET %s %s", url, headers or "")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=_ssl_context()) as resp:
+                return resp.read()
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            if pause is None or not transient(exc):
+                raise _index_error(url, exc) from exc
+            log.info("GET %s: %s; trying again in %.0f s", url, exc, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 class _RangeFile(io.RawIOBase):
