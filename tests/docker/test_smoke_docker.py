@@ -248,13 +248,14 @@ import sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from infermatrix.stages import smoke
 from infermatrix.context import Context
+from infermatrix.engine.docker import Engine
 from infermatrix.options import RunOptions
 from infermatrix.stages.plan import plan_matrix
 from tests.support.planning_support import recorded_metadata
 
 ctx = Context.load(sys.argv[1], sys.argv[2])
 (plan,) = plan_matrix(ctx, select=[sys.argv[3]], source=recorded_metadata)
-smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["model"]))
+smoke.smoke_cell(ctx, ctx.spec(plan), RunOptions(levels=["model"]), docker=Engine())
 """
 
 
