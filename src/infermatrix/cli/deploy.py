@@ -13,6 +13,7 @@ from ..host import proxmox
 from ..consumer import deploy
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
 from ..stages.publish import cell_from_labels
+from ..model import unifiedmem
 from ..model.spec import Launch
 from ..supplychain import sign
 from ..engine import cosign, registry as registries
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from ..context import Context
     from ..model.cell import Cell
     from ..model.profiles import ProfileSpec
-    from ..model.unifiedmem import Sizing
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,10 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_deploy)
 
 
-def _profile(ctx: Context, name: str, engine: str,
-             model_dir: Path) -> tuple[ProfileSpec, tuple[str, ...]]:
-    """The chosen profile and its flags for the engine; a usage error for an unknown one or
-    a model directory whose config.json holds another kind of checkpoint."""
+def _profile(ctx: Context, name: str, model_dir: Path) -> ProfileSpec:
+    """The chosen profile; a usage error for an unknown one or a model directory whose
+    config.json holds another kind of checkpoint."""
     import json
 
     from ..model.profiles import profile_specs
@@ -104,7 +103,7 @@ def _profile(ctx: Context, name: str, engine: str,
     if why:
         raise UsageError(f"--profile {name} ({spec.checkpoint}) with --model-dir {model_dir}: "
                          f"{why}", fix=f"download {spec.checkpoint} and pass its directory")
-    return spec, tuple(spec.args_for(engine))
+    return spec
 
 
 def run_deploy(args: argparse.Namespace) -> int:
@@ -141,7 +140,9 @@ def run_deploy(args: argparse.Namespace) -> int:
     lxc_lines = proxmox.deployment_lines(_read(Path("/proc/devices")), gpus, None) \
         if gpus else None
     lxc_nodes = {g: proxmox.deployment_nodes([g]) for g in gpus} if args.lxc and gpus else None
-    unified = _unified_sizing(cell, gpus, args.memory_from)
+    # each server's memory on a unified-memory GPU (an sm_121 cell), from MemAvailable now
+    unified = unifiedmem.size_from_meminfo(args.memory_from, cell.arch, cell.engine,
+                                           servers=len(gpus)) if gpus else None
     # What was tested is what starts: the signed launch (the engine's health path from the
     # matrix for an entry published before images.lock kept it).
     launch = Launch.from_locked(entry["run"], health=ctx.matrix.engines[cell.engine].get("health"))
@@ -150,18 +151,18 @@ def run_deploy(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: give a positive number")
     deploy.check_lane(entry, launch, gpus, args.cpu_lane)  # usage errors before the sizing
-    spec, profile_args = _profile(ctx, args.profile, cell.engine, model_dir)
-    sizing = deploy.server_sizing(entry, model_dir, args.context_tokens, args.output_tokens,
-                                  args.max_seqs, spec.key, profile_args, spec.checkpoint)
-    result = deploy.deployment(entry, launch, str(model_dir), gpus,
-                               args.cpu_lane, args.base_port, args.bind, lxc_lines, lxc_nodes,
-                               cpus, unified, sizing)
+    load = deploy.Load(_profile(ctx, args.profile, model_dir), args.context_tokens,
+                       args.output_tokens, args.max_seqs)
+    sizing = deploy.server_sizing(entry, model_dir, load)
+    result = deploy.deployment(deploy.Request(
+        entry, launch, str(model_dir), gpus, args.cpu_lane, cpus, args.base_port, args.bind,
+        lxc_lines, lxc_nodes, unified, sizing))
     files = result.files()
     check_out_dir(out, files)  # nothing written when a file there is not deploy's
     if unified is not None:
         print(f"{cell.id}: {unified.describe()}")
-    print(f"{cell.id}: profile {spec.key} ({spec.checkpoint}"
-          + (f"; {' '.join(profile_args)}" if profile_args else "") + "); "
+    print(f"{cell.id}: profile {load.profile.key} ({load.profile.checkpoint}"
+          + (f"; {' '.join(sizing.profile_args)}" if sizing.profile_args else "") + "); "
           f"{sizing.flag or 'sequence limit'} {sizing.max_seqs or 'engine default'} "
           f"per server ({sizing.source}); predicted {sizing.predicted_tokens_per_s or '?'} "
           "output tokens/s per server")
@@ -237,16 +238,6 @@ def write_out_dir(out: Path, files: dict[str, str], entry: dict) -> None:
         "written_by": "infermatrix deploy", "cell": entry["cell"],
         "reference": entry["reference"], "verified_by": entry.get("verified_by"),
         "files": {name: file_digest(text.encode("utf-8")) for name, text in files.items()}})
-
-
-def _unified_sizing(cell: Cell, gpus: list[int] | None, meminfo: Path) -> Sizing | None:
-    """Each server's memory on a unified-memory GPU (an sm_121 cell), from MemAvailable now;
-    None for other cells."""
-    from ..model import unifiedmem
-
-    if not gpus:
-        return None
-    return unifiedmem.size_from_meminfo(meminfo, cell.arch, cell.engine, servers=len(gpus))
 
 
 def _read(path: Path) -> str:

@@ -12,6 +12,7 @@ from host.proxmox.deployment_lines) and writes the files.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from typing import Any
 import yaml
 
 from ..errors import UsageError
+from ..job.generate import flag_value
+from ..model import capacity
+from ..model.profiles import ProfileSpec
 from ..model.spec import CONTAINER_MODEL, DEFAULT_PORT, Launch
 from ..model.unifiedmem import GIB, Sizing, with_fraction
 from ..imageslock import IMAGES_LOCK_NAME
@@ -50,8 +54,6 @@ class Deployment:
 
     def files(self) -> dict[str, str]:
         """File name -> text, as cli/deploy.py writes them into the out directory."""
-        import json
-
         out = {COMPOSE_NAME: compose_text(self.compose, self.verified_by),
                README_NAME: self.readme}
         if self.sizing is not None:
@@ -60,8 +62,6 @@ class Deployment:
             out[PROXMOX_NAME] = "\n".join(self.proxmox_lines) + "\n"
         return out
 
-
-# --- input ----------------------------------------------------------------------------------
 
 # --- sizing: each server's concurrent sequences and its predicted throughput (issue 46) -------
 
@@ -72,32 +72,39 @@ DEFAULT_PROFILE = "bf16"  # the serve profile (matrix.yaml profiles) every cell 
 
 
 @dataclass(frozen=True)
+class Load:
+    """What each server is sized for: deploy's --profile, --context-tokens, --output-tokens
+    and --max-seqs (None: the signed command's limit, else the capacity model's)."""
+    profile: ProfileSpec  # the serve profile sized and served (matrix.yaml profiles)
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    max_seqs: int | None = None
+
+
+@dataclass(frozen=True)
 class ServerSizing:
     """The engine's sequence limit for each server and the capacity model's prediction."""
 
+    load: Load
     flag: str | None  # --max-num-seqs / --max-running-requests; None: the engine has none
     max_seqs: int | None
     source: str
     device_class: str | None
     model: str
-    context_tokens: int
-    output_tokens: int
     predicted_tokens_per_s: float | None
-    profile: str = DEFAULT_PROFILE  # the serve profile sized and served (matrix.yaml profiles)
-    profile_args: tuple[str, ...] = ()  # its launch flags for the engine (--kv-cache-dtype ...)
-    checkpoint: str | None = None  # the checkpoint the profile names
+    profile_args: tuple[str, ...] = ()  # the profile's flags for the engine (--kv-cache-dtype)
 
     def as_dict(self) -> dict[str, Any]:
+        load = self.load
         return {"max_seqs_flag": self.flag, "max_seqs": self.max_seqs,
                 "max_seqs_source": self.source, "device_class": self.device_class,
-                "model": self.model, "profile": self.profile,
-                "profile_args": list(self.profile_args), "checkpoint": self.checkpoint,
-                "context_tokens": self.context_tokens,
-                "output_tokens": self.output_tokens,
+                "model": self.model, "profile": load.profile.key,
+                "profile_args": list(self.profile_args), "checkpoint": load.profile.checkpoint,
+                "context_tokens": load.context_tokens, "output_tokens": load.output_tokens,
                 "predicted_tokens_per_s_per_replica": self.predicted_tokens_per_s,
                 "prediction_source": f"capacity model (data/capacity.yaml): {self.model} on "
-                                     f"{self.device_class}, {self.profile}, "
-                                     f"{self.context_tokens} + {self.output_tokens} tokens at "
+                                     f"{self.device_class}, {load.profile.key}, "
+                                     f"{load.context_tokens} + {load.output_tokens} tokens at "
                                      f"batch {self.max_seqs}"
                                      if self.predicted_tokens_per_s else None}
 
@@ -105,38 +112,30 @@ class ServerSizing:
 def capacity_model_of(model_dir: Path) -> str:
     """The capacity model's shape for the weights deployed: the tiny fixture (its marker
     file) or the matrix's model."""
-    from ..model import capacity
-
     fixture = model_dir / "infermatrix-fixture.json"
     return "fixture-tiny" if fixture.is_file() else capacity.DEFAULT_MODEL
 
 
-def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
-                  output_tokens: int, max_seqs: int | None = None,
-                  profile: str = DEFAULT_PROFILE, profile_args: tuple[str, ...] = (),
-                  checkpoint: str | None = None) -> ServerSizing:
-    """Each server's sequence limit: `max_seqs` (--max-seqs), else the one the signed command
-    sets, else the capacity model's for the cell's device class and the serve `profile` (its
-    weights' and KV cache's bytes) at context + output tokens; and the decode ceiling it
-    predicts there. `profile_args` are added to the serve command (with_max_seqs)."""
-    from ..model import capacity
-    from ..job.generate import flag_value
-
+def server_sizing(entry: dict[str, Any], model_dir: Path, load: Load) -> ServerSizing:
+    """Each server's sequence limit: `load.max_seqs`, else the one the signed command sets,
+    else the capacity model's for the cell's device class and the serve profile (its weights'
+    and KV cache's bytes) at context + output tokens; and the decode ceiling it predicts
+    there. The profile's flags for the engine are added to the serve command (with_max_seqs)."""
     engine = (entry.get("labels") or {}).get("io.infermatrix.engine", "")
     flag = capacity.max_seqs_flag(engine) if engine else None
     device = capacity.gpu_for_arch(entry.get("arch") or "")
     model = capacity_model_of(model_dir)
     signed = flag_value([str(w) for w in entry["run"].get("command") or []],
                         (flag,)) if flag else None
-    if max_seqs is not None:
-        value, source = max_seqs, "--max-seqs"
+    sized_for = (load.profile.key, load.context_tokens, load.output_tokens)
+    if load.max_seqs is not None:
+        value, source = load.max_seqs, "--max-seqs"
     elif signed and signed.isdigit():
         value, source = int(signed), "the signed serve command"
     elif device and flag and (device != "cpu-lane" or model == "fixture-tiny"):
-        value = capacity.max_num_seqs(device, profile, context_tokens, output_tokens,
-                                      model_key=model)
-        source = (f"capacity model: the sequences of {context_tokens} + {output_tokens} "
-                  f"tokens that fit on {device} ({profile})")
+        value = capacity.max_num_seqs(device, *sized_for, model_key=model)
+        source = (f"capacity model: the sequences of {load.context_tokens} + "
+                  f"{load.output_tokens} tokens that fit on {device} ({load.profile.key})")
     elif device == "cpu-lane":
         value, source = None, (f"the capacity model sizes only the fixture on the CPU lane, "
                                f"not {model}: the engine's default")
@@ -144,17 +143,14 @@ def server_sizing(entry: dict[str, Any], model_dir: Path, context_tokens: int,
         value, source = None, "no device class or flag for this engine: the engine's default"
     predicted = None
     if device and value:
-        predicted = round(capacity.estimate(device, profile, context_tokens, output_tokens,
-                                            model_key=model, batch=value
+        predicted = round(capacity.estimate(device, *sized_for, model_key=model, batch=value
                                             ).ceiling.tokens_per_s, 1)
-    return ServerSizing(flag, value, source, device, model, context_tokens, output_tokens,
-                        predicted, profile, tuple(profile_args), checkpoint)
+    return ServerSizing(load, flag, value, source, device, model, predicted,
+                        tuple(load.profile.args_for(engine)))
 
 
 def with_max_seqs(command: list[str], sizing: ServerSizing | None) -> list[str]:
     """The command with the sizing's sequence limit, unless it sets one already."""
-    from ..job.generate import flag_value
-
     if sizing is None:
         return command
     command = with_profile(command, sizing.profile_args)
@@ -167,8 +163,6 @@ def with_max_seqs(command: list[str], sizing: ServerSizing | None) -> list[str]:
 def with_profile(command: list[str], args: tuple[str, ...] | list[str]) -> list[str]:
     """The command with a serve profile's flags (`--kv-cache-dtype fp8`); a flag the signed
     command sets already is an error, not overridden silently."""
-    from ..job.generate import flag_value
-
     flags = [a for a in args if a.startswith("--")]
     clash = [f for f in flags if flag_value(command, (f,)) is not None]
     if clash:
@@ -278,6 +272,23 @@ def locked_entry(lock: dict[str, Any], cell_id: str, lock_name: str = IMAGES_LOC
 
 # --- the Compose document -------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Request:
+    """One deployment as `infermatrix deploy` asks for it; cli/deploy.py builds it once."""
+    entry: dict[str, Any]  # the verified images.lock entry
+    launch: Launch  # the signed launch: health route, attention backend, shm
+    model_dir: str  # host directory with the weights, mounted read-only
+    gpus: list[int] | None = None  # one server per GPU (`gpu<N>`)
+    cpu_replicas: int | None = None  # or N CPU servers (`cpu<i>`), each on its share of `cpus`
+    cpus: list[int] | None = None  # None: this host's (host_cpus)
+    base_port: int | None = None  # the first server's host port (None: the image's)
+    bind: str = "127.0.0.1"
+    lxc_lines: list[str] | None = None  # host.proxmox.deployment_lines: proxmox-lxc.conf
+    lxc_nodes: dict[int, list[str]] | None = None  # GPU -> its /dev nodes, in an LXC guest
+    unified: Sizing | None = None  # each GPU server's share of a unified-memory host
+    sizing: ServerSizing | None = None  # each server's sequence limit and serve profile
+
+
 def health_test(route: str, port: int) -> list[str]:
     """The engine's health route over loopback; python3 is in every engine image, curl may not
     be. urlopen raises on a non-2xx answer, so the exit status is the verdict."""
@@ -291,25 +302,24 @@ def gpu_reservation(gpu: int) -> dict[str, Any]:
         {"driver": "nvidia", "device_ids": [str(gpu)], "capabilities": ["gpu"]}]}}}
 
 
-def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bind: str,
-            gpu: int | None, lxc_nodes: list[str] | None = None,
-            cpuset: str | None = None, unified: Sizing | None = None,
-            sizing: ServerSizing | None = None) -> dict[str, Any]:
+def service(r: Request, port: int, gpu: int | None, cpuset: str | None = None
+            ) -> dict[str, Any]:
     """One engine server: the locked image by digest, its command on `port`, the model
     read-only, shm, health check; with `gpu`, pinned to that GPU (and, inside an LXC guest,
-    given `lxc_nodes` of /dev as devices); on a unified-memory GPU (`unified`), its memory
+    given its /dev nodes as devices); on a unified-memory GPU (`r.unified`), its memory
     fraction, container memory limit and /dev/shm from the host's available memory."""
+    entry, launch, unified = r.entry, r.launch, r.unified
     run = entry["run"]
     env = dict(sorted(run.get("env", {}).items()))
     if gpu is not None:
         env["NVIDIA_VISIBLE_DEVICES"] = str(gpu)
     body: dict[str, Any] = {
         "image": entry["reference"],
-        "command": with_max_seqs(serve_command(entry, port, model_dir), sizing),
+        "command": with_max_seqs(serve_command(entry, port, r.model_dir), r.sizing),
         "environment": env,
-        "ports": [f"{bind}:{port}:{port}"],
+        "ports": [f"{r.bind}:{port}:{port}"],
         "shm_size": run.get("shm_size") or launch.shm_size,
-        "volumes": [{"type": "bind", "source": model_dir, "target": CONTAINER_MODEL,
+        "volumes": [{"type": "bind", "source": r.model_dir, "target": CONTAINER_MODEL,
                      "read_only": True}],
         "healthcheck": {"test": health_test(launch.health or "", port),
                         **HEALTH_TIMING["gpu" if gpu is not None else "cpu"]},
@@ -319,40 +329,33 @@ def service(entry: dict[str, Any], launch: Launch, model_dir: str, port: int, bi
     }
     if cpuset is not None:  # a CPU replica's own CPUs (cpu_sets)
         body["cpuset"] = cpuset
-    if unified is not None and gpu is not None:
+    if gpu is None:
+        return body
+    if unified is not None:
         body["command"] = with_fraction(body["command"], unified)
         body["shm_size"] = unified.shm_size
         body["mem_limit"] = f"{unified.budget // GIB}g"
         body["labels"]["io.infermatrix.unified-memory"] = unified.describe()
-    if gpu is not None:
-        body["deploy"] = gpu_reservation(gpu)
-        if lxc_nodes:  # no-cgroups in an unprivileged LXC: the nodes passed explicitly
-            body["devices"] = [f"/dev/{node}:/dev/{node}" for node in lxc_nodes]
+    body["deploy"] = gpu_reservation(gpu)
+    nodes = (r.lxc_nodes or {}).get(gpu)
+    if nodes:  # no-cgroups in an unprivileged LXC: the nodes passed explicitly
+        body["devices"] = [f"/dev/{node}:/dev/{node}" for node in nodes]
     return body
 
 
-def compose_document(entry: dict[str, Any], launch: Launch, model_dir: str,
-                     gpus: list[int] | None = None, cpu_replicas: int | None = None,
-                     base_port: int | None = None, bind: str = "127.0.0.1",
-                     lxc_nodes: dict[int, list[str]] | None = None,
-                     cpus: list[int] | None = None,
-                     unified: Sizing | None = None,
-                     sizing: ServerSizing | None = None) -> dict[str, Any]:
-    """One service per GPU (`gpu<N>`), or `cpu_replicas` services (`cpu<i>`) each on its own
-    share of `cpus` (default: this host's), ports from `base_port` up in service order;
-    `lxc_nodes`: GPU -> its /dev nodes, for an LXC guest; `unified`: each GPU server's share
-    of a unified-memory host (model/unifiedmem.py)."""
-    check_lane(entry, launch, gpus, cpu_replicas)
-    base = base_port or entry["run"].get("port") or DEFAULT_PORT
+def compose_document(r: Request) -> dict[str, Any]:
+    """One service per GPU (`gpu<N>`), or one per CPU replica (`cpu<i>`), ports from the base
+    port up in service order."""
+    check_lane(r.entry, r.launch, r.gpus, r.cpu_replicas)
+    base = r.base_port or r.entry["run"].get("port") or DEFAULT_PORT
     named: list[tuple[str, int | None, str | None]]  # (service, GPU, CPU set)
-    if gpus:
-        named = [(f"gpu{g}", g, None) for g in gpus]
+    if r.gpus:
+        named = [(f"gpu{g}", g, None) for g in r.gpus]
     else:
-        sets = cpu_sets(cpu_replicas or 0, cpus if cpus is not None else host_cpus())
-        named = [(f"cpu{i}", None, sets[i]) for i in range(cpu_replicas or 0)]
-    return {"services": {name: service(entry, launch, model_dir, base + index, bind, gpu,
-                                       (lxc_nodes or {}).get(gpu) if gpu is not None else None,
-                                       cpuset, unified, sizing)
+        replicas = r.cpu_replicas or 0
+        sets = cpu_sets(replicas, r.cpus if r.cpus is not None else host_cpus())
+        named = [(f"cpu{i}", None, sets[i]) for i in range(replicas)]
+    return {"services": {name: service(r, base + index, gpu, cpuset)
                          for index, (name, gpu, cpuset) in enumerate(named)}}
 
 
@@ -420,8 +423,8 @@ PROXMOX_NOTE = (f"Inside a Proxmox LXC guest, first add the lines of `{PROXMOX_N
                 "Proxmox host (and deploy with --lxc).\n")
 
 
-def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
-                has_proxmox: bool, unified: Sizing | None = None) -> str:
+def readme_text(r: Request, compose: dict[str, Any], has_proxmox: bool) -> str:
+    entry, launch, unified = r.entry, r.launch, (r.unified if r.gpus else None)
     services = compose["services"]
     rows = []
     for name, body in services.items():
@@ -443,20 +446,10 @@ def readme_text(entry: dict[str, Any], launch: Launch, compose: dict[str, Any],
         rows="\n".join(rows), notes=("\n" + notes) if notes else "")
 
 
-def deployment(entry: dict[str, Any], launch: Launch, model_dir: str,
-               gpus: list[int] | None = None, cpu_replicas: int | None = None,
-               base_port: int | None = None, bind: str = "127.0.0.1",
-               lxc_lines: list[str] | None = None,
-               lxc_nodes: dict[int, list[str]] | None = None,
-               cpus: list[int] | None = None, unified: Sizing | None = None,
-               sizing: ServerSizing | None = None) -> Deployment:
-    """The files of a deployment; `lxc_lines` (host.proxmox.deployment_lines, GPU lanes only)
-    become proxmox-lxc.conf."""
-    compose = compose_document(entry, launch, model_dir, gpus, cpu_replicas, base_port, bind,
-                               lxc_nodes, cpus, unified, sizing)
-    proxmox_lines = lxc_lines if gpus else None
-    return Deployment(compose, proxmox_lines,
-                      readme_text(entry, launch, compose, proxmox_lines is not None,
-                                  unified if gpus else None), entry.get("verified_by"),
-                      sizing.as_dict() if sizing is not None else None)
+def deployment(r: Request) -> Deployment:
+    """The files of a deployment; `r.lxc_lines` become proxmox-lxc.conf (GPU lanes only)."""
+    compose = compose_document(r)
+    proxmox_lines = r.lxc_lines if r.gpus else None
+    return Deployment(compose, proxmox_lines, readme_text(r, compose, proxmox_lines is not None),
+                      r.entry.get("verified_by"), r.sizing.as_dict() if r.sizing else None)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from infermatrix.config import load_matrix
 from infermatrix.model.mtp import find_weights, launch_args
-from infermatrix.consumer.deploy import service
+from infermatrix.consumer.deploy import Request, service
 from infermatrix.consumer.pull import serve_command
 
 ROOT = TESTS.parent
@@ -86,5 +86,5 @@ def test_deploy_adds_the_locked_flags_only_for_a_model_dir_with_the_head(tmp_pat
     assert serve_command(entry, 8000, with_head)[-2] == "--speculative-config"
     launch = Launch(serve=(), args=(), env={}, shm_size="16g", port=8000, health="/health",
                     attention_backend=None, gpu=True)
-    body = service(entry, launch, str(with_head), 8000, "127.0.0.1", 0)
+    body = service(Request(entry, launch, str(with_head)), 8000, 0)
     assert "--speculative-config" in body["command"]
