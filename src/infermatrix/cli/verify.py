@@ -12,7 +12,9 @@ from ..errors import UsageError
 from ..supplychain import sign
 from .publish import consumer_state, verify_flags
 from ..imageslock import IMAGES_LOCK_NAME, read_images_lock
-from ..consumer.verify import default_verdict_path, unified_sizing, verify_entry, write_verdict
+from ..consumer.deploy import locked_entry
+from ..consumer.verify import (Request, default_verdict_path, unified_sizing, verify_entry,
+                               write_verdict)
 from ..levels import ALL_VERIFY_LEVELS, VERIFY_LEVELS, parse
 
 
@@ -52,8 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from ..consumer.deploy import locked_entry
-
     try:
         levels = parse(args.levels, ALL_VERIFY_LEVELS)
     except ValueError as exc:
@@ -77,9 +77,9 @@ def run_verify(args: argparse.Namespace) -> int:
     out = args.out or default_verdict_path(args.cell)
     if args.soak_s is not None and args.soak_s <= 0:
         raise UsageError(f"--soak-s {args.soak_s:g}: give a positive number of seconds")
-    verdict = verify_entry(entry, args.model_dir.absolute(), out.with_suffix(".log"), levels,
-                           args.expect, not args.no_answer_check, unified=unified,
-                           soak_s=args.soak_s, docker=Engine())  # DOCKER_HOST / the context
+    request = Request(entry, args.model_dir.absolute(), out.with_suffix(".log"), levels,
+                      None if args.no_answer_check else args.expect, unified, args.soak_s)
+    verdict = verify_entry(request, Engine())  # DOCKER_HOST / the context
     verdict["signature"] = {"verified_by": entry.get("verified_by"),
                             "note": None if entry.get("verified_by") else
                             f"NOT VERIFIED ({sign.SKIP_FLAG})"}

@@ -51,15 +51,24 @@ def host_facts(docker: Engine) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class VerifyRun:
-    """What each level's function (levels.py: Level.verify names it) is given."""
+class Request:
+    """What `infermatrix verify` asks of this host for one entry; cli/verify.py builds it."""
     entry: dict[str, Any]  # the verified images.lock entry
-    harness: Harness
     model_dir: Path
+    log_path: Path
+    levels: list[str] | None = None  # None: VERIFY_LEVELS
+    expect: str | None = "Paris"  # None: the answers' structure only (--no-answer-check)
+    unified: Sizing | None = None  # the engine's memory on a unified-memory GPU host
+    soak_s: float | None = None  # the workload level's soak (None: its default)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyRun(Request):
+    """What each level's function (levels.py: Level.verify names it) is given: the request
+    and what verify_entry set up for it on this host."""
+    harness: Harness
     gpu_here: bool
     settings: harness_probe.ProbeSettings  # real_model: the answer is checked
-    unified: Sizing | None = None
-    soak_s: float | None = None
 
 
 def refusal(v: VerifyRun, level: str) -> LevelResult | None:
@@ -137,28 +146,25 @@ def verify_workload(v: VerifyRun) -> LevelResult:
                                 smoke.published_figure(entry))
 
 
-def verify_entry(entry: dict[str, Any], model_dir: Path, log_path: Path,
-                 levels: list[str] | None = None, expect: str | None = "Paris",
-                 answer_check: bool = True, gpu_here: bool | None = None,
-                 gpus: Any = True, unified: Sizing | None = None, *,
-                 docker: Engine, soak_s: float | None = None) -> dict[str, Any]:
-    """The verdict of this host for one images.lock entry (levels run in order, in `docker`);
-    `unified`: the engine's memory on a unified-memory GPU host (unified_sizing)."""
+def verify_entry(ask: Request, docker: Engine, gpu_here: bool | None = None) -> dict[str, Any]:
+    """The verdict of this host for one images.lock entry (levels run in order, in `docker`;
+    `gpu_here` None: smoke.host_has_gpu)."""
+    entry, unified = ask.entry, ask.unified
     image_id = image_of(entry, docker)
-    gpu_here = smoke.host_has_gpu() if gpu_here is None else gpu_here
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(f"verify {entry['cell']} {entry['reference']}\n")
-    harness = Harness.for_image(docker, image_id, log_path, gpus)
+    ask.log_path.parent.mkdir(parents=True, exist_ok=True)
+    ask.log_path.write_text(f"verify {entry['cell']} {entry['reference']}\n")
+    harness = Harness.for_image(docker, image_id, ask.log_path)
     settings = harness_probe.ProbeSettings(
-        expect=expect if answer_check else None, real_model=answer_check,
+        expect=ask.expect, real_model=ask.expect is not None,
         health_path=entry["run"].get("health") or "/health",
         health_timeout_s=BY_NAME["model"].timeout_s)
-    v = VerifyRun(entry, harness, model_dir, gpu_here, settings, unified, soak_s)
+    v = VerifyRun(**vars(ask), harness=harness, settings=settings,
+                  gpu_here=smoke.host_has_gpu() if gpu_here is None else gpu_here)
     results = {name: smoke.timed_level(name, lambda: globals()[str(BY_NAME[name].verify)](v))
-               for name in levels or VERIFY_LEVELS}
+               for name in ask.levels or VERIFY_LEVELS}
     status = smoke.overall_status([r.status for r in results.values()])
     return {"cell": entry["cell"], "reference": entry["reference"], "image_id": image_id,
-            "status": status, "host": host_facts(docker), "model_dir": str(model_dir),
+            "status": status, "host": host_facts(docker), "model_dir": str(ask.model_dir),
             "levels": {name: r.as_dict() for name, r in results.items()},
             "emulated": harness.emulated,
             "unified_memory": {"chosen": unified.describe(), **unified.as_dict()}

@@ -52,7 +52,7 @@ def test_an_image_for_another_cpu_is_not_run_under_emulation(tmp_path):
     """RecordingEngine (FAKE: no container may start, and none does). A consumer verifying a
     GB10 (linux/arm64) image on an x86_64 host with a GPU: no level starts the image's
     programs under QEMU (`import torch` crashes there); each says where it can run."""
-    from infermatrix.consumer.verify import verify_entry
+    from infermatrix.consumer.verify import Request, verify_entry
     from infermatrix.engine.docker import host_platform
     from infermatrix.levels import ALL_VERIFY_LEVELS
     from tests.support.recording_engine import RecordingEngine
@@ -68,8 +68,8 @@ def test_an_image_for_another_cpu_is_not_run_under_emulation(tmp_path):
              "reference": reference, "image_id": image_id,
              "labels": {"io.infermatrix.engine": "vllm"},
              "run": {"command": ["vllm", "serve"], "gpu": True, "health": "/health"}}
-    verdict = verify_entry(entry, tmp_path, tmp_path / "verify.log", gpu_here=True,
-                           docker=fake, levels=list(ALL_VERIFY_LEVELS))
+    verdict = verify_entry(Request(entry, tmp_path, tmp_path / "verify.log",
+                                   levels=list(ALL_VERIFY_LEVELS)), fake, gpu_here=True)
     assert fake.named("run_container") == []
     assert verdict["emulated"] == f"linux/{arch} under QEMU on {host_platform()}"
     assert list(verdict["levels"]) == list(ALL_VERIFY_LEVELS)  # each row's function ran
