@@ -407,8 +407,8 @@ def attached(repository: str, digest: str,
     for suffix, name in (("sig", "signature"), ("att", "attestations")):
         tag = attached_tag(digest, suffix)
         url = registries._api_url(repository, "manifests", tag)
-        response = registries._registry_request(
-            "GET", url, creds, f"reading {repository}:{tag}",
+        response = registries.RegistrySession(creds).request(
+            "GET", url, f"reading {repository}:{tag}",
             {"Accept": "application/vnd.oci.image.manifest.v1+json"})
         if response.status_code != 200:
             continue
