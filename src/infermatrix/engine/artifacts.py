@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 from .registry import (DigestMismatch, RegistryCredentials, RegistryError, RegistrySession,
-                       _api_url, registry_error, registry_host)
+                       _api_url, _expect, registry_error, registry_host)
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 TITLE = "org.opencontainers.image.title"  # a layer's file name (what ORAS writes)
@@ -128,13 +128,6 @@ def _upload_blob(repository: str, blob: Descriptor, body: bytes | Path,
                            {"Content-Type": "application/octet-stream",
                             "Content-Length": str(blob.size)}, body=body)
     _expect(done, (201,), what, repository, session.creds)
-
-
-def _expect(response: Any, codes: tuple[int, ...], what: str, repository: str,
-            creds: RegistryCredentials) -> None:
-    if response.status_code not in codes:
-        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
-                             registry_host(repository), creds)
 
 
 # --- pull -----------------------------------------------------------------------------------

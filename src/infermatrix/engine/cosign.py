@@ -238,10 +238,8 @@ def clear_dead_secrets(directory: Path) -> list[str]:
         parts = entry.name.split("-")
         pid = int(parts[1]) if len(parts) > 2 and parts[0] == "auth" and parts[1].isdigit() \
             else None
-        if pid is not None and pid != os.getpid() and _alive(pid):
-            continue
-        if pid == os.getpid():
-            continue  # this process's own call in another thread
+        if pid == os.getpid() or (pid is not None and _alive(pid)):
+            continue  # a live run's (this process's own, a call in another thread, included)
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:

@@ -16,6 +16,7 @@ reach argv, logs or messages.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -101,6 +102,14 @@ def registry_error(what: str, message: str, host: str, creds: RegistryCredential
     cause = " ".join(message.split())[:300]  # the daemon's text, on one line
     return kind(f"{what}: {_summary(kind)} ({creds.describe()}): {cause}",
                 fix=fix_for(kind, host))
+
+
+def _expect(response: requests.Response, codes: tuple[int, ...], what: str, repository: str,
+            creds: RegistryCredentials) -> None:
+    """A RegistryError (HTTP status and the start of the body) unless the status is in `codes`."""
+    if response.status_code not in codes:
+        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
+                             registry_host(repository), creds)
 
 
 # --- credentials ----------------------------------------------------------------------------
@@ -209,10 +218,8 @@ class RegistrySession:
         headers = dict(headers)
         if self._bearer:
             headers["Authorization"] = "Bearer " + self._bearer
-        if not isinstance(body, Path):
-            return requests.request(method, url, headers=headers, data=body, auth=self._basic,
-                                    timeout=60, stream=stream)
-        with body.open("rb") as data:  # streamed from the file, never read whole
+        # a file's body is streamed from it, never read whole
+        with body.open("rb") if isinstance(body, Path) else contextlib.nullcontext(body) as data:
             return requests.request(method, url, headers=headers, data=data, auth=self._basic,
                                     timeout=60, stream=stream)
 
@@ -269,9 +276,7 @@ def remote_manifest(repository: str, tag_or_digest: str,
     response = RegistrySession(creds).request("GET", url, what, {"Accept": _MANIFEST_TYPES})
     if response.status_code == 404:
         return None
-    if response.status_code != 200:
-        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
-                             registry_host(repository), creds)
+    _expect(response, (200,), what, repository, creds)
     body = response.json()
     media_type = response.headers.get("Content-Type", body.get("mediaType", ""))
     digest = response.headers.get("Docker-Content-Digest")
