@@ -96,8 +96,8 @@ class PeakSampler(threading.Thread):
 def compile_once(image: str, jobs: int, threads: int, arch_list: str) -> dict:
     env = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "TORCH_CUDA_ARCH_LIST": arch_list}
     started = time.monotonic()
-    container = DOCKER.run_container(image, ["sh", "-c", COMPILE], env=env,
-                                     labels={"io.infermatrix.bench": "compile_memory"})
+    container = DOCKER.run_container(engine.ContainerSpec(
+        image, ["sh", "-c", COMPILE], env=env, labels={"io.infermatrix.bench": "compile_memory"}))
     sampler = PeakSampler(container)
     sampler.start()
     try:
@@ -131,10 +131,10 @@ def main() -> int:
         print(planned.describe())
         image = f"infermatrix-bench/compile-{KERNEL}:{plan.id}"
         directory = build.cell_dir(ctx, plan.id)
-        DOCKER.build_image(directory, target=f"compile-{KERNEL}", tag=image,
-                           build_args=planned.build_args(),
-                           secrets=build.secrets_for(RunOptions()),
-                           log_path=ctx.state.root / "compile-stage.log", timeout=3600)
+        DOCKER.build_image(engine.BuildRequest(
+            directory, target=f"compile-{KERNEL}", tag=image, build_args=planned.build_args(),
+            secrets=build.secrets_for(RunOptions())),
+            log_path=ctx.state.root / "compile-stage.log", timeout=3600)
         arch_list = render.torch_arch_list(plan.cell)
         pairs = [(planned.max_jobs, planned.nvcc_threads)]
         for pair in args.sweep.split(","):

@@ -80,7 +80,9 @@ def fixture_image(base_ref: str, workdir: Path, arch_code: str, cell_id: str) ->
                                  "cudakern-0.1.0.dist-info/METADATA,,\n"
                                  "cudakern-0.1.0.dist-info/RECORD,,\n")
     (context / "Dockerfile").write_text(f"FROM {base_ref}\nCOPY site/ {SITE}/\n")
-    DOCKER.build_image(context, tag=tag, labels={"io.infermatrix.cell": cell_id}, timeout=600)
+    DOCKER.build_image(engine.BuildRequest(context, tag=tag,
+                                           labels={"io.infermatrix.cell": cell_id}),
+                       timeout=600)
     return tag
 
 
@@ -278,8 +280,9 @@ def arm64_image(tmp_path_factory: pytest.TempPathFactory, docker_available) -> s
                                  "probefixture/_gpu.so,,\nprobefixture-1.0.dist-info/METADATA,,\n"
                                  "probefixture-1.0.dist-info/RECORD,,\n")
     (workdir / "ctx" / "Dockerfile").write_text(f"FROM {ref}\nCOPY site/ {SITE}/\n")
-    return DOCKER.build_image(workdir / "ctx", tag="infermatrix-audit-test:arm64-probe",
-                              platform="linux/arm64", timeout=600)
+    return DOCKER.build_image(engine.BuildRequest(
+        workdir / "ctx", tag="infermatrix-audit-test:arm64-probe", platform="linux/arm64"),
+        timeout=600)
 
 
 def test_an_emulated_images_probe_runs_natively_and_sees_what_the_emulated_one_sees(

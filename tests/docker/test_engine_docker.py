@@ -75,9 +75,10 @@ def test_build_with_secret_args_labels_then_inspect_tag_copy_run(
         'CMD ["sh", "-c", "cat /greeting; echo to-stderr >&2; sleep 60"]\n')
     log_path = tmp_path / "build.log"
     with caplog.at_level(logging.INFO, logger="infermatrix.commands"):
-        image_id = DOCKER.build_image(context, tag=scratch_tag, build_args={"GREETING": "hello", "TOKEN_SHA": token_sha},
-                                      secrets={"token": secret}, labels={"io.infermatrix.test": "1"},
-                                      log_path=log_path, timeout=600)
+        image_id = DOCKER.build_image(engine.BuildRequest(
+            context, tag=scratch_tag, build_args={"GREETING": "hello", "TOKEN_SHA": token_sha},
+            secrets={"token": secret}, labels={"io.infermatrix.test": "1"}),
+            log_path=log_path, timeout=600)
     assert image_id.startswith("sha256:")
     assert DOCKER.image_id_of(scratch_tag) == image_id
     assert DOCKER.image_labels(scratch_tag)["io.infermatrix.test"] == "1"
@@ -101,8 +102,8 @@ def test_build_with_secret_args_labels_then_inspect_tag_copy_run(
         assert DOCKER.remove_image(other)
     assert not DOCKER.remove_image(other)
 
-    container = DOCKER.run_container(image_id, env={"A": "1"}, shm_size="128m",
-                                     labels={"io.infermatrix.test": "1"})
+    container = DOCKER.run_container(engine.ContainerSpec(
+        image_id, env={"A": "1"}, shm_size="128m", labels={"io.infermatrix.test": "1"}))
     try:
         deadline = time.monotonic() + 30
         # both streams: the stderr line can land after the stdout one
@@ -134,8 +135,9 @@ def test_target_stage_exported_to_a_local_directory(docker_available, built_base
         "FROM ${BASE} AS runtime\n"
         "COPY --from=kernel-demo /wheels /w\n")
     out = tmp_path / "out"
-    assert DOCKER.build_image(context, target="kernel-demo", output_dir=out,
-                              build_args={"BASE": built_base}, timeout=600) == ""
+    assert DOCKER.build_image(engine.BuildRequest(
+        context, target="kernel-demo", output_dir=out, build_args={"BASE": built_base}),
+        timeout=600) == ""
     assert (out / "wheels" / "demo-0.1-py3-none-any.whl").read_text() == "wheel\n"
 
 
@@ -146,7 +148,8 @@ def test_failed_build_carries_the_command_and_log_tail(docker_available, built_b
     (context / "Dockerfile").write_text(
         f"FROM {built_base}\nRUN echo this-build-breaks-on-purpose && exit 7\n")
     with pytest.raises(CommandFailed) as failure:
-        DOCKER.build_image(context, log_path=tmp_path / "b.log", timeout=600)
+        DOCKER.build_image(engine.BuildRequest(context), log_path=tmp_path / "b.log",
+                           timeout=600)
     assert "this-build-breaks-on-purpose" in failure.value.log_tail
     assert "build" in failure.value.command and str(context) in failure.value.command
 

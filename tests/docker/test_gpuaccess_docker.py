@@ -21,7 +21,7 @@ def test_the_real_engine_without_a_gpu_runtime_refuses_in_one_line(docker_availa
 
     machine = engine.Engine()
     with pytest.raises(engine.EngineError) as caught:
-        machine.run_container(built_base, ["true"], gpus=True)
+        machine.run_container(engine.ContainerSpec(built_base, ["true"], gpus=True))
     message = str(caught.value)
     assert "\n" not in caught.value.message and "Traceback" not in message
     assert "cannot give a container a GPU" in message and machine.label() in message
@@ -39,7 +39,8 @@ def test_a_gpu_request_the_daemon_cannot_serve_is_translated(docker_available, b
     claiming._gpu_verdicts = {GpuSetting(): GpuAccess("runtime", "claimed by the test")}
     mark = {"io.infermatrix.test": uuid.uuid4().hex}
     with pytest.raises(engine.EngineError) as caught:
-        claiming.run_container(built_base, ["true"], gpus=True, labels=mark)
+        claiming.run_container(engine.ContainerSpec(built_base, ["true"], gpus=True,
+                                                    labels=mark))
     message = str(caught.value)
     assert "\n" not in caught.value.message
     assert "refused the GPU request" in message and "could not select device driver" in message

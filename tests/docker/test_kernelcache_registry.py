@@ -14,6 +14,7 @@ flash-attn, in seconds. Pure logic and refusals: tests/unit/kernels/test_kernelr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -211,7 +212,8 @@ def test_only_a_wheel_signed_by_a_trusted_builder_is_taken(cell_root, credential
     reference = taken["registry"]["pulled"]
     repository, tag = reference.rsplit(":", 1)
     creds = registry_api_creds()
-    genuine = artifacts.pull_artifact(repository, tag, kernelregistry.RECORD_TYPE,
+    genuine = artifacts.pull_artifact(repository, tag,
+                                      artifacts.ArtifactKind(kernelregistry.RECORD_TYPE),
                                       _fresh(tmp_path / "genuine"), creds)
     evil = _fresh(tmp_path / "evil") / genuine.files[0].name
     evil.write_bytes(b"not the wheel the builder compiled")
@@ -259,15 +261,14 @@ def test_layer_types_and_size_caps_are_checked_before_anything_is_kept(registry,
                             [(wheel, "application/vnd.oci.image.layer.v1.tar")], creds)
     artifacts.push_artifact(repository, "wheel", record, kernelregistry.RECORD_TYPE,
                             [(wheel, kernelregistry.WHEEL_TYPE)], creds)
-    wheels = frozenset({kernelregistry.WHEEL_TYPE})
+    wheels = artifacts.ArtifactKind(kernelregistry.RECORD_TYPE,
+                                    frozenset({kernelregistry.WHEEL_TYPE}), 1 << 20, 1 << 20)
     with pytest.raises(RegistryError, match="not one of"):
-        artifacts.pull_artifact(repository, "typed", kernelregistry.RECORD_TYPE,
-                                _fresh(tmp_path / "a"), creds, wheels, 1 << 20, 1 << 20)
+        artifacts.pull_artifact(repository, "typed", wheels, _fresh(tmp_path / "a"), creds)
     assert list((tmp_path / "a").iterdir()) == []
     with pytest.raises(RegistryError, match="over the cap of 1024"):
-        artifacts.pull_artifact(repository, "wheel", kernelregistry.RECORD_TYPE,
-                                _fresh(tmp_path / "b"), creds, wheels, 1 << 20, 1024)
+        artifacts.pull_artifact(repository, "wheel", dataclasses.replace(
+            wheels, max_file_bytes=1024), _fresh(tmp_path / "b"), creds)
     assert [p.name for p in (tmp_path / "b").iterdir()] == []  # the record is removed too
-    pulled = artifacts.pull_artifact(repository, "wheel", kernelregistry.RECORD_TYPE,
-                                     _fresh(tmp_path / "c"), creds, wheels, 1 << 20, 1 << 20)
+    pulled = artifacts.pull_artifact(repository, "wheel", wheels, _fresh(tmp_path / "c"), creds)
     assert pulled.files[0].read_bytes() == wheel.read_bytes()

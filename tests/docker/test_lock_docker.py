@@ -62,11 +62,12 @@ def test_tampered_lock_fails_the_image_build(tmp_path, built_base):
     good_text = result.text or ""
     secrets = {"ca_bundle": CA_BUNDLE}
     tag = "infermatrix-test/lock-tamper:good"
-    image = DOCKER.build_image(_context(tmp_path, built_base, good_text, "good"), tag=tag,
-                               secrets=secrets, log_path=tmp_path / "good.log")
+    image = DOCKER.build_image(engine.BuildRequest(
+        _context(tmp_path, built_base, good_text, "good"), tag=tag, secrets=secrets),
+        log_path=tmp_path / "good.log")
     try:
-        container = DOCKER.run_container(image, ["python3", "-c",
-                                                 "import six; print('six', six.__version__)"])
+        container = DOCKER.run_container(engine.ContainerSpec(
+            image, ["python3", "-c", "import six; print('six', six.__version__)"]))
         try:
             assert DOCKER.wait_container(container, timeout=120) == 0
             assert "six 1.16.0" in DOCKER.container_logs(container)
@@ -77,9 +78,10 @@ def test_tampered_lock_fails_the_image_build(tmp_path, built_base):
     bad_text = re.sub(r"sha256:[0-9a-f]{64}", "sha256:" + "0" * 64, good_text)
     assert bad_text != good_text
     with pytest.raises(CommandFailed) as failure:
-        DOCKER.build_image(_context(tmp_path, built_base, bad_text, "bad"),
-                           tag="infermatrix-test/lock-tamper:bad", secrets=secrets,
-                           log_path=tmp_path / "bad.log")
+        DOCKER.build_image(engine.BuildRequest(
+            _context(tmp_path, built_base, bad_text, "bad"),
+            tag="infermatrix-test/lock-tamper:bad", secrets=secrets),
+            log_path=tmp_path / "bad.log")
     log = (tmp_path / "bad.log").read_text().lower()
     assert "hash mismatch" in log and "six" in failure.value.log_tail
     assert "six 1.16.0" not in log

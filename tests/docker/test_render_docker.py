@@ -30,10 +30,11 @@ def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(t
         pytest.skip(f"needs Docker and the base image {base_ref} (infermatrix base build)")
     [dockerfile] = render.render_to(ctx, [plan], tmp_path / "images")
     out = tmp_path / "out"
-    engine.Engine().build_image(dockerfile.parent, target="kernel-cudakern", output_dir=out,
-                       build_args={"MAX_JOBS": "2", "NVCC_THREADS": "1"},
-                       secrets={"ca_bundle": Path("/etc/ssl/certs/ca-certificates.crt")},
-                       log_path=tmp_path / "build.log", timeout=1800)
+    engine.Engine().build_image(engine.BuildRequest(
+        dockerfile.parent, target="kernel-cudakern", output_dir=out,
+        build_args={"MAX_JOBS": "2", "NVCC_THREADS": "1"},
+        secrets={"ca_bundle": Path("/etc/ssl/certs/ca-certificates.crt")}),
+        log_path=tmp_path / "build.log", timeout=1800)
     exported = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     # the wheel, and the compile's own measurement (templates/files/measure.sh) beside it
     wheels = [p for p in exported if p.endswith(".whl")]

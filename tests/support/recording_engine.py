@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from infermatrix.engine.docker import Engine
+from infermatrix.engine.docker import BuildRequest, ContainerSpec, Engine
 from infermatrix.errors import CommandFailed
 
 # (image, entrypoint, command) -> (exit code, output) of a container
@@ -79,13 +79,12 @@ class RecordingEngine(Engine):
         return self.cache_bytes
 
     # -- builds ------------------------------------------------------------------------------
-    def build_image(self, context_dir: Path, **options: Any) -> str:
-        tag, target, output_dir = options.get("tag"), options.get("target"), \
-            options.get("output_dir")
-        self._record("build_image", context=str(context_dir), tag=tag, target=target,
-                     build_args=dict(options.get("build_args") or {}),
-                     secrets=sorted(options.get("secrets") or {}), output_dir=output_dir,
-                     no_cache=options.get("no_cache", False), platform=options.get("platform"))
+    def build_image(self, request: BuildRequest, log_path: Path | None = None,
+                    timeout: float | None = None, on_line: Any = None) -> str:
+        tag, target, output_dir = request.tag, request.target, request.output_dir
+        self._record("build_image", context=str(request.context_dir), tag=tag, target=target,
+                     build_args=dict(request.build_args), secrets=sorted(request.secrets),
+                     output_dir=output_dir, no_cache=request.no_cache, platform=request.platform)
         if output_dir is not None:  # a kernel stage: leave the wheel it would export
             Path(output_dir).mkdir(parents=True, exist_ok=True)
             package = (target or "kernel-x").removeprefix("kernel-").replace("-", "_")
@@ -93,10 +92,10 @@ class RecordingEngine(Engine):
             return ""
         cell_id = (tag or "").split("/")[-1].split(":")[0]
         if cell_id in self.fail_builds:
-            raise CommandFailed(f"docker build {context_dir}", 1, "broken on purpose",
-                                options.get("log_path"))
+            raise CommandFailed(f"docker build {request.context_dir}", 1, "broken on purpose",
+                                log_path)
         image_id = "sha256:" + hashlib.sha256(f"{tag}{next(self._ids)}".encode()).hexdigest()
-        cell_labels = {"io.infermatrix.cell": cell_id, **(options.get("labels") or {})}
+        cell_labels = {"io.infermatrix.cell": cell_id, **request.labels}
         self.images[image_id] = {"Id": image_id, "Size": 1_000_000,
                                  "Config": {"Labels": cell_labels}, "RepoTags": [tag]}
         if tag:
@@ -129,21 +128,20 @@ class RecordingEngine(Engine):
         return derived
 
     # -- containers --------------------------------------------------------------------------
-    def run_container(self, image: str, command: list[str] | None = None, *,
-                      entrypoint: list[str] | None = None, name: str | None = None,
-                      **kwargs: Any) -> str:
-        self._record("run_container", image=image, command=list(command or []),
-                     entrypoint=list(entrypoint or []), name=name, **kwargs)
+    def run_container(self, spec: ContainerSpec) -> str:
+        command, entrypoint = list(spec.command or []), list(spec.entrypoint or [])
+        self._record("run_container", **{**vars(spec), "command": command,
+                                         "entrypoint": entrypoint})
         container_id = f"container-{next(self._ids)}"
-        self._containers[container_id] = (image, list(entrypoint or []), list(command or []))
+        self._containers[container_id] = (spec.image, entrypoint, command)
         return container_id
 
     @contextlib.contextmanager
     def container(self, image: str, command: list[str] | None = None, *,
                   name: str | None = None, prefix: str = "infermatrix",
-                  **kwargs: Any) -> Iterator[str]:
+                  **settings: Any) -> Iterator[str]:
         name = name or f"{prefix}-fake-{next(self._ids)}"
-        container_id = self.run_container(image, command, name=name, **kwargs)
+        container_id = self.run_container(ContainerSpec(image, command, name=name, **settings))
         try:
             yield container_id
         finally:

@@ -6,7 +6,7 @@ The manifest is a plain OCI image manifest with a custom config mediaType, which
 monolithically (POST an upload, PUT its bytes with their digest) unless a HEAD finds them there;
 the manifest goes last, so an interrupted push leaves no tag. A pull checks every blob against
 its digest while it streams it to disk. Requests, auth and logging are registry.py's
-(`_registry_request`: each call logged with method, URL and who, never the secret).
+(`RegistrySession.request`: each call logged with method, URL and who, never the secret).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 from .registry import (DigestMismatch, RegistryCredentials, RegistryError, RegistrySession,
-                       _api_url, _registry_request, registry_error, registry_host)
+                       _api_url, _expect, registry_error, registry_host)
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 TITLE = "org.opencontainers.image.title"  # a layer's file name (what ORAS writes)
@@ -39,6 +39,16 @@ class Descriptor:
         if self.title:
             data["annotations"] = {TITLE: self.title}
         return data
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """What a pulled artifact must be: its record's (config blob's) media type, its layers'
+    (None: any) and the most bytes its record and each of its files may hold (None: no cap)."""
+    record_type: str
+    layer_types: frozenset[str] | None = None
+    max_record_bytes: int | None = None
+    max_file_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,70 +98,59 @@ def push_artifact(repository: str, tag: str, record: bytes, record_type: str,
     manifest under `tag`; return the manifest's digest."""
     session = RegistrySession(creds)
     config = describe_bytes(record, record_type)
-    _upload_blob(repository, config, record, creds, session)
+    _upload_blob(repository, config, record, session)
     layers = []
     for path, media_type in files:
         layer = describe_file(path, media_type)
-        _upload_blob(repository, layer, path, creds, session)
+        _upload_blob(repository, layer, path, session)
         layers.append(layer)
     manifest = manifest_bytes(config, layers)
     what = f"putting the manifest {repository}:{tag}"
-    response = _registry_request("PUT", _api_url(repository, "manifests", tag), creds, what,
-                                 {"Content-Type": OCI_MANIFEST}, body=manifest, session=session)
+    response = session.request("PUT", _api_url(repository, "manifests", tag), what,
+                               {"Content-Type": OCI_MANIFEST}, body=manifest)
     _expect(response, (201,), what, repository, creds)
     return response.headers.get("Docker-Content-Digest") or describe_bytes(manifest, "").digest
 
 
 def _upload_blob(repository: str, blob: Descriptor, body: bytes | Path,
-                 creds: RegistryCredentials, session: RegistrySession) -> None:
+                 session: RegistrySession) -> None:
     """A monolithic upload (POST, then PUT with the digest), skipped when the blob is there."""
     what = f"checking blob {blob.digest} in {repository}"
-    head = _registry_request("HEAD", _api_url(repository, "blobs", blob.digest), creds, what,
-                             session=session)
+    head = session.request("HEAD", _api_url(repository, "blobs", blob.digest), what)
     if head.status_code == 200:
         return
     what = f"uploading blob {blob.digest} to {repository}"
-    start = _registry_request("POST", _api_url(repository, "blobs/uploads", ""), creds, what,
-                              session=session)
-    _expect(start, (202,), what, repository, creds)
+    start = session.request("POST", _api_url(repository, "blobs/uploads", ""), what)
+    _expect(start, (202,), what, repository, session.creds)
     location = urljoin(start.url, start.headers.get("Location", ""))
     separator = "&" if "?" in location else "?"
-    done = _registry_request("PUT", f"{location}{separator}digest={blob.digest}", creds, what,
-                             {"Content-Type": "application/octet-stream",
-                              "Content-Length": str(blob.size)}, body=body, session=session)
-    _expect(done, (201,), what, repository, creds)
-
-
-def _expect(response: Any, codes: tuple[int, ...], what: str, repository: str,
-            creds: RegistryCredentials) -> None:
-    if response.status_code not in codes:
-        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
-                             registry_host(repository), creds)
+    done = session.request("PUT", f"{location}{separator}digest={blob.digest}", what,
+                           {"Content-Type": "application/octet-stream",
+                            "Content-Length": str(blob.size)}, body=body)
+    _expect(done, (201,), what, repository, session.creds)
 
 
 # --- pull -----------------------------------------------------------------------------------
 
-def pull_artifact(repository: str, tag: str, record_type: str, dest: Path,
-                  creds: RegistryCredentials, layer_types: frozenset[str] | None = None,
-                  max_record_bytes: int | None = None, max_file_bytes: int | None = None
-                  ) -> Artifact | None:
+def pull_artifact(repository: str, tag: str, kind: ArtifactKind, dest: Path,
+                  creds: RegistryCredentials) -> Artifact | None:
     """The artifact under `repository:tag`, its files saved in `dest`; None when there is no
-    such tag. A manifest of another config type or (with `layer_types`) a layer of another
+    such tag. A manifest of another config type or (with `kind.layer_types`) a layer of another
     media type, a blob larger than its cap or than its descriptor says, or whose bytes do not
     hash to its digest, is a RegistryError. The digest is the manifest's own bytes' sha256 (a
     registry's Docker-Content-Digest header that says otherwise is a DigestMismatch)."""
     session = RegistrySession(creds)
     what = f"reading {repository}:{tag}"
-    response = _registry_request("GET", _api_url(repository, "manifests", tag), creds, what,
-                                 {"Accept": OCI_MANIFEST}, session=session)
+    response = session.request("GET", _api_url(repository, "manifests", tag), what,
+                               {"Accept": OCI_MANIFEST})
     if response.status_code == 404:
         return None
     _expect(response, (200,), what, repository, creds)
     manifest = response.json()
     config = manifest.get("config") or {}
-    if config.get("mediaType") != record_type:
+    if config.get("mediaType") != kind.record_type:
         raise RegistryError(f"{what}: its config is {config.get('mediaType')!r}, not "
-                            f"{record_type}", fix="push the artifact again from its cache")
+                            f"{kind.record_type}", fix="push the artifact again from its cache")
     digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
     claimed = response.headers.get("Docker-Content-Digest")
     if claimed and claimed != digest:
@@ -159,16 +158,16 @@ def pull_artifact(repository: str, tag: str, record_type: str, dest: Path,
                              f"{claimed}", registry_host(repository), creds, DigestMismatch)
     layers = manifest.get("layers") or []
     for layer in layers:
-        if layer_types is not None and layer.get("mediaType") not in layer_types:
+        if kind.layer_types is not None and layer.get("mediaType") not in kind.layer_types:
             raise RegistryError(f"{what}: a layer is {layer.get('mediaType')!r}, not one of "
-                                f"{', '.join(sorted(layer_types))}",
+                                f"{', '.join(sorted(kind.layer_types))}",
                                 fix="push the artifact again from its cache")
-    for blob, cap in [(config, max_record_bytes), *[(layer, max_file_bytes) for layer in layers]]:
+    caps = [(config, kind.max_record_bytes), *[(layer, kind.max_file_bytes) for layer in layers]]
+    for blob, cap in caps:
         _check_size(what, blob, cap)  # before any blob is fetched
-    record_path = _fetch_blob(repository, config, dest / ".record", creds, session,
-                              max_record_bytes)
-    files = [_fetch_blob(repository, layer, dest / layer_file_name(layer), creds, session,
-                         max_file_bytes) for layer in layers]
+    record_path = _fetch_blob(repository, config, dest / ".record", session, kind.max_record_bytes)
+    files = [_fetch_blob(repository, layer, dest / layer_file_name(layer), session,
+                         kind.max_file_bytes) for layer in layers]
     record = record_path.read_bytes()
     record_path.unlink()
     return Artifact(digest, record, files)
@@ -182,8 +181,7 @@ def _check_size(what: str, blob: dict[str, Any], max_bytes: int | None) -> None:
                             fix="a kernel artifact this large is not one a build pushed")
 
 
-def _fetch_blob(repository: str, blob: dict[str, Any], target: Path,
-                creds: RegistryCredentials, session: RegistrySession,
+def _fetch_blob(repository: str, blob: dict[str, Any], target: Path, session: RegistrySession,
                 max_bytes: int | None = None) -> Path:
     """Stream one blob to `target`, checking its bytes against its digest; no more than its
     descriptor's size (nor `max_bytes`) is read."""
@@ -194,9 +192,8 @@ def _fetch_blob(repository: str, blob: dict[str, Any], target: Path,
     _check_size(what, blob, max_bytes)
     if max_bytes is not None and limit is None:
         limit = max_bytes
-    response = _registry_request("GET", _api_url(repository, "blobs", wanted), creds, what,
-                                 stream=True, session=session)
-    _expect(response, (200,), what, repository, creds)
+    response = session.request("GET", _api_url(repository, "blobs", wanted), what, stream=True)
+    _expect(response, (200,), what, repository, session.creds)
     digest = hashlib.sha256()
     target.parent.mkdir(parents=True, exist_ok=True)
     read = 0
@@ -207,11 +204,11 @@ def _fetch_blob(repository: str, blob: dict[str, Any], target: Path,
                 out.close()
                 target.unlink()
                 raise registry_error(what, f"more than the {limit} bytes it may hold",
-                                     registry_host(repository), creds, DigestMismatch)
+                                     registry_host(repository), session.creds, DigestMismatch)
             digest.update(chunk)
             out.write(chunk)
     if "sha256:" + digest.hexdigest() != wanted:
         target.unlink()
         raise registry_error(what, f"its bytes hash to sha256:{digest.hexdigest()}",
-                             registry_host(repository), creds, DigestMismatch)
+                             registry_host(repository), session.creds, DigestMismatch)
     return target

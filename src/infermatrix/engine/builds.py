@@ -112,7 +112,7 @@ def docker_cli() -> str:
     return build_client().binary
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildRequest:
     """Everything one `docker build` needs; `argv()` is the exact command line."""
 
@@ -124,11 +124,11 @@ class BuildRequest:
     secrets: dict[str, Path] = field(default_factory=dict)  # id -> file (never its content)
     labels: dict[str, str] = field(default_factory=dict)
     output_dir: Path | None = None  # `--output type=local,dest=...` instead of an image
-    iidfile: Path | None = None
     no_cache: bool = False  # `--no-cache` (verify-repro builds twice from nothing)
     platform: str | None = None  # `--platform linux/arm64` (None: the engine's own)
 
-    def argv(self, client: BuildClient) -> list[str]:
+    def argv(self, client: BuildClient, iidfile: Path | None = None) -> list[str]:
+        """The build's command line; an image's id is written to `iidfile`."""
         argv = client.build_argv() + ["--progress=plain"]
         if self.platform:
             argv += ["--platform", self.platform]
@@ -151,8 +151,8 @@ class BuildRequest:
                 argv.append("--load")
             if self.tag:
                 argv += ["--tag", self.tag]
-            if self.iidfile is not None:
-                argv += ["--iidfile", str(self.iidfile)]
+            if iidfile is not None:
+                argv += ["--iidfile", str(iidfile)]
         argv.append(str(self.context_dir))
         return argv
 
@@ -184,13 +184,8 @@ class Builds(Images):
             records = self.sdk().df().get("BuildCache") or []
         return sum(int(r.get("Size") or 0) for r in records)
 
-    def build_image(self, context_dir: Path, dockerfile: Path | None = None,
-                    tag: str | None = None, target: str | None = None,
-                    build_args: dict[str, str] | None = None,
-                    secrets: dict[str, Path] | None = None, output_dir: Path | None = None,
-                    log_path: Path | None = None, timeout: float | None = None,
-                    labels: dict[str, str] | None = None, no_cache: bool = False,
-                    platform: str | None = None,
+    def build_image(self, request: BuildRequest, log_path: Path | None = None,
+                    timeout: float | None = None,
                     on_line: Callable[[str], None] | None = None) -> str:
         """Run one BuildKit build; return the image id ("" when exporting to `output_dir`).
         `on_line` sees each line of BuildKit's plain progress as it comes (a progress display).
@@ -198,29 +193,21 @@ class Builds(Images):
         Raises CommandFailed (exact command + log tail) when the build fails or times out.
         """
         client = build_client()
-        secrets = {k: Path(v) for k, v in (secrets or {}).items()}
-        check_secrets(secrets)
+        check_secrets(request.secrets)
+        if request.output_dir is not None:
+            request.output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="infermatrix-iid-") as tmp:
-            request = BuildRequest(
-                context_dir=Path(context_dir),
-                dockerfile=Path(dockerfile) if dockerfile else None, tag=tag, target=target,
-                build_args=dict(build_args or {}), secrets=secrets, labels=dict(labels or {}),
-                output_dir=Path(output_dir) if output_dir else None,
-                iidfile=None if output_dir else Path(tmp) / "iid", no_cache=no_cache,
-                platform=platform)
-            if request.output_dir is not None:
-                request.output_dir.mkdir(parents=True, exist_ok=True)
-            argv = request.argv(client)
+            iidfile = Path(tmp) / "iid"
+            argv = request.argv(client, iidfile)
             proc.run(self.cli(argv[0], argv[1:]), env={**client.env(), **self.cli_env()},
                      log_path=log_path, timeout=timeout, on_line=on_line)
             if request.output_dir is not None:
                 return ""
-            assert request.iidfile is not None
-            image_id = request.iidfile.read_text().strip() if request.iidfile.is_file() else ""
-        if not image_id and tag:
-            image_id = self.image_id_of(tag) or ""
+            image_id = iidfile.read_text().strip() if iidfile.is_file() else ""
+        if not image_id and request.tag:
+            image_id = self.image_id_of(request.tag) or ""
         if not image_id:
-            raise StageFailure(f"build of {context_dir} finished without an image id")
+            raise StageFailure(f"build of {request.context_dir} finished without an image id")
         return image_id
 
     def import_rootfs(self, tar_path: Path, ref: str, changes: list[str] | None = None,

@@ -4,15 +4,16 @@ files as copies), exec, logs, wait, stop, remove."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import os
 import shlex
 import tarfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 from .. import proc
 from ..errors import StageFailure
@@ -48,35 +49,55 @@ class Mount:
         return text + (",readonly" if self.read_only else "")
 
 
-def run_command_line(image: str, command: list[str] | None, env: dict[str, str],
-                     mounts: list[Mount], shm_size: str | None, ports: dict[str, Any],
-                     gpu_flags: list[str], name: str | None, entrypoint: list[str] | None,
-                     network: str | None = None, mem_limit: str | None = None) -> str:
-    """The `docker create` line equivalent to the SDK's (for the log; secrets redacted);
+@dataclass(frozen=True)
+class ContainerSpec:
+    """A container to create: its image, program and settings, as `docker create` takes them.
+    `ports`: {"8000/tcp": ("127.0.0.1", None)}; `gpus`: every NVIDIA GPU (True, or how
+    matrix.yaml's smoke.gpu_access asks: `--gpus all`, a CDI device or the host's device
+    nodes)."""
+
+    image: str
+    command: list[str] | None = None
+    env: dict[str, str] | None = None
+    mounts: Sequence[Mount] = ()
+    shm_size: str | None = None
+    ports: dict[str, Any] | None = None
+    gpus: "bool | GpuSetting" = False
+    name: str | None = None
+    entrypoint: list[str] | None = None
+    labels: dict[str, str] | None = None
+    network: str | None = None
+    user: str | None = None
+    mem_limit: str | None = None
+
+
+def run_command_line(spec: ContainerSpec, gpu_flags: list[str]) -> str:
+    """The `docker create` line equivalent to the SDK's (for the log; secrets redacted) of
+    `spec` as the SDK gets it: its env with the GPU request's, its bound mounts only.
     `docker start` and any `docker cp` into it are logged after it."""
     argv = ["docker", "create"]
-    if name:
-        argv += ["--name", name]
-    if network:
-        argv += ["--network", network]
-    for key, value in sorted(proc.redact_env(env).items()):
+    if spec.name:
+        argv += ["--name", spec.name]
+    if spec.network:
+        argv += ["--network", spec.network]
+    for key, value in sorted(proc.redact_env(spec.env or {}).items()):
         argv += ["-e", f"{key}={value}"]
-    for mount in mounts:
+    for mount in spec.mounts:
         argv += ["--mount", mount.cli()]
-    if shm_size:
-        argv += ["--shm-size", shm_size]
-    if mem_limit:
-        argv += ["--memory", mem_limit]
-    for container_port, host in sorted(ports.items()):
+    if spec.shm_size:
+        argv += ["--shm-size", spec.shm_size]
+    if spec.mem_limit:
+        argv += ["--memory", spec.mem_limit]
+    for container_port, host in sorted((spec.ports or {}).items()):
         host_part = ":".join(str(p) for p in host) if isinstance(host, tuple) else str(host)
         argv += ["-p", f"{host_part}:{container_port}" if host is not None else container_port]
     argv += gpu_flags  # --gpus all, or --device nvidia.com/gpu=all (CDI)
-    if entrypoint:
-        argv += ["--entrypoint", entrypoint[0]]
-    argv.append(image)
-    if entrypoint:
-        argv += entrypoint[1:]
-    argv += command or []
+    if spec.entrypoint:
+        argv += ["--entrypoint", spec.entrypoint[0]]
+    argv.append(spec.image)
+    if spec.entrypoint:
+        argv += spec.entrypoint[1:]
+    argv += spec.command or []
     return shlex.join(argv)
 
 
@@ -89,50 +110,40 @@ def _network_option(network: str | None) -> dict[str, str]:
 
 
 class Containers(Images):
-    def run_container(self, image: str, command: list[str] | None = None, *,
-                      env: dict[str, str] | None = None, mounts: Iterable[Mount] = (),
-                      shm_size: str | None = None, ports: dict[str, Any] | None = None,
-                      gpus: "bool | GpuSetting" = False, name: str | None = None,
-                      entrypoint: list[str] | None = None, labels: dict[str, str] | None = None,
-                      network: str | None = None, user: str | None = None,
-                      mem_limit: str | None = None) -> str:
-        """Start a detached container; return its id. `ports`: {"8000/tcp": ("127.0.0.1",
-        None)}; `gpus`: every NVIDIA GPU (True, or how matrix.yaml's smoke.gpu_access asks:
-        `--gpus all`, a CDI device or the host's device nodes)."""
+    def run_container(self, spec: ContainerSpec) -> str:
+        """Start a detached container of `spec`; return its id."""
         import docker
 
-        mounts = list(mounts)
-        env = dict(env or {})
-        ports = dict(ports or {})
-        access = self.gpu_access(None if gpus is True else gpus) if gpus else None
+        env = dict(spec.env or {})
+        access = self.gpu_access(None if spec.gpus is True else spec.gpus) if spec.gpus else None
         gpu_options: dict[str, Any] = {}
         if access is not None:
-            gpu_options = self._gpu_options(image, access)
+            gpu_options = self._gpu_options(spec.image, access)
             env.update(gpu_options.pop("environment"))
         local = self.is_local()
-        copied = [m for m in mounts if m.copied_to(local)]
-        bound = [m for m in mounts if not m.copied_to(local)]
-        _sdk_log(run_command_line(image, command, env, bound, shm_size, ports,
-                                  access.cli if access else [], name, entrypoint, network,
-                                  mem_limit))
-        with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
-                         engine=self.label()):
+        copied = [m for m in spec.mounts if m.copied_to(local)]
+        bound = [m for m in spec.mounts if not m.copied_to(local)]
+        _sdk_log(run_command_line(replace(spec, env=env, mounts=bound),
+                                  access.cli if access else []))
+        starting = functools.partial(_translated, f"cannot start a container of {spec.image}",
+                                     gpu_request=bool(spec.gpus), engine=self.label())
+        with starting():
             container = self.sdk().containers.create(
-                image, command=command, environment=env,
+                spec.image, command=spec.command, environment=env,
                 mounts=[docker.types.Mount(target=m.target, source=m.source or None,
                                            type=m.kind, read_only=m.read_only) for m in bound]
                 + gpu_options.pop("mounts", []),
-                shm_size=shm_size, ports=ports or None, name=name,
-                entrypoint=entrypoint, labels={OWNER_LABEL: "infermatrix", **(labels or {})},
-                user=user, mem_limit=mem_limit, **_network_option(network), **gpu_options)
+                shm_size=spec.shm_size, ports=spec.ports or None, name=spec.name,
+                entrypoint=spec.entrypoint,
+                labels={OWNER_LABEL: "infermatrix", **(spec.labels or {})}, user=spec.user,
+                mem_limit=spec.mem_limit, **_network_option(spec.network), **gpu_options)
         try:
             for mount in copied:
                 self.copy_into_container(container.id, Path(mount.source), mount.target)
             self.__dict__.setdefault("_copy_back", {})[container.id] = \
                 [m for m in copied if not m.read_only]
             _sdk_log(f"docker start {container.id[:12]}")
-            with _translated(f"cannot start a container of {image}", gpu_request=bool(gpus),
-                             engine=self.label()):
+            with starting():
                 container.start()
         except BaseException:  # a refused start (a GPU request) left a created container
             with contextlib.suppress(Exception):
@@ -196,13 +207,14 @@ class Containers(Images):
     @contextlib.contextmanager
     def container(self, image: str, command: list[str] | None = None, *,
                   name: str | None = None, prefix: str = "infermatrix",
-                  **kwargs: Any) -> Iterator[str]:
-        """A detached container that is always stopped and removed afterwards (an interrupt
-        included). It is named up front, so an interrupt that lands while Docker is still
-        creating or starting it (before its id came back) still finds it by name."""
+                  **settings: Any) -> Iterator[str]:
+        """A detached container (`settings`: ContainerSpec's other fields) that is always
+        stopped and removed afterwards (an interrupt included). It is named up front, so an
+        interrupt that lands while Docker is still creating or starting it (before its id
+        came back) still finds it by name."""
         name = name or f"{prefix}-{os.getpid()}-{next(_names)}"
         try:
-            container_id = self.run_container(image, command, name=name, **kwargs)
+            container_id = self.run_container(ContainerSpec(image, command, name=name, **settings))
         except BaseException:
             self.remove_container(name, force=True)
             raise

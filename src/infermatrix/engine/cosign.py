@@ -238,10 +238,8 @@ def clear_dead_secrets(directory: Path) -> list[str]:
         parts = entry.name.split("-")
         pid = int(parts[1]) if len(parts) > 2 and parts[0] == "auth" and parts[1].isdigit() \
             else None
-        if pid is not None and pid != os.getpid() and _alive(pid):
-            continue
-        if pid == os.getpid():
-            continue  # this process's own call in another thread
+        if pid == os.getpid() or (pid is not None and _alive(pid)):
+            continue  # a live run's (this process's own, a call in another thread, included)
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
@@ -407,8 +405,8 @@ def attached(repository: str, digest: str,
     for suffix, name in (("sig", "signature"), ("att", "attestations")):
         tag = attached_tag(digest, suffix)
         url = registries._api_url(repository, "manifests", tag)
-        response = registries._registry_request(
-            "GET", url, creds, f"reading {repository}:{tag}",
+        response = registries.RegistrySession(creds).request(
+            "GET", url, f"reading {repository}:{tag}",
             {"Accept": "application/vnd.oci.image.manifest.v1+json"})
         if response.status_code != 200:
             continue

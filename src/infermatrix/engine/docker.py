@@ -18,7 +18,7 @@ from ..errors import EngineError  # noqa: F401 - engine.EngineError
 from .builds import (BuildClient, BuildRequest, Builds, build_client,  # noqa: F401
                      candidate_clients, classic_builder_has_buildkit, docker_cli,
                      parse_client_version, probe_client)
-from .containers import Containers, Mount  # noqa: F401
+from .containers import Containers, ContainerSpec, Mount  # noqa: F401
 from .endpoint import Endpoint, engine_address, parse_builder  # noqa: F401
 from .host import DockerFacts, _dropped_connection, host_platform  # noqa: F401
 from .images import split_ref  # noqa: F401

@@ -6,7 +6,7 @@ DOCKER_CONFIG) and hand the same `RegistryCredentials` to the daemon (push/pull,
 engine module's SDK client) and to the HTTP API (manifests, image configs). Pushes and pulls go
 through the daemon, so they honour its TLS / insecure-registry settings; manifests are read over
 HTTP (Basic or Bearer-token auth) to learn a tag's digest and config digest (= the image id).
-The same requests (`_registry_request`, one `RegistrySession` per push or pull) carry the OCI
+The same requests (`RegistrySession.request`, one session per push or pull) carry the OCI
 artifacts of artifacts.py: the compiled-kernel cache shared through the registry.
 
 Every failure is a `RegistryError` (errors.py's catalogue) whose message is one line, what
@@ -16,6 +16,7 @@ reach argv, logs or messages.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -101,6 +102,14 @@ def registry_error(what: str, message: str, host: str, creds: RegistryCredential
     cause = " ".join(message.split())[:300]  # the daemon's text, on one line
     return kind(f"{what}: {_summary(kind)} ({creds.describe()}): {cause}",
                 fix=fix_for(kind, host))
+
+
+def _expect(response: requests.Response, codes: tuple[int, ...], what: str, repository: str,
+            creds: RegistryCredentials) -> None:
+    """A RegistryError (HTTP status and the start of the body) unless the status is in `codes`."""
+    if response.status_code not in codes:
+        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
+                             registry_host(repository), creds)
 
 
 # --- credentials ----------------------------------------------------------------------------
@@ -209,12 +218,32 @@ class RegistrySession:
         headers = dict(headers)
         if self._bearer:
             headers["Authorization"] = "Bearer " + self._bearer
-        if not isinstance(body, Path):
-            return requests.request(method, url, headers=headers, data=body, auth=self._basic,
-                                    timeout=60, stream=stream)
-        with body.open("rb") as data:  # streamed from the file, never read whole
+        # a file's body is streamed from it, never read whole
+        with body.open("rb") if isinstance(body, Path) else contextlib.nullcontext(body) as data:
             return requests.request(method, url, headers=headers, data=data, auth=self._basic,
                                     timeout=60, stream=stream)
+
+    def request(self, method: str, url: str, what: str, headers: dict[str, str] | None = None,
+                *, body: bytes | Path | None = None, stream: bool = False) -> requests.Response:
+        """One HTTP request to a registry, answering a Basic or Bearer challenge once (the
+        answer is kept for this session's later requests); `what` names it in errors."""
+        import requests
+
+        host = url.split("/")[2]
+        log.info("# registry: %s %s (%s)", method, url, self.creds.describe())
+        try:
+            response = self.send(method, url, headers or {}, body, stream)
+            if response.status_code == 401 and self.answer(
+                    response.headers.get("WWW-Authenticate", "")):
+                response = self.send(method, url, headers or {}, body, stream)
+        except requests.exceptions.SSLError as exc:
+            raise registry_error(what, str(exc), host, self.creds, RegistryTLSError) from None
+        except requests.RequestException as exc:
+            raise registry_error(what, str(exc), host, self.creds, RegistryUnreachable) from None
+        if response.status_code in (401, 403):
+            raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
+                                 host, self.creds, RegistryAuthError)
+        return response
 
     def answer(self, challenge: str) -> bool:
         """Take up a Basic or Bearer challenge; False when there is nothing to answer with."""
@@ -239,43 +268,15 @@ class RegistrySession:
         return True
 
 
-def _registry_request(method: str, url: str, creds: RegistryCredentials, what: str,
-                      headers: dict[str, str] | None = None, *,
-                      body: bytes | Path | None = None, stream: bool = False,
-                      session: RegistrySession | None = None) -> requests.Response:
-    """One HTTP request to a registry, answering a Basic or Bearer challenge once (`session`:
-    the answer of an earlier request to the same registry, used and kept)."""
-    import requests
-
-    host = url.split("/")[2]
-    session = session or RegistrySession(creds)
-    log.info("# registry: %s %s (%s)", method, url, creds.describe())
-    try:
-        response = session.send(method, url, headers or {}, body, stream)
-        if response.status_code == 401 and session.answer(
-                response.headers.get("WWW-Authenticate", "")):
-            response = session.send(method, url, headers or {}, body, stream)
-    except requests.exceptions.SSLError as exc:
-        raise registry_error(what, str(exc), host, creds, RegistryTLSError) from None
-    except requests.RequestException as exc:
-        raise registry_error(what, str(exc), host, creds, RegistryUnreachable) from None
-    if response.status_code in (401, 403):
-        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
-                             host, creds, RegistryAuthError)
-    return response
-
-
 def remote_manifest(repository: str, tag_or_digest: str,
                     creds: RegistryCredentials) -> RemoteManifest | None:
     """The manifest `repository:tag` points to in its registry, or None when there is none."""
     what = f"reading {repository}:{tag_or_digest}"
     url = _api_url(repository, "manifests", tag_or_digest)
-    response = _registry_request("GET", url, creds, what, {"Accept": _MANIFEST_TYPES})
+    response = RegistrySession(creds).request("GET", url, what, {"Accept": _MANIFEST_TYPES})
     if response.status_code == 404:
         return None
-    if response.status_code != 200:
-        raise registry_error(what, f"HTTP {response.status_code} {response.text.strip()[:200]}",
-                             registry_host(repository), creds)
+    _expect(response, (200,), what, repository, creds)
     body = response.json()
     media_type = response.headers.get("Content-Type", body.get("mediaType", ""))
     digest = response.headers.get("Docker-Content-Digest")
@@ -305,8 +306,8 @@ def remote_image_config(repository: str, digest: str, creds: RegistryCredentials
                              f"{manifest.config_digest}, images.lock pins {expect_id}", host,
                              creds, DigestMismatch)
     what = f"reading the config of {repository}@{digest}"
-    response = _registry_request("GET", _api_url(repository, "blobs", manifest.config_digest),
-                                 creds, what)
+    response = RegistrySession(creds).request(
+        "GET", _api_url(repository, "blobs", manifest.config_digest), what)
     if response.status_code != 200:
         raise registry_error(what, f"HTTP {response.status_code}", host, creds)
     if "sha256:" + hashlib.sha256(response.content).hexdigest() != manifest.config_digest:

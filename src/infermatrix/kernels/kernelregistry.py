@@ -41,6 +41,8 @@ WHEEL_TYPE = "application/vnd.infermatrix.kernel.wheel.v1+zip"
 DEFAULT_REPOSITORY = "infermatrix"
 MAX_RECORD_BYTES = 1 << 20  # a build record is a few KiB
 MAX_WHEEL_BYTES = 4 << 30  # a flash-attn wheel for several archs is under 1 GiB
+KERNEL_ARTIFACT = artifacts.ArtifactKind(RECORD_TYPE, frozenset({WHEEL_TYPE}), MAX_RECORD_BYTES,
+                                         MAX_WHEEL_BYTES)
 SOURCE = "registry"  # what the journal says of a kernel taken from it
 
 
@@ -211,9 +213,7 @@ def pull(state: StatePaths, shared: SharedCache, key: kernelcache.KernelKey, tmp
     with tempfile.TemporaryDirectory(prefix="kernel-pull-", dir=tmp_root) as tmp:
         try:
             creds = registries.credentials_for(repository)
-            artifact = artifacts.pull_artifact(repository, tag, RECORD_TYPE, Path(tmp), creds,
-                                               frozenset({WHEEL_TYPE}), MAX_RECORD_BYTES,
-                                               MAX_WHEEL_BYTES)
+            artifact = artifacts.pull_artifact(repository, tag, KERNEL_ARTIFACT, Path(tmp), creds)
             if artifact is None:
                 return _miss(say, key, f"{reference} is not in the registry")
             record = json.loads(artifact.record)

@@ -415,9 +415,9 @@ def _context_with_kernels(ctx: Context, cell: CellSpec, tmp: Path, build_args: d
         if name in training:
             continue
         out = tmp / f"kernel-{name}-{run}"
-        docker.build_image(context, target=f"kernel-{name}", build_args=build_args,
-                           secrets=secrets, output_dir=out, log_path=log_path, no_cache=True,
-                           platform=build.build_platform(cell, docker))
+        docker.build_image(engine.BuildRequest(
+            context, target=f"kernel-{name}", build_args=build_args, secrets=secrets,
+            output_dir=out, no_cache=True, platform=build.build_platform(cell, docker)), log_path)
         wheels = kernelcache.find_wheels(out)
         if not wheels:
             raise KernelStageEmpty(f"stage kernel-{name} left no wheel in /wheels/")
@@ -452,12 +452,11 @@ def build_twice(ctx: Context, cell: CellSpec, log_path: Path,
             started = time.monotonic()
             context = _context_with_kernels(ctx, cell, Path(tmp), build_args, secrets,
                                             log_path, run, docker)
-            images.append(docker.build_image(
+            images.append(docker.build_image(engine.BuildRequest(
                 context, tag=f"{REPRO_REPOSITORY}/{cell.id}:{run}",
                 target=build.serving_target(dockerfile.read_text(encoding="utf-8")),
-                build_args=build_args,
-                secrets=secrets, log_path=log_path, no_cache=True,
-                platform=build.build_platform(cell, docker)))
+                build_args=build_args, secrets=secrets, no_cache=True,
+                platform=build.build_platform(cell, docker)), log_path))
             durations.append(time.monotonic() - started)
     return images, durations, build_args
 
@@ -647,10 +646,10 @@ def compile_kernel_again(ctx: Context, cell: CellSpec, name: str, out: Path,
     """A real compile of kernel stage `name` on the cached toolchain: a nonce never used before
     (so no earlier compile can be reused from the cache) reruns the compile RUN only."""
     nonce = uuid.uuid4().hex
-    docker.build_image(build.cell_dir(ctx, cell.id), target=f"kernel-{name}",
-                       build_args={**build_args, COMPILE_NONCE_ARG: nonce}, secrets=secrets,
-                       output_dir=out, log_path=log_path,
-                       platform=build.build_platform(cell, docker))
+    docker.build_image(engine.BuildRequest(
+        build.cell_dir(ctx, cell.id), target=f"kernel-{name}",
+        build_args={**build_args, COMPILE_NONCE_ARG: nonce}, secrets=secrets, output_dir=out,
+        platform=build.build_platform(cell, docker)), log_path)
     wheels = kernelcache.find_wheels(out)
     if not wheels:
         raise KernelStageEmpty(f"stage kernel-{name} left no wheel in /wheels/")

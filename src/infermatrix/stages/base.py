@@ -356,8 +356,9 @@ def _import_foreign(tarball: Path, recipe: BaseRecipe, changes: list[str],
     os.link(tarball, context / "rootfs.tar")
     (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n" + "\n".join(changes)
                                         + "\n", encoding="utf-8")
-    return docker.build_image(context, tag=recipe.ref, log_path=log_path, timeout=timeout,
-                              platform=f"linux/{recipe.architecture}")
+    return docker.build_image(engine.BuildRequest(context, tag=recipe.ref,
+                                                  platform=f"linux/{recipe.architecture}"),
+                              log_path, timeout)
 
 
 def _trim_rootfs(rootfs: Path) -> None:

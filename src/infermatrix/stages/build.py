@@ -417,11 +417,11 @@ class CellBuild:
             for folder, entries in wheels.items():
                 kernelcache.stage_into(entries, context / folder)
             with watch.Heartbeat(f"{self.cell_id}: {what}", self.echo) as beat:
-                return self.docker.build_image(
+                return self.docker.build_image(engine.BuildRequest(
                     context, tag=tag, target=target, build_args=self.build_args,
-                    secrets=self.secrets, log_path=self.log_path,
-                    labels={INPUT_HASH_LABEL: digest}, timeout=self.deadline.remaining(),
-                    no_cache=self.no_cache, platform=self.platform, on_line=beat.on_line)
+                    secrets=self.secrets, labels={INPUT_HASH_LABEL: digest},
+                    no_cache=self.no_cache, platform=self.platform),
+                    self.log_path, self.deadline.remaining(), beat.on_line)
 
 
 def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
@@ -539,11 +539,11 @@ def _compile_or_reuse(job: CellBuild, name: str, key: kernelcache.KernelKey
                                          dir=_tmp_root(ctx)) as out:
             with compileplan.JobSampler(scope=name) as sampler, \
                     watch.CompileWatch(f"{cell_id}: {name}", prior, echo) as shown:
-                job.docker.build_image(
+                job.docker.build_image(engine.BuildRequest(
                     job.directory, target=f"kernel-{name}", build_args=build_args,
-                    secrets=job.secrets, output_dir=Path(out), log_path=job.log_path,
-                    timeout=job.deadline.remaining(), no_cache=job.no_cache,
-                    platform=job.platform, on_line=shown.on_line)
+                    secrets=job.secrets, output_dir=Path(out), no_cache=job.no_cache,
+                    platform=job.platform),
+                    job.log_path, job.deadline.remaining(), shown.on_line)
             wheels = kernelcache.find_wheels(Path(out))
             if not wheels:
                 raise KernelStageEmpty(f"stage kernel-{name} left no wheel in /wheels/")

@@ -172,9 +172,9 @@ class FakeRegistryRecording:
         self.held[f"{repository}:{tag}"] = (record, [(p.name, p.read_bytes()) for p, _ in files])
         return "sha256:" + "1" * 64
 
-    def pull_artifact(self, repository, tag, record_type, dest, creds, layer_types=None,
-                      max_record_bytes=None, max_file_bytes=None):
+    def pull_artifact(self, repository, tag, kind, dest, creds):
         self.calls.append(("pull", repository, tag))
+        assert kind == kr.KERNEL_ARTIFACT
         if self.fail:
             raise self.fail
         if f"{repository}:{tag}" not in self.held:

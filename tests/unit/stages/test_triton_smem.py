@@ -92,7 +92,7 @@ class RecordingEngineFake:
     def image_id_of(self, ref: str) -> str:
         return self.image_id
 
-    def run_container(self, image: str, args: list[str], **kwargs: object) -> str:
+    def run_container(self, spec: object) -> str:
         self.containers += 1
         return f"c{self.containers}"
 

@@ -256,10 +256,10 @@ def run_triton_harness(image: str, args: list[str], timeout: float, docker: Engi
     from ...engine import docker as engine
 
     mount = engine.Mount(str(HARNESS_DIR), HARNESS_MOUNT, read_only=True)
-    container = docker.run_container(
+    container = docker.run_container(engine.ContainerSpec(
         image, args, entrypoint=["python3", "-m", "harness.triton_smem"], mounts=[mount],
         network="none", env={"PYTHONPATH": str(Path(HARNESS_MOUNT).parent)},
-        labels={"io.infermatrix.stage": "audit"})
+        labels={"io.infermatrix.stage": "audit"}))
     try:
         docker.wait_container(container, timeout=timeout)
         return docker.container_logs(container)
