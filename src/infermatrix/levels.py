@@ -22,6 +22,8 @@ class Level:
     summary: str | None = None
     verify: str | None = None  # its function in consumer/verify.py (`infermatrix verify`)
     verify_default: bool = False  # run by a plain `infermatrix verify`
+    # a load level: the fixture variant it reuses, and what of it stays on a remote engine's host
+    load: tuple[str, str] | None = None
 
 
 # throughput (N replicas under a closed-loop load) and workload (the job's shape: sweep, soak,
@@ -32,9 +34,10 @@ LEVELS: tuple[Level, ...] = (
           static_only_waives=True, verify="verify_gpu", verify_default=True),
     Level("model", "run_model", 1800.0, default=True, required=True, static_only_waives=True,
           verify="verify_model", verify_default=True),
-    Level("throughput", "run_throughput", 1800.0, summary="throughput_summary"),
+    Level("throughput", "run_throughput", 1800.0, summary="throughput_summary",
+          load=("normal", "the replicas' ports stay")),
     Level("workload", "run_workload", 3600.0, summary="workload_summary",
-          verify="verify_workload"),
+          verify="verify_workload", load=("trained", "the server's port stays")),
 )
 BY_NAME = {level.name: level for level in LEVELS}
 NAMES = tuple(BY_NAME)

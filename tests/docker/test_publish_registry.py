@@ -23,6 +23,8 @@ from infermatrix.engine import registry as registry_api
 from infermatrix.cli import main
 from infermatrix.context import Context
 from infermatrix.errors import UsageError
+from infermatrix.options import RunOptions
+from infermatrix.stages.steps import Run
 from infermatrix.state import StatePaths
 from tests.support.registry_support import host_address, self_signed_cert, start_registry
 
@@ -37,6 +39,11 @@ CPU_CELL = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
 GPU_CELL = "cu130-torch2.13.0-kernel-fixture1.0-sm120"
 GPU_CELL_2 = "cu130-torch2.13.0-kernel-fixture2.0-sm120"
 
+
+
+def publish_run(ctx: Context, lock_path: Path, allow_retag: bool = False) -> Run:
+    """The Run publish reads: this images.lock, retagging or not, the tests' engine."""
+    return Run(ctx, [], RunOptions(images_lock=lock_path, allow_retag=allow_retag), docker=DOCKER)
 
 def labels_for(cell_id: str) -> dict[str, str]:
     cells = {
@@ -163,8 +170,7 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
     mark_tagged(ctx.state, CPU_CELL, images["cpu"], status="fail")  # smoke failed: not tagged
     lock_path = tmp_path / "images.lock"
 
-    result = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None,
-                             docker=DOCKER)
+    result = publish.publish(publish_run(ctx, lock_path), creds=good(), say=lambda _: None)
 
     assert result.pushed == [GPU_CELL] and result.ok
     assert tags_of(registry, repo) == [GPU_CELL]  # the failed cell left no tag
@@ -187,8 +193,7 @@ def test_push_with_good_credentials_then_republish_is_a_no_op(tmp_path, registry
         remote.digest
     before = lock_path.read_text()
 
-    again = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None,
-                            docker=DOCKER)
+    again = publish.publish(publish_run(ctx, lock_path), creds=good(), say=lambda _: None)
 
     assert again.pushed == [] and again.unchanged == [GPU_CELL]
     assert lock_path.read_text() == before  # same digest, same time: the lock does not churn
@@ -223,8 +228,7 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
     repo = unique_repo("immutable")
     first = make_context(tmp_path / "first", registry, repo)
     mark_tagged(first.state, GPU_CELL, images["gpu-a"])
-    publish.publish(first, lock_path=tmp_path / "images.lock", creds=good(), say=lambda _: None,
-                    docker=DOCKER)
+    publish.publish(publish_run(first, tmp_path / "images.lock"), creds=good(), say=lambda _: None)
     held = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
     assert held is not None
     # The same cell rebuilt into another image, tested and tagged in another state directory.
@@ -245,8 +249,8 @@ def test_a_different_image_under_an_existing_tag_is_refused(tmp_path, registry, 
         held.digest
     assert journal.load(rebuilt.state, GPU_CELL)["stages"]["publish"]["status"] == "fail"
 
-    moved = publish.publish(rebuilt, lock_path=tmp_path / "images.lock", creds=good(),
-                            allow_retag=True, say=lambda _: None, docker=DOCKER)
+    moved = publish.publish(publish_run(rebuilt, tmp_path / "images.lock", allow_retag=True),
+                            creds=good(), say=lambda _: None)
 
     assert moved.pushed == [GPU_CELL]
     assert registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good()).config_digest == \
@@ -259,8 +263,8 @@ def test_a_cell_rebuilt_since_its_tag_is_not_published(tmp_path, registry, image
     mark_tagged(ctx.state, GPU_CELL, images["gpu-a"])
     journal.update(ctx.state, GPU_CELL, image_id=images["gpu-b"])  # build ran again after tag
 
-    result = publish.publish(ctx, lock_path=tmp_path / "images.lock", creds=good(),
-                             say=lambda _: None, docker=DOCKER)
+    result = publish.publish(publish_run(ctx, tmp_path / "images.lock"), creds=good(),
+                             say=lambda _: None)
 
     assert GPU_CELL in result.failed and "rebuilt since it was tagged" in result.failed[GPU_CELL]
     assert tags_of(registry, repo) == []
@@ -273,8 +277,7 @@ def test_aliases_follow_the_newest_cell_after_the_immutable_tags(tmp_path, regis
     mark_tagged(ctx.state, GPU_CELL_2, images["gpu2"])
     lock_path = tmp_path / "images.lock"
 
-    result = publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None,
-                             docker=DOCKER)
+    result = publish.publish(publish_run(ctx, lock_path), creds=good(), say=lambda _: None)
 
     assert sorted(result.pushed) == sorted([GPU_CELL, GPU_CELL_2])
     assert result.aliases == {"kernel-fixture-sm120-latest": "pushed"}
@@ -291,7 +294,7 @@ def test_pull_by_digest_returns_the_same_image(tmp_path, registry, images, monke
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
+    publish.publish(publish_run(ctx, lock_path), creds=good(), say=lambda _: None)
     entry = publish.read_images_lock(lock_path)["images"][CPU_CELL]
     DOCKER.remove_image(images["cpu"], force=True)  # ours: every tag goes, the layers too
     assert DOCKER.inspect_image(images["cpu"]) is None
@@ -321,7 +324,7 @@ def test_pull_refuses_an_image_that_does_not_match_the_lock(tmp_path, registry, 
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
+    publish.publish(publish_run(ctx, lock_path), creds=good(), say=lambda _: None)
     entry = publish.read_images_lock(lock_path)["images"][CPU_CELL]
     entry["labels"]["io.infermatrix.torch"] = "2.12.0"  # a lock edited by hand
 
@@ -335,7 +338,7 @@ def test_images_lock_round_trips_after_a_real_publish(tmp_path, registry, images
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
     mark_tagged(ctx.state, GPU_CELL, images["gpu-a"])
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
+    publish.publish(publish_run(ctx, lock_path), creds=good(), say=lambda _: None)
 
     lock = publish.read_images_lock(lock_path)
     publish.write_images_lock(tmp_path / "again.lock", lock)
@@ -384,7 +387,7 @@ def test_anonymous_push_to_an_authenticated_registry_is_refused(tmp_path, regist
     mark_tagged(ctx.state, CPU_CELL, images["cpu"])
 
     with pytest.raises(registry_api.RegistryAuthError, match="anonymous"):
-        publish.publish(ctx, lock_path=tmp_path / "images.lock", say=lambda _: None, docker=DOCKER)
+        publish.publish(publish_run(ctx, tmp_path / "images.lock"), say=lambda _: None)
     assert repo not in catalog(registry)
 
 
@@ -408,8 +411,8 @@ def test_a_static_only_tag_publishes_the_derived_image(tmp_path, registry, image
     derived = journal.load(ctx.state, GPU_CELL)["stages"]["tag"]["details"]["tagged_image_id"]
     images[f"derived-{repo}"] = derived  # removed with the others at the end
 
-    result = publish.publish(ctx, lock_path=tmp_path / "images.lock", creds=good(),
-                             say=lambda _: None, docker=DOCKER)
+    result = publish.publish(publish_run(ctx, tmp_path / "images.lock"), creds=good(),
+                             say=lambda _: None)
 
     assert result.pushed == [GPU_CELL]
     remote = registry_api.remote_manifest(f"{registry}/{repo}", GPU_CELL, good())
@@ -429,7 +432,7 @@ def published_lock(tmp_path: Path, registry: str, cell_id: str, image_id: str) -
     ctx = make_context(tmp_path, registry, repo)
     mark_tagged(ctx.state, cell_id, image_id)
     lock_path = tmp_path / "images.lock"
-    publish.publish(ctx, lock_path=lock_path, creds=good(), say=lambda _: None, docker=DOCKER)
+    publish.publish(publish_run(ctx, lock_path), creds=good(), say=lambda _: None)
     return lock_path
 
 
@@ -569,7 +572,7 @@ def test_two_publish_runs_from_two_state_dirs_on_one_checkout_keep_both_cells(
     for ctx in (ctx_a, ctx_b):  # each run's start: it reads images.lock
         [cand] = publish.tagged_cells(ctx.state, Selection())
         specs = {p.id: ctx.spec(p) for p in plan_cells(ctx) if p.id == cand.cell_id}
-        runs.append((publish.Publisher(ctx, f"{registry}/{repo}", good(), lock_path, DOCKER,
+        runs.append((publish.Publisher(publish_run(ctx, lock_path), f"{registry}/{repo}", good(),
                                        say=lambda _: None, cells=specs), cand))
     for publisher, cand in runs:
         publisher.publish_cell(cand)

@@ -121,7 +121,7 @@ def test_generate_gives_complete_thinking_answers_by_default(worked, tmp_path):
     prompts.write_text("".join(json.dumps({"id": f"q{n}", "prompt": f"question {n}: count to "
                                            f"{n % 5 + 2}."}) + "\n" for n in range(20)))
     out = tmp_path / "answers.jsonl"
-    with smoke.replica_container(spec.id, harness, launch, model, 0, 1) as cid:
+    with smoke.replica_container(smoke.Server(harness, launch, model, spec.id), 0, 1) as cid:
         endpoint = smoke.replica_endpoint(DOCKER, cid, 0, launch.health)
         generate.wait_until_any_healthy([endpoint], 600)
         facts = generate.read_server_facts(endpoint)

@@ -84,9 +84,10 @@ def write_lock(test_ctx: Context, path: Path) -> None:
     record = {"stages": {"tag": {"details": {"image_id": "sha256:" + "2" * 64,
                                              "kind": "tested"}}}}
     lock = publish.empty_images_lock()
+    cand = publish.Candidate(CPU_ID, "sha256:" + "2" * 64, CellRecord.from_json(cell.id, record))
     lock["images"][CPU_ID] = publish.images_lock_entry(
-        cell, "im18-local/infermatrix", CPU_ID, "sha256:" + "ab" * 32, "sha256:" + "2" * 64,
-        labels(cell), CellRecord.from_json(cell.id, record), run_of(test_ctx.matrix, cell), "2026-12-01T10:00:00Z")
+        cand, labels(cell), run_of(test_ctx.matrix, cell), "im18-local/infermatrix", CPU_ID,
+        "sha256:" + "ab" * 32, "2026-12-01T10:00:00Z")
     publish.write_images_lock(path, lock)
 
 

@@ -118,8 +118,8 @@ def verify_model(v: VerifyRun) -> LevelResult:
     launch = entry_launch(v)
     details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command,
                                "answer_checked": v.settings.real_model}
-    return smoke.serve_image_and_probe(v.harness, launch, v.model_dir, v.settings, details,
-                                       v.entry["cell"])
+    return smoke.serve_image_and_probe(
+        smoke.Server(v.harness, launch, v.model_dir, v.entry["cell"], details), v.settings)
 
 
 def verify_workload(v: VerifyRun) -> LevelResult:
@@ -141,9 +141,9 @@ def verify_workload(v: VerifyRun) -> LevelResult:
         cpu=not launch.gpu, model_dir=v.model_dir, real_model=v.settings.real_model)
     details: dict[str, Any] = {"model_source": str(v.model_dir), "command": launch.command}
     backend = (entry.get("labels") or {}).get("io.infermatrix.attention_backend") or None
-    return smoke.workload_level(v.harness, launch, v.model_dir, settings, entry["cell"], details,
-                                BY_NAME["model"].timeout_s, entry["arch"], (backend, None),
-                                smoke.published_figure(entry))
+    server = smoke.Server(v.harness, launch, v.model_dir, entry["cell"], details)
+    return smoke.workload_level(server, settings, BY_NAME["model"].timeout_s, entry["arch"],
+                                (backend, None), smoke.published_figure(entry))
 
 
 def verify_entry(ask: Request, docker: Engine, gpu_here: bool | None = None) -> dict[str, Any]:

@@ -903,7 +903,7 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     try:
         text, build_args, keys = _build_inputs(ctx, cell, directory, compile, options)
     except StageFailure as exc:
-        return _record_failure(ctx, cell_id, str(exc))
+        return _record_failure(ctx, CellResult(cell_id, "fail", reason=str(exc)))
     bases = base_images(text, docker)  # the base this build is made from, in its engine
     digest = input_hash(directory, {**build_args, "platform": cell.platform}, keys, bases)
     if not options.force:
@@ -926,8 +926,8 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
     kernels: dict[str, dict[str, Any]] = {}
     short = disk_refusal(ctx, cell_id, log_path, echo, docker)
     if short:  # a failure of this run (exit 1), before anything started: nothing to lose
-        return _record_failure(ctx, cell_id, short, log_path=log_path, digest=digest,
-                               builder=builder)
+        return _record_failure(ctx, CellResult(cell_id, "fail", log=log_path, reason=short),
+                               digest=digest, builder=builder)
     # while it builds, a cell short of disk waits for it (disk_refusal)
     with RUNNING.holding(docker.local_data_root(), cell_id):
         shared = _take_shared_kernels(job, keys)
@@ -942,9 +942,9 @@ def build_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
                                        target=serving_target(text), digest=digest,
                                        what="image build")
         except InfermatrixError as exc:
-            return _record_failure(ctx, cell_id, duration=time.monotonic() - started,
-                                   log_path=log_path, kernels=kernels, digest=digest,
-                                   builder=builder, **_failure_of(exc, ctx, log_path))
+            failed = CellResult(cell_id, "fail", duration_s=time.monotonic() - started,
+                                log=log_path, kernels=kernels, **_failure_of(exc, ctx, log_path))
+            return _record_failure(ctx, failed, digest=digest, builder=builder)
         duration = time.monotonic() - started
         details = {"input_hash": digest, "tag": local_ref(cell_id), "kernels": kernels,
                    "compile_plan": compile.as_dict(), "build_args": build_args,
@@ -1004,25 +1004,23 @@ def _read_log(path: Path | None) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def _record_failure(ctx: Context, cell_id: str, reason: str, *, duration: float = 0.0,
-                    log_path: Path | None = None, command: str | None = None,
-                    log_tail: str | None = None, kernels: dict[str, dict[str, Any]] | None = None,
-                    digest: str | None = None, builder: dict[str, Any] | None = None
-                    ) -> CellResult:
-    log_text = _read_log(log_path)
+def _record_failure(ctx: Context, failed: CellResult, *, digest: str | None = None,
+                    builder: dict[str, Any] | None = None) -> CellResult:
+    """Record the `failed` build (its reason, the one its log states first) in the journal;
+    the result to show."""
+    log_text = _read_log(failed.log)
     errors = first_error_lines(log_text)
     stated = stated_failure(log_text)
-    reason = stated or reason
+    reason = stated or failed.reason
     who: dict[str, Any] = {"builder": builder} if builder else {}
-    journal.record_stage(ctx.state, cell_id, "build", journal.Status.FAIL, duration_s=duration,
-                         log=log_path, reason=reason,
-                         details={"command": command, "log_tail": log_tail,
-                                  "error_lines": errors, "kernels": kernels or {},
+    journal.record_stage(ctx.state, failed.cell_id, "build", journal.Status.FAIL,
+                         duration_s=failed.duration_s, log=failed.log, reason=reason,
+                         details={"command": failed.command, "log_tail": failed.log_tail,
+                                  "error_lines": errors, "kernels": failed.kernels,
                                   "input_hash": digest, **who}, **who)
     # A stated reason is the whole story on screen; the journal and the log keep the tail.
-    return CellResult(cell_id, "fail", duration_s=duration, log=log_path, reason=reason,
-                      command=command, log_tail=None if stated else log_tail,
-                      error_lines=[] if stated else errors, kernels=kernels or {})
+    return replace(failed, reason=reason, log_tail=None if stated else failed.log_tail,
+                               error_lines=[] if stated else errors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1095,19 +1093,21 @@ def _build_here(ctx: Context, planned: list[CellSpec], options: RunOptions,
 
 
 def _bases_then_build(ctx: Context, cell: CellSpec, builder: Any, local: Engine,
-                      options: RunOptions, identity: dict[str, Any],
-                      ensure_bases: Callable[..., None], echo: Echo) -> CellResult:
-    dockerfile = cell_dir(ctx, cell.id) / "Dockerfile"
+                      options: RunOptions, echo: Echo) -> CellResult:
+    """The cell's base images copied from `local` to the builder, then its build there."""
+    from ..engine.builders import ensure_bases
+
+    dockerfile, identity = cell_dir(ctx, cell.id) / "Dockerfile", builder.identity()
     if dockerfile.is_file():
         log_path = ctx.state.cell_log(cell.id, "build")
         try:
             ensure_bases(builder, local, dockerfile.read_text(encoding="utf-8"), echo,
                          log_path)
         except InfermatrixError as exc:
-            return _record_failure(ctx, cell.id, f"copying the base image to builder "
-                                   f"{builder.name}: {exc}".splitlines()[0], log_path=log_path,
-                                   command=getattr(exc, "command", None),
-                                   log_tail=getattr(exc, "log_tail", None), builder=identity)
+            reason = f"copying the base image to builder {builder.name}: {exc}".splitlines()[0]
+            return _record_failure(ctx, CellResult(
+                cell.id, "fail", log=log_path, reason=reason, command=getattr(exc, "command", None),
+                log_tail=getattr(exc, "log_tail", None)), builder=identity)
     return build_cell(ctx, cell, builder.compile, options, builder.engine, builder=identity,
                       echo=echo)
 
@@ -1124,7 +1124,7 @@ def _build_on_builders(ctx: Context, planned: list[CellSpec], endpoints: list[An
     up, down = connect(endpoints, echo)
     previous = {p.id: journal.cell_record(ctx.state, p.id).builder_name or "" for p in planned}
     for cell_id, reason in assign(planned, up, previous, down).items():
-        results[cell_id] = _record_failure(ctx, cell_id, reason)
+        results[cell_id] = _record_failure(ctx, CellResult(cell_id, "fail", reason=reason))
         echo(results[cell_id].summary())
     busy = [b for b in up if b.queue]
     for builder in busy:
@@ -1141,24 +1141,20 @@ def _build_on_builders(ctx: Context, planned: list[CellSpec], endpoints: list[An
 
 def _work_queue(ctx: Context, builder: Any, local: Engine, options: RunOptions,
                 echo: Echo) -> dict[str, CellResult]:
-    from ..engine.builders import ensure_bases
-
     results: dict[str, CellResult] = {}
     identity = builder.identity()
     for cell in builder.queue:  # each on builder.engine (build_cell's `docker`)
         if builder.down:
-            result = _record_failure(ctx, cell.id, builder.down, builder=identity)
+            result = _record_failure(ctx, CellResult(cell.id, "fail", reason=builder.down),
+                                     builder=identity)
         else:
-            result = _bases_then_build(ctx, cell, builder, local, options, identity,
-                                       ensure_bases, echo)
+            result = _bases_then_build(ctx, cell, builder, local, options, echo)
             if result.status == "fail" and not builder.engine.answers():
                 builder.down = (f"builder {builder.name} ({builder.endpoint.address}) "
                                 "stopped answering during the run; rerun to build on the "
                                 "builders that are up")
-                result = _record_failure(ctx, cell.id, f"{builder.down} ({result.reason})",
-                                         duration=result.duration_s, log_path=result.log,
-                                         command=result.command, log_tail=result.log_tail,
-                                         kernels=result.kernels, builder=identity)
+                result = _record_failure(ctx, replace(
+                    result, reason=f"{builder.down} ({result.reason})"), builder=identity)
         results[cell.id] = result
         echo(f"[{builder.name}] {result.summary()}")
         if result.status == "fail" and options.fail_fast:

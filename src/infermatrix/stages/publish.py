@@ -22,12 +22,10 @@ from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
-from ..engine.docker import Engine
 from .. import journal
 from ..journal import CellRecord
 from ..engine import registry as registries
 from ..config import Matrix
-from ..context import Context
 from ..errors import ImageGone, StageFailure, UsageError
 from ..model.cell import CPU, Cell
 from ..names import CREDENTIALS_FIX, reference_problem
@@ -139,9 +137,11 @@ def smoke_summary(record: CellRecord) -> dict[str, Any]:
             "workload": details.workload}
 
 
-def images_lock_entry(cell: Cell, repository: str, tag: str, digest: str, image_id: str,
-                      labels: dict[str, str], record: CellRecord, run: dict[str, Any],
-                      published: str) -> dict[str, Any]:
+def images_lock_entry(cand: Candidate, labels: dict[str, str], run: dict[str, Any],
+                      repository: str, tag: str, digest: str, published: str) -> dict[str, Any]:
+    """The candidate's images.lock entry (the cell its `labels` say), pushed to
+    `repository:tag` as `digest`."""
+    cell, record, image_id = cell_from_labels(labels), cand.record, cand.image_id
     return {
         "cell": cell.id, "repository": repository, "tag": tag, "digest": digest,
         "reference": f"{repository}@{digest}", "image_id": image_id, "published": published,
@@ -232,16 +232,16 @@ def _now() -> str:
 class Publisher:
     """Publishes candidates one at a time; the lock is rewritten after each cell."""
 
-    def __init__(self, ctx: Context, repository: str, creds: registries.RegistryCredentials,
-                 lock_path: Path, docker: Engine, allow_retag: bool = False,
+    def __init__(self, run: Run, repository: str, creds: registries.RegistryCredentials,
                  say: Callable[[str], None] = print, signer: Any = None,
                  cells: dict[str, CellSpec] | None = None) -> None:
-        self.ctx, self.repository, self.creds = ctx, repository, creds
+        self.ctx, self.repository, self.creds, self.say = run.ctx, repository, creds, say
         self.cells = cells or {}  # the run's CellSpecs by cell id: their launch serves here
-        self.docker = docker  # the engine that holds the tested images and pushes them
-        self.lock_path, self.allow_retag, self.say = lock_path, allow_retag, say
+        self.docker = run.docker  # the engine that holds the tested images and pushes them
+        self.lock_path = lock_path(run)
+        self.allow_retag = run.options.allow_retag
         self.signer = signer  # sign.Signer, or None: published unsigned
-        self.lock = read_images_lock(lock_path)
+        self.lock = read_images_lock(self.lock_path)
         self.result = PublishResult()
 
     def publish_cell(self, cand: Candidate) -> None:
@@ -280,8 +280,7 @@ class Publisher:
         old = self.lock["images"].get(cand.cell_id, {})
         published = old["published"] if old.get("digest") == digest and old.get("published") \
             else _now()
-        entry = images_lock_entry(cell, self.repository, tag, digest, cand.image_id, labels,
-                                  cand.record, run, published)
+        entry = images_lock_entry(cand, labels, run, self.repository, tag, digest, published)
         entry["signing"] = self._signing(cand, spec, entry, old)
         self.lock["images"][cand.cell_id] = entry
         write_images_lock(self.lock_path, self.lock)
@@ -346,20 +345,23 @@ class Publisher:
             self.say(f"{action:9} {self.repository}:{alias} -> {entry['cell']} (alias)")
 
 
-def publish(ctx: Context, selection: Selection | None = None, registry: str | None = None,
-            allow_retag: bool = False, lock_path: Path | None = None,
+def lock_path(run: Run) -> Path:
+    """The images.lock publish updates: `--lock`, else the one beside matrix.yaml."""
+    return run.options.images_lock or run.ctx.root / IMAGES_LOCK_NAME
+
+
+def publish(run: Run, selection: Selection | None = None,
             creds: registries.RegistryCredentials | None = None,
-            say: Callable[[str], None] = print, *, docker: Engine,
-            cells: list[CellSpec] | None = None) -> PublishResult:
-    """Push every tagged cell from `docker`; refused or failed cells are reported, the others
-    go on. `cells`: the run's CellSpecs (images.lock's serve command comes from them); planned
-    here when not given.
+            say: Callable[[str], None] = print, cells: list[CellSpec] | None = None
+            ) -> PublishResult:
+    """Push every tagged cell from `run.docker` (its options: the registry, the images.lock,
+    retagging); refused or failed cells are reported, the others go on. `cells`: the run's
+    CellSpecs (images.lock's serve command comes from them); planned here when not given.
 
     A refused credential, an unreachable registry or a TLS failure stops the run at once."""
-    selection = selection or Selection()
-    repository = target_repository(ctx.matrix, registry)
-    lock_path = lock_path or ctx.root / IMAGES_LOCK_NAME
-    read_images_lock(lock_path)  # a damaged images.lock stops the run before anything is pushed
+    ctx, selection = run.ctx, selection or Selection()
+    repository = target_repository(ctx.matrix, run.options.registry)
+    read_images_lock(lock_path(run))  # a damaged images.lock stops the run before any push
     candidates = tagged_cells(ctx.state, selection)
     tag_failures = failed_tags(ctx.state, selection)
     if not candidates:
@@ -378,8 +380,7 @@ def publish(ctx: Context, selection: Selection | None = None, registry: str | No
     say(f"signing: {signer.describe()}" if signer else
         "signing: none (no INFERMATRIX_COSIGN_KEY / _KEY_FILE): published UNSIGNED; pull and "
         "deploy refuse an unsigned digest unless given --skip-verify")
-    publisher = Publisher(ctx, repository, creds, lock_path, docker, allow_retag,
-                          say, signer, {c.id: c for c in cells or []})
+    publisher = Publisher(run, repository, creds, say, signer, {c.id: c for c in cells or []})
     publisher.result.failed.update(tag_failures)
     for cand in candidates:
         try:
@@ -407,9 +408,8 @@ def step(run: Run, cells: list[CellSpec]) -> StepRecord:
                           note="no publish.registry in matrix.yaml (or --no-publish)")
     if not cells:  # an empty selection would mean every cell
         return step_record("publish", [], [])
-    result = publish(run.ctx, Selection([c.id for c in cells]), registry=options.registry,
-                     allow_retag=options.allow_retag, lock_path=options.images_lock, say=echo,
-                     docker=run.docker, cells=cells)  # their CellSpecs: the serve command
+    result = publish(run, Selection([c.id for c in cells]), say=echo,
+                     cells=cells)  # their CellSpecs: the serve command
     for cell_id, why in sorted(result.refused.items()):
         echo(f"refused   {cell_id}: {why}")
     for cell_id, why in sorted(result.failed.items()):

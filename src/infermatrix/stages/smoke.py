@@ -160,10 +160,6 @@ def kernel_distributions(ctx: Context, spec: CellSpec) -> list[str]:
     return [k.requirement if k.pinned else k.package for k in spec.serve_kernels]
 
 
-def engine_distribution(ctx: Context, spec: CellSpec) -> str | None:
-    return spec.engine_requirement
-
-
 @dataclass
 class LaunchSpec:
     """How the engine server is started for the model level."""
@@ -384,7 +380,7 @@ def run_static(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
         imports: dict[str, Any] = {"status": "skip", "emulated": harness.emulated,
                                    "reason": cannot_run_emulated(harness.emulated)}
     else:
-        specs = [s for s in [engine_distribution(ctx, spec), *kernel_distributions(ctx, spec)]
+        specs = [s for s in [spec.engine_requirement, *kernel_distributions(ctx, spec)]
                  if s]
         code, parsed, output = harness.run("static_check", [*specs, "--torch", spec.cell.torch],
                                            timeout_s)
@@ -527,41 +523,39 @@ def run_model(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
     The fixture's random weights are for the CPU lane: a GPU cell needs real weights and an
     expected answer, else the level is a skip "not verified" (never a pass)."""
     started = time.monotonic()
-    start = serving_start(ctx, spec, harness, gpu_here, options, "model", timeout_s,
-                          options.fixture)
-    if isinstance(start, LevelResult):
-        return start
+    server = serving_start(ctx, spec, harness, gpu_here, options, "model", timeout_s)
+    if isinstance(server, LevelResult):
+        return server
     remaining = max(30.0, timeout_s - (time.monotonic() - started))
     # a fixture's probe checks structure, not meaning
-    settings = probe_settings(ctx, start.real_model, health_timeout_s=remaining,
-                              health_path=start.launch.health)
-    details = {**start.details, "env": start.launch.env}  # then what the live server maps
+    settings = probe_settings(ctx, server.real_model, health_timeout_s=remaining,
+                              health_path=server.launch.health)
+    details = server.details
+    details["env"] = server.launch.env  # then what the live server maps
     return serve_image_and_probe(
-        harness, start.launch, start.host_model, settings, details, spec.id,
-        observe=lambda cid: observe_loaded_set(ctx, spec, harness.docker, cid, details),
-        weights_on_engine_host=start.real_model)
+        server, settings,
+        observe=lambda cid: observe_loaded_set(ctx, spec, harness.docker, cid, details))
 
 
-def serve_image_and_probe(harness: Harness, launch: LaunchSpec, host_model: Path,
-                          settings: harness_probe.ProbeSettings, details: dict[str, Any],
-                          label: str, observe: Callable[[str], dict[str, Any]] | None = None,
-                          weights_on_engine_host: bool = False) -> LevelResult:
-    """Start the server of `harness.image_id`, probe it, keep the log (`observe`: a look at
-    the live container before it stops); the container never outlives this call. Needs no
-    matrix: `infermatrix verify` runs it from images.lock alone. On an engine elsewhere
-    (ssh://, tcp://) the probe runs beside the server in its network namespace, and a
-    fixture model is copied in; real weights (`weights_on_engine_host`) are that host's."""
-    name = f"infermatrix-smoke-{label}-{os.getpid()}"
+def serve_image_and_probe(server: Server, settings: harness_probe.ProbeSettings,
+                          observe: Callable[[str], dict[str, Any]] | None = None) -> LevelResult:
+    """Start `server`, probe it, keep the log (`observe`: a look at the live container before
+    it stops); the container never outlives this call. Needs no matrix: `infermatrix verify`
+    runs it from images.lock alone. On an engine elsewhere (ssh://, tcp://) the probe runs
+    beside the server in its network namespace, and a fixture model is copied in; real
+    weights (`server.real_model`) are that host's."""
+    harness, launch, label, details = server.harness, server.launch, server.label, server.details
     docker = harness.docker
     local = docker.is_local()
     with container(docker, harness.image_id, command=launch.command, env=launch.env,
                    shm_size=launch.shm_size,
                    mem_limit=launch.mem_limit,
-                   mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True,
-                                        on_engine_host=weights_on_engine_host)],
+                   mounts=[engine.Mount(str(server.host_model), CONTAINER_MODEL, read_only=True,
+                                        on_engine_host=server.real_model)],
                    ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)} if local else None,
                    gpus=harness.gpus if launch.gpu else False,
-                   labels={SMOKE_LABEL: label}, name=name) as cid:
+                   labels={SMOKE_LABEL: label},
+                   name=f"infermatrix-smoke-{label}-{os.getpid()}") as cid:
         with Heartbeat(f"{label}: the engine server starts and answers the probe"):
             if local:
                 host, port = published_port(docker, cid)
@@ -641,21 +635,25 @@ def observe_loaded_set(ctx: Context, spec: CellSpec, docker: Engine, container_i
 
 
 @dataclass(frozen=True)
-class ServingStart:
-    """What a serving level (model, throughput, workload) serves once no refusal applies."""
+class Server:
+    """An engine server of the image under test that a serving level (model, throughput,
+    workload) starts once no refusal applies; `infermatrix verify` makes one from images.lock."""
+    harness: Harness
     launch: LaunchSpec  # with the MTP flags where the weights have the head
     host_model: Path  # the real weights, else the fixture made for it
-    real_model: bool
-    details: dict[str, Any]  # the level's: model source, fixture seconds, command, MTP
+    label: str  # the cell id: in the containers' names and SMOKE_LABEL
+    details: dict[str, Any] = field(default_factory=dict)  # the level's: model source, command
+    real_model: bool = False  # real weights, read on the engine's host (never copied there)
 
 
 def serving_start(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool,
-                  options: RunOptions, level: str, timeout_s: float, fixture: str,
-                  ports: str | None = None) -> LevelResult | ServingStart:
+                  options: RunOptions, level: str, timeout_s: float) -> LevelResult | Server:
     """The refusals the serving levels share, in order: no server, no GPU here, a remote engine
-    for a load level (the load runs here, `ports` stay on its host), no weights to judge
-    correctness, emulation; then the model: the real weights, else the `fixture` variant (the
-    model level makes it anew, a load level reuses the one this image made)."""
+    for a load level (the load runs here, its ports stay on that host: Level.load), no
+    weights to judge correctness, emulation; then the model: the real weights, else a fixture
+    (the model level makes `options.fixture` anew, a load level reuses the Level.load variant
+    that this image made)."""
+    fixture, ports = level_table.BY_NAME[level].load or (options.fixture, None)
     launch = launch_spec(ctx, spec)
     if launch is None:
         return LevelResult(level, "skip", f"engine {spec.cell.engine} defines no server "
@@ -687,8 +685,8 @@ def serving_start(ctx: Context, spec: CellSpec, harness: Harness, gpu_here: bool
         host_model, details["fixture_s"] = made, round(time.monotonic() - started, 2)
     launch = with_mtp(ctx, spec, launch, host_model, details)
     details["command"] = launch.command
-    return ServingStart(launch, host_model, not details["model_source"].startswith("fixture"),
-                        details)
+    return Server(harness, launch, host_model, spec.id, details,
+                  real_model=not details["model_source"].startswith("fixture"))
 
 
 def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: float,
@@ -699,17 +697,14 @@ def run_throughput(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: fl
     from ..job import throughput
 
     started = time.monotonic()
-    start = serving_start(ctx, spec, harness, gpu_here, options, "throughput", timeout_s,
-                          "normal", "the replicas' ports stay")
-    if isinstance(start, LevelResult):
-        return start
-    launch, host_model, details, docker = start.launch, start.host_model, start.details, \
-        harness.docker
+    server = serving_start(ctx, spec, harness, gpu_here, options, "throughput", timeout_s)
+    if isinstance(server, LevelResult):
+        return server
+    launch, details, docker = server.launch, server.details, harness.docker
     settings = throughput.LoadSettings.from_matrix(smoke_settings(ctx).get("throughput"))
     remaining = max(60.0, timeout_s - (time.monotonic() - started))
     with contextlib.ExitStack() as replicas:
-        ids = [replicas.enter_context(replica_container(spec.id, harness, launch, host_model, i,
-                                                        settings.replicas))
+        ids = [replicas.enter_context(replica_container(server, i, settings.replicas))
                for i in range(settings.replicas)]
         endpoints = [replica_endpoint(docker, cid, i, launch.health) for i, cid in enumerate(ids)]
         try:
@@ -735,17 +730,15 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     from . import workload
 
     started = time.monotonic()
-    start = serving_start(ctx, spec, harness, gpu_here, options, "workload", timeout_s,
-                          "trained", "the server's port stays")
-    if isinstance(start, LevelResult):
-        return start
-    details = start.details
+    server = serving_start(ctx, spec, harness, gpu_here, options, "workload", timeout_s)
+    if isinstance(server, LevelResult):
+        return server
+    details = server.details
     settings = workload.WorkloadSettings.from_matrix(
         smoke_settings(ctx).get("workload"), cpu=not spec.cell.is_gpu,
-        model_dir=start.host_model, real_model=start.real_model)
+        model_dir=server.host_model, real_model=server.real_model)
     result = workload_level(
-        harness, start.launch, start.host_model, settings, spec.id, details,
-        max(60.0, timeout_s - (time.monotonic() - started)), spec.cell.arch,
+        server, settings, max(60.0, timeout_s - (time.monotonic() - started)), spec.cell.arch,
         (spec.attention_backend,
          audited_gdn_choice(journal.cell_record(ctx.state, spec.id), spec.cell.arch)),
         published_figure(read_lock_entry(ctx, spec.id)))
@@ -757,19 +750,19 @@ def run_workload(ctx: Context, spec: CellSpec, harness: Harness, timeout_s: floa
     return result
 
 
-def workload_level(harness: Harness, launch: LaunchSpec, host_model: Path,
-                   settings: "WorkloadSettings", label: str, details: dict[str, Any],
-                   health_wait_s: float, arch: str, planned: tuple[str | None, str | None],
+def workload_level(server: Server, settings: "WorkloadSettings", health_wait_s: float,
+                   arch: str, planned: tuple[str | None, str | None],
                    published: float | None) -> LevelResult:
-    """One server of `harness.image_id` on loopback under the workload level's load
-    (stages/workload.py), judged: the backends its log names against the `planned` attention
-    and GDN prefill ones, its figure against the arch's target and the `published` one. Needs
-    no matrix: `infermatrix verify` runs it from images.lock alone."""
+    """`server` on loopback under the workload level's load (stages/workload.py), judged: the
+    backends its log names against the `planned` attention and GDN prefill ones, its figure
+    against the arch's target and the `published` one. Needs no matrix: `infermatrix verify`
+    runs it from images.lock alone."""
     from ..job import throughput
     from . import workload
 
+    harness, launch, label, details = server.harness, server.launch, server.label, server.details
     docker = harness.docker
-    with replica_container(label, harness, launch, host_model, 0, 1) as cid:
+    with replica_container(server, 0, 1) as cid:
         endpoint, alive = replica_endpoint(docker, cid, 0, launch.health), \
             container_gone(docker, cid)
         try:
@@ -815,15 +808,16 @@ def published_figure(entry: dict[str, Any]) -> float | None:
     return float(figure) if isinstance(figure, (int, float)) else None
 
 
-def replica_container(label: str, harness: Harness, launch: LaunchSpec, host_model: Path,
-                      index: int, count: int) -> contextlib.AbstractContextManager[str]:
-    """Replica `index` of the throughput level; on a GPU host, pinned to GPU `index`."""
+def replica_container(server: Server, index: int, count: int
+                      ) -> contextlib.AbstractContextManager[str]:
+    """Replica `index` of `server` (of `count`); on a GPU host, pinned to GPU `index`."""
+    harness, launch, label, model = server.harness, server.launch, server.label, server.host_model
     env = dict(launch.env)
     if launch.gpu and count > 1:
         env["CUDA_VISIBLE_DEVICES"] = str(index)  # every GPU is requested; one is used
     return container(harness.docker, harness.image_id, command=launch.command, env=env,
                      shm_size=launch.shm_size, mem_limit=launch.mem_limit,
-                     mounts=[engine.Mount(str(host_model), CONTAINER_MODEL, read_only=True)],
+                     mounts=[engine.Mount(str(model), CONTAINER_MODEL, read_only=True)],
                      ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
                      gpus=harness.gpus if launch.gpu else False,
                      labels={SMOKE_LABEL: label},
@@ -928,19 +922,18 @@ def smoke_cell(ctx: Context, spec: CellSpec, options: RunOptions | None = None, 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(f"smoke {spec.id} image {image_id} levels {','.join(levels)}\n")
     on = smoke_endpoint(ctx, options.smoke_on)
-    if on is None:
-        return _smoke_levels(ctx, spec, options, levels, image_id, log_path, docker, None)
-    target = Engine(on)
-    moved = bring_image(docker, target, image_id, log_path)
-    return _smoke_levels(ctx, spec, options, levels, image_id, log_path, target, moved)
+    here = docker if on is None else Engine(on)
+    moved = None if on is None else bring_image(docker, here, image_id, log_path)
+    harness = Harness.for_image(here, image_id, log_path, gpu_setting(ctx))
+    return _smoke_levels(ctx, spec, options, levels, harness, moved)
 
 
 def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: list[str],
-                  image_id: str, log_path: Path, here: Engine, moved: dict[str, Any] | None
-                  ) -> SmokeResult:
-    """The levels on the engine `here`. A named smoke engine (`moved`: the image was
+                  harness: Harness, moved: dict[str, Any] | None) -> SmokeResult:
+    """The levels on the harness's engine. A named smoke engine (`moved`: the image was
     brought there) is where the GPUs are by the user's word: a GPU level it cannot serve
     fails with its one-line refusal rather than being skipped."""
+    here, image_id, log_path = harness.docker, harness.image_id, harness.log_path
     gpu_here = options.host_gpu if options.host_gpu is not None else \
         True if moved is not None and not here.is_local() else host_has_gpu()
     kept = previous_levels(journal.cell_record(ctx.state, spec.id), image_id)
@@ -949,7 +942,6 @@ def _smoke_levels(ctx: Context, spec: CellSpec, options: RunOptions, levels: lis
     started = time.monotonic()
     result = SmokeResult(spec.id, image_id)
     with sigterm_as_interrupt():
-        harness = Harness.for_image(here, image_id, log_path, gpu_setting(ctx))
         for level in levels:
             runner: LevelRunner = globals()[level_table.BY_NAME[level].runner]
             result.levels[level] = timed_level(level, lambda: runner(

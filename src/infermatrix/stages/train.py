@@ -197,7 +197,9 @@ def build_train_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompileP
     log_path = ctx.state.cell_log(cell.id, "train")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = _build_train(ctx, cell, compile, options, docker, echo, log_path, started)
+        result = _build_train(ctx, cell, compile, options, docker, echo, log_path)
+        if not result.reused:
+            result.duration_s = time.monotonic() - started
     except CommandFailed as exc:
         result = TrainResult(cell.id, "fail", duration_s=time.monotonic() - started,
                              reason=("timed out" if exc.returncode is None else
@@ -215,8 +217,8 @@ def build_train_cell(ctx: Context, cell: CellSpec, compile: compileplan.CompileP
 
 
 def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
-                 options: RunOptions, docker: Engine, echo: build.Echo, log_path: Path,
-                 started: float) -> TrainResult:
+                 options: RunOptions, docker: Engine, echo: build.Echo, log_path: Path
+                 ) -> TrainResult:
     directory = build.cell_dir(ctx, cell.id)
     text = (directory / "Dockerfile").read_text(encoding="utf-8")
     if not build.has_stage(text, build.TRAIN_TARGET):
@@ -250,14 +252,11 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
             tag=build.train_ref(cell.id), target=build.TRAIN_TARGET, digest=digest,
             what="train image build")
     coverage = check_coverage(ctx, cell, image_id, training, docker, log_path)
-    duration = time.monotonic() - started
     if not coverage["passed"]:
-        return TrainResult(cell.id, "fail", image_id=image_id, duration_s=duration,
-                           reason=f"training kernels: {coverage['summary']}", kernels=kernels,
-                           coverage=coverage, input_hash=digest)
-    return TrainResult(cell.id, "pass", image_id=image_id, duration_s=duration,
-                       tag=tag_train(ctx, cell.id, image_id, docker), kernels=kernels,
-                       coverage=coverage, input_hash=digest)
+        return TrainResult(cell.id, "fail", image_id=image_id, kernels=kernels, coverage=coverage,
+                           reason=f"training kernels: {coverage['summary']}", input_hash=digest)
+    return TrainResult(cell.id, "pass", image_id=image_id, kernels=kernels, coverage=coverage,
+                       tag=tag_train(ctx, cell.id, image_id, docker), input_hash=digest)
 
 
 # --------------------------------------------------------------------------------------------

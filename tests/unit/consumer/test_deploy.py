@@ -44,9 +44,9 @@ def lock_entry(matrix, cell: Cell, digest: str = DIGEST) -> dict:
     """An entry as publish writes it: the run spec from the matrix, as at publish."""
     record = {"stages": {"tag": {"details": {"image_id": "sha256:" + "2" * 64,
                                              "kind": "tested"}}}}
-    return publish.images_lock_entry(cell, REPOSITORY, cell.id, digest, "sha256:" + "2" * 64,
-                                     labels(cell), CellRecord.from_json(cell.id, record), run_of(matrix, cell),
-                                     "2026-12-01T10:00:00Z")
+    cand = publish.Candidate(cell.id, "sha256:" + "2" * 64, CellRecord.from_json(cell.id, record))
+    return publish.images_lock_entry(cand, labels(cell), run_of(matrix, cell), REPOSITORY, cell.id,
+                                     digest, "2026-12-01T10:00:00Z")
 
 
 @pytest.fixture

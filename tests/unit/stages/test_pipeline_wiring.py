@@ -371,7 +371,7 @@ def test_a_cell_that_fails_at_tag_fails_the_pipeline(ctx):
     assert by_step["smoke"].passed == [CPU] and by_step["tag"].failed == [CPU]
     assert code == 1
     ctx.matrix.data["publish"]["registry"] = "127.0.0.1:9/never-reached"
-    result = publish.publish(ctx, say=lambda line: None, docker=fake)
+    result = publish.publish(Run(ctx, [], RunOptions(), docker=fake), say=lambda line: None)
     assert not result.pushed and CPU in result.failed and not result.ok
 
 
@@ -398,7 +398,8 @@ def test_a_tagged_cell_the_run_does_not_plan_is_not_published(ctx):
     cpu_cell = next(p.cell for p in plans if p.id == CPU)
     fake.images[tagged.image_id].setdefault("Config", {})["Labels"] = labels(cpu_cell)
     ctx.matrix.data["publish"]["registry"] = "127.0.0.1:9/never-reached"
-    result = publish.publish(ctx, say=lambda line: None, docker=fake, cells=[])
+    result = publish.publish(Run(ctx, [], RunOptions(), docker=fake), say=lambda line: None,
+                             cells=[])
     assert not result.pushed and not result.ok
     assert "is tagged but not planned" in result.failed[CPU]
     assert "fix: publish with the matrix.yaml the image was built from" in result.failed[CPU]

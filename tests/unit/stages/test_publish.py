@@ -121,9 +121,9 @@ def sample_entry(cell: Cell = SGLANG, digest: str = "sha256:" + "1" * 64) -> dic
     run = {"command": ["python3", "-m", "sglang.launch_server", "--port", "{port}",
                        "--model-path", "{model}", "--reasoning-parser", "qwen3"],
            "env": {"B": "2", "A": "1"}, "gpu": cell.is_gpu, "shm_size": "16g", "port": 8000}
-    return publish.images_lock_entry(cell, "ghcr.io/acme/infermatrix", cell.id, digest,
-                                     "sha256:" + "2" * 64, labels(cell), CellRecord.from_json(cell.id, record), run,
-                                     "2026-11-30T12:30:00Z")
+    cand = publish.Candidate(cell.id, "sha256:" + "2" * 64, CellRecord.from_json(cell.id, record))
+    return publish.images_lock_entry(cand, labels(cell), run, "ghcr.io/acme/infermatrix", cell.id,
+                                     digest, "2026-11-30T12:30:00Z")
 
 
 def test_images_lock_round_trips_with_stable_order(tmp_path):

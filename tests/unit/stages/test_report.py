@@ -464,8 +464,8 @@ def writers_template(tmp_path: Path) -> dict:
     ctx = Context.load(REPO / "matrix.yaml", tmp_path / "state")
     cell = Cell("13.0", "2.11.0", "sglang", "0.5.11", "sm_120")
     lock.record(ctx, lock.LockResult(cell.id, "locked", text="six==1.16.0\n"))
-    build._record_failure(ctx, cell.id, "exited 1", duration=1.0, command="docker build ...",
-                          log_tail="tail")
+    build._record_failure(ctx, build.CellResult(cell.id, "fail", duration_s=1.0, reason="exited 1",
+                                                command="docker build ...", log_tail="tail"))
     written = journal.load(ctx.state, cell.id)["stages"]
     stages = template["stages"]
     stages["lock"] = written["lock"]

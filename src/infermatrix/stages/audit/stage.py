@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from ... import journal
@@ -56,7 +55,7 @@ def audit_cell(ctx: "Context", spec: CellSpec, image_ref: str,
     extra = [Arch.parse(a).device for a in twin_archs
              if a not in {t.sm for t in arch_targets}]
     # under emulation Triton cannot start: a native twin's recorded result is looked for first
-    triton = start_triton_check(ctx, spec, image_ref, arch_targets, log_path, extra, docker) \
+    triton = start_triton_check(ctx, spec, image_ref, arch_targets, extra, docker) \
         if cell.is_gpu and not emulated else None
     try:
         with Heartbeat(f"{cell.id}: audit probe of {image_ref[:19]}"):
@@ -80,7 +79,7 @@ def audit_cell(ctx: "Context", spec: CellSpec, image_ref: str,
             mark = time.monotonic()
             if triton is None:
                 triton_check = twin_or_own_triton_check(ctx, spec, image_ref, arch_targets,
-                                                        log_path, facts, emulated, docker)
+                                                        facts, emulated, docker)
             else:
                 triton_check = triton.result()
                 triton_check.data.update(python=facts.python, py_digests=facts.py_digests)
@@ -114,16 +113,18 @@ def audit_cell(ctx: "Context", spec: CellSpec, image_ref: str,
 
 
 def timed_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: list[Arch],
-                       log_path: Path, docker: Engine, extra: Iterable[Arch] = (),
-                       emulated: str | None = None) -> Check:
-    """check_triton_smem for the cell, with a heartbeat and its seconds in the data."""
+                       docker: Engine, extra: Iterable[Arch] = (), emulated: str | None = None
+                       ) -> Check:
+    """check_triton_smem for the cell, with a heartbeat and its seconds in the data; its
+    harness output goes to the cell's audit log."""
     cell, extra = spec.cell, list(extra)
     began = time.monotonic()
     with Heartbeat(f"{cell.id}: Triton kernels compiled for "
                    f"{', '.join(str(t) for t in [*targets, *extra])}"):
         check = check_triton_smem(
             image_ref, docker, cell.engine, spec.attention_backend, targets,
-            (ctx.matrix.model or {}).get("name"), log_path, emulated=emulated,
+            (ctx.matrix.model or {}).get("name"), ctx.state.cell_log(cell.id, "audit"),
+            emulated=emulated,
             serve_args=spec.launch.args if spec.launch else (), extra_archs=extra,
             engine_version=cell.engine_version, cache=ctx.state.triton_cache)
     check.data["seconds"] = round(time.monotonic() - began, 1)
@@ -131,14 +132,13 @@ def timed_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: 
 
 
 def start_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: list[Arch],
-                       log_path: Path, extra: list[Arch], docker: Engine
-                       ) -> concurrent.futures.Future[Check]:
+                       extra: list[Arch], docker: Engine) -> concurrent.futures.Future[Check]:
     """The Triton compile check, started in a thread of its own: it needs only the image, so
     it runs while the probe and cuobjdump read the objects (both mostly one CPU each, so on a
     2-core machine the audit takes about the longer of the two instead of their sum). The
     thread talks to the audit's engine, `docker`."""
     def run() -> Check:
-        return timed_triton_check(ctx, spec, image_ref, targets, log_path, docker, extra)
+        return timed_triton_check(ctx, spec, image_ref, targets, docker, extra)
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                  thread_name_prefix="infermatrix-triton")
@@ -149,8 +149,8 @@ def start_triton_check(ctx: "Context", spec: CellSpec, image_ref: str, targets: 
 
 
 def twin_or_own_triton_check(ctx: "Context", spec: CellSpec, image_ref: str,
-                             targets: list[Arch], log_path: Path, facts: ImageFacts,
-                             emulated: str | None, docker: Engine) -> Check:
+                             targets: list[Arch], facts: ImageFacts, emulated: str | None,
+                             docker: Engine) -> Check:
     """A cell whose image runs emulated here: the Triton result of its native twin when the
     journal holds one for these archs with identical sources (tritontwin), else the harness
     in its own image (which cannot start under qemu-user: a skip that names the fix)."""
@@ -161,8 +161,7 @@ def twin_or_own_triton_check(ctx: "Context", spec: CellSpec, image_ref: str,
                                           audits)
     backend = spec.attention_backend
     if match is None:
-        check = timed_triton_check(ctx, spec, image_ref, targets, log_path, docker,
-                                   emulated=emulated)
+        check = timed_triton_check(ctx, spec, image_ref, targets, docker, emulated=emulated)
         if check.status == SKIP:
             check.detail += ("; no native twin stands for it: " + "; ".join(passed_over)
                              if passed_over else
