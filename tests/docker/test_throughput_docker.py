@@ -15,7 +15,8 @@ from infermatrix.context import Context
 from infermatrix.engine import docker as engine
 from infermatrix.stages import smoke
 from infermatrix.stages.plan import plan_matrix
-from infermatrix.stages.report import build_report, load_journal, render_html
+from infermatrix.journal import load_records
+from infermatrix.stages.report import build_report, render_html
 from infermatrix.stages.tagging import decide_tag
 from infermatrix.state import StatePaths
 from tests.support.deploy_support import CPU_CELL, CPU_ID, cpu_image
@@ -79,7 +80,7 @@ def test_the_level_records_tokens_latencies_and_scaling(measured):
 def test_the_report_shows_the_figures_and_the_floor_judges_them(measured):
     ctx, record = measured
     level = record["stages"]["smoke"]["details"]["levels"]["throughput"]
-    report = build_report(load_journal(ctx.state), None)
+    report = build_report(load_records(ctx.state), None)
     (cell,) = report.cells
     assert cell.throughput["tokens_per_s"] == level["tokens_per_s"]
     html = render_html(report)

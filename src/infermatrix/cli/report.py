@@ -12,8 +12,9 @@ from rich.console import Console
 
 from ..engine.docker import Engine
 from ..errors import ConfigError, InfermatrixError, UsageError
+from ..journal import load_records
 from ..model.cell import CellPlan
-from ..stages.report import (build_report, fill_image_sizes, load_journal, load_plan_file,
+from ..stages.report import (build_report, fill_image_sizes, load_plan_file,
                              print_summary, write_report)
 from ..state import DEFAULT_STATE_DIR, StatePaths
 from . import common_options
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.merge:
         return run_merge(args, state)
     plans = resolve_plans(args, state)
-    records = load_journal(state)
+    records = load_records(state)
     if not args.no_docker:
         fill_image_sizes(records, Engine())
     report = build_report(records, plans, state)

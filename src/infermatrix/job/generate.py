@@ -271,17 +271,13 @@ def read_stream(lines: Iterable[bytes], started: float,
     reasoning: list[str] = []
     finish: str | None = None
     usage: dict[str, Any] = {}
-    first: float | None = None
-    last: float | None = None
-    gaps: list[float] = []
-    ended = False
+    times: list[float] = []  # when each text chunk came
     for raw in lines:
         line = raw.decode("utf-8", "replace").strip()
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
-            ended = True
             break
         try:
             chunk = json.loads(data)
@@ -296,27 +292,24 @@ def read_stream(lines: Iterable[bytes], started: float,
             thought = delta.get("reasoning") or delta.get("reasoning_content") or ""
             if text or thought:
                 now = clock()
-                if max_chunks is not None and len(gaps) + 1 > max_chunks:
+                if max_chunks is not None and len(times) > max_chunks:
                     raise RequestError(f"the server streamed more than {max_chunks} chunks for "
                                        "a request that allows fewer tokens")
                 if deadline_s is not None and now - started > deadline_s:
                     raise RequestError(f"no end of the answer after {deadline_s:.0f} s "
                                        "(--request-deadline)")
-                if first is None:
-                    first = now
-                elif last is not None:
-                    gaps.append(now - last)
-                last = now
+                times.append(now)
             content.append(text)
             reasoning.append(thought)
             finish = choice.get("finish_reason") or finish
-    if not ended:  # the connection closed mid-answer (a replica killed): not an answer
+    else:  # the connection closed mid-answer (a replica killed): not an answer
         raise RequestError("the stream ended before [DONE]")
     finished = clock()
     return Completion("".join(content), "".join(reasoning), finish,
                       int(usage.get("prompt_tokens") or 0),
                       int(usage.get("completion_tokens") or 0), finished - started,
-                      None if first is None else first - started, gaps, started)
+                      times[0] - started if times else None,
+                      [later - earlier for earlier, later in zip(times, times[1:])], started)
 
 
 def post_chat(url: str, payload: dict[str, Any], timeout_s: float,
@@ -1025,14 +1018,18 @@ class Batch:
         self.failed[task.prompt.id] = (f"{task.replica.name}: truncated at {task.max_tokens} "
                                        f"tokens (finish_reason length; {why})")
 
+    def _retry_or_fail(self, task: _Task, why: str, retry: bool = True) -> None:
+        """Ask the prompt again, up to max_attempts; past them (or without `retry`) it fails."""
+        self.attempts[task.prompt.id] += 1
+        if not retry or self.attempts[task.prompt.id] >= self.settings.max_attempts:
+            self.failed[task.prompt.id] = f"{task.replica.name}: {why}"
+            return
+        self.pending.appendleft(task.prompt)
+        self.retried += 1
+
     def _on_empty(self, task: _Task) -> None:
         self.empty += 1
-        self.attempts[task.prompt.id] += 1
-        if self.attempts[task.prompt.id] >= self.settings.max_attempts:
-            self.failed[task.prompt.id] = f"{task.replica.name}: {EMPTY_ANSWER}"
-            return
-        self.pending.appendleft(task.prompt)  # sampled: another draw may answer
-        self.retried += 1
+        self._retry_or_fail(task, EMPTY_ANSWER)  # sampled: another draw may answer
 
     def _write(self, task: _Task, reply: Completion, truncated: bool = False) -> None:
         record = result_record(task.prompt, task.replica.name, reply, self.plan_of(task.prompt),
@@ -1062,16 +1059,11 @@ class Batch:
         self._release(task)
         if not was_open or task.prompt.id in self.log.done:
             return  # its retry is (or was) elsewhere already
-        self.attempts[task.prompt.id] += 1
         # A 4xx is the prompt's own (asking again won't help); a replica fault is asked
         # again elsewhere, up to max_attempts (a prompt that brings every replica down stops)
         if error.replica_fault:
             self._take_out(task.replica)  # the health check puts it back
-        if not error.replica_fault or self.attempts[task.prompt.id] >= self.settings.max_attempts:
-            self.failed[task.prompt.id] = f"{task.replica.name}: {error}"
-            return
-        self.pending.appendleft(task.prompt)
-        self.retried += 1
+        self._retry_or_fail(task, str(error), retry=error.replica_fault)
 
     def _on_health(self, replica: Replica, ok: bool) -> None:
         if ok:

@@ -138,10 +138,6 @@ def gpu_for_arch(arch: str, data: Mapping[str, Any] | None = None) -> str | None
     return None
 
 
-def gpu_names(data: Mapping[str, Any] | None = None) -> list[str]:
-    return list((data or spec())["gpus"])
-
-
 def profile_names(data: Mapping[str, Any] | None = None) -> list[str]:
     return list((data or spec())["profiles"])
 

@@ -250,8 +250,3 @@ def judge_profile(cell: Cell, spec: ProfileSpec, entry: Mapping[str, Any] | None
     elif unverified:
         plan.status, plan.reasons = "unverified", unverified
     return plan
-
-
-def planned_profiles(profiles: list[dict[str, Any]] | None) -> list[str]:
-    """The keys of a cell's planned profiles (`settings.profiles` as stored)."""
-    return [p["profile"] for p in profiles or [] if p.get("status") == "planned"]

@@ -41,7 +41,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import journal
-from ..journal import CellRecord, StageRecord, load_records, records_of
+from ..journal import CellRecord, StageRecord, records_of
 from .. import levels as level_table
 from ..model.cell import CellPlan
 from ..model.spec import CellSpec
@@ -482,7 +482,7 @@ def cell_report(cell_id: str, plan: CellPlan | None, record: CellRecord | None,
         audit_checks=audit_checks(record.audit),
         log_tail=stage_log_tail(failed_stage, record, cell_id, state) if failed_stage
         else None,
-        in_plan=plan is not None, problems=list(record.problems), signing=signing_status(record))
+        problems=list(record.problems), signing=signing_status(record))
 
 
 def signing_status(record: CellRecord) -> dict[str, Any] | None:
@@ -517,12 +517,9 @@ def build_report(journal: Mapping[str, Any], plans: Iterable[CellPlan] | None,
     ids = list(by_id) + [i for i in records if i not in by_id]
     cells = []
     for i in ids:
-        record = records.get(i)
-        plan = by_id.get(i)
         where = state.get(i) if isinstance(state, Mapping) else state
-        cells.append(cell_report(str(i), plan, record, where))
-    for c in cells:
-        c.in_plan = c.id in by_id or not by_id  # without a current plan, nothing is stale
+        cells.append(cell_report(str(i), by_id.get(i), records.get(i), where))
+        cells[-1].in_plan = i in by_id or not by_id  # without a current plan, nothing is stale
     cells.sort(key=lambda c: (_version_key(c.axes.get("cuda", "?")),
                               _version_key(c.axes.get("torch", "?")), c.id))
     rows = sorted({_row_key(c) for c in cells},
@@ -537,19 +534,12 @@ def _engine_column_key(column: tuple[str, str]) -> tuple[Any, ...]:
     return (name == "?", name, _version_key(version), _arch_key(column[1]))
 
 
-def load_journal(state: StatePaths) -> dict[str, CellRecord]:
-    """Every journal record, typed (an unreadable file is a record with a `problems` note)."""
-    return load_records(state)
-
-
 def fill_image_sizes(records: Mapping[str, CellRecord], docker: Engine) -> int:
     """Set `image_size_bytes` (in memory) from `docker` for built cells whose journal has no
     size; without a Docker engine, nothing. Returns how many were filled."""
     wanting = {cid: r.image_id for cid, r in records.items()
                if r.image_id and not image_size(r)}
-    if not wanting:
-        return 0
-    if not docker.available():
+    if not wanting or not docker.available():
         return 0
     filled = 0
     for cell_id, image_id in wanting.items():

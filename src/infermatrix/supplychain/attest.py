@@ -140,11 +140,11 @@ def tree_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
 
 
-def logged_commands(log_path: Path | None) -> list[str]:
+def logged_commands(log: str | Path | None) -> list[str]:
     """The exact commands a stage log recorded (proc.run writes `$ <command>` first)."""
-    if log_path is None or not log_path.is_file():
+    if not log or not Path(log).is_file():
         return []
-    with log_path.open(encoding="utf-8", errors="replace") as handle:
+    with Path(log).open(encoding="utf-8", errors="replace") as handle:
         return [line[2:].rstrip("\n") for line in handle if line.startswith("$ ")]
 
 
@@ -174,13 +174,10 @@ def recorded_bases(record: CellRecord) -> dict[str, dict[str, Any]]:
 
 
 def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
-               lock_path: Path, cell_dir: Path, build_log: Path | None,
-               base_images: dict[str, Any], engine_facts: dict[str, Any]) -> dict[str, Any]:
-    """The SLSA v1 provenance predicate of a cell's image.
-
-    `base_images`: base reference -> {"id", "digest"} as the build recorded them
-    (recorded_bases; a bare image id is taken too); `engine_facts`: the Docker engine's
-    version and platform (what built it)."""
+               lock_path: Path, cell_dir: Path, engine_facts: dict[str, Any]) -> dict[str, Any]:
+    """The SLSA v1 provenance predicate of a cell's image: its base images as the build
+    recorded them (recorded_bases, not as the engine holds them now), the commands its build
+    log recorded; `engine_facts`: the Docker engine's version and platform (what built it)."""
     build, details = record.stage("build"), record.build
 
     def file_dep(path: Path, name: str) -> dict[str, Any]:
@@ -197,8 +194,7 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
     if lock_path.is_file():
         deps.append(file_dep(lock_path, rel(lock_path)))
     deps += [file_dep(p, rel(p)) for p in tree_files(cell_dir)]
-    for ref, base in sorted(base_images.items()):
-        base = base if isinstance(base, dict) else {"id": base}
+    for ref, base in sorted(recorded_bases(record).items()):
         image_id, digest = base.get("id"), base.get("digest")
         dep: dict[str, Any] = {"uri": f"docker-image:{ref}", "name": "base"}
         if image_id and image_id.startswith("sha256:"):
@@ -235,6 +231,7 @@ def provenance(record: CellRecord, cell: Cell, *, matrix_path: Path, root: Path,
                          "startedOn": _started(build),
                          "finishedOn": build.finished if build else None},
             "byproducts": [{"name": "commands", "mediaType": "text/plain",
-                            "annotations": {"commands": logged_commands(build_log)}}],
+                            "annotations": {"commands": logged_commands(
+                                build.log if build else None)}}],
         },
     }

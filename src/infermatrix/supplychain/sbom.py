@@ -142,25 +142,19 @@ def document(cell: Cell, image_id: str, lock_text: str | None, dpkg_status: str 
                  Property(name="infermatrix:archs", value=",".join(kernel.archs))]
         props += [Property(name=f"infermatrix:flag:{k}", value=v)
                   for k, v in sorted(kernel.flags.items())]
-        if kernel.sdist:
-            props.append(Property(name="infermatrix:sdist", value=kernel.sdist))
-        if kernel.sdist_sha256:
-            props.append(Property(name="infermatrix:sdist-sha256", value=kernel.sdist_sha256))
-        if kernel.source_tree:
-            props.append(Property(name="infermatrix:source-tree", value=kernel.source_tree))
+        props += [Property(name=f"infermatrix:{k}", value=v)
+                  for k, v in (("sdist", kernel.sdist), ("sdist-sha256", kernel.sdist_sha256),
+                               ("source-tree", kernel.source_tree)) if v]
         components.append(Component(
             type=ComponentType.LIBRARY, name=kernel.package, version=kernel.version,
             bom_ref=f"kernel:{kernel.name}:{kernel.wheel}",
             purl=PackageURL("pypi", name=kernel.package.lower(), version=kernel.version,
                             qualifiers={"file_name": kernel.wheel}),
             hashes=_hashes([kernel.sha256] if kernel.sha256 else []), properties=props))
-    seen: set[str] = set()
-    for component in components:
-        ref = str(component.bom_ref)
-        if ref in seen:  # one dpkg entry per name:arch, but be safe
-            continue
-        seen.add(ref)
-        bom.components.add(component)
+    unique: dict[str, Component] = {}
+    for component in components:  # one dpkg entry per name:arch, but be safe
+        unique.setdefault(str(component.bom_ref), component)
+    bom.components.update(unique.values())
     bom.register_dependency(subject, list(bom.components))  # the image holds each of them
     return bom
 

@@ -66,26 +66,19 @@ def predicates(ctx: Context, spec: CellSpec, image_id: str, record: CellRecord, 
     """name -> predicate of the three attestations of a cell's published image (read from
     `docker`, the engine that holds it); the SBOM's pins from the run's CellSpec's lock."""
     cell = spec.cell
-
-    # the base images as the build recorded them (not as the engine holds them now)
-    bases = attest.recorded_bases(record)
     try:
         facts = docker.sdk().version()
         engine_facts = {"docker": facts.get("Version"), "api": facts.get("ApiVersion"),
                         "platform": f"{facts.get('Os')}/{facts.get('Arch')}"}
     except Exception:  # noqa: BLE001 - the facts are informative; the build happened
         engine_facts = {}
-    build = record.stage("build")
-    build_log = build.log if build else None
     return {
         "test-result": attest.test_result(record, cell),
         "sbom": json.loads(sbom.build_sbom(ctx, cell, image_id, record, spec.lock_text,
                                            docker)),
         "provenance": attest.provenance(
             record, cell, matrix_path=ctx.matrix.path, root=ctx.root,
-            lock_path=spec.lock_path, cell_dir=ctx.cell_dir(cell.id),
-            build_log=Path(build_log) if build_log else None, base_images=bases,
-            engine_facts=engine_facts),
+            lock_path=spec.lock_path, cell_dir=ctx.cell_dir(cell.id), engine_facts=engine_facts),
     }
 
 

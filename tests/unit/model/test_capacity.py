@@ -139,7 +139,7 @@ def test_estimate_puts_the_two_together_at_the_average_decode_context():
 
 def test_bandwidth_orders_the_gpu_classes():
     rates = {g: capacity.estimate(g, "fp8", 8192, 8192).ceiling.tokens_per_s
-             for g in capacity.gpu_names()}
+             for g in capacity.spec()["gpus"]}
     assert rates["gb10"] < rates["rtx-pro-6000"] < rates["h200"]
     assert rates["gb10"] < 200  # 273 GB/s: the unified pool is the bound
 

@@ -47,7 +47,6 @@ def provenance_bases(rec: CellRecord, tmp_path: Path) -> dict:
     (tmp_path / "matrix.yaml").write_text("axes: {}\n")
     predicate = attest.provenance(rec, CPU, matrix_path=tmp_path / "matrix.yaml", root=tmp_path,
                                   lock_path=tmp_path / "none.txt", cell_dir=tmp_path / "none",
-                                  build_log=None, base_images=attest.recorded_bases(rec),
                                   engine_facts={})
     return {d["uri"]: d for d in predicate["buildDefinition"]["resolvedDependencies"]
             if d.get("name") == "base"}

@@ -17,10 +17,10 @@ from rich.console import Console
 
 from infermatrix.options import RunOptions
 from infermatrix.cli import main
-from infermatrix.journal import STAGES
+from infermatrix.journal import STAGES, load_records
 from infermatrix.model.cell import Cell, CellPlan, CellSettings, Verdict
 from infermatrix.stages.report import (OUTCOMES, UNKNOWN_AXES, StageResult, build_report,
-                                outcome_of, load_journal, load_plan_file, redact, render_html,
+                                outcome_of, load_plan_file, redact, render_html,
                                 render_markdown, report_json, safe_url, summary_table,
                                 write_report)
 from infermatrix.state import StatePaths
@@ -59,7 +59,7 @@ IMAGE_SIZES = {"cu129-torch2.10.0-sglang0.5.10-sm121": 15_877_021_696,
 def journal_with_sizes() -> dict:
     import dataclasses
 
-    records = dict(load_journal(STATE))
+    records = dict(load_records(STATE))
     for cell_id, size in IMAGE_SIZES.items():
         record = records[cell_id]
         records[cell_id] = dataclasses.replace(
@@ -351,7 +351,7 @@ def test_unreadable_journal_file_is_shown_not_raised(tmp_path):
     state.journal.mkdir(parents=True)
     (state.journal / "cu130-torch2.11.0-sglang0.5.11-sm120.json").write_text("{half")
     (state.journal / "cu128-torch2.9.1-sglang0.5.10-sm120.json").write_text("[1, 2]")
-    report = build_report(load_journal(state), None, state)
+    report = build_report(load_records(state), None, state)
     assert [c.outcome for c in report.cells] == ["not-built", "not-built"]
     assert all(c.problems for c in report.cells)
     assert "unreadable journal record" in render_html(report)
@@ -365,7 +365,7 @@ def test_empty_journal_and_no_plan_still_writes_a_report(tmp_path):
 
 
 def test_journal_only_cell_is_placed_by_its_recorded_plan(report):
-    journal = dict(load_journal(STATE))
+    journal = dict(load_records(STATE))
     old_plan = {"id": "cu126-torch2.8.0-sglang0.5.8-sm120", "status": "planned",
                 "axes": {"cuda": "12.6", "torch": "2.8.0", "engine": "sglang==0.5.8",
                          "arch": "sm_120"}}
@@ -651,10 +651,11 @@ _LIMITED_WRITE = """
 import resource, signal, sys
 from pathlib import Path
 from infermatrix.errors import InfermatrixError
-from infermatrix.stages.report import build_report, load_journal, write_report
+from infermatrix.journal import load_records
+from infermatrix.stages.report import build_report, write_report
 from infermatrix.state import StatePaths
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-report = build_report(load_journal(StatePaths.at(Path(sys.argv[1]))), [])
+report = build_report(load_records(StatePaths.at(Path(sys.argv[1]))), [])
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
 try:
     write_report(report, Path(sys.argv[2]))

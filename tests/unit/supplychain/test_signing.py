@@ -109,11 +109,12 @@ def test_provenance_names_the_inputs_commands_and_times(tmp_path):
     rec.input_hash = "sha256:" + "1" * 64
     rec.stages["build"] = StageRecord.from_json("build", {
         "status": "pass", "finished": "2026-12-01T10:01:40Z", "duration_s": 100.0,
-        "details": {"build_args": {"MAX_JOBS": "2"}, "kernels": {}}})
+        "log": str(log), "details": {"build_args": {"MAX_JOBS": "2"}, "kernels": {},
+                                     "base_images": {"infermatrix/base-bookworm:x":
+                                                     "sha256:" + "c" * 64}}})
     predicate = attest.provenance(
         rec, CPU, matrix_path=tmp_path / "matrix.yaml", root=tmp_path,
-        lock_path=tmp_path / "locks" / f"{CPU.id}.txt", cell_dir=cell_dir, build_log=log,
-        base_images={"infermatrix/base-bookworm:x": "sha256:" + "c" * 64},
+        lock_path=tmp_path / "locks" / f"{CPU.id}.txt", cell_dir=cell_dir,
         engine_facts={"docker": "20.10.24"})
     uris = {d["uri"]: d for d in predicate["buildDefinition"]["resolvedDependencies"]}
     assert set(uris) >= {"file:matrix.yaml", "file:templates/Dockerfile.j2",
