@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from . import common_options, load_run, run_options, selection_options
 
@@ -56,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
         [record] = run_steps(audit_run, steps_named("audit"), ids=[p.id for p, _ in pairs])
     results = list(record.results.values())
     if args.json:
-        json.dump([r.as_dict() for r in results], sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print(json.dumps([r.as_dict() for r in results], indent=2, sort_keys=True))
     else:
         console = Console()
         for result in results:  # short by default; every reason with --verbose / --all

@@ -88,8 +88,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
                 from .plandiff import write_snapshot
                 write_snapshot(ctx.root, plans)
     if args.json:
-        json.dump(_as_json(run), sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print(json.dumps(_as_json(run), indent=2, sort_keys=True))
     else:
         _print_run(ctx, run, args.check)
     unreachable = [r for r in run.results if r.status == "unreachable"
@@ -155,9 +154,8 @@ def run_verify_repro(args: argparse.Namespace) -> int:
             reports = repro.verify_kernels(ctx, ctx.spec(plan), against_cache=args.against_cache,
                                            options=repro_run.options, docker=repro_run.docker)
         if args.json:
-            json.dump([r.__dict__ | {"differences": [d.__dict__ for d in r.differences]}
-                       for r in reports], sys.stdout, indent=2, sort_keys=True, default=str)
-            sys.stdout.write("\n")
+            print(json.dumps([r.__dict__ | {"differences": [d.__dict__ for d in r.differences]}
+                              for r in reports], indent=2, sort_keys=True, default=str))
         else:
             print("\n".join(r.summary() for r in reports))
         return 0 if all(r.identical for r in reports) else 1
@@ -165,8 +163,7 @@ def run_verify_repro(args: argparse.Namespace) -> int:
         report = repro.verify_repro(ctx, ctx.spec(plan), keep=args.keep, options=repro_run.options,
                                     docker=repro_run.docker)
     if args.json:
-        json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
         print(report.summary(max_list=args.max_list))
     if args.require_digest and not report.digest_identical:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 
 from rich.console import Console
@@ -140,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if args.planned:
         plans = [p for p in plans if p.planned]
     if args.json:
-        json.dump([p.as_dict() for p in plans], sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print(json.dumps([p.as_dict() for p in plans], indent=2, sort_keys=True))
         return 0
     console = Console()
     if args.all:  # every row, every reason in full with its source

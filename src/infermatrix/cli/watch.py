@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 
 from ..errors import UsageError
 from ..model.index import IndexUnavailable, NotOnIndex
@@ -66,9 +65,8 @@ def run(args: argparse.Namespace) -> int:
     now = datetime.datetime.now(datetime.timezone.utc)
     lines = releasewatch.watch(planned, releases, now, settle, why_not)
     if args.json:
-        json.dump({"settle_days": settle, "lines": releasewatch.as_json(lines),
-                   "unreachable": unreachable}, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print(json.dumps({"settle_days": settle, "lines": releasewatch.as_json(lines),
+                          "unreachable": unreachable}, indent=2, sort_keys=True))
     else:
         for line in lines:
             print(line.text())
