@@ -677,8 +677,8 @@ def _check_tag_templates(m: Matrix, found: list[ConfigError]) -> None:
 
 
 def templates_of(m: Matrix) -> Path:
-    """`templates/` beside the matrix when it has one, else the project's (as render's
-    templates_dir)."""
+    """`templates/` beside the matrix when it has one, else the project's: what render
+    renders with and the check parses."""
     beside = m.root / "templates"
     return beside if (beside / ENTRY_TEMPLATE).is_file() else REPO_ROOT / "templates"
 

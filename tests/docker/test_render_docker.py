@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from infermatrix.context import Context
-from infermatrix.stages import render
+from infermatrix.stages import base
+from tests.support.render_support import render_to
 from tests.unit.stages.test_render import TEST_MATRIX, fixture_plan
 
 
@@ -25,10 +26,10 @@ def test_rendered_kernel_stage_compiles_the_fixture_for_exactly_the_cells_arch(t
 
     ctx = Context.load(TEST_MATRIX)
     plan = fixture_plan("sm_121")
-    base_ref = render.debootstrap_image_ref(ctx.matrix, "bookworm")
+    base_ref = base.image_ref(ctx.matrix, "bookworm", "linux/amd64")
     if not engine.Engine().available() or not engine.Engine().image_exists(base_ref):
         pytest.skip(f"needs Docker and the base image {base_ref} (infermatrix base build)")
-    [dockerfile] = render.render_to(ctx, [plan], tmp_path / "images")
+    [dockerfile] = render_to(ctx, [plan], tmp_path / "images")
     out = tmp_path / "out"
     engine.Engine().build_image(engine.BuildRequest(
         dockerfile.parent, target="kernel-cudakern", output_dir=out,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from tests.paths import TESTS
 
+import re
 import sys
 from pathlib import Path
 
 from infermatrix.context import Context
 from infermatrix.model.cell import Cell, CellPlan
+from infermatrix.stages import render
 from infermatrix.stages.plan import settings_for
 
 GOLDEN_DIR = TESTS / "golden"
@@ -48,9 +50,24 @@ def golden_plans(ctx: Context | None = None) -> list[CellPlan]:
     return plans
 
 
-if __name__ == "__main__":
-    from infermatrix.stages import render
+def render_to(ctx: Context, plans: list[CellPlan], directory: Path) -> list[Path]:
+    """Render into another directory than images/ (tests, previews); returns the Dockerfiles."""
+    written = []
+    for cell in render.render_all(ctx, plans):
+        render.write_cell(directory / cell.cell_id, cell)
+        written.append(directory / cell.cell_id / "Dockerfile")
+    return written
 
+
+def kernel_stage_text(dockerfile: str, name: str) -> str:
+    """The text of the stages that make kernel `name` (`compile-<name>` and `kernel-<name>`,
+    whose recipe comment hashes the toolchain and compile stages)."""
+    stages = re.split(r"(?m)^(?=FROM )", dockerfile)
+    wanted = (f" AS compile-{name}", f" AS kernel-{name}")
+    return "".join(s for s in stages if s.split("\n", 1)[0].endswith(wanted))
+
+
+if __name__ == "__main__":
     context = golden_context()
-    for path in render.render_to(context, golden_plans(context), Path(sys.argv[1])):
+    for path in render_to(context, golden_plans(context), Path(sys.argv[1])):
         print(path)

@@ -24,7 +24,6 @@ from ..errors import StageFailure, UsageError
 from ..names import inside
 from ..state import read_state_text
 from .cell import Cell, CellPlan
-from .rules import min_driver_for
 
 LOCKS_DIR = "locks"
 MATCH_ENGINE = "match-engine"  # build.kernels.<k>.version: the version the lock resolves
@@ -426,7 +425,6 @@ class CellSpec:
     lock_path: Path
     lock_pins: dict[str, str] = field(default_factory=dict)  # empty: no committed lock
     launch: Launch | None = None
-    cuda_min_driver: str | None = None  # the minimum Linux driver of the cell's CUDA (drivers.yaml)
 
     @property
     def cell(self) -> Cell:
@@ -447,7 +445,7 @@ class CellSpec:
     @property
     def driver_floor(self) -> str | None:
         """The oldest driver that runs the image (the plan's: the CUDA runtime and the PTX ISA
-        of PTX-only objects), not just the CUDA's minimum (`cuda_min_driver`)."""
+        of PTX-only objects), not just the CUDA's minimum (rules.min_driver_for)."""
         return self.plan.settings.driver_floor if self.plan.settings else None
 
     @property
@@ -488,7 +486,6 @@ def resolve_spec(ctx: Any, plan: CellPlan) -> CellSpec:
         engine_package=settings.engine_package,
         kernels=tuple(kernel_pins(matrix, list(settings.kernels), pins,
                                   kernel_pins_from_lock(text) if text else {})),
-        lock_path=path, lock_pins=pins, launch=launch_of(matrix, plan),
-        cuda_min_driver=min_driver_for(plan.cell.cuda))
+        lock_path=path, lock_pins=pins, launch=launch_of(matrix, plan))
     spec.__dict__["lock_text"] = text  # the cached_property, filled: the lock is read once
     return spec

@@ -557,15 +557,15 @@ def settings_for(cell: Cell, m: Matrix, facts: EngineFacts | None,
             "nvcc) - rules.yaml flashinfer-jit-arch, " + load_rules()["flashinfer-jit-arch"]
             ["refuses"][0]["source"].split(" (")[0])
     engine_index = None
-    if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda and \
-            pypi_build_covers(variant, cell.engine_version):
-        sources["engine_variant"] = variant["pypi_build"]["source"]
-    elif variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
-        sources["engine_variant"] = variant["source"]
-        engine_index, tags_source = variant_url(cell, m, variant,
-                                                machine_of(platform_for(cell, m)))
-        if tags_source:
-            sources["engine_variant_tags"] = tags_source
+    if variant and facts and facts.torch_cuda and facts.torch_cuda != cell.cuda:
+        if pypi_build_covers(variant, cell.engine_version):
+            sources["engine_variant"] = variant["pypi_build"]["source"]
+        else:
+            sources["engine_variant"] = variant["source"]
+            engine_index, tags_source = variant_url(cell, m, variant,
+                                                    machine_of(platform_for(cell, m)))
+            if tags_source:
+                sources["engine_variant_tags"] = tags_source
     # From what the engine ships (index facts); without them nothing is known to floor on.
     floor, floor_reason = driver_floor(cell, facts) if facts is not None else (None, None)
     return CellSettings(
@@ -631,13 +631,12 @@ class VariantAnswers:
         return found
 
 
-def _torch_table_note(cell: Cell, what: str) -> str:
+def _torch_table_note(cell: Cell) -> str:
     """Why a torch variant was asked of the index: what the rules.yaml table says of it."""
-    known = torch_variant_known(cell)
-    if known is True:
-        variant = torch_variant(cell) or {}
-        return f"rules.yaml lists it, checked {variant.get('checked')}"
-    if torch_variant(cell) is None:
+    variant = torch_variant(cell)
+    if torch_variant_known(cell) is True:
+        return f"rules.yaml lists it, checked {(variant or {}).get('checked')}"
+    if variant is None:
         return f"torch {cell.torch}'s minor is not in the rules.yaml variant table"
     return f"the rules.yaml variant table does not list {cell.cuda_tag} for torch {cell.torch}"
 
@@ -656,7 +655,7 @@ def check_variants(cell: Cell, settings: CellSettings, exists: ExistsCheck | Non
             found = answers(url, prefix)
         else:
             found = url_exists(url) if not prefix else index_lists(url, prefix)
-        note = f" ({_torch_table_note(cell, what)})" if what.startswith("torch ") else ""
+        note = f" ({_torch_table_note(cell)})" if what.startswith("torch ") else ""
         if found is False:
             missing.append(Verdict("variant-missing", f"{what} is not at {url}{note}", url))
         elif found is None:

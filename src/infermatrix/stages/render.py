@@ -38,7 +38,7 @@ from . import base as base_images
 from .base import bytecode_hosts
 from ..model import kernelscope
 from . import lock as locks
-from ..config import ENTRY_TEMPLATE, REPO_ROOT, Matrix
+from ..config import ENTRY_TEMPLATE, REPO_ROOT, Matrix, templates_of
 from ..context import Context
 from ..errors import ConfigError, StageFailure, UsageError
 from ..model.cell import Cell, CellPlan, CellSettings
@@ -60,6 +60,9 @@ KERNEL_BUILD_TOOLS = ("pip==26.3", "setuptools==80.9.0", "wheel==0.45.1", "ninja
 FLASH_ATTN_EXTRA = ("einops==0.8.1",)
 # The wheel templates/files/flashinfer-aot.py.j2 makes of the AOT-compiled FlashInfer modules.
 FLASHINFER_AOT_DIST = "infermatrix-flashinfer-aot"
+# PyPI kernel packages with their own recipe (templates/kernels/); others, and any local
+# source tree, are built by the plain `wheel` recipe.
+RECIPES = {"flash-attn": "flash-attn", "flashinfer-python": "flashinfer"}
 # CUDA minor -> the full toolkit release used for image tags, wheel and apt pins.
 # Overridable per matrix in `bases.cuda_versions`.
 DEFAULT_CUDA_FULL = {"12.8": "12.8.1", "12.9": "12.9.1", "13.0": "13.0.2"}
@@ -152,13 +155,6 @@ class RenderedCell:
 # Jinja environment and template errors
 # --------------------------------------------------------------------------------------------
 
-def templates_dir(ctx: Context | None = None) -> Path:
-    """`templates/` beside the matrix when it has one, else the project's."""
-    if ctx is not None and (ctx.root / "templates" / ENTRY_TEMPLATE).is_file():
-        return ctx.root / "templates"
-    return TEMPLATES_DIR
-
-
 def make_environment(directory: Path) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(directory)),
                              undefined=jinja2.StrictUndefined, autoescape=False,
@@ -222,13 +218,6 @@ def cuda_full(matrix: Matrix, cuda: str) -> str:
     return table[cuda]
 
 
-def debootstrap_image_ref(matrix: Matrix, base_name: str,
-                          platform: str = "linux/amd64") -> str:
-    """The content-derived local tag of a debootstrap base for the image platform (base.py
-    decides it). amd64 is named explicitly so that the render does not depend on the host."""
-    return base_images.image_ref(matrix, base_name, platform)
-
-
 def cross_install(ctx: Context, spec: CellSpec) -> dict[str, Any]:
     """The template variables of where Python packages are installed. A cell whose byte-code
     is compiled on the build machine (bytecode_hosts) has its wheels installed there too
@@ -267,28 +256,23 @@ def registry_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str
             "allow_unpinned: true for local development only")
 
 
-def plan_platform(cell: Cell, matrix: Matrix) -> str:
-    """The image platform the planner gives this cell (plan.platform_for)."""
-    from .plan import platform_for
-    return platform_for(cell, matrix)
-
-
 def os_image(matrix: Matrix, base_name: str, cell: Cell) -> tuple[str, str | None, bool,
                                                                   tuple[str, ...], str | None]:
     """(image, digest, unpinned, packages it carries, suite) of the base giving the OS."""
     spec = matrix.bases["definitions"][base_name]
     if spec["strategy"] == "debootstrap":
+        from .plan import platform_for
         packages = tuple(sorted(set(base_images.REQUIRED_PACKAGES) | set(spec.get("packages", []))))
-        platform = plan_platform(cell, matrix)
-        return (debootstrap_image_ref(matrix, base_name, platform), None, False, packages,
-                spec.get("suite"))
+        # the content-derived local tag base.py gives the base for the cell's image platform
+        return (base_images.image_ref(matrix, base_name, platform_for(cell, matrix)), None,
+                False, packages, spec.get("suite"))
     if spec["strategy"] == "registry":
         image, digest, unpinned = registry_image(matrix, base_name, cell)
         return image, digest, unpinned, tuple(spec.get("packages", [])), spec.get("suite")
     return os_image(matrix, os_base(matrix, base_name), cell)  # wheels: its `from:` OS
 
 
-def choose_base(matrix: Matrix, spec: CellSpec, compiles: bool) -> BaseChoice:
+def choose_base(matrix: Matrix, spec: CellSpec) -> BaseChoice:
     cell, base_name = spec.cell, spec.base
     definitions = matrix.bases["definitions"]
     if base_name not in definitions:
@@ -393,19 +377,13 @@ def kernel_specs(ctx: Context, spec: CellSpec) -> list[KernelSpec]:
                                    "build", "kernels", name, "path")
             source_dir = f"kernels/{name}"
             build_requires = _build_requires(source)
-        version = pinned[name].version
-        if package == "flash-attn" and not data.get("path"):
-            recipe = "flash-attn"
-        elif package == "flashinfer-python" and not data.get("path"):
-            recipe = "flashinfer"
-        else:
-            recipe = "wheel"
+        recipe = "wheel" if source_dir else RECIPES.get(package, "wheel")
         built = FLASHINFER_AOT_DIST if recipe == "flashinfer" else package
-        sdist, sdist_sha256 = None, None
-        if recipe != "flashinfer" and not source_dir:
-            sdist, sdist_sha256 = _sdist_pin(ctx, cell.id, pinned[name])
-        specs.append(KernelSpec(name=name, package=package, version=version, recipe=recipe,
-                                source_dir=source_dir, env=env, build_requires=build_requires,
+        sdist, sdist_sha256 = (None, None) if recipe == "flashinfer" or source_dir \
+            else _sdist_pin(ctx, cell.id, pinned[name])
+        specs.append(KernelSpec(name=name, package=package, version=pinned[name].version,
+                                recipe=recipe, source_dir=source_dir, env=env,
+                                build_requires=build_requires,
                                 wheel_glob=f"{wheel_prefix(built)}-*.whl", sdist=sdist,
                                 sdist_sha256=sdist_sha256,
                                 sdist_hashes=tuple(kernelscope.locked_hashes(spec.lock_text,
@@ -414,11 +392,6 @@ def kernel_specs(ctx: Context, spec: CellSpec) -> list[KernelSpec]:
                                 consumer=kernelscope.consumer(data, cell.engine),
                                 profile=kernelscope.profile(data)))
     return specs
-
-
-def split_profiles(kernels: list[KernelSpec]) -> tuple[list[KernelSpec], list[KernelSpec]]:
-    """(the serving image's kernels, the training-only ones of the `train` target)."""
-    return [k for k in kernels if not k.train], [k for k in kernels if k.train]
 
 
 def _flashinfer_scope(ctx: Context, spec: CellSpec, kernels: list[KernelSpec]
@@ -441,17 +414,12 @@ def _sdist_pin(ctx: Context, cell_id: str, pin: KernelPin) -> tuple[str | None, 
     return pin.sdist, pin.sdist_sha256
 
 
-def torch_lock(ctx: Context, cell_id: str, lock_text: str) -> str:
-    """The lock's lines for torch and everything it needs (spec.lock_subset), for the toolchain.
+def package_lock(ctx: Context, cell_id: str, lock_text: str, package: str) -> str:
+    """The lock's pins and hashes of `package` and everything it needs (spec.lock_subset).
 
     Only pins and hashes: uv's `# via` comments name the cell's other packages, and the
-    toolchain must be the same text for every cell with the same torch, so that they share its
-    layers and their kernel-cache keys."""
-    return package_lock(ctx, cell_id, lock_text, "torch")
-
-
-def package_lock(ctx: Context, cell_id: str, lock_text: str, package: str) -> str:
-    """The lock's pins and hashes of `package` and everything it needs (spec.lock_subset)."""
+    toolchain's torch lines must be the same text for every cell with the same torch, so that
+    they share its layers and their kernel-cache keys."""
     try:
         subset = lock_subset(lock_text, package)
     except StageFailure:
@@ -501,10 +469,8 @@ def engine_requirement(spec: CellSpec) -> tuple[str | None, list[str]]:
         return None, []
     if settings.engine_index and settings.engine_index.endswith(".whl"):
         return f"{settings.engine_package} @ {settings.engine_index}", []
-    if settings.engine_index:
-        return f"{settings.engine_package}=={cell.engine_version}", ["--index",
-                                                                     settings.engine_index]
-    return f"{settings.engine_package}=={cell.engine_version}", []
+    index_args = ["--index", settings.engine_index] if settings.engine_index else []
+    return f"{settings.engine_package}=={cell.engine_version}", index_args
 
 
 def engine_install(ctx: Context, spec: CellSpec) -> dict[str, Any]:
@@ -527,14 +493,7 @@ def engine_install(ctx: Context, spec: CellSpec) -> dict[str, Any]:
             "index_args": index_args, "overrides": overrides, "pre": pre}
 
 
-def serve_script_argv(spec: CellSpec) -> tuple[list[str], bool]:
-    """The serve command as shell words ($PORT/$MODEL substituted) and whether it needs MODEL
-    (the cell's spec.Launch says both)."""
-    assert spec.launch is not None  # every planned cell has one
-    return spec.launch.shell_words()
-
-
-def image_env(spec: CellSpec, base: BaseChoice) -> dict[str, str]:
+def image_env(spec: CellSpec) -> dict[str, str]:
     env = dict(_settings(spec).env)
     env["INFERMATRIX_CELL"] = spec.id
     if spec.attention_backend:
@@ -592,16 +551,12 @@ def labels(ctx: Context, spec: CellSpec, base: BaseChoice, kernels: list[KernelS
     return dict(sorted((k, v) for k, v in values.items() if v or k not in optional))
 
 
-TRAIN_PROFILE_LABEL = "io.infermatrix.profile"
-TRAIN_KERNELS_LABEL = "io.infermatrix.kernels.train"
-
-
 def train_labels(kernels: list[KernelSpec]) -> dict[str, str]:
     """What the `train` target adds to the serving image's labels: its profile, the
     training-only kernels and who loads each."""
     train = [k for k in kernels if k.train]
-    return dict(sorted({TRAIN_PROFILE_LABEL: kernelscope.TRAIN,
-                        TRAIN_KERNELS_LABEL: ",".join(k.label for k in train),
+    return dict(sorted({"io.infermatrix.profile": kernelscope.TRAIN,
+                        "io.infermatrix.kernels.train": ",".join(k.label for k in train),
                         **{f"io.infermatrix.kernel.{k.name}.consumer": k.consumer
                            for k in train}}.items()))
 
@@ -617,7 +572,7 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
     matrix = ctx.matrix
     lock_text = spec.lock_text  # the run's one read of the cell's lock
     kernels = kernel_specs(ctx, spec)
-    serve_kernels, train_kernels = split_profiles(kernels)
+    train_kernels = [k for k in kernels if k.train]
     if train_kernels and bytecode_hosts(matrix, spec):
         raise matrix.error(
             f"cell {cell.id}: training-only kernels ({', '.join(k.name for k in train_kernels)}"
@@ -626,13 +581,15 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
             train_kernels[0].name, "profile",
             fix="drop the kernel from the cell's engine (engines.<e>.arch.<arch>.kernels), or "
                 "give it profile: serve")
-    base = choose_base(matrix, spec, compiles=bool(kernels))
-    serve_words, needs_model = serve_script_argv(spec)
+    base = choose_base(matrix, spec)
+    assert spec.launch is not None  # every planned cell has one
+    serve_words, needs_model = spec.launch.shell_words()  # $PORT/$MODEL substituted
     install = engine_install(ctx, spec)
-    torch_lines = torch_lock(ctx, cell.id, lock_text) if lock_text is not None else None
+    torch_lines = package_lock(ctx, cell.id, lock_text, "torch") if lock_text is not None \
+        else None
     variables = {
         "cell": cell, "settings": settings, "base": base, "kernels": kernels,
-        "serve_kernels": serve_kernels, "train_kernels": train_kernels,
+        "serve_kernels": [k for k in kernels if not k.train], "train_kernels": train_kernels,
         "train_labels": train_labels(kernels),
         "cuda_full": cuda_full(matrix, cell.cuda) if cell.is_gpu else None,
         "cuda_dashed": cell.cuda.replace(".", "-") if cell.is_gpu else None,
@@ -642,14 +599,14 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
         "bytecode_hosts": bytecode_hosts(matrix, spec),
         **cross_install(ctx, spec),
         "torch_lock": torch_lines, "source_date_epoch": source_date_epoch(matrix, settings.base),
-        "image_env": image_env(spec, base),
+        "image_env": image_env(spec),
         "labels": labels(ctx, spec, base, kernels),
         "uv_version": UV_VERSION,
         "build_tools": KERNEL_BUILD_TOOLS, "flash_attn_extra": FLASH_ATTN_EXTRA,
         "serve_words": serve_words, "needs_model": needs_model,
         "engine_name": settings.engine_package or cell.engine,
     }
-    env = make_environment(templates_dir(ctx))
+    env = make_environment(templates_of(matrix))
     out = RenderedCell(cell.id)
     if torch_lines is not None:
         # Rendered first: the toolchain names its sha256, so a changed torch pin changes the
@@ -661,11 +618,11 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
             script_sha256 = out.render(env, name, f"files/{name}.py.j2", variables,
                                        executable=True)
         variables["flashinfer_aot_sha256"] = script_sha256
-    if lock_text is not None and any(k.recipe == "flashinfer" for k in kernels):
-        # Rendered before the Dockerfile, whose FlashInfer stage names its sha256.
-        variables["flashinfer_lock"] = package_lock(ctx, cell.id, lock_text, "flashinfer-python")
-        variables["flashinfer_lock_sha256"] = out.render(
-            env, "flashinfer.lock.txt", "files/flashinfer.lock.txt.j2", variables)
+        if lock_text is not None:  # before the Dockerfile, whose FlashInfer stage names its sha256
+            variables["flashinfer_lock"] = package_lock(ctx, cell.id, lock_text,
+                                                        "flashinfer-python")
+            variables["flashinfer_lock_sha256"] = out.render(
+                env, "flashinfer.lock.txt", "files/flashinfer.lock.txt.j2", variables)
     out.render(env, "Dockerfile", ENTRY_TEMPLATE, variables)
     out.render(env, ".dockerignore", "files/dockerignore.j2", variables)
     out.render(env, "with-secrets", "files/with-secrets.sh.j2", variables, executable=True)
@@ -690,26 +647,15 @@ def render_cell(ctx: Context, spec: CellSpec) -> RenderedCell:
     return out
 
 
-def _tree_files(root: Path) -> list[Path]:
-    """Files of a source tree that belong in a build context (no caches, builds, binaries)."""
-    files = []
-    for path in root.rglob("*"):
-        relative = path.relative_to(root)
-        if not path.is_file() or any(_ignored(part) for part in relative.parts):
-            continue
-        files.append(relative)
-    return files
-
-
-def _ignored(part: str) -> bool:
-    return any(fnmatch.fnmatch(part, pattern) for pattern in COPY_IGNORE)
-
-
 def _copy_tree_into(out: RenderedCell, source: Path, target: str) -> None:
-    for relative in sorted(_tree_files(source)):
-        path = source / relative
-        executable = bool(path.stat().st_mode & 0o111)
-        out.files[f"{target}/{relative.as_posix()}"] = (path.read_bytes(), executable)
+    """The files of a source tree that belong in a build context (no caches, builds,
+    binaries: COPY_IGNORE), under `target`."""
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if path.is_file() and not any(fnmatch.fnmatch(part, pattern) for part in relative.parts
+                                      for pattern in COPY_IGNORE):
+            out.files[f"{target}/{relative.as_posix()}"] = (path.read_bytes(),
+                                                             bool(path.stat().st_mode & 0o111))
 
 
 # --------------------------------------------------------------------------------------------
@@ -846,16 +792,13 @@ def recover_interrupted(images_dir: Path) -> None:
         return
     for path in sorted(images_dir.iterdir()):
         name = path.name
-        if not name.startswith(".") or not path.is_dir():
+        if not name.startswith(".") or not path.is_dir() or \
+                not (RETIRED in name or STAGING in name) or _left_by_a_live_render(name):
             continue
-        if (RETIRED in name or STAGING in name) and _left_by_a_live_render(name):
-            continue
-        if RETIRED in name:
-            original = images_dir / name[1:name.index(RETIRED)]
-            if not original.exists():
-                os.rename(path, original)
-                continue
-        if RETIRED in name or STAGING in name:
+        original = images_dir / name[1:name.index(RETIRED)] if RETIRED in name else None
+        if original is not None and not original.exists():
+            os.rename(path, original)
+        else:
             shutil.rmtree(path)
 
 
@@ -971,22 +914,6 @@ def check(ctx: Context, plans: list[CellPlan], prune: bool = False) -> list[str]
                    for p in stale_cell_dirs(images, kept_cells(plans))]
     return differ
 
-
-def render_to(ctx: Context, plans: list[CellPlan], directory: Path) -> list[Path]:
-    """Render into another directory (tests, previews); returns the Dockerfiles."""
-    written = []
-    for cell in render_all(ctx, plans):
-        write_cell(directory / cell.cell_id, cell)
-        written.append(directory / cell.cell_id / "Dockerfile")
-    return written
-
-
-def kernel_stage_text(dockerfile: str, name: str) -> str:
-    """The text of the stages that make kernel `name` (`compile-<name>` and `kernel-<name>`,
-    whose recipe comment hashes the toolchain and compile stages)."""
-    stages = re.split(r"(?m)^(?=FROM )", dockerfile)
-    wanted = (f" AS compile-{name}", f" AS kernel-{name}")
-    return "".join(s for s in stages if s.split("\n", 1)[0].endswith(wanted))
 
 # --------------------------------------------------------------------------------------------
 # The pipeline step

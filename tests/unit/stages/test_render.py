@@ -25,7 +25,8 @@ from infermatrix.context import Context
 from infermatrix.errors import ConfigError, UsageError
 from infermatrix.model.cell import Cell, CellPlan, CellSettings
 
-from tests.support.render_support import GOLDEN_DIR, GOLDEN_MATRIX, golden_context, golden_plans
+from tests.support.render_support import (GOLDEN_DIR, GOLDEN_MATRIX, golden_context, golden_plans,
+                                          kernel_stage_text, render_to)
 
 TEST_MATRIX = REPO / "tests" / "matrix" / "matrix.yaml"
 UPDATE_ENV = "INFERMATRIX_UPDATE_GOLDEN"
@@ -194,8 +195,8 @@ def test_render_is_byte_identical_across_processes_and_hash_seeds(tmp_path: Path
 # --------------------------------------------------------------------------------------------
 
 def _all_dockerfiles(tmp_path: Path) -> list[Path]:
-    files = render.render_to(golden_context(), golden_plans(), tmp_path / "golden")
-    files += render.render_to(Context.load(TEST_MATRIX), [cpu_plan(), fixture_plan("sm_121")],
+    files = render_to(golden_context(), golden_plans(), tmp_path / "golden")
+    files += render_to(Context.load(TEST_MATRIX), [cpu_plan(), fixture_plan("sm_121")],
                               tmp_path / "test-matrix")
     files += sorted((REPO / "images").glob("*/Dockerfile"))
     return files
@@ -266,7 +267,7 @@ def test_stage_contract_kernel_cell(golden_rendered) -> None:
             assert "--mount=type=bind,from=kernels-cached,source=/wheels,target=/tmp/kernel-wheels" in text
             assert "kernel-wheels/.keep" in cell.files
             for name in kernel_names:  # compile knobs are build args
-                stage = render.kernel_stage_text(text, name)
+                stage = kernel_stage_text(text, name)
                 assert "ARG MAX_JOBS=" in stage and "ARG NVCC_THREADS=" in stage
         else:
             assert "kernels-cached" not in names
@@ -382,12 +383,12 @@ def test_kernel_stage_text_changes_with_the_compile_recipe(tmp_path: Path) -> No
     plan = next(p for p in golden_plans(plain) if "kernel-fixture" in p.id)
     texts = [render.render_cell(ctx, ctx.spec(plan)).files["Dockerfile"][0].decode()
              for ctx in (plain, changed)]
-    stage = [render.kernel_stage_text(t, "cudakern") for t in texts]
+    stage = [kernel_stage_text(t, "cudakern") for t in texts]
     assert "AS compile-cudakern" in stage[0] and "AS kernel-cudakern" in stage[0]
     tails = [s[s.index("FROM scratch AS kernel-cudakern"):] for s in stage]
     assert tails[0] != tails[1]
     again = render.render_cell(plain, plain.spec(plan)).files["Dockerfile"][0].decode()
-    assert render.kernel_stage_text(again, "cudakern") == stage[0]
+    assert kernel_stage_text(again, "cudakern") == stage[0]
 
 
 def test_secrets_only_through_secret_mounts(golden_rendered) -> None:
@@ -814,14 +815,14 @@ def test_kernel_sdist_pinned_in_the_lock_is_downloaded_hash_checked(tmp_path: Pa
     plan = next(p for p in golden_plans(ctx) if p.id == cell_id)
     texts = [render.render_cell(c, c.spec(plan)).files["Dockerfile"][0].decode()
              for c in (plain, ctx)]
-    stage = render.kernel_stage_text(texts[1], "flash-attn")
+    stage = kernel_stage_text(texts[1], "flash-attn")
     compile_run = [ins for ins in instructions(stage) if "pip wheel" in ins][0]
     assert f'echo "flash-attn==2.8.3 --hash=sha256:{sha}" > /tmp/flash-attn.sdist.txt' in compile_run
     # pip downloads exactly the pinned file (hash-checked), then builds its tree
     assert "--require-hashes -d /tmp/sdist -r /tmp/flash-attn.sdist.txt" in compile_run
     assert "--no-deps" in compile_run and "flash_attn-2.8.3.tar.gz" in stage
     # without a lock: the version only; the recipe hash (kernel-cache key) tells them apart
-    plain_stage = render.kernel_stage_text(texts[0], "flash-attn")
+    plain_stage = kernel_stage_text(texts[0], "flash-attn")
     assert "--require-hashes" not in plain_stage and "flash-attn==2.8.3" in plain_stage
 
     def recipe(text: str) -> str:
@@ -849,7 +850,7 @@ def test_a_lock_pinning_another_kernel_sdist_version_is_stale(tmp_path: Path) ->
 
 def test_local_kernel_source_keeps_its_copy_in_the_context(golden_rendered) -> None:
     fixture = next(c for c in golden_rendered if "kernel-fixture" in c.cell_id)
-    stage = render.kernel_stage_text(fixture.files["Dockerfile"][0].decode(), "cudakern")
+    stage = kernel_stage_text(fixture.files["Dockerfile"][0].decode(), "cudakern")
     assert "COPY kernels/cudakern/ /src/cudakern/" in stage and "--require-hashes" not in stage
 
 

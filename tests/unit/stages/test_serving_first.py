@@ -16,6 +16,7 @@ from infermatrix.model.forecast import CellWork, KernelWork, forecast
 from infermatrix.stages import STEP_NAMES, build, plan_cells, render, train
 from infermatrix.state import StatePaths
 from tests.paths import REPO
+from tests.support.render_support import render_to
 from tests.support.train_support import SOURCE_CELL, TRAIN_CELL, train_matrix
 
 VLLM = "cu130-torch2.14.0-vllm0.33.0-sm120"
@@ -113,7 +114,7 @@ def test_a_training_kernel_on_a_cell_for_another_cpu_is_refused(tmp_path):
 # ---- build: the serving image's keys and target; the step order ---------------------------
 
 def test_the_serving_build_leaves_the_training_keys_to_the_train_step(train_ctx, train_spec):
-    render.render_to(train_ctx, plan_cells(train_ctx, [TRAIN_CELL]), train_ctx.images_dir)
+    render_to(train_ctx, plan_cells(train_ctx, [TRAIN_CELL]), train_ctx.images_dir)
     text = (train_ctx.images_dir / TRAIN_CELL / "Dockerfile").read_text()
     keys = build.kernel_keys_for(train_ctx, train_spec, text)
     serving, training = build.split_keys(train_spec, keys)
@@ -151,7 +152,7 @@ def test_the_training_hash_follows_the_serving_image_and_the_training_keys(train
                                                                            train_spec):
     text = (train_ctx.images_dir / TRAIN_CELL / "Dockerfile")
     if not text.is_file():
-        render.render_to(train_ctx, plan_cells(train_ctx, [TRAIN_CELL]), train_ctx.images_dir)
+        render_to(train_ctx, plan_cells(train_ctx, [TRAIN_CELL]), train_ctx.images_dir)
     keys = build.split_keys(train_spec, build.kernel_keys_for(
         train_ctx, train_spec, text.read_text()))[1]
     one = train.train_hash("sha256:a", keys)
