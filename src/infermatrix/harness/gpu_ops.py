@@ -732,88 +732,85 @@ def engine_gdn_ops(chunk, recurrent, gated_decode=None, packed_decode=None) -> d
     def to_op(state, layout):
         return state.transpose(-1, -2).contiguous() if layout == "vk" else state.clone()
 
-    def from_op(state, layout):
-        return None if state is None else (state.transpose(-1, -2) if layout == "vk" else state)
+    def done(o, bt, final, layout):
+        """(o as [B, T, HV, V], `bt` being (B, T); the final state as [B, HV, K, V]) once
+        the kernels finished."""
+        if o.is_cuda:
+            torch.cuda.synchronize()
+        if final is not None and layout == "vk":
+            final = final.transpose(-1, -2)
+        return o.reshape(*bt, *o.shape[-2:]), final
+
+    def seq_starts(q, dtype=torch.long):
+        """cu_seqlens of a [B, T, ...] batch packed as one sequence."""
+        b, t = q.shape[:2]
+        return torch.arange(0, (b + 1) * t, t, dtype=dtype, device=q.device)
 
     def run_chunk(q, k, v, g, beta, scale, state):
         # beta as float32: both engines' gating gives the chunk op float32 beta (vllm 0.33.0
         # fused_post_conv_prep: "beta: [L, HV] float32"; sglang 0.5.23 fused_gdn_gating: a
         # float32 tensor of bf16-rounded values), and vLLM's chunk_scaled_dot_kkt keeps "the
         # promoted precision of the beta-scaled operand" in its dot (another kernel than bf16)
-        b, t = q.shape[:2]
         layout = state_layout(chunk)
-        cu = torch.arange(0, (b + 1) * t, t, dtype=torch.long, device=q.device)
         h0 = to_op(state, layout)
         result = call_known(chunk, *as_varlen(q, k, v, g, beta.float()), scale=scale,
                             initial_state=h0,
-                            output_final_state=True, cu_seqlens=cu,
-                            initial_state_indices=torch.arange(b, dtype=torch.int32,
+                            output_final_state=True, cu_seqlens=seq_starts(q),
+                            initial_state_indices=torch.arange(q.shape[0], dtype=torch.int32,
                                                                device=q.device),
                             inplace_update=True, use_qk_l2norm_in_kernel=True)
         o, final = (result[0], result[1]) if isinstance(result, tuple) else (result, None)
         if final is None and "inplace_update" in inspect.signature(chunk).parameters:
             final = h0                                   # sglang: written back in place
-        if o.is_cuda:
-            torch.cuda.synchronize()
-        return o.reshape(b, t, *o.shape[2:]), from_op(final, layout)
+        return done(o, q.shape[:2], final, layout)
 
     def run_recurrent(q, k, v, g, beta, scale, state):
         b, t = q.shape[:2]
         layout = state_layout(recurrent)
-        cu = torch.arange(0, (b + 1) * t, t, dtype=torch.long, device=q.device)
+        cu = seq_starts(q)
         q, k, v, g, beta = as_varlen(q, k, v, g, beta)
         result = call_known(recurrent, q, k, v, g=g, beta=beta, scale=scale,
                             initial_state=to_op(state, layout), output_final_state=True,
                             inplace_final_state=False, cu_seqlens=cu,
                             use_qk_l2norm_in_kernel=True)
         o, final = result if isinstance(result, tuple) else (result, None)
-        if o.is_cuda:
-            torch.cuda.synchronize()
-        return o.reshape(b, t, *o.shape[2:]), from_op(final, layout)
+        return done(o, (b, t), final, layout)
+
+    def decode_inputs(op, name, q, v, g, beta, state) -> dict[str, Any]:
+        """What the engine's decode ops take besides q/k/v: the raw gating inputs a/b
+        [tokens, HV] with the layer's A_log/dt_bias, the whole state cache (`initial_state`)
+        with each sequence's slot (`ssm_state_indices`), l2norm in the kernel."""
+        decode_only(q.shape[1], name)
+        A_log, dt_bias = gating_params(v.shape[2], q.device)
+        a, b = gating_inputs(g, beta, A_log, dt_bias)
+        pool, slots = state_pool(to_op(state, state_layout(op)))
+        return {"A_log": A_log, "a": a, "b": b, "dt_bias": dt_bias, "initial_state": pool,
+                "ssm_state_indices": slots, "use_qk_l2norm_in_kernel": True}
 
     def run_gated_decode(q, k, v, g, beta, scale, state):
         # as vllm 0.33.0's _forward_core passes it for decodes: q/k/v [1, tokens, H(V), D],
-        # the raw gating inputs a/b [tokens, HV] with the layer's A_log/dt_bias, the whole state
-        # cache with each sequence's slot (ssm_state_indices), the final state written back in
-        # place, cu_seqlens int32, l2norm in the kernel, no scale (the kernel's K ** -0.5) and
-        # the softplus parameters (`beta`, `threshold`) left at their defaults
-        b, t, hv = q.shape[0], q.shape[1], v.shape[2]
-        decode_only(t, "gated_decode")
-        layout = state_layout(gated_decode)
+        # the final state written back in place, cu_seqlens int32, no scale (the kernel's
+        # K ** -0.5) and the softplus parameters (`beta`, `threshold`) left at their defaults
+        inputs = decode_inputs(gated_decode, "gated_decode", q, v, g, beta, state)
         if not math.isclose(scale, q.shape[-1] ** -0.5):
             raise ValueError("the engine's sigmoid-gating decode passes no scale (K ** -0.5)")
-        A_log, dt_bias = gating_params(hv, q.device)
-        a, bb = gating_inputs(g, beta, A_log, dt_bias)
-        pool, slots = state_pool(to_op(state, layout))
-        cu = torch.arange(0, (b + 1) * t, t, dtype=torch.int32, device=q.device)
-        o, _pool = call_known(gated_decode, A_log=A_log, a=a, b=bb, dt_bias=dt_bias,
-                              q=as_varlen(q)[0].contiguous(), k=as_varlen(k)[0].contiguous(),
-                              v=as_varlen(v)[0].contiguous(), initial_state=pool,
-                              inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=slots,
-                              use_qk_l2norm_in_kernel=True)
-        if o.is_cuda:
-            torch.cuda.synchronize()
-        return o.reshape(b, t, *o.shape[-2:]), from_op(pool[slots.long()], layout)
+        o, _pool = call_known(gated_decode, **inputs, q=as_varlen(q)[0].contiguous(),
+                              k=as_varlen(k)[0].contiguous(), v=as_varlen(v)[0].contiguous(),
+                              inplace_final_state=True, cu_seqlens=seq_starts(q, torch.int32))
+        pool, slots = inputs["initial_state"], inputs["ssm_state_indices"]
+        return done(o, q.shape[:2], pool[slots.long()], state_layout(gated_decode))
 
     def run_packed_decode(q, k, v, g, beta, scale, state):
         # as vllm 0.33.0's _forward_core_decode_non_spec passes it: mixed_qkv [tokens, q | k | v]
-        # (the conv's output), a/b [tokens, HV], A_log/dt_bias, scale = head_k_dim ** -0.5, the
-        # whole state cache with each sequence's slot, out [tokens, 1, HV, V] (zeros), l2norm in
-        # the kernel; the state is updated in place
-        b, t, hv = q.shape[0], q.shape[1], v.shape[2]
-        decode_only(t, "packed_decode")
-        layout = state_layout(packed_decode)
-        A_log, dt_bias = gating_params(hv, q.device)
-        a, bb = gating_inputs(g, beta, A_log, dt_bias)
-        pool, slots = state_pool(to_op(state, layout))
+        # (the conv's output), scale = head_k_dim ** -0.5, out [tokens, 1, HV, V] (zeros); the
+        # state is updated in place
+        inputs = decode_inputs(packed_decode, "packed_decode", q, v, g, beta, state)
+        b, hv = q.shape[0], v.shape[2]
         mixed = torch.cat([q.reshape(b, -1), k.reshape(b, -1), v.reshape(b, -1)], dim=-1)
         out = torch.zeros(b, 1, hv, v.shape[-1], dtype=v.dtype, device=q.device)
-        call_known(packed_decode, mixed_qkv=mixed.contiguous(), a=a, b=bb, A_log=A_log,
-                   dt_bias=dt_bias, scale=scale, initial_state=pool, out=out,
-                   ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
-        if out.is_cuda:
-            torch.cuda.synchronize()
-        return out.reshape(b, t, hv, -1), from_op(pool[slots.long()], layout)
+        call_known(packed_decode, **inputs, mixed_qkv=mixed.contiguous(), scale=scale, out=out)
+        pool, slots = inputs["initial_state"], inputs["ssm_state_indices"]
+        return done(out, q.shape[:2], pool[slots.long()], state_layout(packed_decode))
 
     ops = {"chunk": run_chunk, "recurrent": run_recurrent}
     if gated_decode is not None:

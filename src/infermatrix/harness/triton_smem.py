@@ -487,6 +487,14 @@ VLLM_FLA = ["vllm.third_party.flash_linear_attention.ops",
 VLLM_CONV = ["vllm.model_executor.layers.mamba.ops.causal_conv1d"]
 
 
+def engine_op(modules: list[str], dotted: str) -> Any:
+    """`dotted` ("name" or "submodule.name") under the first of `modules` that imports."""
+    module_name, _, name = dotted.rpartition(".")
+    base = import_first(modules).__name__
+    return getattr(importlib.import_module(f"{base}.{module_name}" if module_name else base),
+                   name)
+
+
 def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]:
     """(family, call) of every GDN-layer Triton op vLLM's Qwen3.5/3.6 GDN layer launches, at
     the model's shapes (TP 1): a 64-token prefill of one sequence and a 4-sequence decode, as
@@ -503,14 +511,8 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
     conv_dim = 2 * hk * d + hv * d
     cu = torch.tensor([0, tokens], dtype=torch.int64)
 
-    def fla(name: str) -> Any:
-        return getattr(import_first(VLLM_FLA), name)
-
-    def conv(name: str) -> Any:
-        return getattr(import_first(VLLM_CONV), name)
-
     def chunk() -> Any:
-        return fla("chunk_gated_delta_rule")(
+        return engine_op(VLLM_FLA, "chunk_gated_delta_rule")(
             q=torch.zeros(1, tokens, hk, d, dtype=bf16), k=torch.zeros(1, tokens, hk, d, dtype=bf16),
             v=torch.zeros(1, tokens, hv, d, dtype=bf16), g=torch.zeros(1, tokens, hv, dtype=f32),
             beta=torch.zeros(1, tokens, hv, dtype=bf16),
@@ -518,14 +520,14 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
             cu_seqlens=cu, use_qk_l2norm_in_kernel=False)  # q, k come L2-normed from prep
 
     def prep() -> Any:
-        return fla("fused_post_conv_prep")(
+        return engine_op(VLLM_FLA, "fused_post_conv_prep")(
             conv_output=torch.zeros(tokens, conv_dim, dtype=bf16),
             a=torch.zeros(tokens, hv, dtype=bf16), b=torch.zeros(tokens, hv, dtype=bf16),
             A_log=torch.zeros(hv, dtype=f32), dt_bias=torch.zeros(hv, dtype=f32),
             num_k_heads=hk, head_k_dim=d, head_v_dim=d, apply_l2norm=True, output_g_exp=False)
 
     def decode() -> Any:
-        return fla("fused_recurrent_gated_delta_rule_packed_decode")(
+        return engine_op(VLLM_FLA, "fused_recurrent_gated_delta_rule_packed_decode")(
             mixed_qkv=torch.zeros(seqs, conv_dim, dtype=bf16),
             a=torch.zeros(seqs, hv, dtype=bf16), b=torch.zeros(seqs, hv, dtype=bf16),
             A_log=torch.zeros(hv, dtype=f32), dt_bias=torch.zeros(hv, dtype=f32),
@@ -534,7 +536,7 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
             ssm_state_indices=torch.arange(seqs, dtype=i32), use_qk_l2norm_in_kernel=True)
 
     def mixed_decode() -> Any:  # the decode rows of a batch that also holds a prefill
-        return fla("fused_sigmoid_gating_delta_rule_update")(
+        return engine_op(VLLM_FLA, "fused_sigmoid_gating_delta_rule_update")(
             A_log=torch.zeros(hv, dtype=f32), a=torch.zeros(seqs, hv, dtype=bf16),
             b=torch.zeros(seqs, hv, dtype=bf16), dt_bias=torch.zeros(hv, dtype=f32),
             q=torch.zeros(1, seqs, hk, d, dtype=bf16), k=torch.zeros(1, seqs, hk, d, dtype=bf16),
@@ -544,26 +546,24 @@ def vllm_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]]]
             ssm_state_indices=torch.arange(seqs, dtype=i32), use_qk_l2norm_in_kernel=True)
 
     def conv_prefill() -> Any:
-        return conv("causal_conv1d_fn")(
+        return engine_op(VLLM_CONV, "causal_conv1d_fn")(
             torch.zeros(conv_dim, tokens, dtype=bf16), torch.zeros(conv_dim, width, dtype=bf16),
             None, conv_states=torch.zeros(2, conv_dim, width - 1, dtype=bf16),
             query_start_loc=cu.to(i32), cache_indices=torch.tensor([0], dtype=i32),
             has_initial_state=torch.tensor([False]), activation="silu")
 
     def conv_decode() -> Any:
-        return conv("causal_conv1d_update")(
+        return engine_op(VLLM_CONV, "causal_conv1d_update")(
             torch.zeros(seqs, conv_dim, dtype=bf16),
             torch.zeros(seqs + 1, conv_dim, width - 1, dtype=bf16),
             torch.zeros(conv_dim, width, dtype=bf16), None, "silu",
             conv_state_indices=torch.arange(seqs, dtype=i32))
 
     def gated_norm() -> Any:
-        from importlib import import_module
-        guard = import_module(import_first(VLLM_FLA).__name__ + ".layernorm_guard")
-        return guard.rmsnorm_fn(torch.zeros(tokens * hv, d, dtype=bf16),
-                                torch.ones(d, dtype=bf16), None,
-                                z=torch.zeros(tokens * hv, d, dtype=bf16), eps=1e-6,
-                                group_size=d, norm_before_gate=True)
+        return engine_op(VLLM_FLA, "layernorm_guard.rmsnorm_fn")(
+            torch.zeros(tokens * hv, d, dtype=bf16), torch.ones(d, dtype=bf16), None,
+            z=torch.zeros(tokens * hv, d, dtype=bf16), eps=1e-6, group_size=d,
+            norm_before_gate=True)
 
     return [("gdn-prefill-chunk", chunk), ("gdn-prefill-prep", prep), ("gdn-decode", decode),
             ("gdn-decode-mixed", mixed_decode), ("conv1d-prefill", conv_prefill),
@@ -590,15 +590,9 @@ def sglang_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]
     conv_dim = 2 * hk * d + hv * d
     cu = torch.tensor([0, tokens], dtype=i32)
 
-    def op(modules: list[str], dotted: str) -> Any:
-        module_name, _, name = dotted.rpartition(".")
-        base = import_first(modules).__name__
-        return getattr(importlib.import_module(f"{base}.{module_name}" if module_name
-                                               else base), name)
-
     def conv_prefill() -> Any:
         projected = torch.zeros(tokens, conv_dim, dtype=bf16)
-        return op(SGLANG_CONV, "causal_conv1d_fn")(
+        return engine_op(SGLANG_CONV, "causal_conv1d_fn")(
             projected.transpose(0, 1), torch.zeros(conv_dim, width, dtype=bf16), None,
             conv_states=torch.zeros(slots, conv_dim, width - 1, dtype=bf16),
             query_start_loc=cu, seq_lens_cpu=[tokens],
@@ -616,7 +610,7 @@ def sglang_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]
                               torch.zeros(tokens, hv, dtype=bf16), torch.zeros(hv, dtype=f32))
 
     def chunk() -> Any:
-        return op(SGLANG_FLA, "chunk.chunk_gated_delta_rule")(
+        return engine_op(SGLANG_FLA, "chunk.chunk_gated_delta_rule")(
             q=torch.zeros(1, tokens, hk, d, dtype=bf16), k=torch.zeros(1, tokens, hk, d, dtype=bf16),
             v=torch.zeros(1, tokens, hv, d, dtype=bf16), g=torch.zeros(1, tokens, hv, dtype=f32),
             beta=torch.zeros(1, tokens, hv, dtype=bf16),
@@ -625,20 +619,20 @@ def sglang_gdn_calls(shape: dict[str, int]) -> list[tuple[str, Callable[[], Any]
             use_qk_l2norm_in_kernel=True)
 
     def gated_norm() -> Any:
-        return op(SGLANG_FLA, "layernorm_gated._layer_norm_fwd")(
+        return engine_op(SGLANG_FLA, "layernorm_gated._layer_norm_fwd")(
             torch.zeros(tokens * hv, d, dtype=bf16), torch.ones(d, dtype=bf16), None, 1e-6,
             z=torch.zeros(tokens * hv, d, dtype=bf16), group_size=None,
             norm_before_gate=True, is_rms_norm=True)
 
     def conv_decode() -> Any:
-        return op(SGLANG_CONV, "causal_conv1d_update")(
+        return engine_op(SGLANG_CONV, "causal_conv1d_update")(
             torch.zeros(seqs, conv_dim, dtype=bf16),
             torch.zeros(slots, conv_dim, width - 1, dtype=bf16),
             torch.zeros(conv_dim, width, dtype=bf16), None, "silu",
             conv_state_indices=torch.arange(seqs, dtype=i32))
 
     def decode() -> Any:
-        return op(SGLANG_FLA, "fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode")(
+        return engine_op(SGLANG_FLA, "fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode")(
             mixed_qkv=torch.zeros(seqs, conv_dim, dtype=bf16),
             a=torch.zeros(seqs, hv, dtype=bf16), b=torch.zeros(seqs, hv, dtype=bf16),
             A_log=torch.zeros(hv, dtype=f32), dt_bias=torch.zeros(hv, dtype=f32),
@@ -777,11 +771,14 @@ def refuse_cpu_torch() -> str | None:
     return None
 
 
+# The model's shape, each a flag (--head-dim ...); gdn_key_heads 0: no Gated DeltaNet layers
+SHAPE_DEFAULTS = {"head_dim": 256, "q_heads": 24, "kv_heads": 4, "vision_head_dim": 72,
+                  "vision_heads": 16, "gdn_key_heads": 0, "gdn_value_heads": 0,
+                  "gdn_head_dim": 128, "gdn_conv_width": 4}
+
+
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
-    return {"head_dim": args.head_dim, "q_heads": args.q_heads, "kv_heads": args.kv_heads,
-            "vision_head_dim": args.vision_head_dim, "vision_heads": args.vision_heads,
-            "gdn_key_heads": args.gdn_key_heads, "gdn_value_heads": args.gdn_value_heads,
-            "gdn_head_dim": args.gdn_head_dim, "gdn_conv_width": args.gdn_conv_width}
+    return {name: getattr(args, name) for name in SHAPE_DEFAULTS}
 
 
 def one_arch(args: argparse.Namespace) -> int:
@@ -869,9 +866,7 @@ def resolve_paths(engine: str, cc: tuple[int, int], shape: dict[str, int],
         if "xpu_gdn_kernel_available" in resolve.__globals__:
             resolve.__globals__["xpu_gdn_kernel_available"] = lambda: False
     except Exception as exc:  # noqa: BLE001
-        return {"gdn_prefill": {"requested": requested, "chosen": None,
-                                "reason": f"not resolved: {type(exc).__name__}: {exc}"[:400],
-                                "source": source}}
+        return unresolved(requested, source, exc, "not resolved: ")
     text = SimpleNamespace(linear_key_head_dim=shape["gdn_head_dim"],
                            linear_value_head_dim=shape["gdn_head_dim"])
     config = SimpleNamespace(additional_config={"gdn_prefill_backend": requested},
@@ -880,14 +875,19 @@ def resolve_paths(engine: str, cc: tuple[int, int], shape: dict[str, int],
     try:
         _, chosen = resolve(config)
     except Exception as exc:  # noqa: BLE001 - e.g. a backend the platform refuses
-        return {"gdn_prefill": {"requested": requested, "chosen": None, "source": source,
-                                "reason": f"{type(exc).__name__}: {exc}"[:400]}}
+        return unresolved(requested, source, exc)
     path = {"requested": requested, "chosen": chosen, "source": source,
             "cuda_runtime": torch.version.cuda,
             "fallback": "triton" if chosen != "triton" else None}
     if chosen == "flashinfer":
         path.update(flashinfer_gdn_kernel(cc))
     return {"gdn_prefill": path}
+
+
+def unresolved(requested: str, source: str, exc: Exception, prefix: str = "") -> dict[str, Any]:
+    """The GDN prefill choice the engine's selection function did not make, and why."""
+    return {"gdn_prefill": {"requested": requested, "chosen": None, "source": source,
+                            "reason": f"{prefix}{type(exc).__name__}: {exc}"[:400]}}
 
 
 # FlashInfer's GDN prefill kernel per major (flashinfer/gdn_prefill.py dispatches on the major;
@@ -984,11 +984,6 @@ def resolve_sglang_paths(cc: tuple[int, int], shape: dict[str, int],
     requested = {phase: flag_value(serve_args, f"--linear-attn-{phase}-backend")
                  for phase in ("prefill", "decode", "verify")}
 
-    def unresolved(exc: Exception, prefix: str = "") -> dict[str, Any]:
-        return {"gdn_prefill": {"requested": requested["prefill"] or base, "chosen": None,
-                                "source": source,
-                                "reason": f"{prefix}{type(exc).__name__}: {exc}"[:400]}}
-
     try:
         pretend_cuda(cc)
         utils = importlib.import_module(SGLANG_LINEAR_UTILS)
@@ -1013,7 +1008,7 @@ def resolve_sglang_paths(cc: tuple[int, int], shape: dict[str, int],
                                           names)
         resolve = engine_function(SGLANG_LINEAR_UTILS, "resolve_linear_attn_backends", names)
     except Exception as exc:  # noqa: BLE001
-        return unresolved(exc, "not resolved: ")
+        return unresolved(requested["prefill"] or base, source, exc, "not resolved: ")
     ssm = torch.bfloat16 if flag_value(serve_args, "--mamba-ssm-dtype") == "bfloat16" \
         else torch.float32
     runner = SimpleNamespace(
@@ -1025,7 +1020,7 @@ def resolve_sglang_paths(cc: tuple[int, int], shape: dict[str, int],
         default = prefill_default(runner)
         backends = resolve(prefill_default=default)
     except Exception as exc:  # noqa: BLE001 - e.g. a backend the platform refuses
-        return unresolved(exc)
+        return unresolved(requested["prefill"] or base, source, exc)
     prefill = {"requested": requested["prefill"] or "auto", "chosen": backends.prefill.value,
                "default": default, "source": f"{source_default}, {source}",
                "cuda_runtime": torch.version.cuda,
@@ -1059,16 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="triton", help="the cell's attention backend")
     parser.add_argument("--arch", action="append", default=[], metavar="SM=BYTES",
                         help="target arch and its shared memory limit per block, e.g. sm_120=101376")
-    parser.add_argument("--head-dim", type=int, default=256)
-    parser.add_argument("--q-heads", type=int, default=24)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--vision-head-dim", type=int, default=72)
-    parser.add_argument("--vision-heads", type=int, default=16)
-    parser.add_argument("--gdn-key-heads", type=int, default=0,
-                        help="Gated DeltaNet key heads (0: the model has no GDN layers)")
-    parser.add_argument("--gdn-value-heads", type=int, default=0)
-    parser.add_argument("--gdn-head-dim", type=int, default=128)
-    parser.add_argument("--gdn-conv-width", type=int, default=4)
+    for name, default in SHAPE_DEFAULTS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="one argument of the cell's serve command (repeatable): flags "
                              "such as --gdn-prefill-backend change the path resolved")

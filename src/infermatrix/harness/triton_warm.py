@@ -38,7 +38,6 @@ Prints one result line (harness/_result.py); exit 1 on fail.
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 import time
@@ -47,11 +46,10 @@ from typing import Any
 
 try:
     from ._result import emit
-    from .triton_smem import CompileOnlyDriver, compile_only, parse_arch, pretend_cuda
+    from .triton_smem import compile_only, parse_arch, pretend_cuda
 except ImportError:  # pragma: no cover - executed as a plain script
     from _result import emit  # type: ignore[no-redef]
-    from triton_smem import (CompileOnlyDriver, compile_only,  # type: ignore[no-redef]
-                             parse_arch, pretend_cuda)
+    from triton_smem import compile_only, parse_arch, pretend_cuda  # type: ignore[no-redef]
 
 # What torch.cuda / Triton's driver report for each target (the device's real figures):
 # opt-in shared memory per block, SM count, name. Launchers read them to pick tiles.
@@ -154,26 +152,6 @@ def workload(device: str, shapes: dict[str, int] | None = None) -> list[str]:
 # Compile-only
 # --------------------------------------------------------------------------------------------
 
-def compile_only_autotune():
-    """Under compile-only an autotuner compiles every config it keeps after pruning (what the
-    runtime's first-use benchmark would compile) instead of benchmarking."""
-    from triton.runtime.autotuner import Autotuner
-
-    original = Autotuner.run
-
-    def run(self, *args, **kwargs):
-        self.nargs = dict(zip(self.arg_names, args))
-        configs = self.prune_configs(kwargs) if len(self.configs) > 1 else self.configs[:1]
-        ret = None
-        for config in configs:
-            ret = self.fn.run(*args, **kwargs, **config.all_kwargs())
-        self.nargs = None
-        return ret
-
-    Autotuner.run = run
-    return lambda: setattr(Autotuner, "run", original)
-
-
 def pretend_device(arch: str) -> None:
     import torch
 
@@ -190,20 +168,10 @@ def run_compile_only(arch: str) -> dict[str, Any]:
 
     compiled: list[dict[str, Any]] = []
     pretend_device(arch)
-    limit = DEVICES[arch]["smem"]
-    if "limit" in inspect.signature(compile_only).parameters:
-        context = compile_only(parse_arch(arch), compiled, limit)  # autotune honoured there
-        restore = lambda: None  # noqa: E731
-    else:  # an older triton_smem: no limit, no autotune handling
-        setattr(CompileOnlyDriver, "utils", FakeUtils(arch))  # that version's driver reads it
-        context = compile_only(parse_arch(arch), compiled)
-        restore = compile_only_autotune()
-    try:
-        with context:
-            driver.active.utils = FakeUtils(arch)  # the limit and SM count the device reports
-            ops = workload("cpu")
-    finally:
-        restore()
+    # an autotuned kernel compiles every config its autotuner keeps (compile_only does that)
+    with compile_only(parse_arch(arch), compiled, DEVICES[arch]["smem"]):
+        driver.active.utils = FakeUtils(arch)  # the limit and SM count the device reports
+        ops = workload("cpu")
     del driver
     kernels = sorted({c["kernel"] for c in compiled})
     errors = [c for c in compiled if c.get("compile_error")]
