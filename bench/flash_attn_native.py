@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from hostload import warn_if_nice_is_weak
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     cell_dir = ROOT / "images" / args.cell
     args.work.mkdir(parents=True, exist_ok=True)
     log = args.work / "native.log"
+    autogroup = warn_if_nice_is_weak()
     started = time.monotonic()
     env = set_up(cell_dir, args.work, log)
     setup_s = time.monotonic() - started
@@ -143,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
               "peak_rss_gib": round(stats["peak_rss_bytes"] / 2**30, 1), "max_jobs": args.jobs,
               "nvcc_threads": args.nvcc_threads, "cpus": os.cpu_count(),
               "mean_load1": mean("load1"), "mean_other_cpus": mean("other_cpus"),
-              "max_other_cpus": max((s["other_cpus"] for s in samples), default=None)}
+              "max_other_cpus": max((s["other_cpus"] for s in samples), default=None),
+              "sched_autogroup": autogroup}
     if args.job_seconds:
         result["job_over_native"] = round(args.job_seconds / stats["seconds"], 3)
     (args.work / "result.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -48,6 +48,8 @@ from infermatrix.stages.build import base_refs, cell_dir  # noqa: E402
 from infermatrix.stages.forecast import run_forecast  # noqa: E402
 from infermatrix.state import StatePaths  # noqa: E402
 
+from hostload import autogroup_enabled, warn_if_nice_is_weak  # noqa: E402
+
 POLL_S = 5.0
 
 
@@ -191,6 +193,7 @@ def main() -> int:
     parser.add_argument("--min-free-gib", type=float,
                         help="with --no-prune: build.disk.min_free_gib of that copy")
     args = parser.parse_args()
+    warn_if_nice_is_weak()
     fresh_state(args.state_dir)
     copy = no_prune_matrix(Path(args.matrix), args.min_free_gib) if args.no_prune else None
     if copy is not None:
@@ -257,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps({
             "cells": args.select, "command": argv, "cold": args.cold,
-            "host_cpus": os.cpu_count(),
+            "host_cpus": os.cpu_count(), "sched_autogroup": autogroup_enabled(),
             "forecast": {cell_id: {"serving_built_s": forecast[cell_id].servable_s,
                                    "train_done_s": forecast[cell_id].train_done_s}
                          for cell_id in args.select},
