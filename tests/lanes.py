@@ -61,6 +61,7 @@ class Phase:
     disk: list[str] = field(default_factory=list)
     nice: int = 0  # niceness: a lane with slack yields the CPU to the critical ones
     cpu_s: float | None = None  # user + system CPU of the lane and the processes it waited for
+    env: dict[str, str] = field(default_factory=dict)  # on top of this runner's environment
 
     @property
     def seconds(self) -> float | None:
@@ -109,7 +110,8 @@ class Runner:
         argv = ["nice", "-n", str(phase.nice), *phase.argv] if phase.nice else phase.argv
         phase.process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True,
-                                         env={**os.environ, "INFERMATRIX_LANE": phase.name})
+                                         env={**os.environ, **phase.env,
+                                              "INFERMATRIX_LANE": phase.name})
         threading.Thread(target=self.pump, args=(phase, log), daemon=True).start()
 
     def pump(self, phase: Phase, log) -> None:  # type: ignore[no-untyped-def]
@@ -228,6 +230,11 @@ def infermatrix_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "infermatrix", *args]
 
 
+# The unit lane talks to no engine: its DOCKER_HOST is a socket nobody answers, so a unit test
+# that needs Docker without its `docker` mark fails here instead of passing on CI's engine.
+LANE_ENV = {"unit": {"DOCKER_HOST": "unix:///nonexistent/infermatrix-unit-lane-has-no-engine.sock"}}
+
+
 def phases_of(state: Path) -> list[Phase]:
     bases_state = str(state / "bases")
     phases = [
@@ -256,7 +263,7 @@ def phases_of(state: Path) -> list[Phase]:
     for lane, (marker, after, extra) in lanes.items():
         phases.append(Phase(lane, pytest_argv(lane, marker, state, extra), after=after,
                             junit=state / f"junit-{lane}.xml", log=state / f"{lane}.log",
-                            nice=LANE_NICENESS.get(lane, 0)))
+                            nice=LANE_NICENESS.get(lane, 0), env=LANE_ENV.get(lane, {})))
     return phases
 
 

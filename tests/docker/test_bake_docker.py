@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,8 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from infermatrix.cli import main
 from infermatrix.engine import docker as engine
+from infermatrix.scale import export
+from infermatrix.stages import plan_cells
+from infermatrix.stages.render import render_cells
 
+from tests.support.export_support import SM121, context_with_pruned_cell, copy_matrix
 from tests.support.fault_support import cell_id, remove_images, write_fault_matrix
 
 # This machine's Docker engine (DOCKER_HOST / the current context), passed by hand.
@@ -117,3 +123,33 @@ def test_bake_builds_the_images_infermatrix_build_builds(built_base, tmp_path: P
         remove_images(engine.Engine(), cells, [repository])
         for ref in baked.values():
             DOCKER.remove_image(ref, force=True)
+
+
+def test_cli_bake_sizes_args_as_build_and_leaves_out_unrendered(tmp_path, monkeypatch,
+                                                               capsys) -> None:
+    """`export bake` sizes each target's build args as `build` does (the flags given here) and
+    leaves out a planned cell with no rendered Dockerfile. Here and not in tests/unit: the
+    bake's input-hash label reads the base images' ids from the engine, as `build` does."""
+    matrix = copy_matrix(tmp_path)
+    ctx = context_with_pruned_cell(matrix, offline=True)
+    plans = plan_cells(ctx)
+    render_cells(ctx, plans)
+    shutil.rmtree(ctx.images_dir / SM121)
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("x\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    out = tmp_path / "bake" / "docker-bake.json"
+    code = main(["export", "bake", "--offline", "--matrix", str(matrix), "--state-dir",
+                 str(ctx.state.root), "--out", str(out), "--max-jobs", "3",
+                 "--nvcc-threads", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"{SM121} left out: not rendered" in captured.err
+    targets = json.loads(out.read_text())["target"]
+    cells = {p.id for p in plans if p.planned} - {SM121}
+    assert set(targets) == {export.bake_target_name(c) for c in cells}
+    for name, target in targets.items():
+        assert target["args"] == {"MAX_JOBS": "3", "NVCC_THREADS": "1"}
+        assert target["secret"] == [f"id=ca_bundle,src={bundle.resolve()}"]
+        assert (out.parent / target["context"]).resolve() == \
+            (ctx.images_dir / target["tags"][0].split("/")[1].split(":")[0]).resolve()

@@ -123,10 +123,15 @@ def test_doctor_reports_the_unified_pool_of_a_gb10():
 
 
 def test_verify_sizes_an_sm121_engine_from_memavailable_before_anything_runs(tmp_path, gb10_lock,
-                                                                              capsys):
+                                                                              capsys, monkeypatch):
     """The consumer's `verify` on a GB10 sizes the engine as deploy does (fraction flag,
-    container memory limit, /dev/shm) and says so before it looks for the image."""
+    container memory limit, /dev/shm) and says so before it looks for the image: here on an
+    engine endpoint nobody answers (exit 4, no verdict), so the test needs no Docker
+    (tests/docker/test_verify_docker.py runs verify on a real engine)."""
     from infermatrix.consumer import verify
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
 
     entry = publish.read_images_lock(gb10_lock)["images"][SM121.id]
     sizing = verify.unified_sizing(entry, GB10_MEMINFO)
@@ -138,7 +143,7 @@ def test_verify_sizes_an_sm121_engine_from_memavailable_before_anything_runs(tmp
                  "--memory-from", str(GB10_MEMINFO), "--out", str(out), "--skip-verify"])
     printed = capsys.readouterr()
     assert f"{SM121.id}: unified memory: MemAvailable 112.5 of 121.7 GiB" in printed.out
-    assert code == 2 and "pull" in printed.err and not out.exists()  # the image is not here
+    assert code == 4 and "cannot reach the Docker engine" in printed.err and not out.exists()
 
 
 def test_verify_on_a_gb10_without_room_exits_1_and_writes_no_verdict(tmp_path, gb10_lock, capsys):

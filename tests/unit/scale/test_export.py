@@ -14,7 +14,6 @@ from tests.paths import TESTS
 
 import json
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,36 +24,15 @@ from infermatrix.cli import pipeline as pipeline_cli
 from infermatrix.context import Context
 from infermatrix.model.spec import resolve_spec
 from infermatrix.scale import export
-from infermatrix.stages import lock, plan_cells
+from infermatrix.stages import plan_cells
 from infermatrix.stages.render import render_cells
 
+from tests.support.export_support import (LOCK_PRUNED, SM121, context_with_pruned_cell,
+                                          copy_matrix)
 from tests.support.planning_support import recorded_metadata
 
 TESTS = TESTS
 CPU = "cpu-torch2.13.0-vllm-cpu0.32.0-cpu"
-SM121 = "cu130-torch2.13.0-kernel-fixture1.0-sm121"
-LOCK_PRUNED = "cu130-torch2.13.0-kernel-fixture2.0-sm120"  # its last lock found no solution
-AMD64_PLATFORMS = "platforms: {sm_121: linux/amd64}"
-
-
-def copy_matrix(tmp_path: Path, sm121_platform: str = "linux/amd64") -> Path:
-    """tests/matrix/ and its locks in a temp dir; `sm121_platform` as the matrix maps sm_121."""
-    shutil.copytree(TESTS / "matrix", tmp_path / "matrix",
-                    ignore=shutil.ignore_patterns("images"))
-    (tmp_path / "fixtures").symlink_to(TESTS / "fixtures")  # kernel `path: ../fixtures/...`
-    path = tmp_path / "matrix" / "matrix.yaml"
-    text = path.read_text()
-    assert AMD64_PLATFORMS in text  # the edit below must change something
-    path.write_text(text.replace(AMD64_PLATFORMS, f"platforms: {{sm_121: {sm121_platform}}}"))
-    return path
-
-
-def context_with_pruned_cell(matrix: Path, offline: bool = False) -> Context:
-    ctx = Context.load(matrix, matrix.parent.parent / "state", offline=offline)
-    lock.record(ctx, lock.LockResult(LOCK_PRUNED, "unsatisfiable", explanation="no solution: x"))
-    return ctx
-
-
 @pytest.fixture(params=["linux/amd64", "linux/arm64"])
 def planned(request, tmp_path: Path):
     """(ctx, plans) of the test matrix, sm_121 cells on each platform in turn."""
@@ -197,30 +175,3 @@ def test_bake_targets_carry_context_platform_secret_args(planned, tmp_path) -> N
         # checks that bake and build give one image)
         assert target["labels"]["io.infermatrix.input-hash"].startswith("sha256:")
         assert "." not in name  # bake allows only [a-zA-Z0-9_-] in target names
-
-
-def test_cli_bake_sizes_args_as_build_and_leaves_out_unrendered(tmp_path, monkeypatch,
-                                                               capsys) -> None:
-    matrix = copy_matrix(tmp_path)
-    ctx = context_with_pruned_cell(matrix, offline=True)
-    plans = plan_cells(ctx)
-    render_cells(ctx, plans)
-    shutil.rmtree(ctx.images_dir / SM121)
-    bundle = tmp_path / "ca.pem"
-    bundle.write_text("x\n")
-    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
-    out = tmp_path / "bake" / "docker-bake.json"
-    code = main(["export", "bake", "--offline", "--matrix", str(matrix), "--state-dir",
-                 str(ctx.state.root), "--out", str(out), "--max-jobs", "3",
-                 "--nvcc-threads", "1"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert f"{SM121} left out: not rendered" in captured.err
-    targets = json.loads(out.read_text())["target"]
-    cells = {p.id for p in plans if p.planned} - {SM121}
-    assert set(targets) == {export.bake_target_name(c) for c in cells}
-    for name, target in targets.items():
-        assert target["args"] == {"MAX_JOBS": "3", "NVCC_THREADS": "1"}
-        assert target["secret"] == [f"id=ca_bundle,src={bundle.resolve()}"]
-        assert (out.parent / target["context"]).resolve() == \
-            (ctx.images_dir / target["tags"][0].split("/")[1].split(":")[0]).resolve()

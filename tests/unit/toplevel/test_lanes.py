@@ -215,3 +215,30 @@ def test_the_guard_counts_from_ci_start_when_given(monkeypatch) -> None:
     assert time.monotonic() - lanes.ci_start() == pytest.approx(600, abs=5)
     monkeypatch.delenv("INFERMATRIX_CI_START")
     assert time.monotonic() - lanes.ci_start() == pytest.approx(0, abs=5)
+
+
+PRINT_DOCKER_HOST = """
+import os, sys
+from pathlib import Path
+Path(sys.argv[1]).write_text(os.environ.get("DOCKER_HOST", "unset"))
+"""
+
+
+def test_the_unit_lane_runs_on_an_engine_endpoint_nobody_answers(tmp_path) -> None:
+    """CI's unit lane gets a DOCKER_HOST on a socket that does not exist: a unit test that
+    talks to the engine without its `docker` mark fails there instead of passing on CI's
+    engine. The lane's process (started by the runner, as CI does) sees it; the SDK's ping on
+    it fails."""
+    import docker
+
+    unit = next(p for p in lanes.phases_of(tmp_path) if p.name == "unit")
+    endpoint = unit.env["DOCKER_HOST"]
+    assert endpoint.startswith("unix://") and not Path(endpoint[len("unix://"):]).exists()
+    script, seen = tmp_path / "lane.py", tmp_path / "seen"
+    script.write_text(PRINT_DOCKER_HOST)
+    lane = lanes.Phase("unit", [sys.executable, str(script), str(seen)], env=unit.env)
+    lanes.Runner([lane], time.monotonic(), budget_s=3600).run()
+    assert lane.returncode == 0 and seen.read_text() == endpoint
+    with pytest.raises(docker.errors.DockerException):
+        docker.DockerClient(base_url=endpoint, timeout=5).ping()
+    assert all(not p.env for p in lanes.phases_of(tmp_path) if p.name != "unit")
