@@ -96,3 +96,19 @@ def test_a_rerun_reuses_the_training_image(two_targets):
     ctx, cells, _, trained = two_targets
     again = train.train_cells(ctx, cells, RunOptions(), docker=DOCKER)[TRAIN_CELL]
     assert again.status == "pass" and again.reused and again.image_id == trained.image_id
+
+
+def test_no_cache_never_rebuilds_the_serving_layers_under_the_training_image(two_targets):
+    """With BuildKit's --no-cache (INFERMATRIX_NO_CACHE, the cold benchmarks) the train target's
+    image build still takes the `runtime` stage from the serving build: the training image is
+    the tested serving image plus its own layers. (Found in a cold main job: the --no-cache
+    train build rebuilt the whole serving venv beside it and ran the disk full.)"""
+    ctx, cells, built, _ = two_targets
+    again = train.train_cells(ctx, cells, RunOptions(force=True, no_cache=True),
+                              docker=DOCKER)[TRAIN_CELL]
+    assert again.status == "pass", again.summary()
+    serving, training = _layers(built.image_id), _layers(again.image_id)
+    assert len(training) > len(serving) and training[:len(serving)] == serving
+    builds = [line for line in ctx.state.cell_log(TRAIN_CELL, "train").read_text().splitlines()
+              if line.startswith("$ ") and " build " in line and "--target train" in line]
+    assert builds and not any("--no-cache" in line.split() for line in builds), builds

@@ -185,13 +185,17 @@ def clock(seconds: float | None) -> str:
 def prior_for(slug: str, package: str, version: str | None, cuda: str | None, max_jobs: int,
               history: list[dict[str, Any]], model: dict[str, Any]) -> Prior:
     """This host's last compile of the same kernel key (at the same MAX_JOBS if there is one),
-    else the compile model's measurement of the same package, version and CUDA, else uniform."""
+    else the compile model's measurement of the same package, version and CUDA (of several,
+    the one measured at the MAX_JOBS nearest `max_jobs`: a compile's wall time does not scale
+    linearly from 16 jobs to 2), else uniform."""
     mine = [r for r in history if r.get("key") == slug and r.get("unit_seconds")]
     same_jobs = [r for r in mine if int(r.get("max_jobs") or 0) == max_jobs]
     if same_jobs or mine:
         return Prior.from_history((same_jobs or mine)[-1])
     minor = ".".join(str(cuda).split(".")[:2]) if cuda else None
-    for entry in ((model.get("packages") or {}).get(package) or {}).get("measured") or []:
-        if str(entry.get("version")) == str(version) and str(entry.get("cuda")) == minor:
-            return Prior.from_model(entry, max_jobs)
+    same = [e for e in ((model.get("packages") or {}).get(package) or {}).get("measured") or []
+            if str(e.get("version")) == str(version) and str(e.get("cuda")) == minor]
+    if same:  # min() keeps the first of equally near ones
+        nearest = min(same, key=lambda e: abs(int(e.get("max_jobs") or 0) - max_jobs))
+        return Prior.from_model(nearest, max_jobs)
     return Prior()

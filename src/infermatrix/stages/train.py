@@ -8,7 +8,8 @@ built and failed no later step (a "built, not verified" cell included):
   1. compiles its training-only kernels (kernel cache, shared registry and compile gate as the
      build's; one compile at a time at the host's width on a small host),
   2. builds the `train` target (FROM runtime: the serving image's layers, from BuildKit's cache,
-     plus the wheels) as `infermatrix-local/<cell>:build-train`,
+     plus the wheels; never `--no-cache`) as `infermatrix-local/<cell>:build-train`, and checks
+     that its layers start with the serving image's (else the stage fails),
   3. checks the training kernels' GPU code in that image for the cell's arch (the objects copied
      out of the image and listed with cuobjdump, as the audit reads cubins),
   4. tags it `<the serving tag>-train` where the serving image was tagged,
@@ -17,6 +18,7 @@ and records the journal stage `train`. A cell without training-only kernels gets
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 import zipfile
@@ -154,6 +156,24 @@ def train_hash(serving_hash: str, train_keys: dict[str, kernelcache.KernelKey]) 
     return "sha256:" + digest.hexdigest()
 
 
+def not_on_serving_image(docker: Engine, train_id: str, serving_id: str | None) -> str | None:
+    """Why the training image is not the serving image plus its own layers (None when it
+    is): BuildKit rebuilt the `runtime` stage (its cache pruned, or a non-reproducible step)."""
+    serving = (docker.inspect_image(serving_id) or {}) if serving_id else {}
+    base = (serving.get("RootFS") or {}).get("Layers") or []
+    layers = ((docker.inspect_image(train_id) or {}).get("RootFS") or {}).get("Layers") or []
+    if base and layers[:len(base)] == base and len(layers) > len(base):
+        return None
+    if not base:
+        return f"the serving image {serving_id} is not in Docker to build the training image on"
+    same = next((i for i, (a, b) in enumerate(zip(base, layers)) if a != b),
+                min(len(base), len(layers)))
+    return (f"the training image {train_id[:19]} is not built on the serving image "
+            f"{serving_id[:19] if serving_id else ''}: its layers part at layer {same + 1} of "
+            f"{len(base)} (BuildKit rebuilt the runtime stage: its cache was pruned since the "
+            "serving build, or a step of it is not reproducible)")
+
+
 def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
     """The image id when the journal's train stage built this exact input and it is there."""
     record = journal.cell_record(ctx.state, cell_id)
@@ -247,10 +267,16 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         serving, _ = build._ensure_kernels(job, serving_keys)
         shared = build._take_shared_kernels(job, train_keys)
         training, kernels = build._ensure_kernels(job, train_keys, shared)
-        image_id = job.build_image(
+        # never --no-cache here (the compiles above honour it): the `runtime` stage must come
+        # from the serving build's layers, or the training image would not be the tested one's
+        image_id = dataclasses.replace(job, no_cache=False).build_image(
             {build.KERNEL_WHEELS_DIR: serving, build.TRAIN_WHEELS_DIR: training},
             tag=build.train_ref(cell.id), target=build.TRAIN_TARGET, digest=digest,
             what="train image build")
+    serving_id = journal.cell_record(ctx.state, cell.id).image_id
+    if problem := not_on_serving_image(docker, image_id, serving_id):
+        raise StageFailure(problem, fix=f"`infermatrix pipeline --select {cell.id} --force` "
+                                        "builds the serving image and its training image again")
     coverage = check_coverage(ctx, cell, image_id, training, docker, log_path)
     if not coverage["passed"]:
         return TrainResult(cell.id, "fail", image_id=image_id, kernels=kernels, coverage=coverage,

@@ -11,6 +11,7 @@ from tests.paths import TESTS
 import pytest
 
 from infermatrix.model import compileprogress as cp
+from infermatrix.model.compileplan import load_model as cp_model
 
 FLASH = ("#15 812.4 [3/74] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile "
          "--dependency-output /src/flash-attn/build/temp.linux-x86_64-cpython-311/csrc/flash_attn/"
@@ -151,3 +152,18 @@ def test_a_real_flashinfer_compiles_eta_is_within_a_quarter_by_half_way() -> Non
     assert len(set(names)) == 19 and all(names)
     half = next(r for r in rows if r[0] >= 19 / 2)
     assert abs(half[1] - half[2]) <= 0.25 * half[2], half
+
+
+def test_prior_for_takes_the_measurement_at_the_nearest_jobs_count() -> None:
+    """A compile's wall time does not scale linearly from 16 jobs to 2: of several measured
+    entries the one nearest this host's MAX_JOBS gives the forecast."""
+    wide = {"version": "2.8.3", "cuda": "13.0", "wall_s": 714.6, "max_jobs": 16, "tus": 72}
+    narrow = {"version": "2.8.3", "cuda": "13.0", "wall_s": 4245, "max_jobs": 2, "tus": 72}
+    other = {"version": "2.8.2", "cuda": "13.0", "wall_s": 10, "max_jobs": 2, "tus": 72}
+    model = {"packages": {"flash-attn": {"measured": [wide, other, narrow]}}}
+    at_two = cp.prior_for("k", "flash-attn", "2.8.3", "13.0.2", 2, [], model)
+    assert at_two.origin == "model" and at_two.total_s == pytest.approx(4245)
+    at_twelve = cp.prior_for("k", "flash-attn", "2.8.3", "13.0.2", 12, [], model)
+    assert at_twelve.total_s == pytest.approx(714.6 * 16 / 12)
+    shipped = cp.prior_for("k", "flash-attn", "2.8.3", "13.0.2", 2, [], cp_model())
+    assert shipped.total_s == pytest.approx(4245)  # data/compile_model.yaml's two-job entry

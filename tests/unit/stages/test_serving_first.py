@@ -255,3 +255,26 @@ def test_audit_and_smoke_expect_no_training_kernel_in_the_serving_image(train_ct
     spec = plain.specs(plan_cells(plain, [SOURCE_CELL]))[0]
     assert expected_pins(spec)["cudakern"][0] == "0.1.0"  # a serving kernel is still expected
     assert smoke.kernel_distributions(plain, spec) == ["cudakern==0.1.0"]
+
+
+class LayersEngineStandIn:
+    """Answers `inspect_image` with RootFS layers only: a training image whose `runtime`
+    layers were rebuilt is a fault the real engine shows only after a prune or an
+    unreproducible step (the real path: tests/docker/test_train_target.py)."""
+
+    def __init__(self, layers: dict[str, list[str]]) -> None:
+        self.layers = layers
+
+    def inspect_image(self, ref: str) -> dict | None:
+        return {"RootFS": {"Layers": self.layers[ref]}} if ref in self.layers else None
+
+
+def test_a_training_image_not_on_the_serving_images_layers_is_refused():
+    serving = ["sha256:a", "sha256:b", "sha256:c"]
+    engine = LayersEngineStandIn({"serving": serving, "on-it": [*serving, "sha256:w"],
+                                  "rebuilt": ["sha256:a", "sha256:x", "sha256:y", "sha256:w"]})
+    assert train.not_on_serving_image(engine, "on-it", "serving") is None
+    rebuilt = train.not_on_serving_image(engine, "rebuilt", "serving")
+    assert rebuilt and "not built on the serving image" in rebuilt and "layer 2 of 3" in rebuilt
+    assert "not in Docker" in (train.not_on_serving_image(engine, "on-it", "gone") or "")
+    assert train.not_on_serving_image(engine, "serving", "serving")  # adds nothing: not a train image
