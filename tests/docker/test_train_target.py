@@ -46,7 +46,7 @@ def _build_commands(ctx: Context, stage: str) -> list[str]:
 
 
 def _layers(image: str) -> list[str]:
-    return (DOCKER.inspect_image(image) or {}).get("RootFS", {}).get("Layers", [])
+    return DOCKER.image_layers(image)
 
 
 @pytest.fixture(scope="module")

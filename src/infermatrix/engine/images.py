@@ -26,6 +26,11 @@ def split_ref(ref: str) -> tuple[str, str]:
     return name, tag
 
 
+def layers_of(info: dict[str, Any] | None) -> list[str]:
+    """The diff ids of an image's layers, bottom first, from its `docker image inspect`."""
+    return ((info or {}).get("RootFS") or {}).get("Layers") or []
+
+
 class Images(Host):
     @reconnecting
     def inspect_image(self, ref: str) -> dict[str, Any] | None:
@@ -37,6 +42,10 @@ class Images(Host):
     def image_id_of(self, ref: str) -> str | None:
         info = self.inspect_image(ref)
         return info["Id"] if info else None
+
+    def image_layers(self, ref: str) -> list[str]:
+        """The image's layer diff ids, bottom first (empty when there is no such image)."""
+        return layers_of(self.inspect_image(ref))
 
     def image_exists(self, ref: str) -> bool:
         return self.inspect_image(ref) is not None

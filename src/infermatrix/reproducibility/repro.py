@@ -39,6 +39,7 @@ from ..stages import build
 from ..kernels import kernelcache
 from ..engine import docker as engine
 from ..engine.docker import Engine
+from ..engine.images import layers_of
 from ..options import RunOptions
 from .. import journal
 from ..stages import lock as locks
@@ -205,9 +206,7 @@ def compare_digests(first: dict[str, Any], second: dict[str, Any]) -> list[Diffe
     if first.get("Created") != second.get("Created"):
         found.append(Difference("config.created", "metadata", str(first.get("Created")),
                                 str(second.get("Created"))))
-    layers_a = (first.get("RootFS") or {}).get("Layers") or []
-    layers_b = (second.get("RootFS") or {}).get("Layers") or []
-    for index, (a, b) in enumerate(zip_longest(layers_a, layers_b)):
+    for index, (a, b) in enumerate(zip_longest(layers_of(first), layers_of(second))):
         if a != b:
             found.append(Difference(f"rootfs.diff_ids[{index}]", "metadata", str(a or "-"),
                                     str(b or "-")))

@@ -159,19 +159,18 @@ def train_hash(serving_hash: str, train_keys: dict[str, kernelcache.KernelKey]) 
 def not_on_serving_image(docker: Engine, train_id: str, serving_id: str | None) -> str | None:
     """Why the training image is not the serving image plus its own layers (None when it
     is): BuildKit rebuilt the `runtime` stage (its cache pruned, or a non-reproducible step)."""
-    serving = (docker.inspect_image(serving_id) or {}) if serving_id else {}
-    base = (serving.get("RootFS") or {}).get("Layers") or []
-    layers = ((docker.inspect_image(train_id) or {}).get("RootFS") or {}).get("Layers") or []
-    if base and layers[:len(base)] == base and len(layers) > len(base):
-        return None
-    if not base:
+    base = docker.image_layers(serving_id) if serving_id else []
+    if not serving_id or not base:
         return f"the serving image {serving_id} is not in Docker to build the training image on"
-    same = next((i for i, (a, b) in enumerate(zip(base, layers)) if a != b),
-                min(len(base), len(layers)))
+    layers = docker.image_layers(train_id)
+    if layers[:len(base)] == base:
+        return None if len(layers) > len(base) else \
+            f"the training image {train_id[:19]} adds no layer to the serving image"
+    part = next((i for i, (a, b) in enumerate(zip(base, layers)) if a != b), len(layers))
     return (f"the training image {train_id[:19]} is not built on the serving image "
-            f"{serving_id[:19] if serving_id else ''}: its layers part at layer {same + 1} of "
-            f"{len(base)} (BuildKit rebuilt the runtime stage: its cache was pruned since the "
-            "serving build, or a step of it is not reproducible)")
+            f"{serving_id[:19]}: its layers part at layer {part + 1} of {len(base)} (BuildKit "
+            "rebuilt the runtime stage: its cache was pruned since the serving build, or a step "
+            "of it is not reproducible)")
 
 
 def _unchanged(ctx: Context, cell_id: str, digest: str, docker: Engine) -> str | None:
@@ -245,13 +244,13 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
         raise StageFailure(f"images/{cell.id}/Dockerfile has no {build.TRAIN_TARGET} stage "
                            f"(run `infermatrix render --select {cell.id}`)")
     serving_keys, train_keys = build.split_keys(cell, build.kernel_keys_for(ctx, cell, text))
-    serving_hash = journal.cell_record(ctx.state, cell.id).input_hash or ""
-    digest = train_hash(serving_hash, train_keys)
+    record = journal.cell_record(ctx.state, cell.id)  # the serving image's
+    digest = train_hash(record.input_hash or "", train_keys)
     if not options.force and (image_id := _unchanged(ctx, cell.id, digest, docker)):
-        details = journal.cell_record(ctx.state, cell.id).train
         return TrainResult(cell.id, "pass", image_id=image_id, reused=True,
                            tag=tag_train(ctx, cell.id, image_id, docker),
-                           kernels=details.kernels, coverage=details.coverage, input_hash=digest)
+                           kernels=record.train.kernels, coverage=record.train.coverage,
+                           input_hash=digest)
     build_args = compile.build_args()
     job = build.CellBuild(ctx, cell.id, directory, build_args, build.secrets_for(options),
                           log_path, build._Deadline.for_cell(ctx, options), echo, docker,
@@ -273,8 +272,7 @@ def _build_train(ctx: Context, cell: CellSpec, compile: compileplan.CompilePlan,
             {build.KERNEL_WHEELS_DIR: serving, build.TRAIN_WHEELS_DIR: training},
             tag=build.train_ref(cell.id), target=build.TRAIN_TARGET, digest=digest,
             what="train image build")
-    serving_id = journal.cell_record(ctx.state, cell.id).image_id
-    if problem := not_on_serving_image(docker, image_id, serving_id):
+    if problem := not_on_serving_image(docker, image_id, record.image_id):
         raise StageFailure(problem, fix=f"`infermatrix pipeline --select {cell.id} --force` "
                                         "builds the serving image and its training image again")
     coverage = check_coverage(ctx, cell, image_id, training, docker, log_path)

@@ -258,15 +258,15 @@ def test_audit_and_smoke_expect_no_training_kernel_in_the_serving_image(train_ct
 
 
 class LayersEngineStandIn:
-    """Answers `inspect_image` with RootFS layers only: a training image whose `runtime`
-    layers were rebuilt is a fault the real engine shows only after a prune or an
-    unreproducible step (the real path: tests/docker/test_train_target.py)."""
+    """Answers `image_layers` only: a training image whose `runtime` layers were rebuilt is a
+    fault the real engine shows only after a prune or an unreproducible step (the real path:
+    tests/docker/test_train_target.py)."""
 
     def __init__(self, layers: dict[str, list[str]]) -> None:
         self.layers = layers
 
-    def inspect_image(self, ref: str) -> dict | None:
-        return {"RootFS": {"Layers": self.layers[ref]}} if ref in self.layers else None
+    def image_layers(self, ref: str) -> list[str]:
+        return self.layers.get(ref, [])
 
 
 def test_a_training_image_not_on_the_serving_images_layers_is_refused():
